@@ -1,0 +1,124 @@
+//! Keyed hashing of ConfigMap/Secret content (DESIGN section 4; format in `docs/hash-format.md`).
+//!
+//! Three hashes, one key per cluster:
+//! - [`object_digest`]: what a pod can observe of one object (cacheable per object);
+//! - [`config_stamp`]: the pod template's `config-hash` over every object it reads, plus the
+//!   human-readable `config-refs`;
+//! - [`content_hash`]: a copy's `content-hash` over the whole source.
+//!
+//! Only keyed hashes leave this module: nothing here produces an unkeyed hash of secret data.
+
+mod encoding;
+mod key;
+mod refs;
+
+use std::collections::BTreeMap;
+
+pub use encoding::{
+    ObjectData, ObjectDigest, VERSION, content_hash, encode_content, encode_object, object_digest,
+};
+pub use key::{HashKey, HashKeyError};
+pub use refs::{ConfigRef, ConfigRefsError, RefState, format_config_refs, parse_config_refs};
+
+use crate::podrefs::PodRef;
+use crate::resource::ResourceRef;
+
+/// What the caller knows about one referenced object.
+#[derive(Clone, Debug)]
+pub enum Observed<'a> {
+    /// The object's content.
+    Data(ObjectData<'a>),
+    /// A digest made earlier by [`object_digest`] with the same key and the same [`PodRef::keys`]
+    /// (e.g. from a cache keyed by uid, resourceVersion and keys).
+    Digest(ObjectDigest),
+    /// No such object.
+    Absent,
+}
+
+/// The stamp for a pod template.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    /// `helmop.dev/config-hash`: `v1:` and 64 hex digits.
+    pub config_hash: String,
+    /// `helmop.dev/config-refs`, see [`format_config_refs`].
+    pub config_refs: String,
+    /// Required references that were absent (the pod will not start; the webhook warns).
+    pub missing: Vec<ResourceRef>,
+}
+
+/// One entry per object, sorted by (lower-case kind, name), duplicates merged the way
+/// [`crate::podrefs::pod_refs`] merges them. Makes the stamp independent of the caller's order.
+fn normalize(refs: &[PodRef]) -> Vec<PodRef> {
+    let mut merged: BTreeMap<(&'static str, &str), PodRef> = BTreeMap::new();
+    for r in refs {
+        merged
+            .entry((r.resource.kind.lower(), r.resource.name.as_str()))
+            .and_modify(|m| {
+                m.keys.merge(r.keys.clone());
+                m.optional &= r.optional;
+            })
+            .or_insert_with(|| r.clone());
+    }
+    merged.into_values().collect()
+}
+
+/// Stamps a pod template that reads `refs`; `lookup` supplies each object (called once per
+/// object, in output order). The hash covers each object's kind, name, observed keys,
+/// optionality and, when present, its [`object_digest`]; so pointing a pod at another object
+/// with identical content still changes the hash.
+pub fn config_stamp<'a>(
+    key: &HashKey,
+    refs: &[PodRef],
+    mut lookup: impl FnMut(&PodRef) -> Observed<'a>,
+) -> Stamp {
+    let mut entries = Vec::new();
+    let mut shown = Vec::new();
+    let mut missing = Vec::new();
+    for r in normalize(refs) {
+        let digest = match lookup(&r) {
+            Observed::Data(data) => Some(object_digest(key, &data, &r.keys)),
+            Observed::Digest(d) => Some(d),
+            Observed::Absent => None,
+        };
+        let state = match (digest, r.optional) {
+            (Some(_), _) => RefState::Present,
+            (None, true) => RefState::AbsentOptional,
+            (None, false) => {
+                missing.push(r.resource.clone());
+                RefState::AbsentRequired
+            }
+        };
+        shown.push(ConfigRef {
+            resource: r.resource.clone(),
+            keys: r.keys.clone(),
+            state,
+        });
+        entries.push((r, digest));
+    }
+    Stamp {
+        config_hash: encoding::config_hash(key, &entries),
+        config_refs: format_config_refs(&shown),
+        missing,
+    }
+}
+
+/// The exact bytes [`config_stamp`] feeds the HMAC for `refs` and their digests (`None` =
+/// absent), after the same normalization.
+pub fn encode_config(refs: &[(PodRef, Option<ObjectDigest>)]) -> Vec<u8> {
+    let digests: BTreeMap<&ResourceRef, Option<ObjectDigest>> =
+        refs.iter().map(|(r, d)| (&r.resource, *d)).collect();
+    let pod_refs: Vec<PodRef> = refs.iter().map(|(r, _)| r.clone()).collect();
+    let entries: Vec<(PodRef, Option<ObjectDigest>)> = normalize(&pod_refs)
+        .into_iter()
+        .map(|r| {
+            let d = digests.get(&r.resource).copied().flatten();
+            (r, d)
+        })
+        .collect();
+    let mut buf = Vec::new();
+    encoding::write_config(&mut buf, &entries);
+    buf
+}
+
+#[cfg(test)]
+mod tests;

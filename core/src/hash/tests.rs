@@ -1,0 +1,515 @@
+use std::collections::{BTreeMap, BTreeSet};
+
+use hmac::Mac;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use proptest::prelude::*;
+
+use super::key::HmacSha256;
+use super::*;
+use crate::podrefs::Keys;
+use crate::resource::ResourceKind;
+
+fn key(byte: u8) -> HashKey {
+    HashKey::new(&[byte; 32]).unwrap()
+}
+
+fn obj<'a>(data: &[(&'a str, &'a str)], binary: &[(&'a str, &'a str)]) -> ObjectData<'a> {
+    ObjectData {
+        type_: None,
+        data: data.iter().map(|(k, v)| (*k, v.as_bytes())).collect(),
+        binary_data: binary.iter().map(|(k, v)| (*k, v.as_bytes())).collect(),
+    }
+}
+
+fn some(keys: &[&str]) -> Keys {
+    Keys::Some(keys.iter().map(|k| k.to_string()).collect())
+}
+
+fn digest(o: &ObjectData<'_>, keys: &Keys) -> ObjectDigest {
+    object_digest(&key(1), o, keys)
+}
+
+fn raw_hmac(key_bytes: &[u8], msg: &[u8]) -> [u8; 32] {
+    let mut mac = HmacSha256::new_from_slice(key_bytes).unwrap();
+    mac.update(msg);
+    mac.finalize().into_bytes().into()
+}
+
+type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Reads an object encoding back (mode, data, binaryData, absent keys); succeeding on every
+/// encoding, with nothing left over, proves the encoding is injective.
+fn decode_object(mut b: &[u8]) -> (u8, Entries, Entries, Vec<Vec<u8>>) {
+    fn take<'x>(b: &mut &'x [u8], n: usize) -> &'x [u8] {
+        let (head, tail) = b.split_at(n);
+        *b = tail;
+        head
+    }
+    fn count(b: &mut &[u8]) -> usize {
+        u64::from_be_bytes(take(b, 8).try_into().unwrap()) as usize
+    }
+    fn bytes(b: &mut &[u8]) -> Vec<u8> {
+        let n = count(b);
+        take(b, n).to_vec()
+    }
+    fn entries(b: &mut &[u8]) -> Entries {
+        (0..count(b)).map(|_| (bytes(b), bytes(b))).collect()
+    }
+    assert_eq!(bytes(&mut b), b"helmop.dev/v1/object");
+    let mode = take(&mut b, 1)[0];
+    let data = entries(&mut b);
+    let binary = entries(&mut b);
+    let absent = (0..count(&mut b)).map(|_| bytes(&mut b)).collect();
+    assert!(b.is_empty(), "trailing bytes");
+    (mode, data, binary, absent)
+}
+
+#[test]
+fn streaming_equals_hmac_of_the_encoding() {
+    let o = obj(&[("a", "1"), ("b", "")], &[("bin", "\u{0}\u{1}")]);
+    for keys in [Keys::All, some(&["a", "zz"])] {
+        let want = raw_hmac(&[1; 32], &encode_object(&o, &keys));
+        assert_eq!(digest(&o, &keys).0, want);
+    }
+    let want = raw_hmac(&[1; 32], &encode_content(ResourceKind::Secret, &o));
+    assert_eq!(
+        content_hash(&key(1), ResourceKind::Secret, &o),
+        format!("v1:{}", hex::encode(want))
+    );
+}
+
+#[test]
+fn delimiter_confusions_do_not_collide() {
+    let pairs = [
+        (
+            obj(&[("a", "1;b=2")], &[]),
+            obj(&[("a", "1"), ("b", "2")], &[]),
+        ),
+        (
+            obj(&[("a", "1,b:2")], &[]),
+            obj(&[("a", "1"), ("b", "2")], &[]),
+        ),
+        (obj(&[("ab", "c")], &[]), obj(&[("a", "bc")], &[])),
+        (obj(&[("a", "")], &[]), obj(&[], &[])),
+        (obj(&[("a", "1")], &[]), obj(&[], &[("a", "1")])),
+        (
+            obj(&[("a", "1")], &[("b", "2")]),
+            obj(&[("a", "1"), ("b", "2")], &[]),
+        ),
+    ];
+    for (x, y) in &pairs {
+        assert_ne!(
+            encode_object(x, &Keys::All),
+            encode_object(y, &Keys::All),
+            "{x:?} {y:?}"
+        );
+        assert_ne!(digest(x, &Keys::All), digest(y, &Keys::All));
+        assert_ne!(
+            content_hash(&key(1), ResourceKind::ConfigMap, x),
+            content_hash(&key(1), ResourceKind::ConfigMap, y)
+        );
+    }
+}
+
+#[test]
+fn absent_key_differs_from_empty_value() {
+    let empty = obj(&[("password", "")], &[]);
+    let absent = obj(&[], &[]);
+    let keys = some(&["password"]);
+    assert_ne!(digest(&empty, &keys), digest(&absent, &keys));
+    let (_, data, _, missing) = decode_object(&encode_object(&absent, &keys));
+    assert!(data.is_empty());
+    assert_eq!(missing, vec![b"password".to_vec()]);
+}
+
+#[test]
+fn only_observed_keys_count() {
+    let keys = some(&["a"]);
+    let before = obj(&[("a", "1"), ("b", "2")], &[]);
+    let other_changed = obj(&[("a", "1"), ("b", "3")], &[]);
+    let added = obj(&[("a", "1"), ("b", "2"), ("c", "")], &[]);
+    let read_changed = obj(&[("a", "9"), ("b", "2")], &[]);
+    assert_eq!(digest(&before, &keys), digest(&other_changed, &keys));
+    assert_eq!(digest(&before, &keys), digest(&added, &keys));
+    assert_ne!(digest(&before, &keys), digest(&read_changed, &keys));
+    // Through envFrom every key is visible, including a new one.
+    assert_ne!(digest(&before, &Keys::All), digest(&added, &Keys::All));
+    assert_ne!(
+        digest(&before, &Keys::All),
+        digest(&other_changed, &Keys::All)
+    );
+    // The same content read all vs one key digests differently.
+    let single = obj(&[("a", "1")], &[]);
+    assert_ne!(digest(&single, &Keys::All), digest(&single, &keys));
+}
+
+#[test]
+fn content_hash_covers_type_and_kind_but_is_versioned() {
+    let k = key(1);
+    let mut o = obj(&[("a", "1")], &[]);
+    let opaque = {
+        o.type_ = Some("Opaque");
+        content_hash(&k, ResourceKind::Secret, &o)
+    };
+    o.type_ = Some("kubernetes.io/tls");
+    let tls = content_hash(&k, ResourceKind::Secret, &o);
+    o.type_ = None;
+    let untyped = content_hash(&k, ResourceKind::Secret, &o);
+    let as_cm = content_hash(&k, ResourceKind::ConfigMap, &o);
+    let all = [&opaque, &tls, &untyped, &as_cm];
+    let distinct: BTreeSet<_> = all.iter().collect();
+    assert_eq!(distinct.len(), 4);
+    for h in all {
+        assert!(h.starts_with("v1:") && h.len() == 67, "{h}");
+    }
+}
+
+#[test]
+fn secret_and_configmap_conversions() {
+    let secret = Secret {
+        type_: Some("Opaque".into()),
+        data: Some(BTreeMap::from([
+            ("a".to_string(), ByteString(b"old".to_vec())),
+            ("b".to_string(), ByteString(b"2".to_vec())),
+        ])),
+        string_data: Some(BTreeMap::from([("a".to_string(), "new".to_string())])),
+        ..Default::default()
+    };
+    let o = ObjectData::from(&secret);
+    assert_eq!(o.type_, Some("Opaque"));
+    assert_eq!(o.data.get("a"), Some(&b"new".as_slice()));
+    assert_eq!(o.data.get("b"), Some(&b"2".as_slice()));
+    assert!(o.binary_data.is_empty());
+
+    let cm = ConfigMap {
+        data: Some(BTreeMap::from([("t".to_string(), "text".to_string())])),
+        binary_data: Some(BTreeMap::from([(
+            "b".to_string(),
+            ByteString(vec![0, 255]),
+        )])),
+        ..Default::default()
+    };
+    let o = ObjectData::from(&cm);
+    assert_eq!(o.type_, None);
+    assert_eq!(o.data.get("t"), Some(&b"text".as_slice()));
+    assert_eq!(o.binary_data.get("b"), Some(&[0u8, 255].as_slice()));
+}
+
+#[test]
+fn debug_never_shows_values() {
+    let o = obj(&[("password", "hunter2")], &[("blob", "s3cr3t")]);
+    let shown = format!("{o:?}");
+    assert!(
+        !shown.contains("hunter2") && !shown.contains("s3cr3t"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("password") && shown.contains("<7 bytes>"),
+        "{shown}"
+    );
+}
+
+fn cm_ref(name: &str, keys: Keys, optional: bool) -> PodRef {
+    PodRef::new(ResourceRef::config_map(name), keys, optional)
+}
+
+fn secret_ref(name: &str, keys: Keys, optional: bool) -> PodRef {
+    PodRef::new(ResourceRef::secret(name), keys, optional)
+}
+
+#[test]
+fn stamp_lists_refs_and_reports_missing() {
+    let app = obj(&[("LOG_LEVEL", "debug")], &[]);
+    let db = obj(&[("password", "hunter2"), ("user", "admin")], &[]);
+    let refs = vec![
+        secret_ref("tls", Keys::All, true),
+        secret_ref("db", some(&["password"]), false),
+        secret_ref("gone", Keys::All, false),
+        cm_ref("app", Keys::All, false),
+    ];
+    let stamp = config_stamp(&key(1), &refs, |r| match r.resource.name.as_str() {
+        "app" => Observed::Data(app.clone()),
+        "db" => Observed::Data(db.clone()),
+        _ => Observed::Absent,
+    });
+    assert_eq!(
+        stamp.config_refs,
+        "configmap/app,secret/db[password],secret/gone!,secret/tls?"
+    );
+    assert_eq!(stamp.missing, vec![ResourceRef::secret("gone")]);
+    assert!(stamp.config_hash.starts_with("v1:") && stamp.config_hash.len() == 67);
+}
+
+#[test]
+fn stamp_changes_with_refs_not_just_content() {
+    let same = obj(&[("k", "v")], &[]);
+    let stamp_for = |refs: Vec<PodRef>| {
+        config_stamp(&key(1), &refs, |_| Observed::Data(same.clone())).config_hash
+    };
+    let a = stamp_for(vec![cm_ref("a", Keys::All, false)]);
+    let b = stamp_for(vec![cm_ref("b", Keys::All, false)]);
+    let a_secret = stamp_for(vec![secret_ref("a", Keys::All, false)]);
+    let a_key = stamp_for(vec![cm_ref("a", some(&["k"]), false)]);
+    let a_optional = stamp_for(vec![cm_ref("a", Keys::All, true)]);
+    let distinct: BTreeSet<_> = [&a, &b, &a_secret, &a_key, &a_optional]
+        .into_iter()
+        .collect();
+    assert_eq!(distinct.len(), 5);
+}
+
+#[test]
+fn absent_is_not_empty_in_the_stamp() {
+    let refs = vec![cm_ref("a", Keys::All, true)];
+    let absent = config_stamp(&key(1), &refs, |_| Observed::Absent);
+    let empty = config_stamp(&key(1), &refs, |_| Observed::Data(ObjectData::default()));
+    assert_ne!(absent.config_hash, empty.config_hash);
+    assert_eq!(absent.config_refs, "configmap/a?");
+    assert_eq!(empty.config_refs, "configmap/a");
+    assert!(absent.missing.is_empty());
+}
+
+#[test]
+fn cached_digest_gives_the_same_stamp() {
+    let o = obj(&[("k", "v")], &[]);
+    let refs = vec![cm_ref("a", some(&["k"]), false)];
+    let from_data = config_stamp(&key(1), &refs, |_| Observed::Data(o.clone()));
+    let d = object_digest(&key(1), &o, &some(&["k"]));
+    let from_digest = config_stamp(&key(1), &refs, |_| Observed::Digest(d));
+    assert_eq!(from_data, from_digest);
+}
+
+#[test]
+fn duplicate_refs_merge_like_podrefs() {
+    let o = obj(&[("a", "1"), ("b", "2")], &[]);
+    let split = vec![
+        cm_ref("x", some(&["a"]), true),
+        cm_ref("x", some(&["b"]), false),
+    ];
+    let merged = vec![cm_ref("x", some(&["a", "b"]), false)];
+    let s1 = config_stamp(&key(1), &split, |_| Observed::Data(o.clone()));
+    let s2 = config_stamp(&key(1), &merged, |_| Observed::Data(o.clone()));
+    assert_eq!(s1, s2);
+    assert_eq!(s1.config_refs, "configmap/x[a,b]");
+}
+
+#[test]
+fn empty_stamp_is_well_defined() {
+    let s = config_stamp(&key(1), &[], |_| Observed::Absent);
+    assert_eq!(s.config_refs, "");
+    assert!(s.missing.is_empty());
+    assert_eq!(
+        s.config_hash,
+        format!(
+            "v1:{}",
+            hex::encode(raw_hmac(&[1; 32], &encode_config(&[])))
+        )
+    );
+}
+
+// ---- property tests ----
+
+/// Short strings over an alphabet rich in the delimiters a naive scheme would use, so that
+/// near-collisions are common.
+fn tricky() -> impl Strategy<Value = String> {
+    proptest::string::string_regex("[ab1;=,:\\[\\]\u{0}]{0,4}").unwrap()
+}
+
+fn map() -> impl Strategy<Value = BTreeMap<String, String>> {
+    proptest::collection::btree_map(tricky(), tricky(), 0..4)
+}
+
+fn borrowed<'a>(
+    data: &'a BTreeMap<String, String>,
+    bin: &'a BTreeMap<String, String>,
+) -> ObjectData<'a> {
+    ObjectData {
+        type_: None,
+        data: data
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_bytes()))
+            .collect(),
+        binary_data: bin
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_bytes()))
+            .collect(),
+    }
+}
+
+fn keys_strategy() -> impl Strategy<Value = Keys> {
+    prop_oneof![
+        Just(Keys::All),
+        proptest::collection::btree_set(tricky(), 0..4).prop_map(Keys::Some),
+    ]
+}
+
+fn owned(entries: &[(Vec<u8>, Vec<u8>)]) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    entries.iter().cloned().collect()
+}
+
+proptest! {
+    #[test]
+    fn encoding_decodes_back_to_exactly_the_observed_view(
+        data in map(), bin in map(), keys in keys_strategy()
+    ) {
+        let o = borrowed(&data, &bin);
+        let (mode, d, b, absent) = decode_object(&encode_object(&o, &keys));
+        let pick = |m: &BTreeMap<String, String>| -> BTreeMap<Vec<u8>, Vec<u8>> {
+            m.iter()
+                .filter(|(k, _)| match &keys { Keys::All => true, Keys::Some(s) => s.contains(*k) })
+                .map(|(k, v)| (k.clone().into_bytes(), v.clone().into_bytes()))
+                .collect()
+        };
+        prop_assert_eq!(owned(&d), pick(&data));
+        prop_assert_eq!(owned(&b), pick(&bin));
+        match &keys {
+            Keys::All => {
+                prop_assert_eq!(mode, 0);
+                prop_assert!(absent.is_empty());
+            }
+            Keys::Some(s) => {
+                prop_assert_eq!(mode, 1);
+                let want: Vec<Vec<u8>> = s
+                    .iter()
+                    .filter(|k| !data.contains_key(*k) && !bin.contains_key(*k))
+                    .map(|k| k.clone().into_bytes())
+                    .collect();
+                prop_assert_eq!(absent, want);
+            }
+        }
+    }
+
+    #[test]
+    fn distinct_inputs_never_collide(
+        d1 in map(), b1 in map(), d2 in map(), b2 in map()
+    ) {
+        prop_assume!((&d1, &b1) != (&d2, &b2));
+        let (x, y) = (borrowed(&d1, &b1), borrowed(&d2, &b2));
+        prop_assert_ne!(encode_object(&x, &Keys::All), encode_object(&y, &Keys::All));
+        prop_assert_ne!(digest(&x, &Keys::All), digest(&y, &Keys::All));
+        prop_assert_ne!(
+            encode_content(ResourceKind::ConfigMap, &x),
+            encode_content(ResourceKind::ConfigMap, &y)
+        );
+    }
+
+    #[test]
+    fn key_value_boundary_shifts_never_collide(k in "[a-z;=]{1,6}", v in "[a-z;=]{0,6}", cut in 0usize..6) {
+        let cut = cut % k.len();
+        prop_assume!(cut > 0);
+        let (head, tail) = k.split_at(cut);
+        let shifted_value = format!("{tail}{v}");
+        let one = [(k.as_str(), v.as_str())];
+        let two = [(head, shifted_value.as_str())];
+        prop_assert_ne!(digest(&obj(&one, &[]), &Keys::All), digest(&obj(&two, &[]), &Keys::All));
+        // And moving the key between data and binaryData always shows.
+        prop_assert_ne!(digest(&obj(&one, &[]), &Keys::All), digest(&obj(&[], &one), &Keys::All));
+    }
+
+    #[test]
+    fn insertion_order_does_not_matter(
+        entries in proptest::collection::vec((tricky(), tricky()), 0..6),
+        seed in any::<u64>()
+    ) {
+        // Deduplicate keys first: a later duplicate would legitimately win.
+        let unique: BTreeMap<String, String> = entries.into_iter().collect();
+        let mut shuffled: Vec<(String, String)> = unique.clone().into_iter().collect();
+        let n = shuffled.len();
+        if n > 1 {
+            let mut s = seed;
+            for i in (1..n).rev() {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                shuffled.swap(i, (s >> 33) as usize % (i + 1));
+            }
+        }
+        let cm_in_order = ConfigMap { data: Some(unique.clone().into_iter().collect()), ..Default::default() };
+        let mut map_shuffled = BTreeMap::new();
+        for (k, v) in shuffled.iter().rev() {
+            map_shuffled.insert(k.clone(), v.clone());
+        }
+        let cm_shuffled = ConfigMap { data: Some(map_shuffled), ..Default::default() };
+        let h1 = content_hash(&key(1), ResourceKind::ConfigMap, &ObjectData::from(&cm_in_order));
+        let h2 = content_hash(&key(1), ResourceKind::ConfigMap, &ObjectData::from(&cm_shuffled));
+        prop_assert_eq!(h1, h2);
+
+        // The order of the pod's references does not matter either.
+        let refs: Vec<PodRef> = unique.keys().enumerate()
+            .map(|(i, name)| if i % 2 == 0 {
+                secret_ref(name, Keys::All, false)
+            } else {
+                cm_ref(name, Keys::All, true)
+            })
+            .collect();
+        let mut reversed = refs.clone();
+        reversed.reverse();
+        let o = ObjectData::from(&cm_in_order);
+        let s1 = config_stamp(&key(1), &refs, |_| Observed::Data(o.clone()));
+        let s2 = config_stamp(&key(1), &reversed, |_| Observed::Data(o.clone()));
+        prop_assert_eq!(s1, s2);
+    }
+
+    #[test]
+    fn key_sensitivity(
+        k1 in proptest::collection::vec(any::<u8>(), 32..64),
+        k2 in proptest::collection::vec(any::<u8>(), 32..64),
+        data in map()
+    ) {
+        prop_assume!(k1 != k2);
+        let o = borrowed(&data, &data);
+        let (h1, h2) = (HashKey::new(&k1).unwrap(), HashKey::new(&k2).unwrap());
+        prop_assert_ne!(object_digest(&h1, &o, &Keys::All), object_digest(&h2, &o, &Keys::All));
+        prop_assert_ne!(
+            content_hash(&h1, ResourceKind::Secret, &o),
+            content_hash(&h2, ResourceKind::Secret, &o)
+        );
+        let refs = [cm_ref("x", Keys::All, false)];
+        prop_assert_ne!(
+            config_stamp(&h1, &refs, |_| Observed::Data(o.clone())).config_hash,
+            config_stamp(&h2, &refs, |_| Observed::Data(o.clone())).config_hash
+        );
+    }
+
+    #[test]
+    fn requested_key_absent_vs_present_empty(k in tricky(), other in map()) {
+        let mut with_empty = other.clone();
+        with_empty.insert(k.clone(), String::new());
+        let mut without = other.clone();
+        without.remove(&k);
+        let none = BTreeMap::new();
+        let keys = Keys::Some(BTreeSet::from([k.clone()]));
+        prop_assert_ne!(
+            digest(&borrowed(&with_empty, &none), &keys),
+            digest(&borrowed(&without, &none), &keys)
+        );
+    }
+
+    #[test]
+    fn config_refs_round_trip(
+        entries in proptest::collection::btree_map(
+            (prop_oneof![Just(ResourceKind::Secret), Just(ResourceKind::ConfigMap)], "[a-z0-9.,\\[\\]%?!-]{1,8}"),
+            (keys_strategy(), 0u8..3),
+            0..5
+        )
+    ) {
+        let refs: Vec<ConfigRef> = entries
+            .into_iter()
+            .filter(|(_, (keys, _))| match keys {
+                // Tokens are non-empty by grammar; empty keys are not valid Kubernetes keys.
+                Keys::Some(s) => !s.contains(""),
+                Keys::All => true,
+            })
+            .map(|((kind, name), (keys, state))| ConfigRef {
+                resource: ResourceRef::new(kind, name),
+                keys,
+                state: [RefState::Present, RefState::AbsentOptional, RefState::AbsentRequired][state as usize],
+            })
+            .collect();
+        let s = format_config_refs(&refs);
+        prop_assert_eq!(parse_config_refs(&s).unwrap(), refs);
+    }
+
+    #[test]
+    fn config_refs_parser_never_panics(s in "\\PC{0,40}") {
+        let _ = parse_config_refs(&s);
+    }
+}

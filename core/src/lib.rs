@@ -1,0 +1,14 @@
+//! helmop's domain logic. Everything here is pure: no network, no filesystem, no clock.
+//! The webhook and the plugin do the I/O and call into these functions.
+
+pub mod hash;
+pub mod model;
+pub mod names;
+pub mod plan;
+pub mod podrefs;
+pub mod resource;
+pub mod selector;
+pub mod targeting;
+pub mod validate;
+pub mod workload;
+pub mod yaml;

@@ -1,0 +1,140 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use serde::{Deserialize, Serialize};
+
+use super::{Extra, default_api_version, fleet_resource, non_empty};
+
+/// A Fleet `Cluster`: a downstream cluster registered with the management cluster.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cluster {
+    #[serde(default = "default_api_version")]
+    pub api_version: String,
+    #[serde(default = "Cluster::default_kind")]
+    pub kind: String,
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: ClusterSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<serde_json::Value>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+fleet_resource!(Cluster, "Cluster", "clusters");
+
+impl Cluster {
+    fn default_kind() -> String {
+        Self::KIND.to_string()
+    }
+
+    /// A Cluster with a name, namespace and labels (tests, fixtures).
+    pub fn new(namespace: &str, name: &str, labels: &[(&str, &str)]) -> Self {
+        Cluster {
+            api_version: default_api_version(),
+            kind: Self::default_kind(),
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some(namespace.to_string()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: ClusterSpec::default(),
+            status: None,
+            extra: Extra::new(),
+        }
+    }
+
+    /// Where the kubeconfig Secret lives: `(namespace, name)`. The namespace defaults to the
+    /// Cluster's own (Fleet's documented default); `None` when no secret is set.
+    pub fn kubeconfig_secret(&self) -> Option<(String, String)> {
+        let name = non_empty(&self.spec.kube_config_secret)?;
+        let namespace = non_empty(&self.spec.kube_config_secret_namespace)
+            .or(self.metadata.namespace.as_deref())
+            .unwrap_or_default();
+        Some((namespace.to_string(), name.to_string()))
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterSpec {
+    /// Secret whose data key `value` holds a kubeconfig for the downstream cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kube_config_secret: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kube_config_secret_namespace: Option<String>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// A Fleet `ClusterGroup`: a named label selector over the Clusters of its namespace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterGroup {
+    #[serde(default = "default_api_version")]
+    pub api_version: String,
+    #[serde(default = "ClusterGroup::default_kind")]
+    pub kind: String,
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: ClusterGroupSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<serde_json::Value>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+fleet_resource!(ClusterGroup, "ClusterGroup", "clustergroups");
+
+impl ClusterGroup {
+    fn default_kind() -> String {
+        Self::KIND.to_string()
+    }
+
+    /// A ClusterGroup with a name, namespace, its own labels and a selector (tests, fixtures).
+    pub fn new(
+        namespace: &str,
+        name: &str,
+        labels: &[(&str, &str)],
+        selector: Option<LabelSelector>,
+    ) -> Self {
+        ClusterGroup {
+            api_version: default_api_version(),
+            kind: Self::default_kind(),
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some(namespace.to_string()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: ClusterGroupSpec {
+                selector,
+                extra: Extra::new(),
+            },
+            status: None,
+            extra: Extra::new(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterGroupSpec {
+    /// `None` selects no cluster; `Some({})` selects every cluster of the namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}

@@ -1,0 +1,259 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use serde::{Deserialize, Serialize};
+
+use super::{Extra, default_api_version, fleet_resource, non_empty};
+use crate::resource::{ResourceKind, ResourceRef};
+
+/// A Fleet `HelmOp`: a Helm chart deployed to the clusters its targets select.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HelmOp {
+    #[serde(default = "default_api_version")]
+    pub api_version: String,
+    #[serde(default = "HelmOp::default_kind")]
+    pub kind: String,
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: HelmOpSpec,
+    /// Written by Fleet; helmop only carries it through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<serde_json::Value>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+fleet_resource!(HelmOp, "HelmOp", "helmops");
+
+impl HelmOp {
+    fn default_kind() -> String {
+        Self::KIND.to_string()
+    }
+
+    /// A HelmOp with just a name, a namespace and a spec (tests, fixtures).
+    pub fn new(namespace: &str, name: &str, spec: HelmOpSpec) -> Self {
+        HelmOp {
+            api_version: default_api_version(),
+            kind: Self::default_kind(),
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some(namespace.to_string()),
+                ..ObjectMeta::default()
+            },
+            spec,
+            status: None,
+            extra: Extra::new(),
+        }
+    }
+}
+
+/// `HelmOp.spec` (Fleet's `HelmOpSpec`, which embeds `BundleSpec` and its `BundleDeploymentOptions`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HelmOpSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub helm: Option<HelmOptions>,
+    /// `TargetNamespace`: forces every resource of the release into this namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_namespace: Option<String>,
+    /// Secret with the credentials for a private Helm repository.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub helm_secret_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub downstream_resources: Option<Vec<DownstreamResource>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_resources: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targets: Option<Vec<BundleTarget>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_restrictions: Option<Vec<TargetRestriction>>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+impl HelmOpSpec {
+    pub fn targets(&self) -> &[BundleTarget] {
+        self.targets.as_deref().unwrap_or_default()
+    }
+
+    pub fn target_restrictions(&self) -> &[TargetRestriction] {
+        self.target_restrictions.as_deref().unwrap_or_default()
+    }
+
+    pub fn downstream_resources(&self) -> &[DownstreamResource] {
+        self.downstream_resources.as_deref().unwrap_or_default()
+    }
+
+    pub fn keep_resources(&self) -> bool {
+        self.keep_resources.unwrap_or(false)
+    }
+
+    pub fn namespace(&self) -> Option<&str> {
+        non_empty(&self.namespace)
+    }
+
+    pub fn default_namespace(&self) -> Option<&str> {
+        non_empty(&self.default_namespace)
+    }
+
+    pub fn helm_secret_name(&self) -> Option<&str> {
+        non_empty(&self.helm_secret_name)
+    }
+}
+
+/// Helm options (`spec.helm` and `spec.targets[].helm`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HelmOptions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chart: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub values_from: Option<Vec<ValuesFrom>>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+impl HelmOptions {
+    pub fn values_from(&self) -> &[ValuesFrom] {
+        self.values_from.as_deref().unwrap_or_default()
+    }
+}
+
+/// One `valuesFrom` entry: Helm values read from a ConfigMap or Secret key.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ValuesFrom {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_key_ref: Option<KeyRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<KeyRef>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// `{name, namespace, key}` of a `valuesFrom` source.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// A `downstreamResources` entry. `kind` stays a raw string: Fleet accepts any case and
+/// validation must be able to point at a wrong one.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DownstreamResource {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+impl DownstreamResource {
+    pub fn new(kind: &str, name: &str) -> Self {
+        DownstreamResource {
+            kind: kind.to_string(),
+            name: name.to_string(),
+            extra: Extra::new(),
+        }
+    }
+
+    /// The entry as a reference, if its kind is one Fleet copies (any case).
+    pub fn to_ref(&self) -> Option<ResourceRef> {
+        ResourceKind::parse(&self.kind).map(|kind| ResourceRef::new(kind, self.name.clone()))
+    }
+}
+
+/// A `spec.targets[]` entry (Fleet's `BundleTarget`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleTarget {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_selector: Option<LabelSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_group: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_group_selector: Option<LabelSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub do_not_deploy: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub helm: Option<HelmOptions>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub downstream_resources: Option<Vec<DownstreamResource>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_resources: Option<bool>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+impl BundleTarget {
+    pub fn downstream_resources(&self) -> &[DownstreamResource] {
+        self.downstream_resources.as_deref().unwrap_or_default()
+    }
+
+    pub fn do_not_deploy(&self) -> bool {
+        self.do_not_deploy.unwrap_or(false)
+    }
+
+    pub fn keep_resources(&self) -> bool {
+        self.keep_resources.unwrap_or(false)
+    }
+
+    pub fn namespace(&self) -> Option<&str> {
+        non_empty(&self.namespace)
+    }
+
+    pub fn default_namespace(&self) -> Option<&str> {
+        non_empty(&self.default_namespace)
+    }
+
+    pub fn cluster_name(&self) -> Option<&str> {
+        non_empty(&self.cluster_name)
+    }
+
+    pub fn cluster_group(&self) -> Option<&str> {
+        non_empty(&self.cluster_group)
+    }
+}
+
+/// A `spec.targetRestrictions[]` entry: an allow list of clusters (same criteria as a target).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetRestriction {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_selector: Option<LabelSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_group: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_group_selector: Option<LabelSelector>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}

@@ -1,0 +1,53 @@
+//! The names helmop exposes (DESIGN section 3). Every label, annotation and well-known object name
+//! lives here so the webhook, the plugin and the tests can never disagree about spelling.
+
+/// Domain prefix of everything helmop writes.
+pub const PREFIX: &str = "helmop.dev/";
+
+/// Label on every copy helmop makes; selects copies but is never enough alone to delete one.
+pub const LABEL_MANAGED_BY: &str = "helmop.dev/managed-by";
+/// Value of [`LABEL_MANAGED_BY`], also the server-side-apply field manager.
+pub const MANAGER: &str = "kubectl-helmop";
+
+/// Annotation on a copy: the HelmOps that want it, `upstream-id/namespace/name`, comma separated.
+pub const ANN_OWNERS: &str = "helmop.dev/owners";
+/// Annotation on a copy: `upstream-id/namespace/kind/name` of the source.
+pub const ANN_SOURCE: &str = "helmop.dev/source";
+/// Annotation on a copy: UID of the source object.
+pub const ANN_SOURCE_UID: &str = "helmop.dev/source-uid";
+/// Annotation on a copy: keyed hash of the whole source when copied.
+pub const ANN_CONTENT_HASH: &str = "helmop.dev/content-hash";
+
+/// Annotation on a copy (value `"true"`): a HelmOp or target with `keepResources` wanted it, so
+/// when its last owner lets go it is kept (reported `Kept`) instead of deleted. Recorded on the
+/// copy at write time because the HelmOp may be gone by then. Extends DESIGN section 3.
+pub const ANN_KEEP: &str = "helmop.dev/keep";
+
+/// Label on a Namespace (`enabled`) or a workload (`"true"`/`"false"`) opting in to hash stamping.
+pub const LABEL_ROLLOUT_ON_CHANGE: &str = "helmop.dev/rollout-on-change";
+/// Pod-template annotation: aggregate keyed hash of everything the pod reads.
+pub const ANN_CONFIG_HASH: &str = "helmop.dev/config-hash";
+/// Pod-template annotation: what went into [`ANN_CONFIG_HASH`].
+pub const ANN_CONFIG_REFS: &str = "helmop.dev/config-refs";
+/// Pod-template annotation: `container=digest` pairs in `annotate` image mode.
+pub const ANN_IMAGE_DIGESTS: &str = "helmop.dev/image-digests";
+/// Workload metadata annotation the plugin bumps to make the webhook re-stamp.
+pub const ANN_RESTAMP: &str = "helmop.dev/restamp";
+/// HelmOp annotation: missing downstream resources warn instead of deny.
+pub const ANN_ALLOW_MISSING: &str = "helmop.dev/allow-missing";
+
+/// Namespace helmop installs into.
+pub const SYSTEM_NAMESPACE: &str = "helmop-system";
+/// Secret holding the cluster's hash key.
+pub const HASH_KEY_SECRET: &str = "helmop-hash-key";
+/// Data key of the hash key inside [`HASH_KEY_SECRET`].
+pub const HASH_KEY_DATA_KEY: &str = "key";
+
+/// Label Fleet agents put on the downstream copies they make themselves; helmop never writes or prunes those.
+pub const FLEET_BUNDLEDEPLOYMENT_LABEL: &str = "fleet.cattle.io/bundledeployment";
+/// Cluster label Fleet matches `clusterName` against in addition to the object name.
+pub const FLEET_DISPLAY_NAME_LABEL: &str = "management.cattle.io/cluster-display-name";
+
+/// Label and annotation prefixes never carried over from a source to a copy.
+pub const RESERVED_PREFIXES: &[&str] =
+    &["helmop.dev/", "kubectl.kubernetes.io/", "fleet.cattle.io/"];

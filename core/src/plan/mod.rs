@@ -1,0 +1,696 @@
+//! Propagation planning: desired copies vs observed copies downstream -> actions.
+//!
+//! Pure: the caller resolves targeting, fetches the live sources (metadata and content hash),
+//! lists the copies downstream (name, uid, labels, annotations; never data), and executes the
+//! actions. Safety rules (DESIGN sections 3 and 6):
+//!
+//! - an object is helmop's only with the managed-by label AND a source annotation; anything else
+//!   of the same name is a `Conflict` unless the caller adopts;
+//! - objects labelled `fleet.cattle.io/bundledeployment` are never written or pruned;
+//! - a copy is pruned only when it is helmop's, lists an owner of OUR upstream id that this run
+//!   may release ([`Scope`]), the caller says enumeration was complete, and no owner remains;
+//!   owners of other upstream ids (or entries helmop cannot read) are never removed;
+//! - `keepResources` is recorded on the copy (`helmop.dev/keep`) when it is written, so a copy
+//!   whose last owner lets go is kept even when that HelmOp no longer exists. A later HelmOp
+//!   whose source and source-uid match re-adopts a kept copy like any of its own: it adds itself
+//!   as owner, and the keep marker then follows the new owners' `keepResources`.
+
+mod markers;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+pub use markers::{
+    CopyMeta, OwnerRef, SourceObject, SourceRef, UpstreamIdError, copy_meta, format_owners,
+    parse_owners, validate_upstream_id,
+};
+
+use crate::names;
+use crate::resource::ResourceRef;
+
+/// A HelmOp by namespace and name (its upstream id is the plan's).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HelmOpKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl HelmOpKey {
+    pub fn new(namespace: &str, name: &str) -> HelmOpKey {
+        HelmOpKey {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for HelmOpKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// One HelmOp wanting one resource in one downstream namespace of one cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DesiredCopy {
+    /// The caller's name for the downstream cluster.
+    pub cluster: String,
+    /// Destination namespace downstream.
+    pub namespace: String,
+    /// The HelmOp; its namespace is the source namespace upstream.
+    pub helmop: HelmOpKey,
+    pub resource: ResourceRef,
+    /// `keepResources` of the HelmOp or of the matched target.
+    pub keep: bool,
+}
+
+/// An object found downstream: metadata only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObservedCopy {
+    pub cluster: String,
+    pub namespace: String,
+    pub resource: ResourceRef,
+    pub uid: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Whose ownership this run may release.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Every HelmOp of our upstream id was enumerated (`-A`).
+    All,
+    /// Only these HelmOps' wishes are fully stated (e.g. `prune NAME`); other owners are left
+    /// as they are.
+    HelmOps(BTreeSet<HelmOpKey>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanInput {
+    pub upstream_id: String,
+    pub desired: Vec<DesiredCopy>,
+    /// Live sources upstream; a desired copy without one is `SourceMissing`.
+    pub sources: Vec<SourceObject>,
+    pub observed: Vec<ObservedCopy>,
+    pub scope: Scope,
+    /// True only after a complete, successful enumeration of HelmOps, Clusters and targets.
+    /// When false no owner is ever released and nothing is pruned.
+    pub complete: bool,
+    /// `--adopt`: take over same-named objects helmop does not own (never Fleet's).
+    pub adopt: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Action {
+    pub cluster: String,
+    pub namespace: String,
+    pub resource: ResourceRef,
+    /// The HelmOps the row is about: those wanting the copy, or those being released.
+    pub helmops: Vec<HelmOpKey>,
+    pub kind: ActionKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ActionKind {
+    /// Apply a new copy of `source` with `meta`.
+    Create {
+        source: SourceRef,
+        meta: CopyMeta,
+    },
+    /// Apply `meta` (and the source's content) to the existing copy, guarded by `uid`.
+    Update {
+        source: SourceRef,
+        uid: String,
+        meta: CopyMeta,
+        reasons: Vec<UpdateReason>,
+    },
+    Unchanged,
+    Conflict(ConflictReason),
+    /// Fleet copies this object itself; helmop neither writes nor prunes it.
+    SkipFleetManaged,
+    SourceMissing,
+    /// Delete the copy with a precondition on `uid`.
+    Prune {
+        uid: String,
+    },
+    /// Other owners remain: set `helmop.dev/owners` to `owners` (uid precondition).
+    RemoveOwner {
+        uid: String,
+        owners: String,
+    },
+    /// Reported `Kept`. With `rewrite`, remove the `helmop.dev/owners` annotation (uid
+    /// precondition); without, nothing to write.
+    Keep {
+        uid: String,
+        rewrite: bool,
+    },
+    /// helmop's copy, not wanted, but not removable now.
+    Orphaned(OrphanReason),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UpdateReason {
+    ContentChanged,
+    OwnersAdded(Vec<HelmOpKey>),
+    OwnersRemoved(Vec<HelmOpKey>),
+    /// Labels or annotations carried from the source (or helmop's markers) differ.
+    MarkersChanged,
+    /// Taken over with `--adopt`.
+    Adopted,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConflictReason {
+    /// Same-named object without helmop's managed-by label and source annotation.
+    NotManaged,
+    /// helmop's copy of another source (other namespace, kind or upstream id).
+    SourceMismatch { found: String },
+    /// Same source name, but copied from an object with another uid (source recreated).
+    SourceUidMismatch { found: Option<String> },
+    /// HelmOps in different namespaces copy different sources onto the same object.
+    CompetingSources { sources: Vec<String> },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OrphanReason {
+    /// Not wanted, but enumeration was incomplete, so no owner is released.
+    EnumerationIncomplete,
+    /// Our copy with no owners and no keep marker (edited by hand?); left for a person.
+    NoOwners,
+}
+
+impl ActionKind {
+    /// The action's name as reports print it (`Keep` prints as `Kept`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            ActionKind::Create { .. } => "Create",
+            ActionKind::Update { .. } => "Update",
+            ActionKind::Unchanged => "Unchanged",
+            ActionKind::Conflict(_) => "Conflict",
+            ActionKind::SkipFleetManaged => "FleetManaged",
+            ActionKind::SourceMissing => "SourceMissing",
+            ActionKind::Prune { .. } => "Prune",
+            ActionKind::RemoveOwner { .. } => "RemoveOwner",
+            ActionKind::Keep { .. } => "Kept",
+            ActionKind::Orphaned(_) => "Orphaned",
+        }
+    }
+
+    /// Whether executing the action writes to the cluster.
+    pub fn writes(&self) -> bool {
+        match self {
+            ActionKind::Create { .. }
+            | ActionKind::Update { .. }
+            | ActionKind::Prune { .. }
+            | ActionKind::RemoveOwner { .. } => true,
+            ActionKind::Keep { rewrite, .. } => *rewrite,
+            _ => false,
+        }
+    }
+}
+
+fn list(keys: &[HelmOpKey]) -> String {
+    keys.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl fmt::Display for UpdateReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UpdateReason::ContentChanged => f.write_str("source content changed"),
+            UpdateReason::OwnersAdded(k) => write!(f, "owners added: {}", list(k)),
+            UpdateReason::OwnersRemoved(k) => write!(f, "owners removed: {}", list(k)),
+            UpdateReason::MarkersChanged => f.write_str("labels or annotations differ"),
+            UpdateReason::Adopted => f.write_str("adopted (--adopt)"),
+        }
+    }
+}
+
+impl fmt::Display for ConflictReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConflictReason::NotManaged => f.write_str(
+                "an object of this name exists that helmop did not create; use --adopt to take it over",
+            ),
+            ConflictReason::SourceMismatch { found } => write!(
+                f,
+                "the object is helmop's copy of {found}; use --adopt to take it over"
+            ),
+            ConflictReason::SourceUidMismatch { found } => write!(
+                f,
+                "the copy was made from an earlier source object (source-uid {}); check the source, then use --adopt to re-copy",
+                found.as_deref().unwrap_or("missing")
+            ),
+            ConflictReason::CompetingSources { sources } => write!(
+                f,
+                "HelmOps copy different sources onto this object ({}); give them distinct names or namespaces",
+                sources.join(", ")
+            ),
+        }
+    }
+}
+
+impl fmt::Display for OrphanReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OrphanReason::EnumerationIncomplete => {
+                "no longer wanted, but enumeration was incomplete, so it is not removed"
+            }
+            OrphanReason::NoOwners => {
+                "helmop's copy lists no owners and no keep marker; delete it by hand if unused"
+            }
+        })
+    }
+}
+
+impl Action {
+    /// A one-line reason a user can act on (never any data).
+    pub fn reason(&self) -> String {
+        match &self.kind {
+            ActionKind::Create { .. } => "no copy yet".into(),
+            ActionKind::Update { reasons, .. } => reasons
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
+            ActionKind::Unchanged => "in sync".into(),
+            ActionKind::Conflict(r) => r.to_string(),
+            ActionKind::SkipFleetManaged => format!(
+                "Fleet manages this object (label {}); helmop leaves it alone",
+                names::FLEET_BUNDLEDEPLOYMENT_LABEL
+            ),
+            ActionKind::SourceMissing => format!(
+                "source {} not found in the HelmOp's namespace upstream",
+                self.resource
+            ),
+            ActionKind::Prune { .. } => "no HelmOp wants this copy any more".into(),
+            ActionKind::RemoveOwner { .. } => {
+                format!("still wanted by others; releasing {}", list(&self.helmops))
+            }
+            ActionKind::Keep { .. } => "kept: copied for a HelmOp with keepResources".into(),
+            ActionKind::Orphaned(r) => r.to_string(),
+        }
+    }
+}
+
+/// Where a copy lives; sorts by (cluster, namespace, lower-case kind, name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct CopyKey<'a> {
+    cluster: &'a str,
+    namespace: &'a str,
+    kind: &'static str,
+    name: &'a str,
+}
+
+impl<'a> CopyKey<'a> {
+    fn new(cluster: &'a str, namespace: &'a str, resource: &'a ResourceRef) -> Self {
+        CopyKey {
+            cluster,
+            namespace,
+            kind: resource.kind.lower(),
+            name: &resource.name,
+        }
+    }
+}
+
+fn is_managed(o: &ObservedCopy) -> bool {
+    o.labels.get(names::LABEL_MANAGED_BY).map(String::as_str) == Some(names::MANAGER)
+        && o.annotations
+            .get(names::ANN_SOURCE)
+            .is_some_and(|s| !s.is_empty())
+}
+
+fn is_fleet_managed(o: &ObservedCopy) -> bool {
+    o.labels.contains_key(names::FLEET_BUNDLEDEPLOYMENT_LABEL)
+}
+
+fn is_kept(o: &ObservedCopy) -> bool {
+    o.annotations.get(names::ANN_KEEP).map(String::as_str) == Some("true")
+}
+
+fn owners_of(o: &ObservedCopy) -> BTreeSet<String> {
+    o.annotations
+        .get(names::ANN_OWNERS)
+        .map(|v| parse_owners(v))
+        .unwrap_or_default()
+}
+
+/// Every label and annotation we would write is there with our value, and no `helmop.dev/`
+/// key is there that we would not write (e.g. a stale keep marker).
+fn meta_matches(o: &ObservedCopy, meta: &CopyMeta) -> bool {
+    let covers = |have: &BTreeMap<String, String>, want: &BTreeMap<String, String>| {
+        want.iter().all(|(k, v)| have.get(k) == Some(v))
+            && have
+                .keys()
+                .filter(|k| k.starts_with(names::PREFIX))
+                .all(|k| want.contains_key(k))
+    };
+    covers(&o.labels, &meta.labels) && covers(&o.annotations, &meta.annotations)
+}
+
+struct Planner<'a> {
+    input: &'a PlanInput,
+    sources: BTreeMap<(&'a str, &'a ResourceRef), &'a SourceObject>,
+}
+
+impl<'a> Planner<'a> {
+    fn owner_entry(&self, helmop: &HelmOpKey) -> String {
+        OwnerRef::new(&self.input.upstream_id, &helmop.namespace, &helmop.name).to_string()
+    }
+
+    /// An owners entry of our upstream id that this run may release.
+    fn releasable(&self, entry: &str) -> Option<HelmOpKey> {
+        let owner = OwnerRef::parse(entry)?;
+        if owner.upstream_id != self.input.upstream_id {
+            return None;
+        }
+        let key = HelmOpKey::new(&owner.namespace, &owner.name);
+        match &self.input.scope {
+            Scope::All => Some(key),
+            Scope::HelmOps(set) => set.contains(&key).then_some(key),
+        }
+    }
+
+    fn action(
+        &self,
+        at: &CopyKey<'_>,
+        resource: &ResourceRef,
+        helmops: Vec<HelmOpKey>,
+        kind: ActionKind,
+    ) -> Action {
+        Action {
+            cluster: at.cluster.to_string(),
+            namespace: at.namespace.to_string(),
+            resource: resource.clone(),
+            helmops,
+            kind,
+        }
+    }
+
+    fn desired(
+        &self,
+        at: &CopyKey<'_>,
+        wants: &[&DesiredCopy],
+        observed: Option<&ObservedCopy>,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(first) = wants.first() else {
+            return;
+        };
+        let resource = &first.resource;
+        let mut by_source: BTreeMap<SourceRef, Vec<&DesiredCopy>> = BTreeMap::new();
+        for d in wants {
+            let source = SourceRef::new(
+                &self.input.upstream_id,
+                &d.helmop.namespace,
+                d.resource.clone(),
+            );
+            by_source.entry(source).or_default().push(d);
+        }
+        let helmops_of = |group: &[&DesiredCopy]| -> Vec<HelmOpKey> {
+            let set: BTreeSet<HelmOpKey> = group.iter().map(|d| d.helmop.clone()).collect();
+            set.into_iter().collect()
+        };
+        if observed.is_some_and(is_fleet_managed) {
+            out.push(self.action(
+                at,
+                resource,
+                helmops_of(wants),
+                ActionKind::SkipFleetManaged,
+            ));
+            return;
+        }
+        if by_source.len() > 1 {
+            let sources: Vec<String> = by_source.keys().map(ToString::to_string).collect();
+            let winner = observed
+                .filter(|o| is_managed(o))
+                .and_then(|o| SourceRef::parse(o.annotations.get(names::ANN_SOURCE)?))
+                .filter(|s| by_source.contains_key(s));
+            for (source, group) in &by_source {
+                if Some(source) == winner.as_ref() {
+                    self.one_source(at, source, group, observed, out);
+                } else {
+                    let reason = ConflictReason::CompetingSources {
+                        sources: sources.clone(),
+                    };
+                    out.push(self.action(
+                        at,
+                        resource,
+                        helmops_of(group),
+                        ActionKind::Conflict(reason),
+                    ));
+                }
+            }
+            return;
+        }
+        for (source, group) in &by_source {
+            self.one_source(at, source, group, observed, out);
+        }
+    }
+
+    fn one_source(
+        &self,
+        at: &CopyKey<'_>,
+        source_ref: &SourceRef,
+        group: &[&DesiredCopy],
+        observed: Option<&ObservedCopy>,
+        out: &mut Vec<Action>,
+    ) {
+        let resource = &source_ref.resource;
+        let helmops: Vec<HelmOpKey> = group
+            .iter()
+            .map(|d| d.helmop.clone())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let wanted: BTreeSet<String> = helmops.iter().map(|h| self.owner_entry(h)).collect();
+        let keep = group.iter().any(|d| d.keep);
+        let push = |out: &mut Vec<Action>, kind| {
+            out.push(self.action(at, resource, helmops.clone(), kind))
+        };
+
+        let Some(source) = self
+            .sources
+            .get(&(source_ref.namespace.as_str(), resource))
+            .copied()
+        else {
+            push(out, ActionKind::SourceMissing);
+            return;
+        };
+        let upstream = &self.input.upstream_id;
+        let Some(o) = observed else {
+            let meta = copy_meta(upstream, source, &wanted, keep);
+            push(
+                out,
+                ActionKind::Create {
+                    source: source_ref.clone(),
+                    meta,
+                },
+            );
+            return;
+        };
+
+        let adopt = self.input.adopt;
+        let mut reasons = Vec::new();
+        let found_source = o.annotations.get(names::ANN_SOURCE);
+        let existing = if !is_managed(o) {
+            if !adopt {
+                push(out, ActionKind::Conflict(ConflictReason::NotManaged));
+                return;
+            }
+            reasons.push(UpdateReason::Adopted);
+            BTreeSet::new()
+        } else if found_source.and_then(|s| SourceRef::parse(s)).as_ref() != Some(source_ref) {
+            if !adopt {
+                let found = found_source.cloned().unwrap_or_default();
+                push(
+                    out,
+                    ActionKind::Conflict(ConflictReason::SourceMismatch { found }),
+                );
+                return;
+            }
+            // The owners listed were owners of another source; they do not carry over.
+            reasons.push(UpdateReason::Adopted);
+            BTreeSet::new()
+        } else {
+            let found_uid = o.annotations.get(names::ANN_SOURCE_UID);
+            if found_uid != Some(&source.uid) {
+                if !adopt {
+                    let found = found_uid.cloned();
+                    push(
+                        out,
+                        ActionKind::Conflict(ConflictReason::SourceUidMismatch { found }),
+                    );
+                    return;
+                }
+                reasons.push(UpdateReason::Adopted);
+            }
+            owners_of(o)
+        };
+
+        let released: Vec<HelmOpKey> = if self.input.complete {
+            existing
+                .iter()
+                .filter(|e| !wanted.contains(*e))
+                .filter_map(|e| self.releasable(e))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let released_entries: BTreeSet<String> =
+            released.iter().map(|h| self.owner_entry(h)).collect();
+        let mut owners: BTreeSet<String> =
+            existing.difference(&released_entries).cloned().collect();
+        owners.extend(wanted.iter().cloned());
+        // Someone we cannot ask (another upstream, a HelmOp out of scope, a stale owner) may have
+        // wanted the keep marker: keep it while any of them remains.
+        let others_remain = owners.iter().any(|e| !wanted.contains(e));
+        let keep = keep || (is_kept(o) && others_remain);
+        let meta = copy_meta(upstream, source, &owners, keep);
+
+        if o.annotations.get(names::ANN_CONTENT_HASH) != Some(&source.content_hash) {
+            reasons.push(UpdateReason::ContentChanged);
+        }
+        let added: Vec<HelmOpKey> = helmops
+            .iter()
+            .filter(|h| !existing.contains(&self.owner_entry(h)))
+            .cloned()
+            .collect();
+        if !added.is_empty() {
+            reasons.push(UpdateReason::OwnersAdded(added));
+        }
+        if !released.is_empty() {
+            reasons.push(UpdateReason::OwnersRemoved(released));
+        }
+        if reasons.is_empty() && !meta_matches(o, &meta) {
+            reasons.push(UpdateReason::MarkersChanged);
+        }
+        if reasons.is_empty() {
+            push(out, ActionKind::Unchanged);
+        } else {
+            push(
+                out,
+                ActionKind::Update {
+                    source: source_ref.clone(),
+                    uid: o.uid.clone(),
+                    meta,
+                    reasons,
+                },
+            );
+        }
+    }
+
+    fn undesired(&self, at: &CopyKey<'_>, o: &ObservedCopy, out: &mut Vec<Action>) {
+        if !is_managed(o) {
+            return;
+        }
+        let existing = owners_of(o);
+        let mine: BTreeMap<String, HelmOpKey> = existing
+            .iter()
+            .filter_map(|e| Some((e.clone(), self.releasable(e)?)))
+            .collect();
+        let helmops: Vec<HelmOpKey> = mine
+            .values()
+            .cloned()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let push = |out: &mut Vec<Action>, kind| {
+            out.push(self.action(at, &o.resource, helmops.clone(), kind))
+        };
+        if is_fleet_managed(o) {
+            if !mine.is_empty() {
+                push(out, ActionKind::SkipFleetManaged);
+            }
+            return;
+        }
+        if mine.is_empty() {
+            let our_source = o
+                .annotations
+                .get(names::ANN_SOURCE)
+                .and_then(|s| SourceRef::parse(s))
+                .is_some_and(|s| s.upstream_id == self.input.upstream_id);
+            if self.input.scope == Scope::All && our_source && existing.is_empty() {
+                let kind = if is_kept(o) {
+                    ActionKind::Keep {
+                        uid: o.uid.clone(),
+                        rewrite: false,
+                    }
+                } else {
+                    ActionKind::Orphaned(OrphanReason::NoOwners)
+                };
+                push(out, kind);
+            }
+            return;
+        }
+        if !self.input.complete {
+            push(
+                out,
+                ActionKind::Orphaned(OrphanReason::EnumerationIncomplete),
+            );
+            return;
+        }
+        let remaining: BTreeSet<String> = existing
+            .into_iter()
+            .filter(|e| !mine.contains_key(e))
+            .collect();
+        let uid = o.uid.clone();
+        let kind = if !remaining.is_empty() {
+            ActionKind::RemoveOwner {
+                uid,
+                owners: format_owners(&remaining),
+            }
+        } else if is_kept(o) {
+            ActionKind::Keep { uid, rewrite: true }
+        } else {
+            ActionKind::Prune { uid }
+        };
+        push(out, kind);
+    }
+}
+
+/// Plans every copy in `input`; actions are ordered by (cluster, namespace, lower-case kind,
+/// name), and within one copy by source.
+pub fn plan(input: &PlanInput) -> Vec<Action> {
+    let planner = Planner {
+        input,
+        sources: input
+            .sources
+            .iter()
+            .map(|s| ((s.namespace.as_str(), &s.resource), s))
+            .collect(),
+    };
+    let mut observed: BTreeMap<CopyKey<'_>, &ObservedCopy> = BTreeMap::new();
+    for o in &input.observed {
+        // The API server allows one object per name; a duplicate is the caller's repeat.
+        observed
+            .entry(CopyKey::new(&o.cluster, &o.namespace, &o.resource))
+            .or_insert(o);
+    }
+    let mut desired: BTreeMap<CopyKey<'_>, Vec<&DesiredCopy>> = BTreeMap::new();
+    for d in &input.desired {
+        desired
+            .entry(CopyKey::new(&d.cluster, &d.namespace, &d.resource))
+            .or_default()
+            .push(d);
+    }
+    let keys: BTreeSet<CopyKey<'_>> = observed.keys().chain(desired.keys()).copied().collect();
+    let mut out = Vec::new();
+    for at in keys {
+        let seen = observed.get(&at).copied();
+        match desired.get(&at) {
+            Some(wants) => planner.desired(&at, wants, seen, &mut out),
+            None => {
+                if let Some(o) = seen {
+                    planner.undesired(&at, o, &mut out);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

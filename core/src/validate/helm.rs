@@ -1,0 +1,207 @@
+//! Helm options: chart/repo/version combinations, the version constraint, releaseName, and
+//! the shape of valuesFrom.
+
+use serde_json::{Map, Value};
+
+use super::{Ctx, index, join, names, q, semver, type_name};
+use crate::resource::ResourceKind;
+
+/// A `valuesFrom` entry that names a ConfigMap or Secret.
+pub(crate) struct ValuesFromRef {
+    pub path: String,
+    pub kind: ResourceKind,
+    pub name: String,
+    pub namespace: Option<String>,
+}
+
+/// `spec.helm`: Fleet's controller rules are denials.
+pub(crate) fn check_root_helm(
+    cx: &mut Ctx<'_>,
+    helm: &Map<String, Value>,
+    base: &str,
+) -> Vec<ValuesFromRef> {
+    let chart = cx.string(helm, "chart", base).unwrap_or_default();
+    let repo = cx.string(helm, "repo", base).unwrap_or_default();
+    let version = cx.string(helm, "version", base).unwrap_or_default();
+    for (field, message) in source_problems(chart, repo, version) {
+        cx.deny(join(base, field), message);
+    }
+    check_release_name(cx, helm, base);
+    values_from(cx, helm, base)
+}
+
+/// `spec.targets[i].helm`: Fleet copies the root chart, repo and version into a target's helm
+/// options where the target leaves them empty (`propagateHelmOpProperties`), and the agent
+/// downloads what results. The controller never checks these, so a bad combination only fails
+/// on the clusters the target matches: a warning, reported only when the target sets one of
+/// the three itself (otherwise the root finding already covers it).
+pub(crate) fn check_target_helm(
+    cx: &mut Ctx<'_>,
+    helm: &Map<String, Value>,
+    base: &str,
+    root: Option<&Map<String, Value>>,
+) -> Vec<ValuesFromRef> {
+    let own =
+        |cx: &mut Ctx<'_>, key: &str| cx.string(helm, key, base).unwrap_or_default().to_string();
+    let (chart, repo, version) = (own(cx, "chart"), own(cx, "repo"), own(cx, "version"));
+    if !(chart.is_empty() && repo.is_empty() && version.is_empty()) {
+        let inherit = |own: String, key: &str| {
+            if own.is_empty() {
+                root.and_then(|r| r.get(key))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string()
+            } else {
+                own
+            }
+        };
+        let chart = inherit(chart, "chart");
+        let repo = inherit(repo, "repo");
+        let version = inherit(version, "version");
+        for (field, message) in source_problems(&chart, &repo, &version) {
+            cx.warn(
+                join(base, field),
+                format!("{message} (with the root helm options filled in; Fleet's agent fails on the clusters this target matches)"),
+            );
+        }
+    }
+    check_release_name(cx, helm, base);
+    values_from(cx, helm, base)
+}
+
+/// Fleet v0.16's HelmOp rules, from rancher/fleet
+/// `internal/cmd/controller/helmops/reconciler/helmop_controller.go` (`validate`, documented in
+/// fleet-docs `helm-ops.md` "Supported use cases"):
+/// - `chart` ending in `.tgz` (any case): a tarball URL; `repo` and `version` must be empty;
+/// - else `repo` starting with `oci://` (any case): `chart` must be empty;
+/// - else both `chart` and `repo` are required;
+///
+/// and from `handleVersion`/`bundlereader.ChartVersion`: a non-empty `version` must parse as a
+/// Masterminds semver constraint (see [`semver`]). An empty version means "latest".
+/// Returns `(field, message)` pairs.
+pub(crate) fn source_problems(
+    chart: &str,
+    repo: &str,
+    version: &str,
+) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    let tarball = chart.to_ascii_lowercase().ends_with(".tgz");
+    if tarball {
+        if !repo.is_empty() {
+            out.push((
+                "repo",
+                format!("chart {} is a .tgz URL, which takes no repo: remove repo (Fleet rejects a tarball chart with a repo)", q(chart)),
+            ));
+        }
+        if !version.is_empty() {
+            out.push((
+                "version",
+                "chart is a .tgz URL, which takes no version (the URL pins it): remove version (Fleet rejects a tarball chart with a version)".to_string(),
+            ));
+        }
+        return out;
+    }
+    if repo.to_ascii_lowercase().starts_with("oci://") {
+        if !chart.is_empty() {
+            out.push((
+                "chart",
+                format!("with an OCI repo the chart is part of the repo URL: remove chart, or append it to repo (e.g. {}/{chart}); Fleet rejects an OCI repo with a chart", repo.trim_end_matches('/')),
+            ));
+        }
+    } else if chart.is_empty() && repo.is_empty() {
+        out.push((
+            "chart",
+            "no chart given: set repo (https://...) and chart, an OCI repo (repo: oci://registry/path/chart), or chart as a .tgz URL".to_string(),
+        ));
+    } else if chart.is_empty() {
+        out.push((
+            "chart",
+            format!("chart is empty: with the HTTP(S) repo {} set chart to the chart's name (or make repo an oci:// URL)", q(repo)),
+        ));
+    } else if repo.is_empty() {
+        let message = if chart.to_ascii_lowercase().starts_with("oci://") {
+            format!(
+                "Fleet expects OCI charts in repo: set repo to {} and remove chart",
+                q(chart)
+            )
+        } else {
+            format!(
+                "repo is empty: set the Helm repository URL that serves chart {}, or make chart a .tgz URL",
+                q(chart)
+            )
+        };
+        out.push(("repo", message));
+    }
+    if !version.is_empty()
+        && let Some(problem) = semver::constraint_error(version)
+    {
+        out.push((
+            "version",
+            format!("version {} is not a version or semver constraint Fleet can resolve ({problem}): use e.g. 1.2.3, 1.2.x or \">=1.2.0 <2.0.0\", or leave it empty for the latest", q(version)),
+        ));
+    }
+    out
+}
+
+/// The CRD's `releaseName` pattern and `maxLength: 53` (the API server rejects others; Helm too).
+fn check_release_name(cx: &mut Ctx<'_>, helm: &Map<String, Value>, base: &str) {
+    if let Some(name) = cx.string(helm, "releaseName", base) {
+        let path = join(base, "releaseName");
+        if name.is_empty() {
+            cx.deny(
+                path,
+                "releaseName must not be empty: remove it to let Fleet derive one",
+            );
+        } else if let Some(problem) = names::release_name_error(name) {
+            cx.deny(
+                path,
+                format!(
+                    "releaseName {} is not a valid Helm release name: it {problem}",
+                    q(name)
+                ),
+            );
+        }
+    }
+}
+
+fn values_from(cx: &mut Ctx<'_>, helm: &Map<String, Value>, base: &str) -> Vec<ValuesFromRef> {
+    let mut out = Vec::new();
+    let Some(list) = cx.array(helm, "valuesFrom", base) else {
+        return out;
+    };
+    let list_path = join(base, "valuesFrom");
+    for (i, entry) in list.iter().enumerate() {
+        let path = index(&list_path, i);
+        let Some(entry) = entry.as_object() else {
+            cx.deny(
+                path,
+                format!(
+                    "a valuesFrom entry must be an object, not {}",
+                    type_name(entry)
+                ),
+            );
+            continue;
+        };
+        for (key, kind) in [
+            ("configMapKeyRef", ResourceKind::ConfigMap),
+            ("secretKeyRef", ResourceKind::Secret),
+        ] {
+            let Some(r) = cx.object(entry, key, &path) else {
+                continue;
+            };
+            let rpath = join(&path, key);
+            let name = cx.string(r, "name", &rpath);
+            let namespace = cx.string(r, "namespace", &rpath);
+            cx.string(r, "key", &rpath);
+            if let Some(name) = name.filter(|n| !n.is_empty()) {
+                out.push(ValuesFromRef {
+                    path: rpath,
+                    kind,
+                    name: name.to_string(),
+                    namespace: namespace.filter(|n| !n.is_empty()).map(str::to_string),
+                });
+            }
+        }
+    }
+    out
+}

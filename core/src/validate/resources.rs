@@ -1,0 +1,244 @@
+//! `downstreamResources` lists and the rules that relate them to the rest of the spec.
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value};
+
+use super::spec::SpecModel;
+use super::{Ctx, index, join, names, q, type_name};
+use crate::resource::{ResourceKind, ResourceRef};
+
+/// A well-formed list entry and where it is.
+#[derive(Clone, Debug)]
+pub(crate) struct Entry {
+    pub path: String,
+    pub reference: ResourceRef,
+}
+
+/// Checks `base.downstreamResources` and returns its well-formed entries.
+pub(crate) fn check_list(cx: &mut Ctx<'_>, obj: &Map<String, Value>, base: &str) -> Vec<Entry> {
+    let mut out = Vec::new();
+    let Some(list) = cx.array(obj, "downstreamResources", base) else {
+        return out;
+    };
+    let list_path = join(base, "downstreamResources");
+    for (i, item) in list.iter().enumerate() {
+        let path = index(&list_path, i);
+        let Some(item) = item.as_object() else {
+            cx.deny(
+                path,
+                format!(
+                    "a downstream resource must be an object with kind and name, not {}",
+                    type_name(item)
+                ),
+            );
+            continue;
+        };
+        let kind = check_kind(cx, item, &path);
+        let name = check_name(cx, item, &path);
+        for key in item
+            .keys()
+            .filter(|k| !matches!(k.as_str(), "kind" | "name"))
+        {
+            let message = if key == "namespace" {
+                "a downstream resource has no namespace: the API server drops this field and Fleet always copies from the HelmOp's own namespace; remove it".to_string()
+            } else {
+                format!(
+                    "unknown field {key:?}: a downstream resource has only kind and name, the API server drops the rest"
+                )
+            };
+            cx.warn(join(&path, key), message);
+        }
+        if let (Some(kind), Some(name)) = (kind, name) {
+            out.push(Entry {
+                path,
+                reference: ResourceRef::new(kind, name),
+            });
+        }
+    }
+    out
+}
+
+fn check_kind(cx: &mut Ctx<'_>, item: &Map<String, Value>, path: &str) -> Option<ResourceKind> {
+    let kpath = join(path, "kind");
+    match item.get("kind") {
+        None | Some(Value::Null) => {
+            cx.deny(kpath, "kind is missing: use Secret or ConfigMap");
+            None
+        }
+        Some(Value::String(kind)) => match ResourceKind::parse(kind) {
+            Some(parsed) => {
+                if kind != parsed.as_str() {
+                    cx.warn(
+                        kpath,
+                        format!(
+                            "kind {} works (Fleet compares kinds case-insensitively), but write {:?}",
+                            q(kind),
+                            parsed.as_str()
+                        ),
+                    );
+                }
+                Some(parsed)
+            }
+            None => {
+                cx.deny(
+                    kpath,
+                    format!("kind {} is not allowed: use Secret or ConfigMap", q(kind)),
+                );
+                None
+            }
+        },
+        Some(other) => {
+            cx.deny(
+                kpath,
+                format!(
+                    "kind must be a string (Secret or ConfigMap), not {}",
+                    type_name(other)
+                ),
+            );
+            None
+        }
+    }
+}
+
+fn check_name(cx: &mut Ctx<'_>, item: &Map<String, Value>, path: &str) -> Option<String> {
+    let npath = join(path, "name");
+    match item.get("name") {
+        None | Some(Value::Null) => {
+            cx.deny(
+                npath,
+                "name is missing: give the name of the Secret or ConfigMap to copy",
+            );
+            None
+        }
+        Some(Value::String(name)) => match names::dns1123_subdomain_error(name) {
+            None => Some(name.clone()),
+            Some(problem) => {
+                cx.deny(
+                    npath,
+                    format!(
+                        "name {} is not a valid Secret/ConfigMap name: it {problem}",
+                        q(name)
+                    ),
+                );
+                None
+            }
+        },
+        Some(other) => {
+            cx.deny(
+                npath,
+                format!("name must be a string, not {}", type_name(other)),
+            );
+            None
+        }
+    }
+}
+
+/// The well-formed entries of a raw `downstreamResources` value, without reporting anything.
+pub(crate) fn well_formed_entries(list: Option<&Value>, base: &str) -> Vec<Entry> {
+    let Some(list) = list.and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    list.iter()
+        .enumerate()
+        .filter_map(|(i, item)| {
+            let kind = ResourceKind::parse(item.get("kind")?.as_str()?)?;
+            let name = item.get("name")?.as_str()?;
+            names::is_dns1123_subdomain(name).then(|| Entry {
+                path: index(base, i),
+                reference: ResourceRef::new(kind, name),
+            })
+        })
+        .collect()
+}
+
+/// Duplicates after the root/target merge, helmSecretName listed again, and valuesFrom entries
+/// that name a downstream resource in another namespace.
+pub(crate) fn check_cross_references(cx: &mut Ctx<'_>, model: &SpecModel) {
+    // Fleet merges by `lower(kind)|name` (rancher/fleet internal/cmd/controller/options
+    // `downstreamResourceKey`); ResourceRef equality is exactly that key.
+    let mut root_seen: HashMap<&ResourceRef, &str> = HashMap::new();
+    for e in &model.root_entries {
+        match root_seen.get(&e.reference) {
+            Some(first) => cx.warn(
+                e.path.clone(),
+                format!("duplicate of {first} ({}): remove one", e.reference),
+            ),
+            None => {
+                root_seen.insert(&e.reference, &e.path);
+            }
+        }
+    }
+    for t in &model.targets {
+        let mut seen: HashMap<&ResourceRef, &str> = HashMap::new();
+        for e in &t.entries {
+            if let Some(first) = seen.get(&e.reference) {
+                cx.warn(
+                    e.path.clone(),
+                    format!("duplicate of {first} ({}): remove one", e.reference),
+                );
+            } else if let Some(root) = root_seen.get(&e.reference) {
+                cx.warn(
+                    e.path.clone(),
+                    format!(
+                        "{} is already listed in {root}, which applies to every target: remove it here",
+                        e.reference
+                    ),
+                );
+            } else {
+                seen.insert(&e.reference, &e.path);
+            }
+        }
+    }
+
+    if let Some(secret) = &model.helm_secret_name {
+        let all = model
+            .root_entries
+            .iter()
+            .chain(model.targets.iter().flat_map(|t| t.entries.iter()));
+        for e in all {
+            if e.reference.kind == ResourceKind::Secret && &e.reference.name == secret {
+                cx.warn(
+                    e.path.clone(),
+                    format!("secret {} is also spec.helmSecretName, which Fleet already copies downstream; listing it again makes Fleet copy it twice: remove it here", q(secret)),
+                );
+            }
+        }
+    }
+
+    // Root valuesFrom applies wherever the HelmOp deploys, so it meets every target's list.
+    let everything: Vec<&Entry> = model
+        .root_entries
+        .iter()
+        .chain(model.targets.iter().flat_map(|t| t.entries.iter()))
+        .collect();
+    for v in &model.root_values_from {
+        check_values_from(cx, v, &everything);
+    }
+    for t in &model.targets {
+        let scope: Vec<&Entry> = model.root_entries.iter().chain(t.entries.iter()).collect();
+        for v in &t.values_from {
+            check_values_from(cx, v, &scope);
+        }
+    }
+}
+
+fn check_values_from(cx: &mut Ctx<'_>, v: &super::helm::ValuesFromRef, scope: &[&Entry]) {
+    let (Some(ns), Some(own)) = (v.namespace.as_deref(), cx.namespace) else {
+        return;
+    };
+    if ns == own {
+        return;
+    }
+    let reference = ResourceRef::new(v.kind, v.name.clone());
+    if let Some(entry) = scope.iter().find(|e| e.reference == reference) {
+        cx.warn(
+            join(&v.path, "namespace"),
+            format!(
+                "{reference} is a downstream resource ({}), which always comes from the HelmOp's namespace {own:?}; Fleet ignores namespace {} here: remove namespace or set it to {own:?}",
+                entry.path,
+                q(ns)
+            ),
+        );
+    }
+}

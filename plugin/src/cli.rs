@@ -1,0 +1,173 @@
+//! The command line (clap). Help text reads `kubectl helmop ...`, as kubectl runs plugins.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kubectl-helmop",
+    bin_name = "kubectl helmop",
+    version,
+    about = "Validate, propagate and watch the downstream resources of Fleet HelmOps",
+    long_about = "kubectl helmop works with Rancher Fleet HelmOps (fleet.cattle.io/v1alpha1) and the Secrets and \
+ConfigMaps they list in spec.downstreamResources.\n\n\
+Exit codes: 0 all good (warnings allowed), 1 invalid input or denied, 2 partial failure \
+(some clusters failed), 3 could not reach the upstream cluster."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Lint HelmOp manifests offline with the admission webhook's rules
+    #[command(
+        long_about = "Lint HelmOp manifests offline with the admission webhook's rules.\n\n\
+Reads every YAML/JSON document of the given files (multi-document files, directories \
+recursively, - for stdin), checks each HelmOp (fleet.cattle.io/v1alpha1) and prints every \
+finding with its file, line, document and JSON path. Other documents are skipped with a note.\n\n\
+Exits 1 if any HelmOp is denied or any input cannot be read or parsed, else 0 (warnings allowed).",
+        after_help = "Examples:\n  kubectl helmop validate -f helmop.yaml\n  kubectl helmop validate -f manifests/ -o json\n  cat helmop.yaml | kubectl helmop validate -f -"
+    )]
+    Validate(ValidateArgs),
+    /// Copy the downstream resources of HelmOps to the clusters they target
+    #[command(
+        long_about = "Copy the Secrets and ConfigMaps HelmOps list in spec.downstreamResources to the \
+clusters they target (Fleet Clusters and ClusterGroups on the upstream cluster, or --target-context), \
+with server-side apply (field manager kubectl-helmop). Unchanged copies are not written at all; \
+same-named objects helmop does not own are reported Conflict and left alone unless --adopt; \
+opted-in workloads reading a changed copy get a helmop.dev/restamp so they roll.\n\n\
+Exits 0 when everything is in place, 1 on a Conflict, a missing source or invalid targets, \
+2 when a cluster was unreachable or a write failed, 3 when the upstream cluster cannot be reached.",
+        after_help = "Examples:\n  kubectl helmop propagate my-app -n fleet-default\n  kubectl helmop propagate -A --dry-run\n  kubectl helmop propagate my-app --target-context staging --target-context prod"
+    )]
+    Propagate(crate::cmd::propagate::PropagateArgs),
+    /// Show, per HelmOp, cluster and resource, whether the copies are in sync
+    #[command(
+        long_about = "Show one row per HelmOp x cluster x resource: Synced, Stale, Missing, SourceMissing, \
+Conflict, Unreachable, Orphaned, Kept or FleetManaged, and per opted-in workload reading a copy \
+whether its stamp is current (Current) or not (RolloutPending). Compares keyed content hashes \
+in helmop's markers; never reads the data of helmop's copies.\n\n\
+Exits 0 (out-of-sync rows are a state, not an error), 1 when a HelmOp's targets are invalid, \
+2 when a cluster could not be read, 3 when the upstream cluster cannot be reached.",
+        after_help = "Examples:\n  kubectl helmop status my-app -n fleet-default\n  kubectl helmop status -A -o wide\n  kubectl helmop status -A -o json"
+    )]
+    Status(crate::cmd::status::StatusArgs),
+    /// Delete copies no HelmOp wants any more
+    #[command(
+        long_about = "Delete the copies no HelmOp wants any more (entry removed, namespace changed, \
+cluster untargeted, HelmOp deleted). Runs only after HelmOps, Clusters, ClusterGroups and all \
+targets were enumerated without error; touches only objects with helmop's markers whose owners \
+become empty (other owners are kept, keepResources copies are kept), with uid and \
+resourceVersion preconditions on every write.\n\n\
+Exits 0, 1 when the enumeration is incomplete (nothing deleted), 2 when a cluster could not be \
+read or a delete failed, 3 when the upstream cluster cannot be reached.",
+        after_help = "Examples:\n  kubectl helmop prune my-app -n fleet-default --dry-run\n  kubectl helmop prune -A"
+    )]
+    Prune(crate::cmd::prune::PruneArgs),
+    /// Restamp one workload now and report whether its stamp changed
+    #[command(
+        long_about = "Set a new helmop.dev/restamp annotation on one workload, so the admission webhook \
+recomputes the helmop.dev/config-hash stamp in its pod template from what the pods read right now, \
+and report whether the stamp changed (then the workload rolls) or not (its pods already run with \
+the current configuration). Works on the cluster of the current (or --context) context.\n\n\
+Exits 0 when the workload was restamped, 1 when it does not exist or the request is refused, \
+3 when the cluster cannot be reached.",
+        after_help = "Examples:\n  kubectl helmop rollout deployment/web -n apps\n  kubectl helmop rollout sts/db --context down1 -o json\n  kubectl helmop rollout deploy/web --dry-run"
+    )]
+    Rollout(crate::cmd::rollout::RolloutArgs),
+    /// Print a shell completion script (bash, zsh, fish)
+    #[command(
+        long_about = crate::cmd::completion::ABOUT,
+        after_help = crate::cmd::completion::EXAMPLES
+    )]
+    Completion(crate::cmd::completion::CompletionArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// File, directory (searched recursively for *.yaml, *.yml, *.json) or - for stdin; repeatable
+    #[arg(
+        short = 'f',
+        long = "filename",
+        value_name = "FILE|DIR|-",
+        required = true
+    )]
+    pub files: Vec<PathBuf>,
+
+    /// Output format
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+    // Seam for `--cluster` (existence checks of the referenced Secrets/ConfigMaps against the
+    // upstream cluster): it adds findings to the same per-document reports, see
+    // `cmd::validate::check_documents`.
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// One line per finding: FILE:LINE: KIND NAME (document N): SEVERITY: PATH: MESSAGE
+    Text,
+    /// One JSON object with every file, document and finding, and a summary
+    Json,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn help_reads_kubectl_helmop() {
+        let help = Cli::command().render_help().to_string();
+        assert!(help.contains("Usage: kubectl helmop"), "{help}");
+        let mut cmd = Cli::command();
+        let validate = cmd.find_subcommand_mut("validate").unwrap();
+        let help = validate.render_help().to_string();
+        assert!(help.contains("kubectl helmop validate"), "{help}");
+    }
+
+    #[test]
+    fn parses_repeated_files_and_output() {
+        let cli = Cli::try_parse_from([
+            "kubectl-helmop",
+            "validate",
+            "-f",
+            "a.yaml",
+            "--filename",
+            "dir",
+            "-f",
+            "-",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+        let Command::Validate(args) = cli.command else {
+            panic!("parsed as another command");
+        };
+        assert_eq!(
+            args.files,
+            [
+                PathBuf::from("a.yaml"),
+                PathBuf::from("dir"),
+                PathBuf::from("-")
+            ]
+        );
+        assert_eq!(args.output, OutputFormat::Json);
+    }
+
+    #[test]
+    fn files_are_required() {
+        assert!(Cli::try_parse_from(["kubectl-helmop", "validate"]).is_err());
+        assert!(
+            Cli::try_parse_from(["kubectl-helmop", "validate", "-f", "x", "-o", "xml"]).is_err()
+        );
+    }
+}

@@ -1,0 +1,51 @@
+//! `kubectl helmop status [HELMOP] [-A]`: the command line of [`crate::status`].
+
+use clap::Args;
+
+use crate::args::{KubeArgs, ReportFormat, TargetArgs};
+use crate::context::Ctx;
+use crate::error::{ExitStatus, PluginError};
+use crate::inventory::Selection;
+use crate::report;
+use crate::runner::Progress;
+use crate::status::{StatusOpts, status};
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The HelmOp to show (default: every HelmOp in the namespace)
+    #[arg(value_name = "HELMOP", conflicts_with = "all_namespaces")]
+    pub helmop: Option<String>,
+
+    /// Show the HelmOps of every namespace
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+
+    /// Output format (wide adds the reason of every row)
+    #[arg(short = 'o', long, value_enum, default_value_t = ReportFormat::Table)]
+    pub output: ReportFormat,
+
+    #[command(flatten)]
+    pub targets: TargetArgs,
+
+    #[command(flatten)]
+    pub kube: KubeArgs,
+}
+
+pub async fn run(args: &StatusArgs) -> Result<ExitStatus, PluginError> {
+    let ctx = Ctx::connect(&args.kube).await?;
+    let opts = StatusOpts {
+        selection: Selection::new(args.helmop.as_deref(), args.all_namespaces, &ctx.namespace),
+        target_contexts: args.targets.target_contexts.clone(),
+        concurrency: args.targets.concurrency as usize,
+        cluster_timeout: args.targets.cluster_timeout,
+        progress: Progress::Auto,
+    };
+    let report = status(&ctx, &opts).await?;
+    let footer: Vec<String> = report
+        .problems
+        .iter()
+        .map(|p| format!("error: HelmOp {}: {}", p.helmop, p.message))
+        .collect();
+    report::emit(args.output, &report, &report.rows, false, &footer)?;
+    Ok(report.exit_status())
+}

@@ -1,0 +1,94 @@
+//! `kubectl-helmop`: the kubectl plugin (`kubectl helmop ...`). This file only wires the
+//! command line to the commands and turns their outcome into an exit code.
+
+mod api_error;
+mod args;
+mod cli;
+mod clusters;
+mod cmd;
+mod complete;
+mod context;
+mod error;
+mod hash_key;
+mod inputs;
+mod inventory;
+mod leader;
+mod observe;
+mod output;
+mod propagate;
+mod prune;
+mod report;
+mod runner;
+mod sources;
+mod status;
+mod upstream_id;
+mod watch;
+mod workload_ref;
+mod workloads;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+use crate::error::ExitStatus;
+
+fn main() -> ExitCode {
+    // kubectl_complete-helmop's protocol; not a clap subcommand, so it never shows in help.
+    let mut raw = std::env::args_os().skip(1);
+    if raw.next().is_some_and(|a| a == cmd::completion::COMPLETE_ARG) {
+        let words = raw.map(|w| w.to_string_lossy().into_owned()).collect();
+        return cmd::completion::run_complete(words).into();
+    }
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // clap's own exit code for usage errors is 2, which DESIGN reserves for partial
+            // failure; a bad command line is invalid input (1). Help and --version stay 0.
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitStatus::Invalid.into()
+            } else {
+                ExitStatus::Ok.into()
+            };
+        }
+    };
+    init_tracing();
+    let status = match cli.command {
+        Command::Validate(args) => cmd::validate::run(&args),
+        Command::Propagate(args) => block_on(cmd::propagate::run(&args)),
+        Command::Status(args) => block_on(cmd::status::run(&args)),
+        Command::Prune(args) => block_on(cmd::prune::run(&args)),
+        Command::Rollout(args) => block_on(cmd::rollout::run(&args)),
+        Command::Completion(args) => cmd::completion::run(&args),
+    };
+    match status {
+        Ok(status) => status.into(),
+        Err(e) => {
+            eprintln!("error: {e}");
+            e.exit_status().into()
+        }
+    }
+}
+
+/// Logs go to stderr (stdout carries the command's output), filtered by `HELMOP_LOG`.
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HELMOP_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs an async command on a multi-threaded runtime (the cluster commands talk to many
+/// clusters at once).
+fn block_on(
+    command: impl std::future::Future<Output = Result<ExitStatus, error::PluginError>>,
+) -> Result<ExitStatus, error::PluginError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| error::PluginError::Usage(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(command)
+}

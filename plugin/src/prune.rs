@@ -1,0 +1,342 @@
+//! `prune`: remove copies no HelmOp wants any more (an entry removed, the destination namespace
+//! changed, a cluster untargeted, the HelmOp deleted).
+//!
+//! Safety, in order:
+//! - nothing is looked at downstream unless HelmOps, Clusters, ClusterGroups and every HelmOp's
+//!   targets were all enumerated without error; otherwise prune stops with nothing deleted;
+//! - only objects with helmop's markers (managed-by label AND source annotation) are candidates,
+//!   and only owners of this upstream id within the selection are released (core planner);
+//! - a copy still listing other owners only loses ours (`Released`); a copy written for a HelmOp
+//!   with `keepResources` loses its owners annotation and stays (`Kept`); a later HelmOp listing
+//!   the same source (same source-uid) re-adopts it on its next `propagate`;
+//! - before a copy is deleted or its owners rewritten, its markers must check out upstream: its
+//!   `helmop.dev/source` names this upstream, and the source object there exists with the uid
+//!   in `helmop.dev/source-uid` (metadata only). A look-alike carrying the labels without a
+//!   matching source uid is reported `Orphaned` and never touched; so is a real copy whose
+//!   source was deleted too (delete such copies by hand);
+//! - every delete carries uid and resourceVersion preconditions, every owners rewrite the same
+//!   guard, so an object replaced or changed since it was read is never touched.
+//!
+//! Sources' data is never read: whether a copy is wanted depends only on HelmOps and targets.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+
+use helmop_core::names;
+use helmop_core::plan::{Action, ActionKind, SourceRef};
+use helmop_core::resource::ResourceKind;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use serde::Serialize;
+
+use crate::api_error;
+use crate::clusters::Downstream;
+use crate::context::Ctx;
+use crate::error::{ExitStatus, PluginError};
+use crate::inventory::{self, Inventory, Selection};
+use crate::observe::Observation;
+use crate::propagate::{annotations_patch, observe_and_plan, row};
+
+/// Live source uids by source (`None`: no such source), shared by the clusters of one run.
+type SourceUids = Mutex<BTreeMap<SourceRef, Result<Option<String>, String>>>;
+use crate::report::{self, Row};
+use crate::runner::{self, Progress};
+use crate::sources::Sources;
+
+#[derive(Clone, Debug)]
+pub struct PruneOpts {
+    pub selection: Selection,
+    pub target_contexts: Vec<String>,
+    pub dry_run: bool,
+    pub concurrency: usize,
+    pub cluster_timeout: Duration,
+    pub progress: Progress,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PruneReport {
+    pub upstream_id: String,
+    pub dry_run: bool,
+    /// Copies pruned, released, kept or left orphaned, and clusters that could not be read.
+    pub rows: Vec<Row>,
+    /// Rows per state.
+    pub summary: BTreeMap<String, usize>,
+    pub unreachable_clusters: usize,
+    /// Write requests made (deletes and owner rewrites).
+    pub writes: u64,
+}
+
+impl PruneReport {
+    /// 2 when a cluster could not be read or a delete failed, else 0.
+    pub fn exit_status(&self) -> ExitStatus {
+        if self.unreachable_clusters > 0 || self.summary.contains_key("Failed") {
+            ExitStatus::Partial
+        } else {
+            ExitStatus::Ok
+        }
+    }
+}
+
+/// Prunes; fails with nothing deleted when the enumeration upstream is incomplete.
+pub async fn prune(ctx: &Ctx, opts: &PruneOpts) -> Result<PruneReport, PluginError> {
+    let writes_before = ctx.writes();
+    let inv = inventory::enumerate(ctx, &opts.selection, &opts.target_contexts, true).await?;
+    if !inv.complete() {
+        let problems: Vec<String> = inv
+            .problems
+            .iter()
+            .map(|p| format!("{}: {}", p.helmop, p.message))
+            .collect();
+        return Err(PluginError::Upstream(format!(
+            "prune aborted, nothing deleted: the targets of some HelmOps cannot be evaluated ({})",
+            problems.join("; ")
+        )));
+    }
+    let sources = Sources::default();
+    let uids = SourceUids::default();
+    let results = runner::for_each_cluster(
+        &inv.downstreams,
+        opts.concurrency,
+        opts.cluster_timeout,
+        opts.progress,
+        "prune",
+        |index, client| {
+            let downstream = &inv.downstreams[index];
+            let (inv, sources, uids) = (&inv, &sources, &uids);
+            async move { prune_cluster(ctx, opts, inv, sources, uids, downstream, client).await }
+        },
+    )
+    .await;
+    let mut rows = Vec::new();
+    let mut unreachable = 0;
+    for result in results {
+        match result.outcome {
+            Ok(mut r) => rows.append(&mut r),
+            Err(reason) => {
+                unreachable += 1;
+                let d = &inv.downstreams[result.index];
+                rows.push(Row {
+                    helmops: Vec::new(),
+                    cluster: d.display(),
+                    namespace: String::new(),
+                    kind: String::new(),
+                    name: String::new(),
+                    workload: None,
+                    state: "Unreachable".into(),
+                    reason: format!("{reason}; nothing pruned there"),
+                    in_sync: None,
+                });
+            }
+        }
+    }
+    report::sort(&mut rows);
+    Ok(PruneReport {
+        upstream_id: ctx.upstream_id.clone(),
+        dry_run: opts.dry_run,
+        summary: report::counts(&rows),
+        rows,
+        unreachable_clusters: unreachable,
+        writes: ctx.writes() - writes_before,
+    })
+}
+
+async fn prune_cluster(
+    ctx: &Ctx,
+    opts: &PruneOpts,
+    inv: &Inventory,
+    sources: &Sources,
+    uids: &SourceUids,
+    downstream: &Downstream,
+    client: kube::Client,
+) -> Result<Vec<Row>, String> {
+    let (obs, actions) =
+        observe_and_plan(ctx, inv, sources, &downstream.key, &client, false).await?;
+    let mut rows = Vec::new();
+    for action in &actions {
+        let writes = matches!(
+            action.kind,
+            ActionKind::Prune { .. } | ActionKind::RemoveOwner { .. } | ActionKind::Keep { rewrite: true, .. }
+        );
+        if writes && let Err(why) = verify_source(ctx, uids, &obs, action).await {
+            rows.push(row(downstream, action, "Orphaned", format!("{why}; left alone")));
+            continue;
+        }
+        let outcome = match &action.kind {
+            ActionKind::Prune { uid } => Some(delete(ctx, opts, &client, &obs, action, uid).await),
+            ActionKind::RemoveOwner { uid, owners } => {
+                let set = BTreeMap::from([(names::ANN_OWNERS, Some(owners.clone()))]);
+                Some(
+                    rewrite(ctx, opts, &client, &obs, action, uid, &set, ("Release", "Released"))
+                        .await,
+                )
+            }
+            ActionKind::Keep { uid, rewrite: true } => {
+                let set = BTreeMap::from([(names::ANN_OWNERS, None)]);
+                Some(rewrite(ctx, opts, &client, &obs, action, uid, &set, ("Kept", "Kept")).await)
+            }
+            ActionKind::Keep { rewrite: false, .. } => Some(("Kept", action.reason())),
+            ActionKind::Orphaned(_) => Some(("Orphaned", action.reason())),
+            _ => None,
+        };
+        if let Some((state, reason)) = outcome {
+            rows.push(row(downstream, action, state, reason));
+        }
+    }
+    Ok(rows)
+}
+
+/// Checks a copy's markers against the live source upstream (see the module documentation).
+async fn verify_source(
+    ctx: &Ctx,
+    uids: &SourceUids,
+    obs: &Observation,
+    action: &Action,
+) -> Result<(), String> {
+    let copy = obs
+        .get(&action.namespace, &action.resource)
+        .ok_or("the copy is no longer listed")?;
+    let source = copy
+        .annotations
+        .get(names::ANN_SOURCE)
+        .and_then(|s| SourceRef::parse(s))
+        .filter(|s| s.upstream_id == ctx.upstream_id)
+        .ok_or("its helmop.dev/source does not name a source of this upstream cluster")?;
+    let recorded = copy.annotations.get(names::ANN_SOURCE_UID);
+    let live = {
+        let mut cache = uids.lock().await;
+        match cache.get(&source) {
+            Some(found) => found.clone(),
+            None => {
+                let found = source_uid(ctx, &source).await;
+                cache.insert(source.clone(), found.clone());
+                found
+            }
+        }
+    };
+    match live {
+        Ok(Some(uid)) if recorded == Some(&uid) => Ok(()),
+        Ok(Some(_)) => Err(format!(
+            "its helmop.dev/source-uid does not match the live source {source}"
+        )),
+        Ok(None) => Err(format!(
+            "its source {source} no longer exists upstream, so the copy cannot be verified"
+        )),
+        Err(e) => Err(format!("cannot verify its source {source}: {e}")),
+    }
+}
+
+/// The uid of a source object upstream (metadata only).
+async fn source_uid(ctx: &Ctx, source: &SourceRef) -> Result<Option<String>, String> {
+    let name = &source.resource.name;
+    let meta = match source.resource.kind {
+        ResourceKind::Secret => Api::<Secret>::namespaced(ctx.upstream.clone(), &source.namespace)
+            .get_metadata_opt(name)
+            .await
+            .map(|m| m.map(|m| m.metadata)),
+        ResourceKind::ConfigMap => {
+            Api::<ConfigMap>::namespaced(ctx.upstream.clone(), &source.namespace)
+                .get_metadata_opt(name)
+                .await
+                .map(|m| m.map(|m| m.metadata))
+        }
+    };
+    meta.map(|m| m.map(|m| m.uid.unwrap_or_default()))
+        .map_err(|e| api_error::describe(&e))
+}
+
+async fn delete(
+    ctx: &Ctx,
+    opts: &PruneOpts,
+    client: &kube::Client,
+    obs: &Observation,
+    action: &Action,
+    uid: &str,
+) -> (&'static str, String) {
+    if opts.dry_run {
+        return ("Prune", action.reason());
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: obs
+                .version(&action.namespace, &action.resource)
+                .map(str::to_string),
+        }),
+        ..DeleteParams::default()
+    };
+    let name = &action.resource.name;
+    let result = match action.resource.kind {
+        ResourceKind::Secret => Api::<Secret>::namespaced(client.clone(), &action.namespace)
+            .delete(name, &params)
+            .await
+            .map(|_| ()),
+        ResourceKind::ConfigMap => Api::<ConfigMap>::namespaced(client.clone(), &action.namespace)
+            .delete(name, &params)
+            .await
+            .map(|_| ()),
+    };
+    match result {
+        Ok(()) => {
+            ctx.record_write();
+            ("Pruned", action.reason())
+        }
+        Err(e) if api_error::is_not_found(&e) => ("Pruned", "already gone".into()),
+        Err(e) => ("Failed", refused("deleting", &e)),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn rewrite(
+    ctx: &Ctx,
+    opts: &PruneOpts,
+    client: &kube::Client,
+    obs: &Observation,
+    action: &Action,
+    uid: &str,
+    set: &BTreeMap<&str, Option<String>>,
+    (dry_state, done_state): (&'static str, &'static str),
+) -> (&'static str, String) {
+    if opts.dry_run {
+        return (dry_state, action.reason());
+    }
+    let version = obs
+        .version(&action.namespace, &action.resource)
+        .unwrap_or_default();
+    let patch = annotations_patch(uid, version, set);
+    let params = PatchParams {
+        field_manager: Some(names::MANAGER.into()),
+        ..PatchParams::default()
+    };
+    let name = &action.resource.name;
+    let result = match action.resource.kind {
+        ResourceKind::Secret => Api::<Secret>::namespaced(client.clone(), &action.namespace)
+            .patch(name, &params, &Patch::Merge(&patch))
+            .await
+            .map(|_| ()),
+        ResourceKind::ConfigMap => Api::<ConfigMap>::namespaced(client.clone(), &action.namespace)
+            .patch(name, &params, &Patch::Merge(&patch))
+            .await
+            .map(|_| ()),
+    };
+    match result {
+        Ok(()) => {
+            ctx.record_write();
+            (done_state, action.reason())
+        }
+        Err(e) => ("Failed", refused("rewriting owners", &e)),
+    }
+}
+
+fn refused(what: &str, e: &kube::Error) -> String {
+    match api_error::code(e) {
+        Some(409) | Some(422) => format!(
+            "{what}: the object was replaced or changed since it was read, left alone ({})",
+            api_error::describe(e)
+        ),
+        _ => format!("{what}: {}", api_error::describe(e)),
+    }
+}

@@ -1,0 +1,253 @@
+//! Rows of the cluster-facing commands and how they are shown: tables (colour only on a terminal
+//! and never with `NO_COLOR`), JSON, YAML.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+
+use serde::Serialize;
+
+use crate::args::ReportFormat;
+use crate::error::PluginError;
+use crate::output;
+
+/// One row: a HelmOp's copy on one cluster (or, with `workload`, a workload reading that copy).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Row {
+    /// The HelmOps the row is about (`namespace/name`).
+    pub helmops: Vec<String>,
+    /// The downstream cluster, as users call it.
+    pub cluster: String,
+    /// Namespace downstream.
+    pub namespace: String,
+    /// `Secret` or `ConfigMap`; empty for a row about a whole cluster or HelmOp.
+    pub kind: String,
+    pub name: String,
+    /// `Kind/name` of a workload reading the copy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workload: Option<String>,
+    pub state: String,
+    /// Why, in words a user can act on. Never any data.
+    pub reason: String,
+    /// For `FleetManaged` status rows: whether Fleet's copy matches the source.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_sync: Option<bool>,
+}
+
+impl Row {
+    /// `secret/db`, or `-` for rows about no particular resource.
+    pub fn resource(&self) -> String {
+        if self.kind.is_empty() {
+            "-".into()
+        } else {
+            format!("{}/{}", self.kind.to_ascii_lowercase(), self.name)
+        }
+    }
+}
+
+/// Sorts rows for display: by cluster, namespace, resource, workload, HelmOps.
+pub fn sort(rows: &mut [Row]) {
+    rows.sort_by(|a, b| {
+        (&a.cluster, &a.namespace, a.kind.to_ascii_lowercase(), &a.name, &a.workload, &a.helmops).cmp(&(
+            &b.cluster,
+            &b.namespace,
+            b.kind.to_ascii_lowercase(),
+            &b.name,
+            &b.workload,
+            &b.helmops,
+        ))
+    });
+}
+
+/// How many rows are in each state.
+pub fn counts(rows: &[Row]) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for r in rows {
+        *out.entry(r.state.clone()).or_insert(0) += 1;
+    }
+    out
+}
+
+/// Whether to colour stdout: a terminal, and `NO_COLOR` unset or empty (no-color.org).
+pub fn colour_stdout() -> bool {
+    let no_colour = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    !no_colour && std::io::stdout().is_terminal()
+}
+
+/// The colour a state is shown in: green when nothing needs doing, yellow when something will
+/// or should happen, red when helmop could not or would not act.
+fn colour_of(state: &str) -> Option<&'static str> {
+    match state {
+        "Synced" | "Unchanged" | "Created" | "Updated" | "Current" | "Kept" | "Pruned"
+        | "Released" | "Restamped" => Some("32"),
+        "Stale" | "Missing" | "Orphaned" | "RolloutPending" | "Create" | "Update" | "Prune"
+        | "Release" | "Restamp" | "FleetManaged" => Some("33"),
+        "Conflict" | "SourceMissing" | "Unreachable" | "Failed" | "Invalid" => Some("31"),
+        _ => None,
+    }
+}
+
+/// Table options.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Table {
+    /// Show the REASON column.
+    pub reason: bool,
+    pub colour: bool,
+}
+
+/// A kubectl-style table: upper-case headers, columns padded with spaces, no borders.
+pub fn table(rows: &[Row], opts: Table) -> String {
+    let workloads = rows.iter().any(|r| r.workload.is_some());
+    let mut headers = vec!["HELMOP", "CLUSTER", "NAMESPACE", "RESOURCE"];
+    if workloads {
+        headers.push("WORKLOAD");
+    }
+    headers.push("STATE");
+    if opts.reason {
+        headers.push("REASON");
+    }
+    let state_col = headers.iter().position(|h| *h == "STATE").unwrap_or(0);
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let mut c = vec![
+                if r.helmops.is_empty() { "-".into() } else { r.helmops.join(",") },
+                r.cluster.clone(),
+                if r.namespace.is_empty() { "-".into() } else { r.namespace.clone() },
+                r.resource(),
+            ];
+            if workloads {
+                c.push(r.workload.clone().unwrap_or_else(|| "-".into()));
+            }
+            c.push(r.state.clone());
+            if opts.reason {
+                c.push(r.reason.clone());
+            }
+            c
+        })
+        .collect();
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in &cells {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let line = |out: &mut String, cells: &[String], colour: Option<&str>| {
+        let last = cells.len().saturating_sub(1);
+        for (i, cell) in cells.iter().enumerate() {
+            let pad = widths[i].saturating_sub(cell.chars().count());
+            match colour.filter(|_| i == state_col) {
+                Some(code) => out.push_str(&format!("\x1b[{code}m{cell}\x1b[0m")),
+                None => out.push_str(cell),
+            }
+            if i < last {
+                out.push_str(&" ".repeat(pad + 3));
+            }
+        }
+        out.push('\n');
+    };
+    let header: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
+    line(&mut out, &header, None);
+    for (row, r) in cells.iter().zip(rows) {
+        let colour = if opts.colour { colour_of(&r.state) } else { None };
+        line(&mut out, row, colour);
+    }
+    out
+}
+
+/// Writes `report` in `format`: JSON and YAML show the whole document, tables its rows followed
+/// by `footer` lines.
+pub fn emit<T: Serialize>(
+    format: ReportFormat,
+    report: &T,
+    rows: &[Row],
+    reason_in_table: bool,
+    footer: &[String],
+) -> Result<(), PluginError> {
+    let text = match format {
+        ReportFormat::Json => output::json(report)?,
+        ReportFormat::Yaml => serde_saphyr::to_string(report)
+            .map_err(|e| PluginError::Usage(format!("cannot encode YAML: {e}")))?,
+        ReportFormat::Table | ReportFormat::Wide => {
+            let opts = Table {
+                reason: reason_in_table || format == ReportFormat::Wide,
+                colour: colour_stdout(),
+            };
+            let mut text = if rows.is_empty() {
+                "No rows.\n".to_string()
+            } else {
+                table(rows, opts)
+            };
+            for line in footer {
+                text.push_str(line);
+                text.push('\n');
+            }
+            text
+        }
+    };
+    output::emit(&text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(cluster: &str, name: &str, state: &str) -> Row {
+        Row {
+            helmops: vec!["team/app".into()],
+            cluster: cluster.into(),
+            namespace: "apps".into(),
+            kind: "Secret".into(),
+            name: name.into(),
+            workload: None,
+            state: state.into(),
+            reason: "in sync".into(),
+            in_sync: None,
+        }
+    }
+
+    #[test]
+    fn plain_table() {
+        let rows = [row("fleet/down1", "db", "Synced"), row("fleet/down2", "database", "Stale")];
+        let t = table(&rows, Table::default());
+        assert_eq!(
+            t,
+            "HELMOP     CLUSTER       NAMESPACE   RESOURCE          STATE\n\
+             team/app   fleet/down1   apps        secret/db         Synced\n\
+             team/app   fleet/down2   apps        secret/database   Stale\n"
+        );
+    }
+
+    #[test]
+    fn wide_table_with_workloads_and_colour() {
+        let mut w = row("c", "db", "RolloutPending");
+        w.workload = Some("Deployment/web".into());
+        let t = table(&[row("c", "db", "Synced"), w], Table { reason: true, colour: true });
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(
+            lines[0],
+            "HELMOP     CLUSTER   NAMESPACE   RESOURCE    WORKLOAD         STATE            REASON"
+        );
+        assert!(lines[1].contains("\x1b[32mSynced\x1b[0m"), "{}", lines[1]);
+        assert!(lines[2].contains("Deployment/web   \x1b[33mRolloutPending\x1b[0m   in sync"));
+        let plain = table(&[row("c", "db", "Synced")], Table { reason: false, colour: false });
+        assert!(!plain.contains('\x1b'));
+    }
+
+    #[test]
+    fn sorting_and_counts() {
+        let mut rows = vec![row("b", "x", "Stale"), row("a", "y", "Synced"), row("a", "x", "Synced")];
+        sort(&mut rows);
+        let order: Vec<(String, String)> =
+            rows.iter().map(|r| (r.cluster.clone(), r.name.clone())).collect();
+        assert_eq!(
+            order,
+            [("a".into(), "x".into()), ("a".into(), "y".into()), ("b".into(), "x".into())]
+        );
+        assert_eq!(
+            counts(&rows),
+            BTreeMap::from([("Stale".to_string(), 1), ("Synced".to_string(), 2)])
+        );
+    }
+}

@@ -1,0 +1,186 @@
+//! Running one piece of work per downstream cluster: at most `concurrency` at once, each under its
+//! own deadline, so a slow or dead cluster costs only its own rows. Shows a progress bar on a
+//! terminal and plain lines otherwise.
+
+use std::future::Future;
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use futures::StreamExt;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::clusters::Downstream;
+
+/// How progress is shown on stderr.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Progress {
+    /// A bar when stderr is a terminal, one line per finished cluster otherwise.
+    #[default]
+    Auto,
+    /// Nothing (e.g. `--watch`, which logs instead).
+    Quiet,
+}
+
+/// What became of one cluster's work.
+#[derive(Debug)]
+pub struct ClusterResult<T> {
+    /// Index into the downstream list.
+    pub index: usize,
+    /// The work's result, or why the cluster could not be worked on (no credentials, no
+    /// connection, a failed listing, the deadline).
+    pub outcome: Result<T, String>,
+}
+
+/// Runs `work` for every downstream with a client, bounded and time-limited.
+pub async fn for_each_cluster<T, F, Fut>(
+    downstreams: &[Downstream],
+    concurrency: usize,
+    deadline: Duration,
+    progress: Progress,
+    what: &str,
+    work: F,
+) -> Vec<ClusterResult<T>>
+where
+    F: Fn(usize, kube::Client) -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let bar = match progress {
+        Progress::Auto if std::io::stderr().is_terminal() => {
+            let bar = ProgressBar::with_draw_target(
+                Some(downstreams.len() as u64),
+                ProgressDrawTarget::stderr(),
+            );
+            if let Ok(style) =
+                ProgressStyle::with_template("{spinner} {prefix} [{bar:30}] {pos}/{len} clusters {wide_msg}")
+            {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            bar.set_prefix(what.to_string());
+            bar.enable_steady_tick(Duration::from_millis(120));
+            Some(bar)
+        }
+        _ => None,
+    };
+    let lines = progress == Progress::Auto && bar.is_none();
+    let work = &work;
+    let bar_ref = &bar;
+    let mut results: Vec<ClusterResult<T>> = futures::stream::iter(downstreams.iter().enumerate())
+        .map(|(index, downstream)| async move {
+            let outcome = match &downstream.config {
+                Err(reason) => Err(reason.clone()),
+                Ok(config) => match kube::Client::try_from(config.clone()) {
+                    Err(e) => Err(format!("cannot build a client: {e}")),
+                    Ok(client) => match tokio::time::timeout(deadline, work(index, client)).await {
+                        Ok(outcome) => outcome,
+                        Err(_) => Err(format!(
+                            "no answer within --cluster-timeout {}",
+                            humanize(deadline)
+                        )),
+                    },
+                },
+            };
+            let name = downstream.display();
+            if let Some(bar) = bar_ref {
+                bar.inc(1);
+                bar.set_message(name.clone());
+            } else if lines {
+                match &outcome {
+                    Ok(_) => eprintln!("{what} {name}: done"),
+                    Err(reason) => eprintln!("{what} {name}: unreachable: {reason}"),
+                }
+            }
+            ClusterResult { index, outcome }
+        })
+        .buffer_unordered(concurrency.max(1))
+        .collect()
+        .await;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    results.sort_by_key(|r| r.index);
+    results
+}
+
+/// `1m30s`, `45s`, `500ms`.
+pub fn humanize(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let secs = d.as_secs();
+    let (m, s) = (secs / 60, secs % 60);
+    match (m, s) {
+        (0, s) => format!("{s}s"),
+        (m, 0) => format!("{m}m"),
+        (m, s) => format!("{m}m{s}s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    fn reachable(name: &str) -> Downstream {
+        Downstream {
+            key: format!("https://{name}"),
+            names: vec![name.into()],
+            config: Ok(kube::Config::new(format!("https://{name}.invalid").parse().unwrap())),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hanging_cluster_only_costs_its_own_deadline() {
+        let downstreams = vec![
+            reachable("fast"),
+            reachable("hangs"),
+            Downstream {
+                key: "cluster:x/nocreds".into(),
+                names: vec!["x/nocreds".into()],
+                config: Err("kubeconfig Secret x/k not found".into()),
+            },
+            reachable("fast2"),
+        ];
+        let running = Arc::new(AtomicUsize::new(0));
+        let max_running = Arc::new(AtomicUsize::new(0));
+        let started = std::time::Instant::now();
+        let results = for_each_cluster(
+            &downstreams,
+            2,
+            Duration::from_millis(300),
+            Progress::Quiet,
+            "test",
+            |index, _client| {
+                let running = running.clone();
+                let max_running = max_running.clone();
+                async move {
+                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    max_running.fetch_max(now, Ordering::SeqCst);
+                    if index == 1 {
+                        tokio::time::sleep(Duration::from_secs(30)).await;
+                    }
+                    running.fetch_sub(1, Ordering::SeqCst);
+                    Ok::<_, String>(index)
+                }
+            },
+        )
+        .await;
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let outcomes: Vec<Result<usize, String>> = results.into_iter().map(|r| r.outcome).collect();
+        assert_eq!(outcomes[0], Ok(0));
+        assert_eq!(outcomes[1], Err("no answer within --cluster-timeout 300ms".into()));
+        assert_eq!(outcomes[2], Err("kubeconfig Secret x/k not found".into()));
+        assert_eq!(outcomes[3], Ok(3));
+        assert!(max_running.load(Ordering::SeqCst) <= 2);
+    }
+
+    #[test]
+    fn durations_read_well() {
+        assert_eq!(humanize(Duration::from_millis(250)), "250ms");
+        assert_eq!(humanize(Duration::from_secs(45)), "45s");
+        assert_eq!(humanize(Duration::from_secs(120)), "2m");
+        assert_eq!(humanize(Duration::from_secs(90)), "1m30s");
+    }
+}

@@ -1,0 +1,266 @@
+//! `status`: per HelmOp x cluster x resource, where things stand - from hashes and markers, never
+//! by reading a copy's data (the one exception: a Fleet-managed copy has no helmop markers, so it
+//! is read and hashed in memory to compare it with the source; nothing of it is shown).
+//! Plus, per opted-in workload reading one of the copies, whether its stamp is current
+//! (`RolloutPending` or `Current`, rule in [`crate::workloads`]).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use helmop_core::hash::{HashKey, ObjectData, content_hash};
+use helmop_core::names;
+use helmop_core::plan::{Action, ActionKind};
+use helmop_core::resource::{ResourceKind, ResourceRef};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::Api;
+use serde::Serialize;
+
+use crate::api_error;
+use crate::clusters::Downstream;
+use crate::context::Ctx;
+use crate::error::{ExitStatus, PluginError};
+use crate::hash_key::KeyOrigin;
+use crate::inventory::{self, Inventory, Problem, Selection};
+use crate::propagate::{load_key, observe_and_plan, problem_rows, row, unreachable_rows};
+use crate::report::{self, Row};
+use crate::runner::{self, Progress};
+use crate::sources::{self, Sources};
+use crate::workloads;
+
+#[derive(Clone, Debug)]
+pub struct StatusOpts {
+    pub selection: Selection,
+    pub target_contexts: Vec<String>,
+    pub concurrency: usize,
+    pub cluster_timeout: Duration,
+    pub progress: Progress,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusReport {
+    pub upstream_id: String,
+    /// `ephemeral` when the upstream has no hash key: then no copy can be confirmed in sync.
+    pub hash_key: KeyOrigin,
+    pub rows: Vec<Row>,
+    pub problems: Vec<Problem>,
+    /// Rows per state.
+    pub summary: BTreeMap<String, usize>,
+    pub unreachable_clusters: usize,
+}
+
+impl StatusReport {
+    /// 2 when a cluster could not be read, 1 when a HelmOp's targets are invalid, else 0
+    /// (being out of sync is a state to report, not a failure of `status`).
+    pub fn exit_status(&self) -> ExitStatus {
+        if self.unreachable_clusters > 0 {
+            ExitStatus::Partial
+        } else if !self.problems.is_empty() {
+            ExitStatus::Invalid
+        } else {
+            ExitStatus::Ok
+        }
+    }
+}
+
+/// Builds the status report (reads only).
+pub async fn status(ctx: &Ctx, opts: &StatusOpts) -> Result<StatusReport, PluginError> {
+    let (key, origin) = load_key(ctx, false).await?;
+    let inv = inventory::enumerate(ctx, &opts.selection, &opts.target_contexts, false).await?;
+    let sources = sources::fetch(ctx, &inv.desired, &key).await?;
+    let results = runner::for_each_cluster(
+        &inv.downstreams,
+        opts.concurrency,
+        opts.cluster_timeout,
+        opts.progress,
+        "status",
+        |index, client| {
+            let downstream = &inv.downstreams[index];
+            let (inv, sources, key) = (&inv, &sources, &key);
+            async move { cluster_status(ctx, inv, sources, key, downstream, client, origin).await }
+        },
+    )
+    .await;
+    let mut rows = Vec::new();
+    let mut unreachable = 0;
+    for result in results {
+        match result.outcome {
+            Ok(mut r) => rows.append(&mut r),
+            Err(reason) => {
+                unreachable += 1;
+                rows.extend(unreachable_rows(&inv, &inv.downstreams[result.index], &reason));
+            }
+        }
+    }
+    rows.extend(problem_rows(&inv.problems));
+    report::sort(&mut rows);
+    Ok(StatusReport {
+        upstream_id: ctx.upstream_id.clone(),
+        hash_key: origin,
+        summary: report::counts(&rows),
+        rows,
+        problems: inv.problems.clone(),
+        unreachable_clusters: unreachable,
+    })
+}
+
+/// The state `status` reports for a planned action.
+pub fn state_of(action: &Action) -> &'static str {
+    match &action.kind {
+        ActionKind::Create { .. } => "Missing",
+        ActionKind::Update { .. } => "Stale",
+        ActionKind::Unchanged => "Synced",
+        ActionKind::Conflict(_) => "Conflict",
+        ActionKind::SkipFleetManaged => "FleetManaged",
+        ActionKind::SourceMissing => "SourceMissing",
+        ActionKind::Prune { .. } | ActionKind::RemoveOwner { .. } | ActionKind::Orphaned(_) => {
+            "Orphaned"
+        }
+        ActionKind::Keep { .. } => "Kept",
+    }
+}
+
+async fn cluster_status(
+    ctx: &Ctx,
+    inv: &Inventory,
+    sources: &Sources,
+    key: &HashKey,
+    downstream: &Downstream,
+    client: kube::Client,
+    origin: KeyOrigin,
+) -> Result<Vec<Row>, String> {
+    let (obs, actions) =
+        observe_and_plan(ctx, inv, sources, &downstream.key, &client, false).await?;
+    let mut rows = Vec::new();
+    // Our copies in sync or stale, per namespace: resource -> (content hash, HelmOps).
+    let mut copies: BTreeMap<String, BTreeMap<ResourceRef, (String, Vec<String>)>> =
+        BTreeMap::new();
+    for action in &actions {
+        let state = state_of(action);
+        let mut reason = match &action.kind {
+            ActionKind::Create { .. } => "no copy yet; run `kubectl helmop propagate`".into(),
+            ActionKind::Update { .. } => format!("{}; run `kubectl helmop propagate`", action.reason()),
+            ActionKind::Prune { .. } | ActionKind::RemoveOwner { .. } => {
+                format!("{}; `kubectl helmop prune` removes it", action.reason())
+            }
+            _ => action.reason(),
+        };
+        if origin == KeyOrigin::Ephemeral && matches!(action.kind, ActionKind::Update { .. }) {
+            reason.push_str(&format!(
+                " (the upstream has no hash key {}/{}, so no copy can be confirmed)",
+                names::SYSTEM_NAMESPACE,
+                names::HASH_KEY_SECRET
+            ));
+        }
+        let mut r = row(downstream, action, state, reason);
+        if matches!(action.kind, ActionKind::SkipFleetManaged) {
+            let (in_sync, why) = fleet_copy_in_sync(&client, sources, key, action).await;
+            r.in_sync = in_sync;
+            r.reason = format!("{}; {why}", r.reason);
+        }
+        if matches!(state, "Synced" | "Stale")
+            && let Some(hash) = obs
+                .get(&action.namespace, &action.resource)
+                .and_then(|o| o.annotations.get(names::ANN_CONTENT_HASH))
+        {
+            copies.entry(action.namespace.clone()).or_default().insert(
+                action.resource.clone(),
+                (hash.clone(), r.helmops.clone()),
+            );
+        }
+        rows.push(r);
+    }
+    for (namespace, copies) in &copies {
+        let found = workloads::list_opted_in(&client, namespace)
+            .await
+            .map_err(|e| format!("cannot list workloads in {namespace}: {}", api_error::describe(&e)))?;
+        for w in found {
+            for resource in w.reads.iter().filter(|r| copies.contains_key(*r)) {
+                let Some((hash, helmops)) = copies.get(resource) else {
+                    continue;
+                };
+                let (pending, reason) = workloads::stamp_pending(&w, resource, hash);
+                rows.push(Row {
+                    helmops: helmops.clone(),
+                    cluster: downstream.display(),
+                    namespace: namespace.clone(),
+                    kind: resource.kind.as_str().into(),
+                    name: resource.name.clone(),
+                    workload: Some(w.display()),
+                    state: if pending { "RolloutPending" } else { "Current" }.into(),
+                    reason,
+                    in_sync: None,
+                });
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// Reads a Fleet-managed copy and compares its content hash (upstream key, in memory) with the
+/// source's. Nothing of the data is kept or shown.
+async fn fleet_copy_in_sync(
+    client: &kube::Client,
+    sources: &Sources,
+    key: &HashKey,
+    action: &Action,
+) -> (Option<bool>, String) {
+    let Some(helmop) = action.helmops.first() else {
+        return (None, "no HelmOp to compare with".into());
+    };
+    let Some(source) = sources.get(&helmop.namespace, &action.resource) else {
+        return (None, "the source is missing upstream".into());
+    };
+    let want = source.content_hash(key);
+    let name = &action.resource.name;
+    let have = match action.resource.kind {
+        ResourceKind::Secret => Api::<Secret>::namespaced(client.clone(), &action.namespace)
+            .get_opt(name)
+            .await
+            .map(|o| o.map(|s| content_hash(key, ResourceKind::Secret, &ObjectData::from(&s)))),
+        ResourceKind::ConfigMap => Api::<ConfigMap>::namespaced(client.clone(), &action.namespace)
+            .get_opt(name)
+            .await
+            .map(|o| o.map(|c| content_hash(key, ResourceKind::ConfigMap, &ObjectData::from(&c)))),
+    };
+    match have {
+        Ok(Some(h)) if h == want => (Some(true), "Fleet's copy matches the source".into()),
+        Ok(Some(_)) => (Some(false), "Fleet's copy differs from the source".into()),
+        Ok(None) => (None, "Fleet's copy is gone".into()),
+        Err(e) => (None, format!("cannot read Fleet's copy: {}", api_error::describe(&e))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use helmop_core::plan::{ConflictReason, HelmOpKey, OrphanReason};
+
+    use super::*;
+
+    fn action(kind: ActionKind) -> Action {
+        Action {
+            cluster: "c".into(),
+            namespace: "apps".into(),
+            resource: ResourceRef::secret("db"),
+            helmops: vec![HelmOpKey::new("team", "app")],
+            kind,
+        }
+    }
+
+    #[test]
+    fn states_follow_the_plan() {
+        let cases = [
+            (ActionKind::Unchanged, "Synced"),
+            (ActionKind::Conflict(ConflictReason::NotManaged), "Conflict"),
+            (ActionKind::SkipFleetManaged, "FleetManaged"),
+            (ActionKind::SourceMissing, "SourceMissing"),
+            (ActionKind::Prune { uid: "u".into() }, "Orphaned"),
+            (ActionKind::RemoveOwner { uid: "u".into(), owners: "x".into() }, "Orphaned"),
+            (ActionKind::Orphaned(OrphanReason::NoOwners), "Orphaned"),
+            (ActionKind::Keep { uid: "u".into(), rewrite: false }, "Kept"),
+        ];
+        for (kind, want) in cases {
+            assert_eq!(state_of(&action(kind.clone())), want, "{kind:?}");
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! What `propagate --watch` prints: one event per line on stdout. With `-o json` each line is a JSON
+//! object (JSON Lines: `time`, `event`, and the event's fields, a run carrying the same report as a
+//! one-shot `propagate -o json`); with `-o yaml` one YAML document per event; otherwise a readable
+//! line per event and, after a run, the rows that are not `Unchanged`.
+
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+use crate::args::ReportFormat;
+use crate::error::PluginError;
+use crate::output;
+use crate::propagate::Report;
+use crate::report::{self, Row};
+
+/// Rows in these states are left out of the text output of a run (they are in the JSON).
+const QUIET_STATES: &[&str] = &["Unchanged", "Synced"];
+
+pub struct Events {
+    format: ReportFormat,
+}
+
+impl Events {
+    pub fn new(format: ReportFormat) -> Events {
+        Events { format }
+    }
+
+    fn emit(&self, event: &str, fields: Value, text: String) {
+        let now = Timestamp::now();
+        let rendered = match self.format {
+            ReportFormat::Json | ReportFormat::Yaml => {
+                let mut obj = json!({"time": now.to_string(), "event": event});
+                if let (Some(map), Value::Object(extra)) = (obj.as_object_mut(), fields) {
+                    map.extend(extra);
+                }
+                if self.format == ReportFormat::Json {
+                    serde_json::to_string(&obj)
+                        .map(|mut s| {
+                            s.push('\n');
+                            s
+                        })
+                        .map_err(PluginError::from)
+                } else {
+                    serde_saphyr::to_string(&obj)
+                        .map(|s| format!("---\n{s}"))
+                        .map_err(|e| PluginError::Usage(format!("cannot encode YAML: {e}")))
+                }
+            }
+            ReportFormat::Table | ReportFormat::Wide => Ok(format!("{now} {text}\n")),
+        };
+        match rendered.and_then(|s| output::emit(&s)) {
+            Ok(()) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot print a watch event"),
+        }
+    }
+
+    pub fn started(&self, identity: Option<&str>, lease: Option<&str>, scope: &str) {
+        let text = match (identity, lease) {
+            (Some(id), Some(lease)) => {
+                format!("watching {scope}; leader election on Lease {lease} as {id}")
+            }
+            _ => format!("watching {scope}; no leader election"),
+        };
+        self.emit(
+            "started",
+            json!({"identity": identity, "lease": lease, "scope": scope}),
+            text,
+        );
+    }
+
+    pub fn leader(&self, leading: bool, identity: &str, lease: &str) {
+        let text = if leading {
+            format!("leading (Lease {lease}, identity {identity}): propagating")
+        } else {
+            format!("standing by (Lease {lease} held by another process): not writing")
+        };
+        self.emit(
+            "leader",
+            json!({"leading": leading, "identity": identity, "lease": lease}),
+            text,
+        );
+    }
+
+    pub fn run(&self, number: u64, reasons: &[String], report: &Report) {
+        let s = &report.summary;
+        let states: Vec<String> = s.states.iter().map(|(k, v)| format!("{v} {k}")).collect();
+        let mut text = format!(
+            "run {number} ({}): {} HelmOp(s), {} cluster(s) ({} unreachable): {}; {} write(s)",
+            reasons.join("; "),
+            s.helmops,
+            s.clusters,
+            s.unreachable_clusters,
+            if states.is_empty() {
+                "nothing to do".to_owned()
+            } else {
+                states.join(", ")
+            },
+            s.writes
+        );
+        let rows: Vec<Row> = report
+            .rows
+            .iter()
+            .filter(|r| !QUIET_STATES.contains(&r.state.as_str()))
+            .cloned()
+            .collect();
+        if !rows.is_empty() {
+            let table = report::table(
+                &rows,
+                report::Table {
+                    reason: true,
+                    colour: report::colour_stdout(),
+                },
+            );
+            text.push('\n');
+            text.push_str(table.trim_end());
+        }
+        for p in &report.problems {
+            text.push_str(&format!("\nerror: HelmOp {}: {}", p.helmop, p.message));
+        }
+        self.emit(
+            "run",
+            json!({"run": number, "reasons": reasons, "writes": s.writes, "report": report}),
+            text,
+        );
+    }
+
+    pub fn failed(&self, number: u64, reasons: &[String], error: &PluginError, retry_in: &str) {
+        self.emit(
+            "failed",
+            json!({"run": number, "reasons": reasons, "error": error.to_string(), "retryIn": retry_in}),
+            format!("run {number} failed: {error}; retrying in {retry_in}"),
+        );
+    }
+
+    pub fn aborted(&self, number: u64, why: &str) {
+        self.emit(
+            "aborted",
+            json!({"run": number, "why": why}),
+            format!("run {number} aborted: {why}"),
+        );
+    }
+
+    pub fn stopped(&self, signal: &str) {
+        self.emit(
+            "stopped",
+            json!({"signal": signal}),
+            format!("stopped on {signal}"),
+        );
+    }
+}

@@ -1,0 +1,304 @@
+//! `propagate --watch`: propagate whenever HelmOps, Clusters, ClusterGroups or source objects
+//! change, until SIGINT/SIGTERM.
+//!
+//! Each run is [`propagate_once`], the same code as a one-shot `propagate`. Changes are seen through
+//! watches ([`triggers`]) and debounced ([`debounce`]); a periodic resync repairs drift downstream,
+//! which is not watched. With leader election (the default) only the holder of a Lease on the
+//! upstream cluster runs: a standby process never writes, and a leader that loses its Lease aborts
+//! the run in flight (dropping its requests) before another process may take over (see
+//! [`crate::leader`]). On SIGINT/SIGTERM the run in flight is abandoned (server-side apply makes a
+//! repeat harmless), the Lease is released so a standby takes over at once, and the process exits 0.
+
+pub mod debounce;
+pub mod events;
+pub mod triggers;
+
+use std::time::Duration;
+
+use clap::Args;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use crate::args::parse_duration;
+use crate::cmd::propagate::PropagateArgs;
+use crate::context::Ctx;
+use crate::error::{ExitStatus, PluginError};
+use crate::inventory::Selection;
+use crate::leader::{self, Elector, LeaderHandle, LeaseTimings};
+use crate::propagate::propagate_once;
+use crate::runner::{Progress, humanize};
+
+use self::debounce::Pending;
+use self::events::Events;
+
+/// The `--watch` flags of `propagate`.
+#[derive(Clone, Debug, Args)]
+pub struct WatchArgs {
+    /// Keep running: propagate again whenever a HelmOp, Cluster, ClusterGroup or source Secret or
+    /// ConfigMap changes (watches, not polling), until SIGINT/SIGTERM. Prints one event per line
+    /// (-o json: JSON Lines)
+    #[arg(long)]
+    pub watch: bool,
+
+    /// With --watch: how long changes must be quiet before a run (changes arriving meanwhile are
+    /// handled together); a steady stream of changes still runs at least every 10 times this
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s", requires = "watch")]
+    pub debounce: Duration,
+
+    /// With --watch: run at least this often without changes, to repair edits made downstream; 0
+    /// disables it
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10m", requires = "watch")]
+    pub resync: Duration,
+
+    /// With --watch: do not elect a leader. Only for a single watcher: two watchers without
+    /// election both write
+    #[arg(long, requires = "watch")]
+    pub no_leader_election: bool,
+
+    /// With --watch: namespace of the leader-election Lease on the upstream cluster (default:
+    /// $POD_NAMESPACE, else helmop-system)
+    #[arg(long, value_name = "NAMESPACE", requires = "watch")]
+    pub lease_namespace: Option<String>,
+
+    /// With --watch: name of the leader-election Lease; every watcher of one upstream cluster
+    /// should use the same one, whatever HelmOps it watches
+    #[arg(long, value_name = "NAME", default_value = leader::DEFAULT_LEASE_NAME, requires = "watch")]
+    pub lease_name: String,
+
+    /// With --watch: how long a leader's claim lasts; a standby takes over this long after the
+    /// leader stopped renewing (at once when it shut down cleanly). At least 2s
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "15s", requires = "watch")]
+    pub lease_duration: Duration,
+}
+
+/// Namespace of the Lease when neither `--lease-namespace` nor `POD_NAMESPACE` says.
+pub const DEFAULT_LEASE_NAMESPACE: &str = helmop_core::names::SYSTEM_NAMESPACE;
+
+/// Longest wait between failed runs.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitStatus, PluginError> {
+    // Installed first, so a signal during start-up is not lost.
+    let mut signals = Signals::install()?;
+    let timings =
+        LeaseTimings::from_lease_duration(watch_args.lease_duration).ok_or_else(|| {
+            PluginError::Usage(format!(
+                "--lease-duration must be at least {}",
+                humanize(leader::MIN_LEASE_DURATION)
+            ))
+        })?;
+    let ctx = Ctx::connect(&args.kube).await?;
+    let opts = args.opts(&ctx, Progress::Quiet);
+    let events = Events::new(args.output);
+
+    // A dry run writes nothing, so it needs no leadership.
+    let election = if watch_args.no_leader_election || args.dry_run {
+        None
+    } else {
+        let namespace = watch_args
+            .lease_namespace
+            .clone()
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|n| !n.is_empty())
+            })
+            .unwrap_or_else(|| DEFAULT_LEASE_NAMESPACE.to_owned());
+        let identity = leader::default_identity();
+        let elector = Elector::new(
+            ctx.upstream.clone(),
+            &namespace,
+            &watch_args.lease_name,
+            &identity,
+            timings,
+        );
+        let lease = elector.lease();
+        let handle = tokio::select! {
+            h = LeaderHandle::start(elector) => h.map_err(|e| lease_error(&lease, &e))?,
+            signal = signals.recv() => {
+                events.stopped(signal);
+                return Ok(ExitStatus::Ok);
+            }
+        };
+        Some(handle)
+    };
+    let (_always, always_leading) = watch::channel(true);
+    let mut leading = match &election {
+        Some(h) => h.state(),
+        None => always_leading,
+    };
+    let scope = scope_text(&opts.selection);
+    events.started(
+        election.as_ref().map(LeaderHandle::identity),
+        election.as_ref().map(LeaderHandle::lease),
+        &scope,
+    );
+    let was_leading = *leading.borrow_and_update();
+    if let Some(h) = &election {
+        events.leader(was_leading, h.identity(), h.lease());
+    }
+
+    let (tx, mut rx) = mpsc::channel(1024);
+    let watches = triggers::spawn(
+        &ctx.upstream,
+        &opts.selection,
+        opts.target_contexts.is_empty(),
+        tx,
+    );
+
+    let max_delay = watch_args.debounce * 10;
+    let mut pending = Pending::default();
+    pending.mark(Instant::now(), "start");
+    let mut next_resync = resync_after(watch_args.resync);
+    let mut run_number = 0u64;
+    let mut failures = 0u32;
+    let mut election_alive = election.is_some();
+
+    let signal = 'outer: loop {
+        let is_leading = *leading.borrow();
+        let due = if is_leading {
+            pending.due(watch_args.debounce, max_delay)
+        } else {
+            None
+        };
+        tokio::select! {
+            signal = signals.recv() => break signal,
+            Some(trigger) = rx.recv() => pending.mark(Instant::now(), trigger.0),
+            changed = leading.changed(), if election_alive => {
+                if changed.is_err() {
+                    // The elector is gone (it only ends on shutdown): stop acting on it.
+                    election_alive = false;
+                    continue;
+                }
+                let now_leading = *leading.borrow_and_update();
+                if let Some(h) = &election {
+                    events.leader(now_leading, h.identity(), h.lease());
+                }
+                if now_leading {
+                    // Changes seen while standing by were not acted on.
+                    pending.mark(Instant::now(), "became leader");
+                }
+            }
+            _ = sleep_until_opt(next_resync) => {
+                pending.mark(Instant::now(), "resync");
+                next_resync = resync_after(watch_args.resync);
+            }
+            _ = sleep_until_opt(due) => {
+                let reasons = pending.take();
+                run_number += 1;
+                let outcome = tokio::select! {
+                    result = propagate_once(&ctx, &opts) => Outcome::Done(result),
+                    _ = lost(&mut leading), if election.is_some() => Outcome::LostLease,
+                    signal = signals.recv() => Outcome::Signal(signal),
+                };
+                match outcome {
+                    Outcome::Done(Ok(report)) => {
+                        failures = 0;
+                        watches.note_namespaces(&report.namespaces);
+                        events.run(run_number, &reasons, &report);
+                    }
+                    Outcome::Done(Err(e)) => {
+                        failures += 1;
+                        let wait = debounce::backoff(failures, MAX_BACKOFF);
+                        events.failed(run_number, &reasons, &e, &humanize(wait));
+                        pending.retry_at(Instant::now() + wait, "retry");
+                    }
+                    Outcome::LostLease => {
+                        events.aborted(run_number, "lost the lease");
+                        if let Some(h) = &election {
+                            events.leader(false, h.identity(), h.lease());
+                        }
+                        pending.mark(Instant::now(), "aborted run");
+                    }
+                    Outcome::Signal(signal) => {
+                        events.aborted(run_number, signal);
+                        break 'outer signal;
+                    }
+                }
+            }
+        }
+    };
+    // Stop acting on changes, then give the Lease away (nothing writes any more).
+    drop(watches);
+    if let Some(h) = election {
+        h.shutdown().await;
+    }
+    events.stopped(signal);
+    Ok(ExitStatus::Ok)
+}
+
+enum Outcome {
+    Done(Result<crate::propagate::Report, PluginError>),
+    LostLease,
+    Signal(&'static str),
+}
+
+/// Resolves once `leading` turns false (or its sender is gone).
+async fn lost(leading: &mut watch::Receiver<bool>) {
+    let _ = leading.wait_for(|l| !*l).await;
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn resync_after(every: Duration) -> Option<Instant> {
+    (!every.is_zero()).then(|| Instant::now() + every)
+}
+
+fn scope_text(selection: &Selection) -> String {
+    match selection {
+        Selection::One { namespace, name } => format!("HelmOp {namespace}/{name}"),
+        Selection::Namespace(ns) => format!("the HelmOps of namespace {ns}"),
+        Selection::All => "the HelmOps of all namespaces".to_owned(),
+    }
+}
+
+fn lease_error(lease: &str, e: &kube::Error) -> PluginError {
+    let hint = "pass --lease-namespace, or --no-leader-election for a single watcher";
+    crate::api_error::upstream(
+        &format!("cannot use the leader-election Lease {lease} ({hint})"),
+        e,
+    )
+}
+
+/// SIGINT and SIGTERM.
+struct Signals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Signals, PluginError> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Signals {
+                term: signal(SignalKind::terminate())?,
+                int: signal(SignalKind::interrupt())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    async fn recv(&mut self) -> &'static str {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.term.recv() => "SIGTERM",
+                _ = self.int.recv() => "SIGINT",
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        }
+    }
+}

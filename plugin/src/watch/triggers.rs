@@ -1,0 +1,267 @@
+//! What makes `propagate --watch` run again: watches (never polling) on the upstream cluster's
+//! HelmOps, Clusters, ClusterGroups, and the Secrets and ConfigMaps of the namespaces HelmOps live
+//! in. Metadata-only watches: a change is all that matters here, the run reads what it needs.
+//!
+//! kube's watcher re-lists and re-watches after errors with exponential back-off; a re-list after
+//! the first one may have missed events, so it triggers a run as well.
+
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+use std::sync::{Arc, RwLock};
+
+use futures::StreamExt;
+use helmop_core::model::{Cluster, ClusterGroup, HelmOp};
+use helmop_core::names;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::Client;
+use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::inventory::Selection;
+
+/// Why a run is wanted, in words (`Secret team/db changed`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Trigger(pub String);
+
+/// The running watches; dropping this stops them.
+pub struct Watches {
+    tasks: Vec<JoinHandle<()>>,
+    interesting: Interesting,
+}
+
+impl Watches {
+    /// Namespaces a run found HelmOps in (with `-A` their Secrets and ConfigMaps matter).
+    pub fn note_namespaces<'a>(&self, namespaces: impl IntoIterator<Item = &'a String>) {
+        for ns in namespaces {
+            self.interesting.add(ns);
+        }
+    }
+}
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Namespaces whose Secrets and ConfigMaps matter with `-A`: those holding HelmOps or Clusters
+/// (sources and kubeconfig Secrets), as the HelmOp and Cluster watches see them.
+#[derive(Clone, Default)]
+struct Interesting(Arc<RwLock<BTreeSet<String>>>);
+
+impl Interesting {
+    fn add(&self, ns: &str) {
+        if let Ok(mut set) = self.0.write()
+            && !set.contains(ns)
+        {
+            set.insert(ns.to_owned());
+        }
+    }
+
+    fn contains(&self, ns: &str) -> bool {
+        self.0.read().map(|s| s.contains(ns)).unwrap_or(true)
+    }
+}
+
+/// Starts the watches for `selection`. `fleet`: whether downstream clusters come from Fleet
+/// Clusters (not `--target-context`), so Clusters and ClusterGroups matter.
+pub fn spawn(
+    client: &Client,
+    selection: &Selection,
+    fleet: bool,
+    tx: mpsc::Sender<Trigger>,
+) -> Watches {
+    let interesting = Interesting::default();
+    let (namespace, helmop_config) = match selection {
+        Selection::One { namespace, name } => (
+            Some(namespace.clone()),
+            watcher::Config::default().fields(&format!("metadata.name={name}")),
+        ),
+        Selection::Namespace(ns) => (Some(ns.clone()), watcher::Config::default()),
+        Selection::All => (None, watcher::Config::default()),
+    };
+    let all = namespace.is_none();
+    let mut tasks = vec![watch_kind::<HelmOp>(
+        api(client, namespace.as_deref()),
+        helmop_config,
+        "HelmOp",
+        tx.clone(),
+        interesting.clone(),
+        true,
+    )];
+    if fleet {
+        tasks.push(watch_kind::<Cluster>(
+            api(client, namespace.as_deref()),
+            watcher::Config::default(),
+            "Cluster",
+            tx.clone(),
+            interesting.clone(),
+            true,
+        ));
+        tasks.push(watch_kind::<ClusterGroup>(
+            api(client, namespace.as_deref()),
+            watcher::Config::default(),
+            "ClusterGroup",
+            tx.clone(),
+            interesting.clone(),
+            false,
+        ));
+    }
+    // Copies helmop itself made (when the upstream is also a downstream) are no reason to run.
+    let sources = watcher::Config::default().labels(&format!("!{}", names::LABEL_MANAGED_BY));
+    let filter = if all { Some(interesting.clone()) } else { None };
+    tasks.push(watch_sources::<Secret>(
+        api(client, namespace.as_deref()),
+        sources.clone(),
+        "Secret",
+        tx.clone(),
+        filter.clone(),
+    ));
+    tasks.push(watch_sources::<ConfigMap>(
+        api(client, namespace.as_deref()),
+        sources,
+        "ConfigMap",
+        tx,
+        filter,
+    ));
+    Watches { tasks, interesting }
+}
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<PartialObjectMeta<K>>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+fn key<K: Resource>(obj: &PartialObjectMeta<K>) -> (String, String) {
+    (
+        obj.metadata.namespace.clone().unwrap_or_default(),
+        obj.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// Sends without waiting: a full queue already holds triggers that will cause a run, and that run
+/// reads the current state, this change included.
+fn send(tx: &mpsc::Sender<Trigger>, reason: String) {
+    let _ = tx.try_send(Trigger(reason));
+}
+
+fn watch_kind<K>(
+    api: Api<PartialObjectMeta<K>>,
+    config: watcher::Config,
+    label: &'static str,
+    tx: mpsc::Sender<Trigger>,
+    interesting: Interesting,
+    marks_namespace: bool,
+) -> JoinHandle<()>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    tokio::spawn(async move {
+        let stream = watcher::watcher(api, config).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        let mut listed = false;
+        let mut failing = false;
+        while let Some(event) = stream.next().await {
+            match event {
+                // A listing: the start-up run covers the first, `InitDone` triggers for later ones.
+                Ok(Event::InitApply(obj)) => {
+                    if marks_namespace {
+                        interesting.add(&key(&obj).0);
+                    }
+                }
+                Ok(Event::Apply(obj)) => {
+                    let (ns, name) = key(&obj);
+                    if marks_namespace {
+                        interesting.add(&ns);
+                    }
+                    send(&tx, format!("{label} {ns}/{name} changed"));
+                }
+                Ok(Event::Delete(obj)) => {
+                    let (ns, name) = key(&obj);
+                    send(&tx, format!("{label} {ns}/{name} deleted"));
+                }
+                Ok(Event::Init) => {}
+                Ok(Event::InitDone) => {
+                    if listed {
+                        send(&tx, format!("{label} watch re-listed"));
+                    }
+                    listed = true;
+                    if failing {
+                        tracing::info!(kind = label, "watch reconnected");
+                    }
+                    failing = false;
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(kind = label, error = %e, "watch failed; retrying with back-off");
+                    }
+                    failing = true;
+                }
+            }
+        }
+    })
+}
+
+fn watch_sources<K>(
+    api: Api<PartialObjectMeta<K>>,
+    config: watcher::Config,
+    label: &'static str,
+    tx: mpsc::Sender<Trigger>,
+    filter: Option<Interesting>,
+) -> JoinHandle<()>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    tokio::spawn(async move {
+        let stream = watcher::watcher(api, config).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        let mut listed = false;
+        let mut failing = false;
+        let wanted = |ns: &str| filter.as_ref().is_none_or(|f| f.contains(ns));
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(Event::Apply(obj)) => {
+                    let (ns, name) = key(&obj);
+                    if wanted(&ns) {
+                        send(&tx, format!("{label} {ns}/{name} changed"));
+                    }
+                }
+                Ok(Event::Delete(obj)) => {
+                    let (ns, name) = key(&obj);
+                    if wanted(&ns) {
+                        send(&tx, format!("{label} {ns}/{name} deleted"));
+                    }
+                }
+                Ok(Event::InitDone) => {
+                    if listed {
+                        send(&tx, format!("{label} watch re-listed"));
+                    }
+                    listed = true;
+                    if failing {
+                        tracing::info!(kind = label, "watch reconnected");
+                    }
+                    failing = false;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(kind = label, error = %e, "watch failed; retrying with back-off");
+                    }
+                    failing = true;
+                }
+            }
+        }
+    })
+}

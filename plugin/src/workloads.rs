@@ -1,0 +1,266 @@
+//! Workloads downstream that read helmop's copies: which are opted in to rolling on change, the
+//! `helmop.dev/restamp` value the plugin writes on them, and whether their stamp is current.
+//!
+//! The restamp value records which copy contents the workload was restamped for:
+//! `configmap/app=v1:<hex>,secret/db=v1:<hex>` (each copy the workload reads, with the copy's
+//! `helmop.dev/content-hash` - a keyed hash, so it reveals nothing). Any new value makes the
+//! webhook recompute the pod template's `helmop.dev/config-hash` on the UPDATE.
+//!
+//! Whether a workload's stamp is current (`status`), per copy it reads:
+//! - no `helmop.dev/config-hash` in the pod template: `RolloutPending` (nothing stamped it: the
+//!   webhook is not installed, or the workload was admitted before it was);
+//! - the restamp value lists the copy with another content hash than the copy has now:
+//!   `RolloutPending` (the copy changed after the last restamp: run `propagate` or `rollout`);
+//! - otherwise `Current`: restamped for this content, or (copy not listed) stamped by the
+//!   webhook when the workload was last admitted, which `propagate` follows with a restamp
+//!   whenever it changes a copy.
+//!
+//! Kinds considered: Deployment, StatefulSet, DaemonSet, CronJob (where served). Jobs and bare
+//! ReplicaSets are left alone: a Job's template is immutable, and a ReplicaSet does not roll.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use helmop_core::names;
+use helmop_core::podrefs::pod_refs_from_value;
+use helmop_core::resource::ResourceRef;
+use helmop_core::workload::{WorkloadKind, pod_template};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+use crate::api_error;
+
+/// The kinds `propagate` restamps and `status` checks.
+pub const KINDS: [WorkloadKind; 4] = [
+    WorkloadKind::Deployment,
+    WorkloadKind::StatefulSet,
+    WorkloadKind::DaemonSet,
+    WorkloadKind::CronJob,
+];
+
+/// An opted-in workload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Workload {
+    pub kind: WorkloadKind,
+    pub namespace: String,
+    pub name: String,
+    /// ConfigMaps and Secrets its pod template reads.
+    pub reads: BTreeSet<ResourceRef>,
+    /// Its `helmop.dev/restamp` annotation.
+    pub restamp: Option<String>,
+    /// Its pod template's `helmop.dev/config-hash`.
+    pub config_hash: Option<String>,
+}
+
+impl Workload {
+    /// `Deployment/web`.
+    pub fn display(&self) -> String {
+        format!("{}/{}", self.kind.kind(), self.name)
+    }
+}
+
+/// Opt-in rule (DESIGN section 3): the workload label `"true"`/`"false"` decides; without it,
+/// the namespace label `enabled` opts every workload in.
+pub fn opted_in(namespace_labels: &BTreeMap<String, String>, workload_labels: &BTreeMap<String, String>) -> bool {
+    match workload_labels
+        .get(names::LABEL_ROLLOUT_ON_CHANGE)
+        .map(String::as_str)
+    {
+        Some("true") => true,
+        Some("false") => false,
+        _ => {
+            namespace_labels
+                .get(names::LABEL_ROLLOUT_ON_CHANGE)
+                .map(String::as_str)
+                == Some("enabled")
+        }
+    }
+}
+
+/// The restamp value for the copies (resource -> content hash) a workload reads.
+pub fn restamp_value(copies: &BTreeMap<String, String>) -> String {
+    copies
+        .iter()
+        .map(|(r, h)| format!("{r}={h}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The copies a restamp value lists (empty for values written by others, e.g. `rollout`).
+pub fn parse_restamp(value: &str) -> BTreeMap<String, String> {
+    value
+        .split(',')
+        .filter_map(|entry| entry.split_once('='))
+        .filter(|(r, h)| r.contains('/') && !h.is_empty())
+        .map(|(r, h)| (r.to_string(), h.to_string()))
+        .collect()
+}
+
+/// Whether `w`'s stamp is current for `copy` whose content hash is now `copy_hash`, and why.
+pub fn stamp_pending(w: &Workload, copy: &ResourceRef, copy_hash: &str) -> (bool, String) {
+    if w.config_hash.is_none() {
+        return (
+            true,
+            format!(
+                "the pod template has no {}: is the helmop webhook installed in this cluster?",
+                names::ANN_CONFIG_HASH
+            ),
+        );
+    }
+    let listed = w
+        .restamp
+        .as_deref()
+        .map(parse_restamp)
+        .unwrap_or_default();
+    match listed.get(&copy.to_string()) {
+        Some(h) if h != copy_hash => (
+            true,
+            format!("{copy} changed after the last restamp; run `kubectl helmop propagate` or `kubectl helmop rollout`"),
+        ),
+        Some(_) => (false, format!("restamped for the current {copy}")),
+        None => (false, "stamped when last admitted".into()),
+    }
+}
+
+fn api_resource(kind: WorkloadKind) -> ApiResource {
+    let (group, version, kind_name) = kind.gvk();
+    ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: kind.api_version(),
+        kind: kind_name.into(),
+        plural: kind.plural().into(),
+    }
+}
+
+fn to_workload(kind: WorkloadKind, obj: &DynamicObject) -> Option<Workload> {
+    let value = serde_json::to_value(obj).ok()?;
+    let template = pod_template(kind, &value)?;
+    let reads = pod_refs_from_value(template.spec)
+        .ok()?
+        .into_iter()
+        .map(|r| r.resource)
+        .collect();
+    Some(Workload {
+        kind,
+        namespace: obj.metadata.namespace.clone()?,
+        name: obj.metadata.name.clone()?,
+        reads,
+        restamp: obj
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(names::ANN_RESTAMP))
+            .cloned(),
+        config_hash: template.annotation(names::ANN_CONFIG_HASH).map(str::to_string),
+    })
+}
+
+/// The opted-in workloads of `namespace` (none when the namespace does not exist). Kinds the
+/// server does not serve (e.g. batch/v1 CronJob before Kubernetes 1.21) are skipped.
+pub async fn list_opted_in(client: &Client, namespace: &str) -> Result<Vec<Workload>, kube::Error> {
+    let Some(ns) = Api::<Namespace>::all(client.clone()).get_opt(namespace).await? else {
+        return Ok(Vec::new());
+    };
+    let ns_labels = ns.metadata.labels.unwrap_or_default();
+    let mut out = Vec::new();
+    for kind in KINDS {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), namespace, &api_resource(kind));
+        let list = match api.list(&ListParams::default()).await {
+            Ok(list) => list,
+            Err(e) if api_error::is_not_found(&e) => continue,
+            Err(e) => return Err(e),
+        };
+        for obj in &list.items {
+            let labels = obj.metadata.labels.clone().unwrap_or_default();
+            if !opted_in(&ns_labels, &labels) {
+                continue;
+            }
+            if let Some(w) = to_workload(kind, obj) {
+                out.push(w);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Sets `helmop.dev/restamp` to `value` (JSON merge patch on metadata, field manager
+/// `kubectl-helmop`) and returns the pod template's config-hash before and after the server
+/// (and its webhooks) handled it.
+pub async fn restamp(
+    client: &Client,
+    w: &Workload,
+    value: &str,
+) -> Result<Option<String>, kube::Error> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &w.namespace, &api_resource(w.kind));
+    let patch = json!({"metadata": {"annotations": {names::ANN_RESTAMP: value}}});
+    let params = PatchParams {
+        field_manager: Some(names::MANAGER.into()),
+        ..PatchParams::default()
+    };
+    let obj = api.patch(&w.name, &params, &Patch::Merge(&patch)).await?;
+    let value: Value = serde_json::to_value(&obj).map_err(kube::Error::SerdeError)?;
+    Ok(pod_template(w.kind, &value)
+        .and_then(|t| t.annotation(names::ANN_CONFIG_HASH))
+        .map(str::to_string))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn opt_in_rules() {
+        let on = labels(&[("helmop.dev/rollout-on-change", "enabled")]);
+        let off = labels(&[]);
+        let yes = labels(&[("helmop.dev/rollout-on-change", "true")]);
+        let no = labels(&[("helmop.dev/rollout-on-change", "false")]);
+        assert!(opted_in(&on, &off));
+        assert!(!opted_in(&on, &no));
+        assert!(opted_in(&off, &yes));
+        assert!(!opted_in(&off, &off));
+        assert!(!opted_in(&labels(&[("helmop.dev/rollout-on-change", "true")]), &off));
+    }
+
+    #[test]
+    fn restamp_values_round_trip_and_ignore_foreign_values() {
+        let copies = BTreeMap::from([
+            ("secret/db".to_string(), "v1:aa".to_string()),
+            ("configmap/app".to_string(), "v1:bb".to_string()),
+        ]);
+        let v = restamp_value(&copies);
+        assert_eq!(v, "configmap/app=v1:bb,secret/db=v1:aa");
+        assert_eq!(parse_restamp(&v), copies);
+        assert!(parse_restamp("2026-11-29T16:00:00Z").is_empty());
+        assert!(parse_restamp("").is_empty());
+    }
+
+    #[test]
+    fn stamp_rule() {
+        let db = ResourceRef::secret("db");
+        let mut w = Workload {
+            kind: WorkloadKind::Deployment,
+            namespace: "apps".into(),
+            name: "web".into(),
+            reads: BTreeSet::from([db.clone()]),
+            restamp: None,
+            config_hash: None,
+        };
+        assert!(stamp_pending(&w, &db, "v1:new").0, "unstamped");
+        w.config_hash = Some("v1:stamp".into());
+        assert!(!stamp_pending(&w, &db, "v1:new").0, "stamped at admission");
+        w.restamp = Some("secret/db=v1:old".into());
+        assert!(stamp_pending(&w, &db, "v1:new").0, "copy changed since");
+        w.restamp = Some("secret/db=v1:new".into());
+        assert!(!stamp_pending(&w, &db, "v1:new").0, "restamped for it");
+        w.restamp = Some("rollout-1234".into());
+        assert!(!stamp_pending(&w, &db, "v1:new").0, "foreign value");
+    }
+}

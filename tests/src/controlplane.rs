@@ -1,0 +1,316 @@
+//! The local control plane: `tests/controlplane/cp up --foreground` run as a child process.
+//!
+//! The child keeps our end of a pipe as its stdin and tears every cluster down when it reads
+//! EOF, which happens when we close it (drop, or the `atexit` hook of the shared instance) or
+//! when this process dies in any way. That is what guarantees no stray kube-apiservers.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Mutex, Once, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde::Deserialize;
+
+/// Name of the management cluster in the shared control plane.
+pub const UPSTREAM: &str = "upstream";
+/// Names of the two downstream clusters in the shared control plane.
+pub const DOWNSTREAM_1: &str = "down1";
+pub const DOWNSTREAM_2: &str = "down2";
+
+/// How long teardown may take before we stop waiting for it (the script itself escalates to
+/// SIGKILL well before this).
+const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// One cluster of a control plane.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ClusterInfo {
+    /// Cluster name, also its context name in the merged kubeconfig.
+    pub name: String,
+    /// `https://127.x.y.z:port` of its kube-apiserver.
+    pub server: String,
+    /// A kubeconfig for this cluster only (admin token, CA embedded), current context set.
+    pub kubeconfig: PathBuf,
+    /// Context name (in both the per-cluster and the merged kubeconfig).
+    pub context: String,
+    /// PEM file of the CA that signed the API server's certificate.
+    pub ca_file: PathBuf,
+}
+
+impl ClusterInfo {
+    /// A new client for this cluster. Create one per test: each `#[tokio::test]` has its own
+    /// runtime, and a client must not outlive the runtime it was made in.
+    pub async fn client(&self) -> kube::Client {
+        match self.try_client().await {
+            Ok(client) => client,
+            Err(e) => panic!("cannot build a client for cluster {}: {e:#}", self.name),
+        }
+    }
+
+    async fn try_client(&self) -> anyhow::Result<kube::Client> {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)?;
+        client_for(kubeconfig, Some(&self.context)).await
+    }
+
+    /// `kubectl --kubeconfig <this cluster's kubeconfig>`, ready for more arguments.
+    pub fn kubectl(&self) -> Command {
+        let mut cmd = Command::new("kubectl");
+        cmd.arg("--kubeconfig").arg(&self.kubeconfig);
+        cmd
+    }
+
+    /// The kubeconfig file's content, e.g. for a Fleet Cluster's kubeconfig Secret.
+    pub fn kubeconfig_yaml(&self) -> String {
+        read_to_string(&self.kubeconfig)
+    }
+
+    /// The API server's CA certificate (PEM).
+    pub fn ca_pem(&self) -> String {
+        read_to_string(&self.ca_file)
+    }
+}
+
+fn read_to_string(path: &Path) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(s) => s,
+        Err(e) => panic!("cannot read {}: {e}", path.display()),
+    }
+}
+
+/// A client from kubeconfig YAML (for instance the content of a kubeconfig Secret), using its
+/// current context unless `context` is given.
+pub async fn client_from_kubeconfig(
+    yaml: &str,
+    context: Option<&str>,
+) -> anyhow::Result<kube::Client> {
+    client_for(Kubeconfig::from_yaml(yaml)?, context).await
+}
+
+async fn client_for(kubeconfig: Kubeconfig, context: Option<&str>) -> anyhow::Result<kube::Client> {
+    let options = KubeConfigOptions {
+        context: context.map(str::to_owned),
+        ..Default::default()
+    };
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// Running clusters plus the harness process that owns them.
+#[derive(Debug)]
+pub struct ControlPlane {
+    /// Working directory of the harness (kubeconfigs, logs under `logs/`, etcd data).
+    pub dir: PathBuf,
+    /// The clusters, in the order they were named.
+    pub clusters: Vec<ClusterInfo>,
+    merged_kubeconfig: PathBuf,
+    harness: Mutex<Option<Harness>>,
+}
+
+#[derive(Debug)]
+struct Harness {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    // Kept open so that nothing the harness prints can fail with EPIPE.
+    _stdout: BufReader<ChildStdout>,
+}
+
+#[derive(Deserialize)]
+struct Summary {
+    ready: bool,
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    clusters: Vec<ClusterInfo>,
+}
+
+static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+static ATEXIT: Once = Once::new();
+
+/// The control plane shared by every test in this test binary: clusters `upstream`, `down1`
+/// and `down2`, started on first use and torn down when the process exits.
+///
+/// Panics (every test that asks, with the same message) when it cannot start, e.g. when the
+/// kube binaries were never built: run `tests/controlplane/cp build`.
+pub fn control_plane() -> &'static ControlPlane {
+    let started = SHARED.get_or_init(|| {
+        let cp = ControlPlane::start(&[UPSTREAM, DOWNSTREAM_1, DOWNSTREAM_2])
+            .map_err(|e| format!("{e:#}"))?;
+        ATEXIT.call_once(|| {
+            // SAFETY: registering a plain `extern "C" fn` with no arguments is always sound.
+            unsafe {
+                libc::atexit(shutdown_shared);
+            }
+        });
+        Ok(cp)
+    });
+    match started {
+        Ok(cp) => cp,
+        Err(msg) => panic!("the local control plane is not available: {msg}"),
+    }
+}
+
+extern "C" fn shutdown_shared() {
+    if let Some(Ok(cp)) = SHARED.get() {
+        cp.shutdown();
+    }
+}
+
+/// `tests/controlplane/cp`, the harness script.
+pub fn cp_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("controlplane/cp")
+}
+
+impl ControlPlane {
+    /// Starts a private control plane with the given cluster names (the first is the current
+    /// context of the merged kubeconfig). It is torn down when dropped. Use this for tests
+    /// that stop clusters or otherwise disturb them; everything else shares [`control_plane`].
+    pub fn start(names: &[&str]) -> anyhow::Result<ControlPlane> {
+        let dir = tempfile::Builder::new()
+            .prefix("helmop-cp-")
+            .tempdir()
+            .context("cannot create a directory for the control plane")?
+            .keep();
+        let log_path = dir.join("harness.log");
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("cannot create {}", log_path.display()))?;
+        let mut cmd = Command::new(cp_script());
+        cmd.arg("up")
+            .arg("--foreground")
+            .arg("--names")
+            .arg(names.join(","))
+            .arg("--dir")
+            .arg(&dir);
+        if std::env::var_os("HELMOP_KEEP_CLUSTER_DIR").is_none() {
+            cmd.arg("--remove-dir");
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot run {}", cp_script().display()))?;
+        let stdin = child.stdin.take();
+        let mut stdout = match child.stdout.take() {
+            Some(out) => BufReader::new(out),
+            None => bail!("the harness has no stdout pipe"),
+        };
+        let mut line = String::new();
+        let read = stdout.read_line(&mut line);
+        if !matches!(read, Ok(n) if n > 0) {
+            drop(stdin);
+            let _ = child.wait();
+            bail!(
+                "`{} up` exited before the clusters were ready. Last lines of {}:\n{}\n\
+                 If the kube binaries are missing, run `tests/controlplane/cp build` first.",
+                cp_script().display(),
+                log_path.display(),
+                tail(&log_path, 25)
+            );
+        }
+        let summary: Summary = serde_json::from_str(line.trim())
+            .with_context(|| format!("unexpected harness output: {line}"))?;
+        if !summary.ready {
+            bail!("the harness reported not ready: {line}");
+        }
+        Ok(ControlPlane {
+            dir: summary.dir,
+            clusters: summary.clusters,
+            merged_kubeconfig: summary.kubeconfig,
+            harness: Mutex::new(Some(Harness {
+                child,
+                stdin,
+                _stdout: stdout,
+            })),
+        })
+    }
+
+    /// The cluster called `name`; panics naming the clusters there are.
+    pub fn cluster(&self, name: &str) -> &ClusterInfo {
+        match self.clusters.iter().find(|c| c.name == name) {
+            Some(c) => c,
+            None => {
+                let names: Vec<&str> = self.clusters.iter().map(|c| c.name.as_str()).collect();
+                panic!("no cluster {name:?} in the control plane (have {names:?})")
+            }
+        }
+    }
+
+    /// The upstream (management) cluster.
+    pub fn upstream(&self) -> &ClusterInfo {
+        self.cluster(UPSTREAM)
+    }
+
+    /// A kubeconfig with one context per cluster (named like the cluster); the first cluster is
+    /// the current context.
+    pub fn merged_kubeconfig(&self) -> PathBuf {
+        self.merged_kubeconfig.clone()
+    }
+
+    /// Stops the kube-apiserver of one cluster (its etcd keeps the data, its address stays
+    /// reserved) until [`ControlPlane::start_cluster`]. Do not use on the shared control plane:
+    /// other tests run against it concurrently.
+    pub fn stop_cluster(&self, name: &str) -> anyhow::Result<()> {
+        self.run_script("stop-cluster", name)
+    }
+
+    /// Starts a stopped kube-apiserver again with the same flags and waits until it is ready.
+    pub fn start_cluster(&self, name: &str) -> anyhow::Result<()> {
+        self.run_script("start-cluster", name)
+    }
+
+    fn run_script(&self, subcommand: &str, name: &str) -> anyhow::Result<()> {
+        let out = Command::new(cp_script())
+            .arg(subcommand)
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg(name)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("cannot run {}", cp_script().display()))?;
+        if !out.status.success() {
+            bail!(
+                "cp {subcommand} {name} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
+    /// Tears the clusters down and waits for the harness to finish (idempotent).
+    pub fn shutdown(&self) {
+        let harness = match self.harness.lock() {
+            Ok(mut guard) => guard.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        let Some(mut harness) = harness else { return };
+        // EOF on its stdin is the harness's signal to tear down.
+        drop(harness.stdin.take());
+        let deadline = Instant::now() + TEARDOWN_TIMEOUT;
+        while Instant::now() < deadline {
+            match harness.child.try_wait() {
+                Ok(Some(_)) | Err(_) => return,
+                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        eprintln!(
+            "helmop-tests: the control plane in {} did not stop within {TEARDOWN_TIMEOUT:?}",
+            self.dir.display()
+        );
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let mut text = String::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let _ = f.read_to_string(&mut text);
+    }
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}

@@ -1,0 +1,177 @@
+//! Fleet objects (HelmOp, Cluster, ClusterGroup, BundleDeployment) as dynamic objects.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, bail};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+use crate::controlplane::ClusterInfo;
+use crate::objects::create_secret;
+
+/// `apiVersion` of every Fleet kind.
+pub const FLEET_API_VERSION: &str = "fleet.cattle.io/v1alpha1";
+const FIELD_MANAGER: &str = "helmop-tests";
+
+fn fleet_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: "fleet.cattle.io".to_owned(),
+        version: "v1alpha1".to_owned(),
+        api_version: FLEET_API_VERSION.to_owned(),
+        kind: kind.to_owned(),
+        plural: plural.to_owned(),
+    }
+}
+
+pub fn helmop_resource() -> ApiResource {
+    fleet_resource("HelmOp", "helmops")
+}
+pub fn cluster_resource() -> ApiResource {
+    fleet_resource("Cluster", "clusters")
+}
+pub fn cluster_group_resource() -> ApiResource {
+    fleet_resource("ClusterGroup", "clustergroups")
+}
+pub fn bundle_deployment_resource() -> ApiResource {
+    fleet_resource("BundleDeployment", "bundledeployments")
+}
+
+/// A namespaced API for one of the Fleet kinds above.
+pub fn fleet_api(client: &Client, namespace: &str, resource: &ApiResource) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), namespace, resource)
+}
+
+/// Creates a Fleet object from JSON (`apiVersion`/`kind` filled in when absent, namespace set).
+pub async fn create_fleet_object(
+    client: &Client,
+    namespace: &str,
+    resource: &ApiResource,
+    mut object: Value,
+) -> anyhow::Result<DynamicObject> {
+    complete(&mut object, namespace, resource)?;
+    let obj: DynamicObject = serde_json::from_value(object)?;
+    let name = obj.metadata.name.clone().unwrap_or_default();
+    fleet_api(client, namespace, resource)
+        .create(&PostParams::default(), &obj)
+        .await
+        .with_context(|| format!("creating {} {namespace}/{name}", resource.kind))
+}
+
+/// Creates or updates (server-side apply, field manager `helmop-tests`) a HelmOp given as YAML
+/// or JSON. Its namespace is `namespace`; a document naming another namespace is an error.
+pub async fn apply_helmop(
+    client: &Client,
+    namespace: &str,
+    document: &str,
+) -> anyhow::Result<DynamicObject> {
+    let mut object: Value = match serde_json::from_str(document) {
+        Ok(v) => v,
+        Err(_) => serde_saphyr::from_str(document).context("HelmOp is neither JSON nor YAML")?,
+    };
+    let resource = helmop_resource();
+    complete(&mut object, namespace, &resource)?;
+    let name = match object.pointer("/metadata/name").and_then(Value::as_str) {
+        Some(n) => n.to_owned(),
+        None => bail!("HelmOp has no metadata.name"),
+    };
+    fleet_api(client, namespace, &resource)
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .with_context(|| format!("applying HelmOp {namespace}/{name}"))
+}
+
+/// Registers `target` as a Fleet Cluster `name` in `namespace` of the upstream cluster: a
+/// Secret `<name>-kubeconfig` whose key `value` holds the target's kubeconfig, and a Cluster
+/// with `spec.kubeConfigSecret` pointing at it and the given labels.
+pub async fn register_fleet_cluster(
+    upstream: &Client,
+    namespace: &str,
+    name: &str,
+    labels: &[(&str, &str)],
+    target: &ClusterInfo,
+) -> anyhow::Result<DynamicObject> {
+    let secret = format!("{name}-kubeconfig");
+    create_secret(
+        upstream,
+        namespace,
+        &secret,
+        &[("value", target.kubeconfig_yaml().as_bytes())],
+    )
+    .await?;
+    create_fleet_object(
+        upstream,
+        namespace,
+        &cluster_resource(),
+        json!({
+            "metadata": {"name": name, "labels": label_map(labels)},
+            "spec": {"kubeConfigSecret": secret},
+        }),
+    )
+    .await
+}
+
+/// Creates a ClusterGroup selecting Clusters by `match_labels`, itself labelled `labels`.
+pub async fn create_cluster_group(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    match_labels: &[(&str, &str)],
+    labels: &[(&str, &str)],
+) -> anyhow::Result<DynamicObject> {
+    create_fleet_object(
+        client,
+        namespace,
+        &cluster_group_resource(),
+        json!({
+            "metadata": {"name": name, "labels": label_map(labels)},
+            "spec": {"selector": {"matchLabels": label_map(match_labels)}},
+        }),
+    )
+    .await
+}
+
+fn label_map(labels: &[(&str, &str)]) -> BTreeMap<String, String> {
+    labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn complete(object: &mut Value, namespace: &str, resource: &ApiResource) -> anyhow::Result<()> {
+    let Some(map) = object.as_object_mut() else {
+        bail!("a {} must be a mapping", resource.kind);
+    };
+    let api_version = map
+        .entry("apiVersion")
+        .or_insert_with(|| Value::from(resource.api_version.clone()));
+    if api_version != resource.api_version.as_str() {
+        bail!("apiVersion {api_version} is not {}", resource.api_version);
+    }
+    let kind = map
+        .entry("kind")
+        .or_insert_with(|| Value::from(resource.kind.clone()));
+    if kind != resource.kind.as_str() {
+        bail!("kind {kind} is not {}", resource.kind);
+    }
+    let Some(meta) = map
+        .entry("metadata")
+        .or_insert_with(|| json!({}))
+        .as_object_mut()
+    else {
+        bail!("metadata must be a mapping");
+    };
+    match meta.get("namespace").and_then(Value::as_str) {
+        Some(ns) if ns != namespace => {
+            bail!("document is for namespace {ns}, expected {namespace}")
+        }
+        _ => {
+            meta.insert("namespace".to_owned(), Value::from(namespace));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,42 @@
+//! Test support for the end-to-end suites: a real local control plane (one upstream and two
+//! downstream kube-apiservers, started once per test binary by `tests/controlplane/cp`), fresh
+//! namespaces, and helpers for the objects helmop works with.
+//!
+//! ```no_run
+//! use helmop_tests::{control_plane, fresh_namespace, UPSTREAM};
+//!
+//! # async fn demo() -> anyhow::Result<()> {
+//! let cp = control_plane();
+//! let client = cp.cluster(UPSTREAM).client().await;
+//! let ns = fresh_namespace(&client, "demo").await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Helpers that talk to a cluster return `anyhow::Result` so tests can use `?`; setting up the
+//! control plane itself panics with a message saying what to do (a missing prerequisite is a
+//! test failure, never a skip).
+
+mod certs;
+mod controlplane;
+mod fleet;
+mod namespaces;
+mod objects;
+mod wait;
+mod webhooks;
+
+pub use certs::{TestCerts, test_certs, test_certs_for};
+pub use controlplane::{
+    ClusterInfo, ControlPlane, DOWNSTREAM_1, DOWNSTREAM_2, UPSTREAM, client_from_kubeconfig,
+    control_plane, cp_script,
+};
+pub use fleet::{
+    FLEET_API_VERSION, apply_helmop, bundle_deployment_resource, cluster_group_resource,
+    cluster_resource, create_cluster_group, create_fleet_object, fleet_api, helmop_resource,
+    register_fleet_cluster,
+};
+pub use namespaces::{TEST_NAMESPACE_LABEL, fresh_namespace, fresh_namespace_with_labels};
+pub use objects::{create_config_map, create_secret};
+pub use wait::{DEFAULT_TIMEOUT, wait_for, wait_until};
+pub use webhooks::{
+    WebhookKind, WebhookRegistration, WebhookRule, register_webhook, unregister_webhook,
+};

@@ -1,0 +1,7 @@
+//! End-to-end tests against real local kube-apiservers: one control plane (clusters
+//! `upstream`, `down1`, `down2`) is started per test binary by `helmop_tests::control_plane()`
+//! and torn down when the binary exits. Build the binaries once with
+//! `tests/controlplane/cp build`; see tests/controlplane/README.md.
+
+mod controlplane;
+mod webhook;

@@ -1,0 +1,482 @@
+//! The AdmissionReview v1 wire format: decoding requests, encoding [`Verdict`]s.
+//!
+//! Requests are decoded with kube's `AdmissionReview<DynamicObject>`. Responses are encoded with our own structs:
+//! kube 5's `AdmissionResponse` serializes `patch` as a JSON array of numbers (a `Vec<u8>`), while the API server
+//! wants the base64 string of the JSON patch, and it emits the whole `metav1.Status` even on success.
+//!
+//! Decoding errors never quote the input: a serde message such as `invalid type: string "hunter2"` would copy
+//! object data (possibly a Secret's) into the 400 body and the log line, so only the error class, the position and
+//! field names from the schema are reported.
+
+use base64::Engine;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionReview, Operation};
+use serde::{Deserialize, Serialize};
+
+use crate::verdict::Verdict;
+
+pub const API_VERSION: &str = "admission.k8s.io/v1";
+pub const KIND: &str = "AdmissionReview";
+
+/// Largest accepted request body. The API server caps objects at 3 MiB (etcd's default limit) and a review
+/// carries the object and the old object, plus framing.
+pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
+
+/// Why a body is not an AdmissionReview v1 this webhook can answer (HTTP 400).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("malformed AdmissionReview: not valid JSON (line {line}, column {column})")]
+    Syntax { line: usize, column: usize },
+    #[error("malformed AdmissionReview: body ends early (line {line}, column {column})")]
+    Eof { line: usize, column: usize },
+    #[error("malformed AdmissionReview: {detail} (line {line}, column {column})")]
+    Schema {
+        detail: String,
+        line: usize,
+        column: usize,
+    },
+    #[error(
+        "unsupported review {api_version:?} kind {kind:?}: this webhook speaks {API_VERSION} {KIND} only"
+    )]
+    WrongVersion { api_version: String, kind: String },
+    #[error("AdmissionReview has no request")]
+    MissingRequest,
+}
+
+/// Only `apiVersion` and `kind`, to name the version of a body that failed to decode as v1.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Header {
+    #[serde(default)]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+}
+
+fn truncated(s: &str) -> String {
+    const MAX: usize = 64;
+    match s.char_indices().nth(MAX) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
+fn check_header(api_version: &str, kind: &str) -> Result<(), DecodeError> {
+    if api_version == API_VERSION && kind == KIND {
+        Ok(())
+    } else {
+        Err(DecodeError::WrongVersion {
+            api_version: truncated(api_version),
+            kind: truncated(kind),
+        })
+    }
+}
+
+fn from_serde(e: &serde_json::Error) -> DecodeError {
+    let (line, column) = (e.line(), e.column());
+    match e.classify() {
+        serde_json::error::Category::Eof => DecodeError::Eof { line, column },
+        serde_json::error::Category::Syntax | serde_json::error::Category::Io => {
+            DecodeError::Syntax { line, column }
+        }
+        serde_json::error::Category::Data => {
+            // Messages that name schema fields only are safe to pass on; anything else may quote the input.
+            let msg = e.to_string();
+            let detail = ["missing field `", "duplicate field `"]
+                .iter()
+                .find(|prefix| msg.starts_with(*prefix))
+                .and_then(|_| msg.split(" at line ").next())
+                .map(str::to_owned)
+                .unwrap_or_else(|| {
+                    "a field has the wrong type or value for AdmissionReview v1".to_owned()
+                });
+            DecodeError::Schema {
+                detail,
+                line,
+                column,
+            }
+        }
+    }
+}
+
+/// Decodes a request body into the request of an AdmissionReview v1.
+pub fn decode(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, DecodeError> {
+    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+        Ok(review) => review,
+        Err(e) => {
+            // A v1beta1 (or other) review may fail the v1 schema before its version is looked at; name the version
+            // when it is the real problem.
+            if let Ok(header) = serde_json::from_slice::<Header>(body)
+                && !(header.api_version.is_empty() && header.kind.is_empty())
+            {
+                check_header(&header.api_version, &header.kind)?;
+            }
+            return Err(from_serde(&e));
+        }
+    };
+    check_header(&review.types.api_version, &review.types.kind)?;
+    review.try_into().map_err(|_| DecodeError::MissingRequest)
+}
+
+/// The short name of an operation, for logs and metric labels.
+pub fn operation_name(op: &Operation) -> &'static str {
+    match op {
+        Operation::Create => "CREATE",
+        Operation::Update => "UPDATE",
+        Operation::Delete => "DELETE",
+        Operation::Connect => "CONNECT",
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewOut<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    response: ResponseOut<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ResponseOut<'a> {
+    uid: &'a str,
+    allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<StatusOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<String>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    warnings: &'a [String],
+}
+
+/// The subset of `metav1.Status` the API server reads from a denial.
+#[derive(Serialize)]
+struct StatusOut<'a> {
+    status: &'static str,
+    code: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'static str>,
+    message: &'a str,
+}
+
+/// A denial code the API server can pass on: an HTTP error status, else 403.
+fn denial_code(code: u16) -> u16 {
+    if (400..=599).contains(&code) {
+        code
+    } else {
+        403
+    }
+}
+
+fn reason(code: u16) -> Option<&'static str> {
+    Some(match code {
+        400 => "BadRequest",
+        403 => "Forbidden",
+        404 => "NotFound",
+        409 => "Conflict",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        500 => "InternalError",
+        503 => "ServiceUnavailable",
+        504 => "Timeout",
+        _ => return None,
+    })
+}
+
+/// What an encoded response did, for the log line and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Encoded {
+    pub allowed: bool,
+    /// Operations in the patch sent (0 when none was sent).
+    pub patch_ops: usize,
+    /// The denial code sent (0 when allowed).
+    pub code: u16,
+}
+
+/// Encodes the AdmissionReview v1 response to the request `uid`. Patches are sent only by mutating webhooks and
+/// only when non-empty; a patch that cannot be serialized turns into a 500 denial (never a silent allow).
+pub fn encode(uid: &str, verdict: &Verdict, mutating: bool) -> (Vec<u8>, Encoded) {
+    let (status, patch, warnings) = match verdict {
+        Verdict::Allow { patch, warnings } => {
+            let patch = patch.as_ref().filter(|p| mutating && !p.0.is_empty());
+            match patch
+                .map(|p| serde_json::to_vec(p).map(|json| (json, p.0.len())))
+                .transpose()
+            {
+                Ok(patch) => (None, patch, warnings),
+                Err(_) => (
+                    Some((500, "helmop webhook could not encode its patch")),
+                    None,
+                    warnings,
+                ),
+            }
+        }
+        Verdict::Deny {
+            message,
+            code,
+            warnings,
+        } => (Some((denial_code(*code), message.as_str())), None, warnings),
+    };
+    let summary = Encoded {
+        allowed: status.is_none(),
+        patch_ops: patch.as_ref().map_or(0, |(_, ops)| *ops),
+        code: status.map_or(0, |(code, _)| code),
+    };
+    let review = ReviewOut {
+        api_version: API_VERSION,
+        kind: KIND,
+        response: ResponseOut {
+            uid,
+            allowed: status.is_none(),
+            status: status.map(|(code, message)| StatusOut {
+                status: "Failure",
+                code,
+                reason: reason(code),
+                message,
+            }),
+            patch_type: patch.as_ref().map(|_| "JSONPatch"),
+            patch: patch.map(|(json, _)| base64::engine::general_purpose::STANDARD.encode(json)),
+            warnings,
+        },
+    };
+    // Serializing these plain structs cannot fail (only strings, bools and integers).
+    let body = serde_json::to_vec(&review).unwrap_or_default();
+    (body, summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn review(api_version: &str, request: Option<Value>) -> Vec<u8> {
+        let mut v = json!({"apiVersion": api_version, "kind": "AdmissionReview"});
+        if let Some(r) = request {
+            v["request"] = r;
+        }
+        serde_json::to_vec(&v).unwrap()
+    }
+
+    fn request() -> Value {
+        json!({
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "", "version": "v1", "kind": "Secret"},
+            "resource": {"group": "", "version": "v1", "resource": "secrets"},
+            "namespace": "team-a", "name": "db", "operation": "DELETE",
+            "userInfo": {"username": "alice"},
+            "oldObject": {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db", "namespace": "team-a"},
+                          "data": {"password": "aHVudGVyMg=="}},
+            "dryRun": true
+        })
+    }
+
+    #[test]
+    fn decodes_v1_and_keeps_dry_run() {
+        let req = decode(&review(API_VERSION, Some(request()))).unwrap();
+        assert_eq!(req.uid, "705ab4f5-6393-11e8-b7cc-42010a800002");
+        assert!(req.dry_run);
+        assert_eq!(operation_name(&req.operation), "DELETE");
+        assert_eq!(req.types.api_version, API_VERSION);
+        assert_eq!(
+            req.old_object.unwrap().data["data"]["password"],
+            "aHVudGVyMg=="
+        );
+    }
+
+    #[test]
+    fn rejects_other_versions_kinds_and_missing_request() {
+        let err = decode(&review("admission.k8s.io/v1beta1", Some(request()))).unwrap_err();
+        assert!(
+            matches!(&err, DecodeError::WrongVersion { api_version, .. } if api_version == "admission.k8s.io/v1beta1")
+        );
+        let mut wrong_kind: Value =
+            serde_json::from_slice(&review(API_VERSION, Some(request()))).unwrap();
+        wrong_kind["kind"] = json!("ConversionReview");
+        assert!(matches!(
+            decode(&serde_json::to_vec(&wrong_kind).unwrap()),
+            Err(DecodeError::WrongVersion { .. })
+        ));
+        assert_eq!(
+            decode(&review(API_VERSION, None)).unwrap_err(),
+            DecodeError::MissingRequest
+        );
+        // Version is named even when the body also fails the v1 schema.
+        assert!(matches!(
+            decode(br#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{"uid":1}}"#),
+            Err(DecodeError::WrongVersion { .. })
+        ));
+    }
+
+    #[test]
+    fn malformed_bodies_name_the_problem_without_quoting_input() {
+        assert!(matches!(
+            decode(b"{not json"),
+            Err(DecodeError::Syntax { line: 1, .. })
+        ));
+        assert!(matches!(
+            decode(br#"{"apiVersion":"#),
+            Err(DecodeError::Eof { .. })
+        ));
+        assert!(matches!(decode(b""), Err(DecodeError::Eof { .. })));
+        assert!(matches!(decode(b"[]"), Err(DecodeError::Schema { .. })));
+        let mut missing_uid = request();
+        missing_uid.as_object_mut().unwrap().remove("uid");
+        let err = decode(&review(API_VERSION, Some(missing_uid))).unwrap_err();
+        assert!(err.to_string().contains("missing field `uid`"), "{err}");
+
+        // A wrongly typed field holding a secret value must not be echoed.
+        let mut leaky = request();
+        leaky["operation"] = json!("s3cr3t-value-XYZ");
+        let err = decode(&review(API_VERSION, Some(leaky)))
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("s3cr3t"), "{err}");
+        let mut leaky = request();
+        leaky["name"] = json!({"nested": "s3cr3t-value-XYZ"});
+        let err = decode(&review(API_VERSION, Some(leaky)))
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("s3cr3t"), "{err}");
+        let long = "v".repeat(1000);
+        let err = decode(&review(&long, Some(request())))
+            .unwrap_err()
+            .to_string();
+        assert!(err.len() < 300, "{err}");
+    }
+
+    fn parse(body: &[u8]) -> Value {
+        serde_json::from_slice(body).unwrap()
+    }
+
+    #[test]
+    fn allow_is_minimal() {
+        let (body, summary) = encode("u1", &Verdict::allow(), true);
+        assert_eq!(
+            parse(&body),
+            json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                   "response": {"uid": "u1", "allowed": true}})
+        );
+        assert_eq!(
+            summary,
+            Encoded {
+                allowed: true,
+                patch_ops: 0,
+                code: 0
+            }
+        );
+    }
+
+    #[test]
+    fn patch_is_base64_of_the_json_patch_and_only_when_mutating_and_non_empty() {
+        let patch: json_patch::Patch = serde_json::from_value(json!([
+            {"op": "add", "path": "/metadata/annotations/helmop.dev~1config-hash", "value": "v1:abc"}
+        ]))
+        .unwrap();
+        let verdict = Verdict::Allow {
+            patch: Some(patch.clone()),
+            warnings: vec!["w".into()],
+        };
+        let (body, summary) = encode("u2", &verdict, true);
+        let v = parse(&body);
+        assert_eq!(v["response"]["patchType"], "JSONPatch");
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(v["response"]["patch"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(
+            serde_json::from_slice::<json_patch::Patch>(&decoded).unwrap(),
+            patch
+        );
+        assert_eq!(v["response"]["warnings"], json!(["w"]));
+        assert_eq!(summary.patch_ops, 1);
+
+        let (body, summary) = encode("u2", &verdict, false);
+        assert!(
+            parse(&body)["response"].get("patch").is_none(),
+            "validating webhooks never patch"
+        );
+        assert_eq!(summary.patch_ops, 0);
+
+        let empty = Verdict::Allow {
+            patch: Some(json_patch::Patch(vec![])),
+            warnings: vec![],
+        };
+        let v = parse(&encode("u3", &empty, true).0);
+        assert!(
+            v["response"].get("patch").is_none() && v["response"].get("patchType").is_none(),
+            "{v}"
+        );
+    }
+
+    #[test]
+    fn deny_carries_status_and_warnings() {
+        let verdict = Verdict::Deny {
+            message: "two problems".into(),
+            code: 403,
+            warnings: vec!["w1".into()],
+        };
+        let (body, summary) = encode("u4", &verdict, false);
+        assert_eq!(
+            parse(&body)["response"],
+            json!({"uid": "u4", "allowed": false, "warnings": ["w1"],
+                   "status": {"status": "Failure", "code": 403, "reason": "Forbidden", "message": "two problems"}})
+        );
+        assert_eq!(
+            summary,
+            Encoded {
+                allowed: false,
+                patch_ops: 0,
+                code: 403
+            }
+        );
+        let odd = Verdict::Deny {
+            message: "m".into(),
+            code: 200,
+            warnings: vec![],
+        };
+        assert_eq!(
+            parse(&encode("u5", &odd, false).0)["response"]["status"]["code"],
+            403
+        );
+        let internal = Verdict::Deny {
+            message: "m".into(),
+            code: 500,
+            warnings: vec![],
+        };
+        assert_eq!(
+            parse(&encode("u5", &internal, false).0)["response"]["status"]["reason"],
+            "InternalError"
+        );
+    }
+
+    #[test]
+    fn kube_helper_still_emits_a_byte_array_patch() {
+        // Why we encode ourselves: if this starts failing, kube fixed the bug and our structs could be dropped.
+        let req = decode(&review(API_VERSION, Some(request()))).unwrap();
+        let mut resp = kube::core::admission::AdmissionResponse::from(&req);
+        resp.patch = Some(br#"[{"op":"remove","path":"/x"}]"#.to_vec());
+        let resp = resp.into_review();
+        let v = serde_json::to_value(&resp).unwrap();
+        assert!(v["response"]["patch"].is_array(), "{v}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn decoding_never_panics_and_never_echoes_values(
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512),
+            field in "(uid|name|namespace|operation|kind|resource|dryRun|userInfo|object|options)",
+            cut in 0usize..600,
+        ) {
+            let _ = decode(&bytes);
+            // A planted value in any field, with the body possibly truncated: the error never quotes it.
+            let mut v: Value = serde_json::from_slice(&review(API_VERSION, Some(request()))).unwrap();
+            v["request"][field.as_str()] = json!("PLANTED-s3cr3t");
+            let body = serde_json::to_vec(&v).unwrap();
+            let body = &body[..cut.min(body.len())];
+            if let Err(e) = decode(body) {
+                proptest::prop_assert!(!e.to_string().contains("PLANTED"), "{}", e);
+            }
+        }
+    }
+}

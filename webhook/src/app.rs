@@ -1,0 +1,81 @@
+//! Production wiring: logging, the cluster client, the live handlers and the server.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use kube::core::DynamicObject;
+use kube::core::admission::AdmissionRequest;
+
+use crate::cli::{Cli, LogFormat};
+use crate::error::Result;
+use crate::handlers;
+use crate::metrics::Metrics;
+use crate::server::{self, Handlers, Server, Webhook};
+use crate::state::{AppState, Options};
+use crate::verdict::Verdict;
+
+impl Handlers for AppState {
+    fn review<'a>(
+        &'a self,
+        webhook: Webhook,
+        req: &'a AdmissionRequest<DynamicObject>,
+    ) -> BoxFuture<'a, Verdict> {
+        match webhook {
+            Webhook::Helmops => Box::pin(handlers::validate_helmop(self, req)),
+            Webhook::References => Box::pin(handlers::guard_reference(self, req)),
+            Webhook::Workloads => Box::pin(handlers::mutate_workload(self, req)),
+        }
+    }
+
+    fn ready(&self) -> bool {
+        AppState::ready(self)
+    }
+}
+
+/// Logs to stderr, one JSON object (or text line) per event; `RUST_LOG` filters (default `info`).
+pub fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // A second initialisation (tests) keeps the first subscriber.
+    let _ = match format {
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// Replaces the default panic message, which would print the payload (an `expect` on a serde error can carry
+/// object data), with the location and only literal payloads.
+pub fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let location = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let message = info
+            .payload()
+            .downcast_ref::<&'static str>()
+            .copied()
+            .unwrap_or("(formatted message withheld)");
+        tracing::error!(location = %location, message, "panic");
+    }));
+}
+
+/// Runs the webhook until SIGTERM/SIGINT.
+pub async fn run(cli: Cli) -> Result<()> {
+    let metrics = Metrics::new();
+    let client = kube::Client::try_default().await?;
+    let options = Options {
+        digest_cache_entries: cli.digest_cache_entries,
+        ..Options::default()
+    };
+    let state = AppState::start_with(client, cli.config(), &metrics, options).await?;
+    let server = Server::bind(cli.serve_options(), Arc::new(state), metrics).await?;
+    server.run(server::shutdown_signal().await?).await
+}

@@ -1,0 +1,620 @@
+//! One-shot installers run as Jobs from the webhook image (`helmop-bootstrap`), so the manifests need no
+//! shell, no openssl and no third-party image:
+//!
+//! - `hash-key`: creates the hash-key Secret with fresh random bytes when it does not exist; never overwrites.
+//! - `tls`: for clusters without cert-manager, keeps a CA (its own Secret) and a serving certificate for the
+//!   webhook Service (Secret `kubernetes.io/tls`, mounted by the Deployment), renews the certificate when it
+//!   nears expiry (the pods reload it from the volume), and writes the CA into the webhook configurations'
+//!   `caBundle`. Idempotent: run it again any time; a CronJob does, daily.
+
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+use std::collections::BTreeMap;
+
+use crate::cli::SecretRef;
+use crate::error::{Error, Result};
+
+/// Label on every Secret this module writes; Secrets without it are never modified.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "helmop-bootstrap");
+/// Annotation with the certificate's expiry (unix seconds), so renewal needs no X.509 parser.
+pub const NOT_AFTER: &str = "helmop.dev/not-after";
+/// Annotation with the DNS names the certificate was issued for (comma separated).
+pub const DNS_NAMES: &str = "helmop.dev/dns-names";
+
+const HASH_KEY_BYTES: usize = 32;
+const CA_COMMON_NAME: &str = "helmop-webhook-ca";
+const CA_VALIDITY_DAYS: u32 = 3650;
+
+fn bootstrap_error(msg: impl Into<String>) -> Error {
+    Error::Bootstrap(msg.into())
+}
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(status) if status.code == 409)
+}
+
+fn managed_labels() -> BTreeMap<String, String> {
+    BTreeMap::from([(MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned())])
+}
+
+fn is_managed(secret: &Secret) -> bool {
+    secret
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(MANAGED_BY.0))
+        .is_some_and(|v| v == MANAGED_BY.1)
+}
+
+/// What [`ensure_hash_key`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HashKeyOutcome {
+    Created,
+    AlreadyPresent,
+}
+
+fn random_bytes(n: usize) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; n];
+    crate::tls::provider()
+        .secure_random
+        .fill(&mut buf)
+        .map_err(|_| bootstrap_error("the system random number generator failed"))?;
+    Ok(buf)
+}
+
+/// A new hash-key Secret: `HASH_KEY_BYTES` random bytes under data key `key`, immutable (rotate by deleting it).
+pub fn hash_key_secret(name: &str, key: Vec<u8>) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(managed_labels()),
+            ..Default::default()
+        },
+        type_: Some("Opaque".to_owned()),
+        immutable: Some(true),
+        data: Some(BTreeMap::from([("key".to_owned(), ByteString(key))])),
+        ..Default::default()
+    }
+}
+
+fn check_hash_key(secret: &Secret, at: &SecretRef) -> Result<()> {
+    match secret.data.as_ref().and_then(|d| d.get("key")) {
+        Some(key) if key.0.len() >= helmop_core::hash::HashKey::MIN_LEN => Ok(()),
+        Some(key) => Err(bootstrap_error(format!(
+            "secret {at} holds a {}-byte key, at least {} are needed; delete it and run again",
+            key.0.len(),
+            helmop_core::hash::HashKey::MIN_LEN
+        ))),
+        None => Err(bootstrap_error(format!(
+            "secret {at} exists without data key `key`; delete it and run again"
+        ))),
+    }
+}
+
+/// Creates the hash-key Secret unless it exists; an existing one is checked, never changed.
+pub async fn ensure_hash_key(client: Client, at: &SecretRef) -> Result<HashKeyOutcome> {
+    let api: Api<Secret> = Api::namespaced(client, &at.namespace);
+    if let Some(existing) = api.get_opt(&at.name).await? {
+        check_hash_key(&existing, at)?;
+        return Ok(HashKeyOutcome::AlreadyPresent);
+    }
+    let secret = hash_key_secret(&at.name, random_bytes(HASH_KEY_BYTES)?);
+    match api.create(&PostParams::default(), &secret).await {
+        Ok(_) => Ok(HashKeyOutcome::Created),
+        // Someone else created it between our GET and POST: theirs stands.
+        Err(e) if is_conflict(&e) => {
+            let existing = api.get(&at.name).await?;
+            check_hash_key(&existing, at)?;
+            Ok(HashKeyOutcome::AlreadyPresent)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A PEM certificate and key, with the expiry written into the Secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pem {
+    pub cert: String,
+    pub key: String,
+    pub not_after: i64,
+}
+
+fn ca_params() -> Result<rcgen::CertificateParams> {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())
+        .map_err(|e| bootstrap_error(e.to_string()))?;
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, CA_COMMON_NAME);
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
+    Ok(params)
+}
+
+fn validity(params: &mut rcgen::CertificateParams, now: i64, days: u32) -> Result<i64> {
+    // Backdated a little for clocks that lag ours.
+    let not_before = now - 3600;
+    let not_after = now + i64::from(days) * 86_400;
+    let at = |t| {
+        time::OffsetDateTime::from_unix_timestamp(t).map_err(|e| bootstrap_error(e.to_string()))
+    };
+    params.not_before = at(not_before)?;
+    params.not_after = at(not_after)?;
+    Ok(not_after)
+}
+
+/// A new CA (ECDSA P-256) valid for ten years from `now` (unix seconds).
+pub fn generate_ca(now: i64) -> Result<Pem> {
+    let key = rcgen::KeyPair::generate().map_err(|e| bootstrap_error(e.to_string()))?;
+    let mut params = ca_params()?;
+    let not_after = validity(&mut params, now, CA_VALIDITY_DAYS)?;
+    let cert = params
+        .self_signed(&key)
+        .map_err(|e| bootstrap_error(e.to_string()))?;
+    Ok(Pem {
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+        not_after,
+    })
+}
+
+/// A serving certificate for `dns_names`, signed by the CA made by [`generate_ca`].
+pub fn issue_serving_cert(ca: &Pem, dns_names: &[String], now: i64, days: u32) -> Result<Pem> {
+    let ca_key =
+        rcgen::KeyPair::from_pem(&ca.key).map_err(|e| bootstrap_error(format!("CA key: {e}")))?;
+    // The issuer is rebuilt from the same parameters as the CA: same subject, and the authority key id is
+    // derived from the CA key, so no X.509 parsing is needed.
+    let issuer = rcgen::Issuer::new(ca_params()?, ca_key);
+    let key = rcgen::KeyPair::generate().map_err(|e| bootstrap_error(e.to_string()))?;
+    let mut params = rcgen::CertificateParams::new(dns_names.to_vec())
+        .map_err(|e| bootstrap_error(e.to_string()))?;
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params.distinguished_name.push(
+        rcgen::DnType::CommonName,
+        dns_names.first().map_or("helmop-webhook", |s| s),
+    );
+    params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let not_after = validity(&mut params, now, days)?;
+    let cert = params
+        .signed_by(&key, &issuer)
+        .map_err(|e| bootstrap_error(e.to_string()))?;
+    Ok(Pem {
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+        not_after,
+    })
+}
+
+/// The names the API server may use for a Service.
+pub fn service_dns_names(service: &str, namespace: &str) -> Vec<String> {
+    vec![
+        format!("{service}.{namespace}.svc"),
+        format!("{service}.{namespace}.svc.cluster.local"),
+        format!("{service}.{namespace}"),
+        service.to_owned(),
+    ]
+}
+
+fn tls_secret(name: &str, pem: &Pem, ca_cert: &str, dns_names: &[String]) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(managed_labels()),
+            annotations: Some(BTreeMap::from([
+                (NOT_AFTER.to_owned(), pem.not_after.to_string()),
+                (DNS_NAMES.to_owned(), dns_names.join(",")),
+            ])),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/tls".to_owned()),
+        data: Some(BTreeMap::from([
+            (
+                "tls.crt".to_owned(),
+                ByteString(pem.cert.clone().into_bytes()),
+            ),
+            (
+                "tls.key".to_owned(),
+                ByteString(pem.key.clone().into_bytes()),
+            ),
+            ("ca.crt".to_owned(), ByteString(ca_cert.as_bytes().to_vec())),
+        ])),
+        ..Default::default()
+    }
+}
+
+fn data_str<'a>(secret: &'a Secret, key: &str) -> Option<&'a str> {
+    secret
+        .data
+        .as_ref()?
+        .get(key)
+        .and_then(|b| std::str::from_utf8(&b.0).ok())
+}
+
+fn pem_from_secret(secret: &Secret) -> Option<Pem> {
+    let not_after = secret
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(NOT_AFTER)?
+        .parse()
+        .ok()?;
+    Some(Pem {
+        cert: data_str(secret, "tls.crt")?.to_owned(),
+        key: data_str(secret, "tls.key")?.to_owned(),
+        not_after,
+    })
+}
+
+/// Why the serving certificate is (re)issued, or `None` to keep it.
+pub fn renewal_reason(
+    secret: &Secret,
+    ca_cert: &str,
+    dns_names: &[String],
+    now: i64,
+    renew_before: Duration,
+) -> Option<&'static str> {
+    let Some(pem) = pem_from_secret(secret) else {
+        return Some("certificate, key or expiry annotation missing");
+    };
+    if data_str(secret, "ca.crt") != Some(ca_cert) {
+        return Some("issued by another CA");
+    }
+    let names = secret
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(DNS_NAMES))
+        .map(String::as_str);
+    if names != Some(dns_names.join(",").as_str()) {
+        return Some("issued for other DNS names");
+    }
+    if crate::tls::load_certified_key(pem.cert.as_bytes(), pem.key.as_bytes()).is_err() {
+        return Some("certificate and key do not load");
+    }
+    let renew_before = i64::try_from(renew_before.as_secs()).unwrap_or(i64::MAX);
+    if pem.not_after.saturating_sub(now) < renew_before {
+        return Some("expires soon");
+    }
+    None
+}
+
+/// Sets `caBundle` on every webhook of a configuration; true when something changed.
+pub fn set_ca_bundle<'a>(
+    configs: impl IntoIterator<Item = &'a mut WebhookClientConfig>,
+    ca_pem: &str,
+) -> bool {
+    let mut changed = false;
+    for config in configs {
+        if config.ca_bundle.as_ref().map(|b| b.0.as_slice()) != Some(ca_pem.as_bytes()) {
+            config.ca_bundle = Some(ByteString(ca_pem.as_bytes().to_vec()));
+            changed = true;
+        }
+    }
+    changed
+}
+
+/// Where [`bootstrap_tls`] keeps things.
+#[derive(Debug, Clone)]
+pub struct TlsTarget {
+    /// The serving certificate Secret mounted by the Deployment.
+    pub secret: SecretRef,
+    /// The CA Secret (certificate and key), kept so renewals keep the same `caBundle`.
+    pub ca_secret: SecretRef,
+    /// The webhook Service name (in `secret.namespace`).
+    pub service: String,
+    /// Name of the Validating- and MutatingWebhookConfiguration to inject the CA into.
+    pub webhook_configuration: String,
+    pub validity_days: u32,
+    pub renew_before: Duration,
+}
+
+/// What [`bootstrap_tls`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsOutcome {
+    pub ca_created: bool,
+    /// Why the serving certificate was issued, `None` when kept.
+    pub issued: Option<&'static str>,
+    pub validating_patched: bool,
+    pub mutating_patched: bool,
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+async fn ensure_ca(api: &Api<Secret>, at: &SecretRef, now: i64) -> Result<(Pem, bool)> {
+    if let Some(existing) = api.get_opt(&at.name).await? {
+        if !is_managed(&existing) {
+            return Err(bootstrap_error(format!(
+                "secret {at} is not managed by helmop-bootstrap; not touching it"
+            )));
+        }
+        return pem_from_secret(&existing)
+            .map(|pem| (pem, false))
+            .ok_or_else(|| {
+                bootstrap_error(format!(
+                    "CA secret {at} is incomplete; delete it and run again"
+                ))
+            });
+    }
+    let ca = generate_ca(now)?;
+    let secret = tls_secret(&at.name, &ca, &ca.cert, &[]);
+    match api.create(&PostParams::default(), &secret).await {
+        Ok(_) => Ok((ca, true)),
+        Err(e) if is_conflict(&e) => {
+            let existing = api.get(&at.name).await?;
+            pem_from_secret(&existing)
+                .map(|pem| (pem, false))
+                .ok_or_else(|| {
+                    bootstrap_error(format!(
+                        "CA secret {at} is incomplete; delete it and run again"
+                    ))
+                })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Ensures CA, serving certificate and `caBundle`s; see the module documentation.
+pub async fn bootstrap_tls(client: Client, target: &TlsTarget) -> Result<TlsOutcome> {
+    let now = unix_now();
+    let ca_api: Api<Secret> = Api::namespaced(client.clone(), &target.ca_secret.namespace);
+    let (ca, ca_created) = ensure_ca(&ca_api, &target.ca_secret, now).await?;
+
+    let api: Api<Secret> = Api::namespaced(client.clone(), &target.secret.namespace);
+    let dns_names = service_dns_names(&target.service, &target.secret.namespace);
+    let existing = api.get_opt(&target.secret.name).await?;
+    let reason = match &existing {
+        Some(s) if !is_managed(s) => {
+            return Err(bootstrap_error(format!(
+                "secret {} is not managed by helmop-bootstrap; not touching it",
+                target.secret
+            )));
+        }
+        Some(s) => renewal_reason(s, &ca.cert, &dns_names, now, target.renew_before),
+        None => Some("no certificate yet"),
+    };
+    if let Some(reason) = reason {
+        let pem = issue_serving_cert(&ca, &dns_names, now, target.validity_days)?;
+        let mut secret = tls_secret(&target.secret.name, &pem, &ca.cert, &dns_names);
+        match existing {
+            // Replace with the read resourceVersion: a concurrent run makes this fail instead of interleaving.
+            Some(old) => {
+                secret.metadata.resource_version = old.metadata.resource_version;
+                api.replace(&target.secret.name, &PostParams::default(), &secret)
+                    .await?;
+            }
+            None => {
+                api.create(&PostParams::default(), &secret).await?;
+            }
+        }
+        tracing::info!(secret = %target.secret, reason, not_after = pem.not_after, "serving certificate issued");
+    }
+
+    let validating_patched = inject::<ValidatingWebhookConfiguration>(
+        &client,
+        &target.webhook_configuration,
+        &ca.cert,
+        |c| {
+            c.webhooks
+                .iter_mut()
+                .flatten()
+                .map(|w| &mut w.client_config)
+                .collect()
+        },
+    )
+    .await?;
+    let mutating_patched = inject::<MutatingWebhookConfiguration>(
+        &client,
+        &target.webhook_configuration,
+        &ca.cert,
+        |c| {
+            c.webhooks
+                .iter_mut()
+                .flatten()
+                .map(|w| &mut w.client_config)
+                .collect()
+        },
+    )
+    .await?;
+    Ok(TlsOutcome {
+        ca_created,
+        issued: reason,
+        validating_patched,
+        mutating_patched,
+    })
+}
+
+async fn inject<K>(
+    client: &Client,
+    name: &str,
+    ca_pem: &str,
+    client_configs: impl Fn(&mut K) -> Vec<&mut WebhookClientConfig>,
+) -> Result<bool>
+where
+    K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::all(client.clone());
+    // A few attempts: another writer (kubectl apply, a second bootstrap run) may bump the resourceVersion.
+    for _ in 0..5 {
+        let Some(mut config) = api.get_opt(name).await? else {
+            return Err(bootstrap_error(format!(
+                "{} {name} not found; apply the manifests first",
+                K::kind(&())
+            )));
+        };
+        if !set_ca_bundle(client_configs(&mut config), ca_pem) {
+            return Ok(false);
+        }
+        match api.replace(name, &PostParams::default(), &config).await {
+            Ok(_) => return Ok(true),
+            Err(e) if is_conflict(&e) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(bootstrap_error(format!(
+        "{} {name} kept changing; run again",
+        K::kind(&())
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_750_000_000;
+
+    fn names() -> Vec<String> {
+        service_dns_names("helmop-webhook", "helmop-system")
+    }
+
+    #[test]
+    fn hash_key_secret_has_32_random_bytes_and_is_immutable() {
+        let a = random_bytes(HASH_KEY_BYTES).unwrap();
+        let b = random_bytes(HASH_KEY_BYTES).unwrap();
+        assert_eq!(a.len(), 32);
+        assert_ne!(a, b);
+        let s = hash_key_secret("helmop-hash-key", a.clone());
+        assert_eq!(s.immutable, Some(true));
+        assert_eq!(s.data.as_ref().unwrap()["key"].0, a);
+        let at = SecretRef {
+            namespace: "helmop-system".into(),
+            name: "helmop-hash-key".into(),
+        };
+        assert!(check_hash_key(&s, &at).is_ok());
+        let short = hash_key_secret("helmop-hash-key", vec![1; 31]);
+        assert!(
+            check_hash_key(&short, &at)
+                .unwrap_err()
+                .to_string()
+                .contains("31-byte")
+        );
+    }
+
+    #[tokio::test]
+    async fn issued_certificate_is_trusted_through_the_ca_for_the_service_name() {
+        let ca = generate_ca(unix_now()).unwrap();
+        let leaf = issue_serving_cert(&ca, &names(), unix_now(), 365).unwrap();
+        let key =
+            crate::tls::load_certified_key(leaf.cert.as_bytes(), leaf.key.as_bytes()).unwrap();
+        let resolver = std::sync::Arc::new(crate::tls::CertResolver::new(key));
+        let server = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(
+            crate::tls::server_config(resolver).unwrap(),
+        ));
+
+        let mut roots = rustls::RootCertStore::empty();
+        use rustls::pki_types::pem::PemObject;
+        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca.cert.as_bytes()) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let client = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client));
+        for name in [
+            "helmop-webhook.helmop-system.svc",
+            "helmop-webhook.helmop-system.svc.cluster.local",
+        ] {
+            let (a, b) = tokio::io::duplex(64 * 1024);
+            let accept = tokio::spawn({
+                let server = server.clone();
+                async move { server.accept(a).await.map(|_| ()) }
+            });
+            let server_name = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
+            let _client = connector
+                .connect(server_name, b)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            accept.await.unwrap().unwrap();
+        }
+        // A name the certificate was not issued for is refused.
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let _accept = tokio::spawn({
+            let server = server.clone();
+            async move { server.accept(a).await.map(|_| ()) }
+        });
+        let other = rustls::pki_types::ServerName::try_from("evil.example.com").unwrap();
+        assert!(connector.connect(other, b).await.is_err());
+    }
+
+    #[test]
+    fn renewal_keeps_a_good_certificate_and_renews_otherwise() {
+        let ca = generate_ca(NOW).unwrap();
+        let leaf = issue_serving_cert(&ca, &names(), NOW, 365).unwrap();
+        let secret = tls_secret("helmop-webhook-tls", &leaf, &ca.cert, &names());
+        let month = Duration::from_secs(30 * 86_400);
+        assert_eq!(
+            renewal_reason(&secret, &ca.cert, &names(), NOW, month),
+            None
+        );
+        assert_eq!(
+            renewal_reason(&secret, &ca.cert, &names(), NOW + 340 * 86_400, month),
+            Some("expires soon")
+        );
+        let other_ca = generate_ca(NOW).unwrap();
+        assert_eq!(
+            renewal_reason(&secret, &other_ca.cert, &names(), NOW, month),
+            Some("issued by another CA")
+        );
+        let renamed = service_dns_names("other", "helmop-system");
+        assert_eq!(
+            renewal_reason(&secret, &ca.cert, &renamed, NOW, month),
+            Some("issued for other DNS names")
+        );
+        let mut broken = secret.clone();
+        broken.metadata.annotations = None;
+        assert!(renewal_reason(&broken, &ca.cert, &names(), NOW, month).is_some());
+        let mut mismatched = secret.clone();
+        let stranger = issue_serving_cert(&ca, &names(), NOW, 365).unwrap();
+        mismatched
+            .data
+            .as_mut()
+            .unwrap()
+            .insert("tls.key".into(), ByteString(stranger.key.into_bytes()));
+        assert_eq!(
+            renewal_reason(&mismatched, &ca.cert, &names(), NOW, month),
+            Some("certificate and key do not load")
+        );
+        assert_eq!(leaf.not_after, NOW + 365 * 86_400);
+        assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
+        assert!(is_managed(&secret));
+    }
+
+    #[test]
+    fn ca_bundle_is_set_on_every_webhook_once() {
+        let mut configs = [
+            WebhookClientConfig::default(),
+            WebhookClientConfig::default(),
+        ];
+        assert!(set_ca_bundle(configs.iter_mut(), "PEM"));
+        assert!(
+            configs
+                .iter()
+                .all(|c| c.ca_bundle.as_ref().unwrap().0 == b"PEM")
+        );
+        assert!(
+            !set_ca_bundle(configs.iter_mut(), "PEM"),
+            "unchanged: no write"
+        );
+        assert!(set_ca_bundle(configs.iter_mut(), "NEW"));
+    }
+}

@@ -1,0 +1,325 @@
+//! The command line (DESIGN section 5 is the contract for the first seven flags).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// Admission webhook for Fleet HelmOps: rejects invalid HelmOps, guards referenced Secrets and ConfigMaps,
+/// stamps content hashes and image digests into opted-in workloads.
+///
+/// Cluster access is found the way kubectl finds it: the in-cluster service account, else KUBECONFIG.
+/// Log verbosity follows RUST_LOG (default `info`).
+#[derive(Debug, Clone, Parser)]
+#[command(name = "helmop-webhook", version)]
+pub struct Cli {
+    /// Address of the HTTPS admission endpoint.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: SocketAddr,
+
+    /// PEM certificate chain served on --listen; re-read when it changes on disk.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: PathBuf,
+
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) for --tls-cert; re-read when it changes on disk.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: PathBuf,
+
+    /// Address of the plain-HTTP admin endpoint: /healthz, /readyz, /metrics.
+    #[arg(long, value_name = "ADDR")]
+    pub admin_listen: SocketAddr,
+
+    /// What to do when a Secret or ConfigMap that a HelmOp lists is deleted.
+    #[arg(long, value_enum, default_value_t = GuardMode::Enforce)]
+    pub guard: GuardMode,
+
+    /// How mutable image tags are handled in opted-in workloads.
+    #[arg(long, value_enum, default_value_t = ImageMode::Pin)]
+    pub image_mode: ImageMode,
+
+    /// Secret holding the hash key (data key `key`).
+    #[arg(long, value_name = "NS/NAME", default_value = "helmop-system/helmop-hash-key", value_parser = parse_secret_ref)]
+    pub hash_key_secret: SecretRef,
+
+    /// Extra image tags treated as mutable besides `latest` and no tag (comma separated or repeated;
+    /// interpreted by the image resolver).
+    #[arg(long, value_name = "PATTERN", value_delimiter = ',')]
+    pub mutable_tags: Vec<String>,
+
+    /// Time budget for resolving image digests in one admission, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 2000)]
+    pub image_budget_ms: u64,
+
+    /// Registry configuration (mirrors, insecure registries) for the image resolver.
+    #[arg(long, value_name = "FILE")]
+    pub registry_config: Option<PathBuf>,
+
+    /// Bound of the content-digest cache, in entries.
+    #[arg(long, value_name = "N", default_value_t = crate::state::DEFAULT_DIGEST_CACHE_ENTRIES)]
+    pub digest_cache_entries: usize,
+
+    /// Log line format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Json)]
+    pub log_format: LogFormat,
+
+    /// Deadline for answering one admission request, in milliseconds; keep it below the smallest
+    /// `timeoutSeconds` of the webhook configurations so the API server gets an answer, not a timeout.
+    #[arg(long, value_name = "MS", default_value_t = 4000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub request_timeout_ms: u64,
+
+    /// On SIGTERM, keep serving (while /readyz reports not ready) for this many seconds before draining, so
+    /// endpoints drop the pod before it stops accepting connections.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    pub shutdown_delay_seconds: u64,
+
+    /// How often the certificate and key files are checked for changes, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
+    pub cert_poll_ms: u64,
+}
+
+/// `--guard`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GuardMode {
+    /// Deny the DELETE while a HelmOp lists the object.
+    Enforce,
+    /// Allow the DELETE with a warning naming the HelmOps.
+    Warn,
+}
+
+/// `--image-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ImageMode {
+    /// Rewrite `repo:tag` to `repo:tag@sha256:...`.
+    Pin,
+    /// Record digests in the `helmop.dev/image-digests` pod-template annotation.
+    Annotate,
+    /// Leave images alone.
+    Off,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+/// A namespaced object name, `NS/NAME`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for SecretRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+fn parse_secret_ref(s: &str) -> Result<SecretRef, String> {
+    match s.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok(SecretRef {
+                namespace: ns.to_owned(),
+                name: name.to_owned(),
+            })
+        }
+        _ => Err(format!("expected NAMESPACE/NAME, got {s:?}")),
+    }
+}
+
+/// What the handlers need to know from the command line (everything but serving and logging).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub guard: GuardMode,
+    pub image_mode: ImageMode,
+    pub hash_key_secret: SecretRef,
+    pub mutable_tags: Vec<String>,
+    pub image_budget: Duration,
+    pub registry_config: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            guard: GuardMode::Enforce,
+            image_mode: ImageMode::Pin,
+            hash_key_secret: SecretRef {
+                namespace: "helmop-system".into(),
+                name: "helmop-hash-key".into(),
+            },
+            mutable_tags: Vec::new(),
+            image_budget: Duration::from_secs(2),
+            registry_config: None,
+        }
+    }
+}
+
+impl Cli {
+    pub fn config(&self) -> Config {
+        Config {
+            guard: self.guard,
+            image_mode: self.image_mode,
+            hash_key_secret: self.hash_key_secret.clone(),
+            mutable_tags: self.mutable_tags.clone(),
+            image_budget: Duration::from_millis(self.image_budget_ms),
+            registry_config: self.registry_config.clone(),
+        }
+    }
+
+    pub fn serve_options(&self) -> crate::server::ServeOptions {
+        crate::server::ServeOptions {
+            listen: self.listen,
+            admin_listen: self.admin_listen,
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
+            request_timeout: Duration::from_millis(self.request_timeout_ms),
+            cert_poll_interval: Duration::from_millis(self.cert_poll_ms),
+            shutdown_delay: Duration::from_secs(self.shutdown_delay_seconds),
+            ..crate::server::ServeOptions::default()
+        }
+    }
+}
+
+/// `helmop-bootstrap`: install-time Jobs shipped in the webhook image (see `manifests/`).
+#[derive(Debug, Clone, Parser)]
+#[command(name = "helmop-bootstrap", version)]
+pub struct BootstrapCli {
+    #[command(subcommand)]
+    pub command: BootstrapCommand,
+
+    /// Log line format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Json, global = true)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum BootstrapCommand {
+    /// Create the hash-key Secret (32 random bytes under data key `key`) unless it exists; never overwrites.
+    HashKey {
+        #[arg(long, value_name = "NS/NAME", default_value = "helmop-system/helmop-hash-key", value_parser = parse_secret_ref)]
+        secret: SecretRef,
+    },
+    /// Without cert-manager: keep a CA and a serving certificate for the webhook Service, renew it before
+    /// expiry, and write the CA into the webhook configurations' caBundle. Safe to re-run.
+    Tls {
+        /// Serving certificate Secret (kubernetes.io/tls) mounted by the webhook Deployment.
+        #[arg(long, value_name = "NS/NAME", default_value = "helmop-system/helmop-webhook-tls", value_parser = parse_secret_ref)]
+        secret: SecretRef,
+        /// CA Secret, kept so renewals keep the same caBundle.
+        #[arg(long, value_name = "NS/NAME", default_value = "helmop-system/helmop-webhook-ca", value_parser = parse_secret_ref)]
+        ca_secret: SecretRef,
+        /// The webhook Service, in the namespace of --secret.
+        #[arg(long, default_value = "helmop-webhook")]
+        service: String,
+        /// Name of the Validating- and MutatingWebhookConfiguration.
+        #[arg(long, default_value = "helmop-webhook")]
+        webhook_configuration: String,
+        #[arg(long, value_name = "DAYS", default_value_t = 365, value_parser = clap::value_parser!(u32).range(2..=3650))]
+        validity_days: u32,
+        /// Renew when fewer days than this remain.
+        #[arg(long, value_name = "DAYS", default_value_t = 30)]
+        renew_before_days: u32,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REQUIRED: [&str; 9] = [
+        "helmop-webhook",
+        "--listen",
+        "127.0.0.1:8443",
+        "--tls-cert",
+        "/c.pem",
+        "--tls-key",
+        "/k.pem",
+        "--admin-listen",
+        "127.0.0.1:8080",
+    ];
+
+    #[test]
+    fn contract_flags_and_defaults() {
+        let cli = Cli::try_parse_from(REQUIRED).unwrap();
+        assert_eq!(cli.listen, "127.0.0.1:8443".parse().unwrap());
+        assert_eq!(cli.admin_listen, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(cli.config(), Config::default());
+        assert_eq!(
+            cli.digest_cache_entries,
+            crate::state::DEFAULT_DIGEST_CACHE_ENTRIES
+        );
+        assert_eq!(cli.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn modes_and_secret_ref() {
+        let mut args = REQUIRED.to_vec();
+        args.extend([
+            "--guard",
+            "warn",
+            "--image-mode",
+            "annotate",
+            "--hash-key-secret",
+            "ops/key",
+            "--mutable-tags",
+            "main,dev-*",
+        ]);
+        let config = Cli::try_parse_from(args).unwrap().config();
+        assert_eq!(config.guard, GuardMode::Warn);
+        assert_eq!(config.image_mode, ImageMode::Annotate);
+        assert_eq!(
+            config.hash_key_secret,
+            SecretRef {
+                namespace: "ops".into(),
+                name: "key".into()
+            }
+        );
+        assert_eq!(config.mutable_tags, ["main", "dev-*"]);
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        for bad in [
+            ["--guard", "off"],
+            ["--image-mode", "digest"],
+            ["--hash-key-secret", "no-namespace"],
+            ["--hash-key-secret", "a/b/c"],
+        ] {
+            let mut args = REQUIRED.to_vec();
+            args.extend(bad);
+            assert!(Cli::try_parse_from(args).is_err(), "{bad:?} accepted");
+        }
+        assert!(
+            Cli::try_parse_from(&REQUIRED[..7]).is_err(),
+            "--admin-listen is required"
+        );
+    }
+
+    #[test]
+    fn bootstrap_subcommands() {
+        let cli = BootstrapCli::try_parse_from(["helmop-bootstrap", "hash-key"]).unwrap();
+        assert!(
+            matches!(cli.command, BootstrapCommand::HashKey { secret } if secret.to_string() == "helmop-system/helmop-hash-key")
+        );
+        let cli = BootstrapCli::try_parse_from([
+            "helmop-bootstrap",
+            "tls",
+            "--service",
+            "wh",
+            "--validity-days",
+            "90",
+        ])
+        .unwrap();
+        assert!(
+            matches!(cli.command, BootstrapCommand::Tls { service, validity_days: 90, .. } if service == "wh")
+        );
+        assert!(BootstrapCli::try_parse_from(["helmop-bootstrap"]).is_err());
+        assert!(
+            BootstrapCli::try_parse_from(["helmop-bootstrap", "tls", "--validity-days", "1"])
+                .is_err()
+        );
+    }
+}

@@ -1,0 +1,327 @@
+//! HelmOp CREATE/UPDATE: the core rules plus the existence of every downstream resource. Fails closed:
+//! when a lookup fails the HelmOp is rejected with code 500 and a message saying why.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use futures::future::join_all;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, Operation};
+
+use helmop_core::names::ANN_ALLOW_MISSING;
+use helmop_core::resource::ResourceRef;
+use helmop_core::validate::{Finding, downstream_refs, validate_helmop_in};
+
+use super::object_name;
+use crate::state::AppState;
+use crate::verdict::Verdict;
+
+pub(super) async fn validate(state: &AppState, req: &AdmissionRequest<DynamicObject>) -> Verdict {
+    if !matches!(req.operation, Operation::Create | Operation::Update) {
+        return Verdict::allow();
+    }
+    let Some(object) = req.object.as_ref() else {
+        return Verdict::Deny {
+            message: "helmop webhook: the admission request carries no HelmOp object".into(),
+            code: 400,
+            warnings: Vec::new(),
+        };
+    };
+    // An object being deleted only loses finalizers from here on; blocking that would leave it stuck.
+    if object.metadata.deletion_timestamp.is_some() {
+        return Verdict::allow();
+    }
+    let name = object_name(req);
+    let value = match serde_json::to_value(object) {
+        Ok(v) => v,
+        Err(_) => {
+            return Verdict::Deny {
+                message: format!("helmop webhook: HelmOp {name} cannot be read as JSON"),
+                code: 400,
+                warnings: Vec::new(),
+            };
+        }
+    };
+    let namespace = req
+        .namespace
+        .clone()
+        .or_else(|| object.metadata.namespace.clone())
+        .unwrap_or_default();
+    let findings = validate_helmop_in(&value, Some(&namespace));
+    let refs = downstream_refs(&value);
+    let missing = match find_missing(state, &namespace, &refs).await {
+        Ok(missing) => missing,
+        Err((r, error)) => {
+            tracing::warn!(helmop = %name, reference = %r, %error, "existence check failed; HelmOp rejected");
+            return Verdict::Deny {
+                message: format!(
+                    "helmop webhook: cannot check that {r} exists in namespace {namespace:?} ({error}); \
+                     HelmOp {name} is rejected until the API server answers, retry"
+                ),
+                code: 500,
+                warnings: Vec::new(),
+            };
+        }
+    };
+    let allow_missing = object
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANN_ALLOW_MISSING))
+        .is_some_and(|v| v == "true");
+    let spec_unchanged = req.operation == Operation::Update
+        && req
+            .old_object
+            .as_ref()
+            .is_some_and(|old| old.data.get("spec") == object.data.get("spec"));
+    decide(
+        &name,
+        &namespace,
+        findings,
+        &missing,
+        Policy {
+            allow_missing,
+            spec_unchanged,
+        },
+    )
+}
+
+/// The entries (path, reference) whose object does not exist. Each distinct object is looked up once,
+/// all concurrently; the first failed lookup is returned as the error.
+async fn find_missing(
+    state: &AppState,
+    namespace: &str,
+    refs: &[(String, ResourceRef)],
+) -> Result<Vec<(String, ResourceRef)>, (ResourceRef, kube::Error)> {
+    let distinct: BTreeSet<&ResourceRef> = refs.iter().map(|(_, r)| r).collect();
+    let lookups = distinct.into_iter().map(|r| async move {
+        let exists = state.caches().exists(namespace, r).await;
+        (r, exists)
+    });
+    let mut exists: BTreeMap<&ResourceRef, bool> = BTreeMap::new();
+    for (r, result) in join_all(lookups).await {
+        match result {
+            Ok(found) => {
+                exists.insert(r, found);
+            }
+            Err(error) => return Err((r.clone(), error)),
+        }
+    }
+    Ok(refs
+        .iter()
+        .filter(|(_, r)| exists.get(r) == Some(&false))
+        .cloned()
+        .collect())
+}
+
+/// What relaxes a denial.
+#[derive(Clone, Copy, Debug, Default)]
+struct Policy {
+    /// `helmop.dev/allow-missing: "true"`: missing objects are warnings.
+    allow_missing: bool,
+    /// An UPDATE that leaves `spec` as it was (labels, annotations, finalizers, e.g. Fleet's own writes):
+    /// problems are reported as warnings, because denying would block whoever manages the metadata
+    /// without making the spec any better.
+    spec_unchanged: bool,
+}
+
+/// The verdict from the core findings and the missing references (pure).
+fn decide(
+    name: &str,
+    namespace: &str,
+    findings: Vec<Finding>,
+    missing: &[(String, ResourceRef)],
+    policy: Policy,
+) -> Verdict {
+    let mut problems = Vec::new();
+    let mut warnings = Vec::new();
+    for finding in findings {
+        if finding.is_deny() {
+            problems.push(finding);
+        } else {
+            warnings.push(finding.to_string());
+        }
+    }
+    for (path, r) in missing {
+        if policy.allow_missing {
+            warnings.push(format!(
+                "{path}: {} {:?} does not exist in namespace {namespace:?} yet; Fleet cannot copy it until it does",
+                r.kind, r.name
+            ));
+        } else {
+            problems.push(Finding::deny(
+                path.clone(),
+                format!(
+                    "{} {:?} does not exist in namespace {namespace:?}; create it first, or annotate the HelmOp \
+                     {ANN_ALLOW_MISSING}=true if it is created later",
+                    r.kind, r.name
+                ),
+            ));
+        }
+    }
+    if problems.is_empty() {
+        return Verdict::allow_with_warnings(warnings);
+    }
+    if policy.spec_unchanged {
+        warnings.extend(
+            problems
+                .iter()
+                .map(|p| format!("{p} (not enforced: this update leaves spec unchanged)")),
+        );
+        return Verdict::allow_with_warnings(warnings);
+    }
+    Verdict::Deny {
+        message: denial_message(name, &problems),
+        code: 403,
+        warnings,
+    }
+}
+
+/// One message listing every problem with its JSON path.
+fn denial_message(name: &str, problems: &[Finding]) -> String {
+    let count = match problems.len() {
+        1 => "1 problem".to_string(),
+        n => format!("{n} problems"),
+    };
+    let mut message = format!("HelmOp {name} has {count}:");
+    for p in problems {
+        message.push_str("\n- ");
+        message.push_str(&p.to_string());
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn missing() -> Vec<(String, ResourceRef)> {
+        vec![
+            (
+                "spec.downstreamResources[1]".into(),
+                ResourceRef::secret("db"),
+            ),
+            (
+                "spec.targets[0].downstreamResources[0]".into(),
+                ResourceRef::config_map("app"),
+            ),
+        ]
+    }
+
+    fn findings() -> Vec<Finding> {
+        vec![
+            Finding::deny(
+                "spec.downstreamResources[0].kind",
+                "kind must be Secret or ConfigMap",
+            ),
+            Finding::warn(
+                "spec.downstreamResources[2].kind",
+                "use the canonical kind ConfigMap",
+            ),
+        ]
+    }
+
+    #[test]
+    fn every_problem_is_listed_with_its_path() {
+        let verdict = decide(
+            "team/app",
+            "team",
+            findings(),
+            &missing(),
+            Policy::default(),
+        );
+        let Verdict::Deny {
+            message,
+            code,
+            warnings,
+        } = verdict
+        else {
+            panic!("allowed: {verdict:?}");
+        };
+        assert_eq!(code, 403);
+        assert_eq!(
+            message,
+            "HelmOp team/app has 3 problems:\n\
+             - spec.downstreamResources[0].kind: kind must be Secret or ConfigMap\n\
+             - spec.downstreamResources[1]: Secret \"db\" does not exist in namespace \"team\"; create it first, \
+             or annotate the HelmOp helmop.dev/allow-missing=true if it is created later\n\
+             - spec.targets[0].downstreamResources[0]: ConfigMap \"app\" does not exist in namespace \"team\"; \
+             create it first, or annotate the HelmOp helmop.dev/allow-missing=true if it is created later"
+        );
+        assert_eq!(
+            warnings,
+            ["spec.downstreamResources[2].kind: use the canonical kind ConfigMap"]
+        );
+    }
+
+    #[test]
+    fn single_problem_wording() {
+        let verdict = decide("ns/x", "ns", vec![], &missing()[..1], Policy::default());
+        let Verdict::Deny { message, .. } = verdict else {
+            panic!("allowed");
+        };
+        assert!(
+            message.starts_with("HelmOp ns/x has 1 problem:\n- spec.downstreamResources[1]: "),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn allow_missing_turns_missing_objects_into_warnings_only() {
+        let policy = Policy {
+            allow_missing: true,
+            ..Policy::default()
+        };
+        // Missing objects alone: admitted with one warning each.
+        let verdict = decide("ns/x", "ns", vec![], &missing(), policy);
+        let Verdict::Allow {
+            patch: None,
+            warnings,
+        } = verdict
+        else {
+            panic!("denied: {verdict:?}");
+        };
+        assert_eq!(warnings.len(), 2);
+        assert!(
+            warnings[0].starts_with("spec.downstreamResources[1]: Secret \"db\" does not exist"),
+            "{warnings:?}"
+        );
+        // A rule violation is still denied, and the missing objects are still reported (as warnings).
+        let verdict = decide("ns/x", "ns", findings(), &missing(), policy);
+        let Verdict::Deny {
+            message, warnings, ..
+        } = verdict
+        else {
+            panic!("allowed");
+        };
+        assert!(
+            message.starts_with("HelmOp ns/x has 1 problem:"),
+            "{message}"
+        );
+        assert_eq!(warnings.len(), 3);
+    }
+
+    #[test]
+    fn unchanged_spec_is_never_denied() {
+        let policy = Policy {
+            spec_unchanged: true,
+            ..Policy::default()
+        };
+        let verdict = decide("ns/x", "ns", findings(), &missing(), policy);
+        let Verdict::Allow { warnings, .. } = verdict else {
+            panic!("denied: {verdict:?}");
+        };
+        assert_eq!(warnings.len(), 4);
+        assert!(
+            warnings[1].ends_with("(not enforced: this update leaves spec unchanged)"),
+            "{warnings:?}"
+        );
+    }
+
+    #[test]
+    fn clean_helmop_is_allowed_without_warnings() {
+        assert_eq!(
+            decide("ns/x", "ns", vec![], &[], Policy::default()),
+            Verdict::allow()
+        );
+    }
+}

@@ -1,0 +1,531 @@
+//! Workload CREATE/UPDATE: stamp `helmop.dev/config-hash` and `helmop.dev/config-refs` into the pod
+//! template of opted-in workloads, then hand over to the image stage. Fails open: a lookup error admits
+//! the workload unchanged (as far as the stamp goes) with a warning.
+//!
+//! The stamp is recomputed from the current content on every admission, not only when the
+//! `helmop.dev/restamp` annotation changes: a stored stamp is only ever replaced by one describing what
+//! the pods would read right now, so any UPDATE (a `kubectl apply`, a restamp) rolls a workload whose
+//! configuration moved, and an UPDATE when nothing moved computes the same values and patches nothing.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use futures::future::join_all;
+use json_patch::jsonptr::{PointerBuf, Token};
+use json_patch::{AddOperation, PatchOperation, RemoveOperation};
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, Operation};
+use serde_json::{Map, Value};
+
+use helmop_core::hash::{Observed, config_stamp};
+use helmop_core::names::{ANN_CONFIG_HASH, ANN_CONFIG_REFS, LABEL_ROLLOUT_ON_CHANGE};
+use helmop_core::podrefs::pod_refs_from_value;
+use helmop_core::resource::ResourceRef;
+use helmop_core::workload::{PodTemplate, WorkloadKind, pod_template};
+
+use crate::images::ImageRequest;
+use crate::state::{AppState, HashKeyState};
+use crate::verdict::Verdict;
+
+/// Why a workload is, or is not, stamped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptIn {
+    /// The workload's own label `helmop.dev/rollout-on-change: "true"`.
+    ByWorkload,
+    /// Its namespace's label `helmop.dev/rollout-on-change: enabled`.
+    ByNamespace,
+    /// The workload's label is `"false"`, which overrides the namespace.
+    OptedOut,
+    NotOptedIn,
+}
+
+impl OptIn {
+    pub fn stamps(self) -> bool {
+        matches!(self, OptIn::ByWorkload | OptIn::ByNamespace)
+    }
+}
+
+/// The opt-in decision. `workload` is the label on the workload's own `metadata.labels` (not on its pod
+/// template: the template's labels belong to the pods and their selectors); `namespace` the label on the
+/// Namespace. Any other workload value than `"true"`/`"false"` defers to the namespace.
+pub fn opt_in(workload: Option<&str>, namespace: Option<&str>) -> OptIn {
+    match workload {
+        Some("true") => OptIn::ByWorkload,
+        Some("false") => OptIn::OptedOut,
+        _ if namespace == Some("enabled") => OptIn::ByNamespace,
+        _ => OptIn::NotOptedIn,
+    }
+}
+
+/// JSONPatch operations that make the template's annotations hold `desired` (`None` = absent), creating
+/// `metadata` and `metadata.annotations` when missing. Empty when they already do, so admitting the output
+/// again patches nothing.
+pub fn stamp_ops(
+    template: &PodTemplate<'_>,
+    desired: &[(&str, Option<&str>)],
+) -> Vec<PatchOperation> {
+    let base = template_pointer(template.kind);
+    let wanted: Map<String, Value> = desired
+        .iter()
+        .filter_map(|(k, v)| v.map(|v| (k.to_string(), Value::String(v.to_string()))))
+        .collect();
+    let Some(metadata) = template.metadata else {
+        if wanted.is_empty() {
+            return Vec::new();
+        }
+        return vec![add(
+            pointer(&base, &["metadata"]),
+            Value::Object(Map::from_iter([(
+                "annotations".to_string(),
+                Value::Object(wanted),
+            )])),
+        )];
+    };
+    let Some(annotations) = metadata.get("annotations").and_then(Value::as_object) else {
+        if wanted.is_empty() {
+            return Vec::new();
+        }
+        return vec![add(
+            pointer(&base, &["metadata", "annotations"]),
+            Value::Object(wanted),
+        )];
+    };
+    let mut ops = Vec::new();
+    for (key, value) in desired {
+        let path = pointer(&base, &["metadata", "annotations", key]);
+        match (annotations.get(*key), value) {
+            (Some(Value::String(current)), Some(value)) if current == value => {}
+            // `add` on an existing member replaces it (RFC 6902 4.1).
+            (_, Some(value)) => ops.push(add(path, Value::String(value.to_string()))),
+            (Some(_), None) => ops.push(PatchOperation::Remove(RemoveOperation { path })),
+            (None, None) => {}
+        }
+    }
+    ops
+}
+
+fn template_pointer(kind: WorkloadKind) -> PointerBuf {
+    PointerBuf::from_tokens(kind.template_path().iter().copied())
+}
+
+fn pointer(base: &PointerBuf, tokens: &[&str]) -> PointerBuf {
+    let mut p = base.clone();
+    for t in tokens {
+        // Token::new escapes `~` and `/` (`helmop.dev/config-hash` becomes `helmop.dev~1config-hash`).
+        p.push_back(Token::new(*t));
+    }
+    p
+}
+
+fn add(path: PointerBuf, value: Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation { path, value })
+}
+
+/// A controller-owned workload (a Deployment's ReplicaSet, a CronJob's Job) carries its owner's template,
+/// already stamped; re-stamping it from newer content would make the copy differ from its owner's template
+/// (the Deployment controller would then no longer recognise its own ReplicaSet).
+fn controller_owned(object: &DynamicObject) -> bool {
+    object
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true))
+}
+
+pub(super) async fn mutate(state: &AppState, req: &AdmissionRequest<DynamicObject>) -> Verdict {
+    if !matches!(req.operation, Operation::Create | Operation::Update) {
+        return Verdict::allow();
+    }
+    let kind = match WorkloadKind::from_gvk(&req.kind.group, &req.kind.version, &req.kind.kind) {
+        Some(WorkloadKind::Pod) | None => return Verdict::allow(),
+        Some(kind) => kind,
+    };
+    // A Job's pod template is immutable: re-stamping on UPDATE would make the API server refuse the update.
+    if kind == WorkloadKind::Job && req.operation == Operation::Update {
+        return Verdict::allow();
+    }
+    let Some(object) = req.object.as_ref() else {
+        return Verdict::allow();
+    };
+    if object.metadata.deletion_timestamp.is_some() || controller_owned(object) {
+        return Verdict::allow();
+    }
+    let namespace = req
+        .namespace
+        .clone()
+        .or_else(|| object.metadata.namespace.clone())
+        .unwrap_or_default();
+    let name = super::object_name(req);
+
+    let label = object
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_ROLLOUT_ON_CHANGE))
+        .map(String::as_str);
+    let decision = match label {
+        Some("true") | Some("false") => opt_in(label, None),
+        _ => match state.caches().namespace(&namespace).await {
+            Ok(ns) => {
+                let ns_label = ns
+                    .as_ref()
+                    .and_then(|n| n.labels.get(LABEL_ROLLOUT_ON_CHANGE));
+                opt_in(label, ns_label.map(String::as_str))
+            }
+            Err(error) => {
+                tracing::warn!(workload = %name, %error, "cannot read the namespace labels; not stamped");
+                return Verdict::allow_with_warnings(vec![format!(
+                    "helmop webhook: cannot read the labels of namespace {namespace:?} ({error}); {kind} {name} \
+                     admitted without a config stamp"
+                )]);
+            }
+        },
+    };
+    if !decision.stamps() {
+        return Verdict::allow();
+    }
+
+    let Ok(value) = serde_json::to_value(object) else {
+        return Verdict::allow_with_warnings(vec![format!(
+            "helmop webhook: {kind} {name} cannot be read as JSON; admitted without a config stamp"
+        )]);
+    };
+    let Some(template) = pod_template(kind, &value) else {
+        // e.g. an Argo Rollout that points at a Deployment through workloadRef: that Deployment is stamped.
+        return Verdict::allow();
+    };
+
+    let (mut ops, mut warnings) = match config_ops(state, &namespace, &template).await {
+        Ok(result) => result,
+        Err(warning) => {
+            tracing::warn!(workload = %name, reason = %warning, "config stamp skipped");
+            (
+                Vec::new(),
+                vec![format!(
+                    "helmop webhook: {warning}; {kind} {name} admitted without a config stamp"
+                )],
+            )
+        }
+    };
+
+    // The image stage sees the object as the config stamp leaves it, so its operations apply after ours.
+    let stamped = if ops.is_empty() {
+        Cow::Borrowed(&value)
+    } else {
+        let mut stamped = value.clone();
+        match json_patch::patch(&mut stamped, &ops) {
+            Ok(()) => Cow::Owned(stamped),
+            // Cannot happen for operations built against `value`; never admit a patch that does not apply.
+            Err(_) => {
+                ops.clear();
+                Cow::Borrowed(&value)
+            }
+        }
+    };
+    let metadata_pointer = template.metadata_pointer.clone();
+    let spec_pointer = template.spec_pointer.clone();
+    let old = req
+        .old_object
+        .as_ref()
+        .and_then(|o| serde_json::to_value(o).ok());
+    let images = state
+        .images()
+        .resolve(ImageRequest {
+            namespace: &namespace,
+            object: stamped.as_ref(),
+            old_object: old.as_ref(),
+            template_metadata_pointer: &metadata_pointer,
+            template_spec_pointer: &spec_pointer,
+            mode: state.config().image_mode,
+        })
+        .await;
+    ops.extend(images.ops);
+    warnings.extend(images.warnings);
+
+    Verdict::Allow {
+        patch: (!ops.is_empty()).then_some(json_patch::Patch(ops)),
+        warnings,
+    }
+}
+
+/// The config-stamp operations and warnings, or the reason (a warning) why no stamp could be made.
+async fn config_ops(
+    state: &AppState,
+    namespace: &str,
+    template: &PodTemplate<'_>,
+) -> Result<(Vec<PatchOperation>, Vec<String>), String> {
+    let refs = pod_refs_from_value(template.spec).map_err(|e| e.to_string())?;
+    if refs.is_empty() {
+        // Reads nothing: no stamp (and a stale one from an earlier template goes).
+        let ops = stamp_ops(
+            template,
+            &[(ANN_CONFIG_HASH, None), (ANN_CONFIG_REFS, None)],
+        );
+        return Ok((ops, Vec::new()));
+    }
+    let (key, generation) = match state.hash_key() {
+        HashKeyState::Loaded { key, generation } => (key, generation),
+        other => {
+            return Err(other
+                .problem(&state.config().hash_key_secret)
+                .unwrap_or_default());
+        }
+    };
+    let lookups = refs
+        .iter()
+        .map(|r| state.observe(namespace, r, &key, generation));
+    let mut observed = BTreeMap::new();
+    for (r, result) in refs.iter().zip(join_all(lookups).await) {
+        match result {
+            Ok(digest) => {
+                observed.insert(r.resource.clone(), digest);
+            }
+            Err(error) => {
+                return Err(format!(
+                    "cannot read {} in namespace {namespace:?}: {error}",
+                    r.resource
+                ));
+            }
+        }
+    }
+    let stamp = config_stamp(&key, &refs, |r| match observed.get(&r.resource) {
+        Some(Some(digest)) => Observed::Digest(*digest),
+        _ => Observed::Absent,
+    });
+    let warnings = stamp
+        .missing
+        .iter()
+        .map(|r| missing_warning(r, namespace))
+        .collect();
+    let ops = stamp_ops(
+        template,
+        &[
+            (ANN_CONFIG_HASH, Some(&stamp.config_hash)),
+            (ANN_CONFIG_REFS, Some(&stamp.config_refs)),
+        ],
+    );
+    Ok((ops, warnings))
+}
+
+fn missing_warning(r: &ResourceRef, namespace: &str) -> String {
+    format!(
+        "{} {:?} does not exist in namespace {namespace:?}: pods that need it will not start; stamped as absent, \
+         so creating it changes the stamp",
+        r.kind, r.name
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn deployment(template_metadata: Option<Value>) -> Value {
+        let mut template = json!({"spec": {"containers": [{"name": "c", "image": "x"}]}});
+        if let Some(m) = template_metadata {
+            template["metadata"] = m;
+        }
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}, "spec": {"template": template}})
+    }
+
+    const STAMP: [(&str, Option<&str>); 2] = [
+        ("helmop.dev/config-hash", Some("v1:abc")),
+        ("helmop.dev/config-refs", Some("configmap/app")),
+    ];
+
+    fn apply(obj: &Value, ops: &[PatchOperation]) -> Value {
+        let mut out = obj.clone();
+        json_patch::patch(&mut out, ops).unwrap();
+        out
+    }
+
+    fn ops_for(
+        obj: &Value,
+        kind: WorkloadKind,
+        desired: &[(&str, Option<&str>)],
+    ) -> Vec<PatchOperation> {
+        stamp_ops(&pod_template(kind, obj).unwrap(), desired)
+    }
+
+    #[test]
+    fn opt_in_table() {
+        let table = [
+            (Some("true"), None, OptIn::ByWorkload),
+            (Some("true"), Some("enabled"), OptIn::ByWorkload),
+            (Some("false"), Some("enabled"), OptIn::OptedOut),
+            (Some("false"), None, OptIn::OptedOut),
+            (None, Some("enabled"), OptIn::ByNamespace),
+            (Some("yes"), Some("enabled"), OptIn::ByNamespace),
+            (Some("yes"), None, OptIn::NotOptedIn),
+            (None, Some("true"), OptIn::NotOptedIn),
+            (None, Some("disabled"), OptIn::NotOptedIn),
+            (None, None, OptIn::NotOptedIn),
+        ];
+        for (workload, namespace, want) in table {
+            assert_eq!(
+                opt_in(workload, namespace),
+                want,
+                "{workload:?} {namespace:?}"
+            );
+        }
+        assert!(OptIn::ByWorkload.stamps() && OptIn::ByNamespace.stamps());
+        assert!(!OptIn::OptedOut.stamps() && !OptIn::NotOptedIn.stamps());
+    }
+
+    #[test]
+    fn creates_metadata_when_the_template_has_none() {
+        let obj = deployment(None);
+        let ops = ops_for(&obj, WorkloadKind::Deployment, &STAMP);
+        assert_eq!(
+            serde_json::to_value(&ops).unwrap(),
+            json!([{"op": "add", "path": "/spec/template/metadata",
+                    "value": {"annotations": {"helmop.dev/config-hash": "v1:abc", "helmop.dev/config-refs": "configmap/app"}}}])
+        );
+        let out = apply(&obj, &ops);
+        assert_eq!(
+            out["spec"]["template"]["metadata"]["annotations"]["helmop.dev/config-hash"],
+            "v1:abc"
+        );
+    }
+
+    #[test]
+    fn creates_annotations_when_absent_and_keeps_labels() {
+        let obj = deployment(Some(json!({"labels": {"app": "a"}})));
+        let ops = ops_for(&obj, WorkloadKind::Deployment, &STAMP);
+        assert_eq!(
+            serde_json::to_value(&ops).unwrap(),
+            json!([{"op": "add", "path": "/spec/template/metadata/annotations",
+                    "value": {"helmop.dev/config-hash": "v1:abc", "helmop.dev/config-refs": "configmap/app"}}])
+        );
+        let out = apply(&obj, &ops);
+        assert_eq!(out["spec"]["template"]["metadata"]["labels"]["app"], "a");
+    }
+
+    #[test]
+    fn escapes_slashes_and_keeps_other_annotations() {
+        let obj = deployment(Some(
+            json!({"annotations": {"team": "x", "helmop.dev/config-hash": "v1:old"}}),
+        ));
+        let ops = ops_for(&obj, WorkloadKind::Deployment, &STAMP);
+        assert_eq!(
+            serde_json::to_value(&ops).unwrap(),
+            json!([
+                {"op": "add", "path": "/spec/template/metadata/annotations/helmop.dev~1config-hash", "value": "v1:abc"},
+                {"op": "add", "path": "/spec/template/metadata/annotations/helmop.dev~1config-refs", "value": "configmap/app"}
+            ])
+        );
+        let out = apply(&obj, &ops);
+        assert_eq!(
+            out["spec"]["template"]["metadata"]["annotations"]["team"],
+            "x"
+        );
+        assert_eq!(
+            out["spec"]["template"]["metadata"]["annotations"]["helmop.dev/config-hash"],
+            "v1:abc"
+        );
+    }
+
+    #[test]
+    fn admitting_the_output_again_patches_nothing() {
+        for start in [
+            None,
+            Some(json!({})),
+            Some(json!({"annotations": null})),
+            Some(json!({"annotations": {"helmop.dev/config-refs": "secret/old"}})),
+        ] {
+            let obj = deployment(start.clone());
+            let once = apply(&obj, &ops_for(&obj, WorkloadKind::Deployment, &STAMP));
+            assert_eq!(
+                ops_for(&once, WorkloadKind::Deployment, &STAMP),
+                vec![],
+                "from {start:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn removes_a_stale_stamp_and_only_then() {
+        let none = [
+            ("helmop.dev/config-hash", None),
+            ("helmop.dev/config-refs", None),
+        ];
+        let obj = deployment(Some(
+            json!({"annotations": {"helmop.dev/config-hash": "v1:old", "x": "y"}}),
+        ));
+        let ops = ops_for(&obj, WorkloadKind::Deployment, &none);
+        assert_eq!(
+            serde_json::to_value(&ops).unwrap(),
+            json!([{"op": "remove", "path": "/spec/template/metadata/annotations/helmop.dev~1config-hash"}])
+        );
+        let out = apply(&obj, &ops);
+        assert_eq!(
+            out["spec"]["template"]["metadata"]["annotations"],
+            json!({"x": "y"})
+        );
+        assert_eq!(ops_for(&out, WorkloadKind::Deployment, &none), vec![]);
+        assert_eq!(
+            ops_for(&deployment(None), WorkloadKind::Deployment, &none),
+            vec![]
+        );
+        assert_eq!(
+            ops_for(
+                &deployment(Some(json!({}))),
+                WorkloadKind::Deployment,
+                &none
+            ),
+            vec![]
+        );
+    }
+
+    #[test]
+    fn cronjob_template_is_nested() {
+        let obj = json!({"apiVersion": "batch/v1", "kind": "CronJob", "spec": {"jobTemplate": {"spec": {"template": {
+            "spec": {"containers": []}}}}}});
+        let ops = ops_for(&obj, WorkloadKind::CronJob, &STAMP);
+        assert_eq!(
+            ops[0].path().as_str(),
+            "/spec/jobTemplate/spec/template/metadata"
+        );
+        let out = apply(&obj, &ops);
+        assert_eq!(ops_for(&out, WorkloadKind::CronJob, &STAMP), vec![]);
+    }
+
+    #[test]
+    fn a_non_string_annotation_value_is_replaced() {
+        let obj = deployment(Some(json!({"annotations": {"helmop.dev/config-hash": 5}})));
+        let ops = ops_for(&obj, WorkloadKind::Deployment, &STAMP[..1]);
+        assert_eq!(ops.len(), 1);
+        let out = apply(&obj, &ops);
+        assert_eq!(
+            out["spec"]["template"]["metadata"]["annotations"]["helmop.dev/config-hash"],
+            "v1:abc"
+        );
+    }
+
+    #[test]
+    fn controller_ownership() {
+        let mut rs = DynamicObject {
+            types: None,
+            metadata: Default::default(),
+            data: json!({}),
+        };
+        assert!(!controller_owned(&rs));
+        rs.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "apps/v1".into(),
+                kind: "Deployment".into(),
+                name: "d".into(),
+                uid: "u".into(),
+                controller: Some(false),
+                ..Default::default()
+            },
+        ]);
+        assert!(!controller_owned(&rs));
+        if let Some(refs) = rs.metadata.owner_references.as_mut() {
+            refs[0].controller = Some(true);
+        }
+        assert!(controller_owned(&rs));
+    }
+}

@@ -1,0 +1,48 @@
+//! The seam for image digests (issue 6). The workload handler calls [`ImageResolver::resolve`] after the
+//! config stamp and merges what it returns; until the registry resolver exists, [`NoImages`] changes nothing.
+
+use futures::future::BoxFuture;
+use json_patch::PatchOperation;
+use serde_json::Value;
+
+use crate::cli::ImageMode;
+
+/// What the resolver gets to look at for one admitted workload.
+#[derive(Debug, Clone, Copy)]
+pub struct ImageRequest<'a> {
+    /// Namespace of the workload (pull secrets and the ServiceAccount live there).
+    pub namespace: &'a str,
+    /// The workload as it will be stored once the config stamp is applied: any operation returned must be
+    /// valid against this document (so `metadata.annotations` of the pod template may already exist).
+    pub object: &'a Value,
+    /// The previous version on UPDATE, to tell a re-applied `repo:latest` from an untouched pinned image.
+    pub old_object: Option<&'a Value>,
+    /// JSON pointer to the pod template's `metadata` (e.g. `/spec/template/metadata`).
+    pub template_metadata_pointer: &'a str,
+    /// JSON pointer to the pod template's PodSpec (e.g. `/spec/template/spec`).
+    pub template_spec_pointer: &'a str,
+    /// The configured mode; a per-namespace/workload override is the resolver's to read from `object`.
+    pub mode: ImageMode,
+}
+
+/// JSONPatch operations (applied after the config stamp's) and warnings for the response.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ImageOutcome {
+    pub ops: Vec<PatchOperation>,
+    pub warnings: Vec<String>,
+}
+
+/// Resolves mutable image tags of one workload. Must never fail an admission: problems become warnings.
+pub trait ImageResolver: Send + Sync {
+    fn resolve<'a>(&'a self, request: ImageRequest<'a>) -> BoxFuture<'a, ImageOutcome>;
+}
+
+/// Leaves every image as it is.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoImages;
+
+impl ImageResolver for NoImages {
+    fn resolve<'a>(&'a self, _request: ImageRequest<'a>) -> BoxFuture<'a, ImageOutcome> {
+        Box::pin(std::future::ready(ImageOutcome::default()))
+    }
+}

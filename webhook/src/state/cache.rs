@@ -1,0 +1,403 @@
+//! Watch-backed lookups. Existence checks, namespace labels and the delete guard are answered from
+//! reflector stores filled by long-running watches (metadata-only for Secrets, ConfigMaps and
+//! Namespaces); a miss falls back to one live GET, so an object created a moment ago is still found.
+//! Nothing here ever lists per request.
+
+use std::collections::BTreeMap;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, watcher};
+use kube::{Client, Resource};
+
+use helmop_core::hash::ObjectData;
+use helmop_core::names::PREFIX;
+use helmop_core::resource::{ResourceKind, ResourceRef};
+
+use crate::metrics::Metrics;
+
+/// Label values of `helmop_webhook_cache_objects`.
+pub const CACHE_SECRETS: &str = "secrets";
+pub const CACHE_CONFIGMAPS: &str = "configmaps";
+pub const CACHE_NAMESPACES: &str = "namespaces";
+pub const CACHE_HELMOPS: &str = "helmops";
+pub const CACHE_DIGESTS: &str = "digests";
+
+/// Fleet's HelmOp, read as a dynamic object: the webhook needs only a few fields and must not drop
+/// or reject fields a newer Fleet adds.
+pub fn helmop_api_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("fleet.cattle.io", "v1alpha1", "HelmOp"),
+        "helmops",
+    )
+}
+
+/// `uid` and `resourceVersion` of an object: together they name one version of its content.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Version {
+    pub uid: String,
+    pub resource_version: String,
+}
+
+impl Version {
+    fn of(meta: &kube::api::ObjectMeta) -> Option<Version> {
+        Some(Version {
+            uid: meta.uid.clone()?,
+            resource_version: meta.resource_version.clone()?,
+        })
+    }
+}
+
+/// The reflector stores and their sync state.
+#[derive(Clone)]
+pub struct Caches {
+    client: Client,
+    secrets: Store<PartialObjectMeta<Secret>>,
+    config_maps: Store<PartialObjectMeta<ConfigMap>>,
+    namespaces: Store<PartialObjectMeta<Namespace>>,
+    helmops: Store<DynamicObject>,
+    synced: Arc<[AtomicBool; 4]>,
+}
+
+impl Caches {
+    /// Starts the four watches on the runtime; they run (and retry with backoff) until the process ends.
+    pub fn start(client: Client, metrics: &Metrics) -> Caches {
+        let synced: Arc<[AtomicBool; 4]> = Arc::new(Default::default());
+
+        let secrets = spawn_reflector(
+            Api::<PartialObjectMeta<Secret>>::all(client.clone()),
+            reflector::store::Writer::default(),
+            strip_object_meta,
+            CACHE_SECRETS,
+            metrics.clone(),
+            (synced.clone(), 0),
+        );
+        let config_maps = spawn_reflector(
+            Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
+            reflector::store::Writer::default(),
+            strip_object_meta,
+            CACHE_CONFIGMAPS,
+            metrics.clone(),
+            (synced.clone(), 1),
+        );
+        let namespaces = spawn_reflector(
+            Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+            reflector::store::Writer::default(),
+            strip_namespace,
+            CACHE_NAMESPACES,
+            metrics.clone(),
+            (synced.clone(), 2),
+        );
+        let ar = helmop_api_resource();
+        let helmops = spawn_reflector(
+            Api::<DynamicObject>::all_with(client.clone(), &ar),
+            reflector::store::Writer::new(ar.clone()),
+            strip_helmop,
+            CACHE_HELMOPS,
+            metrics.clone(),
+            (synced.clone(), 3),
+        );
+        Caches {
+            client,
+            secrets,
+            config_maps,
+            namespaces,
+            helmops,
+            synced,
+        }
+    }
+
+    /// True once every watch has delivered its initial list.
+    pub fn synced(&self) -> bool {
+        self.synced.iter().all(|s| s.load(Ordering::Acquire))
+    }
+
+    /// True once the HelmOp watch has delivered its initial list (the delete guard needs only that one).
+    pub fn helmops_synced(&self) -> bool {
+        self.synced[3].load(Ordering::Acquire)
+    }
+
+    /// Whether `r` exists in `namespace`: the metadata cache, else a live GET.
+    pub async fn exists(&self, namespace: &str, r: &ResourceRef) -> Result<bool, kube::Error> {
+        let cached = match r.kind {
+            ResourceKind::Secret => self
+                .secrets
+                .get(&ObjectRef::new(&r.name).within(namespace))
+                .is_some(),
+            ResourceKind::ConfigMap => self
+                .config_maps
+                .get(&ObjectRef::new(&r.name).within(namespace))
+                .is_some(),
+        };
+        if cached {
+            return Ok(true);
+        }
+        Ok(self.live_version(namespace, r).await?.is_some())
+    }
+
+    /// The current `(uid, resourceVersion)` of `r`, read live (a small metadata-only GET) so a stamp never
+    /// rests on a watch event that has not arrived yet; `None` when the object does not exist.
+    pub async fn live_version(
+        &self,
+        namespace: &str,
+        r: &ResourceRef,
+    ) -> Result<Option<Version>, kube::Error> {
+        let meta = match r.kind {
+            ResourceKind::Secret => Api::<Secret>::namespaced(self.client.clone(), namespace)
+                .get_metadata_opt(&r.name)
+                .await?
+                .map(|m| m.metadata),
+            ResourceKind::ConfigMap => Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
+                .get_metadata_opt(&r.name)
+                .await?
+                .map(|m| m.metadata),
+        };
+        Ok(meta.as_ref().and_then(Version::of))
+    }
+
+    /// The whole object `r`, read live (content is never cached, only its digest); `None` when absent.
+    pub async fn live_object(
+        &self,
+        namespace: &str,
+        r: &ResourceRef,
+    ) -> Result<Option<Fetched>, kube::Error> {
+        Ok(match r.kind {
+            ResourceKind::Secret => Api::<Secret>::namespaced(self.client.clone(), namespace)
+                .get_opt(&r.name)
+                .await?
+                .map(Fetched::Secret),
+            ResourceKind::ConfigMap => Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
+                .get_opt(&r.name)
+                .await?
+                .map(Fetched::ConfigMap),
+        })
+    }
+
+    /// Labels of a namespace and whether it is being deleted: the cache, else a live GET.
+    /// `None` when the namespace does not exist.
+    pub async fn namespace(&self, name: &str) -> Result<Option<NamespaceInfo>, kube::Error> {
+        if let Some(ns) = self.namespaces.get(&ObjectRef::new(name)) {
+            return Ok(Some(NamespaceInfo::of(&ns.metadata)));
+        }
+        let live = Api::<Namespace>::all(self.client.clone())
+            .get_metadata_opt(name)
+            .await?;
+        Ok(live.map(|ns| NamespaceInfo::of(&ns.metadata)))
+    }
+
+    /// HelmOps of `namespace` that are not being deleted, from the watch cache.
+    pub fn helmops_in(&self, namespace: &str) -> Vec<Arc<DynamicObject>> {
+        self.helmops.state_filter(|h| {
+            h.metadata.namespace.as_deref() == Some(namespace)
+                && h.metadata.deletion_timestamp.is_none()
+        })
+    }
+}
+
+/// What the opt-in decision and the delete guard read from a Namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceInfo {
+    pub labels: BTreeMap<String, String>,
+    /// Only helmop's own (`helmop.dev/...`), e.g. per-namespace overrides.
+    pub annotations: BTreeMap<String, String>,
+    pub terminating: bool,
+}
+
+impl NamespaceInfo {
+    fn of(meta: &kube::api::ObjectMeta) -> NamespaceInfo {
+        NamespaceInfo {
+            labels: meta.labels.clone().unwrap_or_default(),
+            annotations: helmop_annotations(meta),
+            terminating: meta.deletion_timestamp.is_some(),
+        }
+    }
+}
+
+fn helmop_annotations(meta: &kube::api::ObjectMeta) -> BTreeMap<String, String> {
+    meta.annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k.starts_with(PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// A ConfigMap or Secret read live, to be digested and dropped.
+pub enum Fetched {
+    Secret(Secret),
+    ConfigMap(ConfigMap),
+}
+
+impl Fetched {
+    pub fn version(&self) -> Option<Version> {
+        match self {
+            Fetched::Secret(s) => Version::of(&s.metadata),
+            Fetched::ConfigMap(c) => Version::of(&c.metadata),
+        }
+    }
+
+    /// What a pod can read of it, in the form the core hash takes.
+    pub fn data(&self) -> ObjectData<'_> {
+        match self {
+            Fetched::Secret(s) => ObjectData::from(s),
+            Fetched::ConfigMap(c) => ObjectData::from(c),
+        }
+    }
+}
+
+// Only what the lookups read is kept: annotations can be large (and, for a Secret applied with kubectl,
+// `last-applied-configuration` holds its data), managed fields are large and never needed.
+fn strip_object_meta<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.annotations = None;
+    meta.labels = None;
+    meta.managed_fields = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+}
+
+fn strip_namespace(ns: &mut PartialObjectMeta<Namespace>) {
+    let meta = ns.meta_mut();
+    meta.annotations = Some(helmop_annotations(meta)).filter(|a| !a.is_empty());
+    meta.managed_fields = None;
+    meta.owner_references = None;
+}
+
+// The guard reads `spec` and the deletion timestamp; status and the last-applied copy of the spec are dropped.
+fn strip_helmop(h: &mut DynamicObject) {
+    h.metadata.annotations = None;
+    h.metadata.managed_fields = None;
+    if let Some(obj) = h.data.as_object_mut() {
+        obj.remove("status");
+    }
+}
+
+fn spawn_reflector<K>(
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+    strip: fn(&mut K),
+    cache: &'static str,
+    metrics: Metrics,
+    (synced, index): (Arc<[AtomicBool; 4]>, usize),
+) -> Store<K>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    <K as Resource>::DynamicType: Eq + Hash + Clone + Send + Sync,
+{
+    let store = writer.as_reader();
+    let ready = store.clone();
+    tokio::spawn(async move {
+        if ready.wait_until_ready().await.is_ok() {
+            synced[index].store(true, Ordering::Release);
+            tracing::info!(cache, objects = ready.len(), "cache synced");
+        }
+    });
+    let counted = store.clone();
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(strip)
+        .reflect(writer);
+    tokio::spawn(drive(stream, cache, move || {
+        metrics.set_cache_objects(cache, i64::try_from(counted.len()).unwrap_or(i64::MAX));
+    }));
+    store
+}
+
+async fn drive<K>(
+    stream: impl Stream<Item = watcher::Result<watcher::Event<K>>>,
+    cache: &'static str,
+    after: impl Fn(),
+) {
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(_) => after(),
+            // The watcher resumes by itself (with backoff); the store keeps serving the last state meanwhile.
+            Err(error) => tracing::warn!(cache, %error, "watch failed, retrying"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stripping_drops_annotations_but_keeps_identity() {
+        let mut s = PartialObjectMeta::<Secret> {
+            metadata: kube::api::ObjectMeta {
+                name: Some("db".into()),
+                namespace: Some("app".into()),
+                uid: Some("u".into()),
+                resource_version: Some("7".into()),
+                annotations: Some(
+                    [(
+                        "kubectl.kubernetes.io/last-applied-configuration".to_string(),
+                        "{..}".to_string(),
+                    )]
+                    .into(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        strip_object_meta(&mut s);
+        assert_eq!(s.metadata.annotations, None);
+        assert_eq!(s.metadata.name.as_deref(), Some("db"));
+        assert_eq!(
+            Version::of(&s.metadata),
+            Some(Version {
+                uid: "u".into(),
+                resource_version: "7".into()
+            })
+        );
+    }
+
+    #[test]
+    fn namespaces_keep_labels_and_only_helmop_annotations() {
+        let mut ns = PartialObjectMeta::<Namespace> {
+            metadata: kube::api::ObjectMeta {
+                name: Some("team".into()),
+                labels: Some(
+                    [(
+                        "helmop.dev/rollout-on-change".to_string(),
+                        "enabled".to_string(),
+                    )]
+                    .into(),
+                ),
+                annotations: Some(
+                    [
+                        ("helmop.dev/image-mode".to_string(), "annotate".to_string()),
+                        (
+                            "kubectl.kubernetes.io/last-applied-configuration".to_string(),
+                            "{..}".to_string(),
+                        ),
+                    ]
+                    .into(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        strip_namespace(&mut ns);
+        let info = NamespaceInfo::of(&ns.metadata);
+        assert_eq!(
+            info.labels
+                .get("helmop.dev/rollout-on-change")
+                .map(String::as_str),
+            Some("enabled")
+        );
+        assert_eq!(
+            info.annotations.keys().collect::<Vec<_>>(),
+            ["helmop.dev/image-mode"]
+        );
+        assert!(!info.terminating);
+    }
+}

@@ -1,0 +1,190 @@
+//! Shared state of the decision logic: configuration, watch-backed caches, the cluster hash key, the
+//! bounded digest cache and the image seam. Cheap to clone: everything lives behind one `Arc`.
+
+mod bounded;
+pub mod cache;
+mod hash_key;
+
+use std::sync::Arc;
+
+use helmop_core::hash::{HashKey, ObjectDigest, object_digest};
+use helmop_core::podrefs::{Keys, PodRef};
+
+use self::bounded::BoundedCache;
+use self::cache::{CACHE_DIGESTS, Caches, Version};
+use crate::error::Error;
+use crate::images::{ImageResolver, NoImages};
+use crate::metrics::Metrics;
+
+pub use self::hash_key::{HashKeyState, KeyStore};
+pub use crate::cli::{Config, GuardMode, ImageMode, SecretRef};
+
+/// Default bound of the content-digest cache, in entries (one entry is a few hundred bytes).
+pub const DEFAULT_DIGEST_CACHE_ENTRIES: usize = 4096;
+
+/// Knobs beyond the command-line [`Config`].
+#[derive(Clone)]
+pub struct Options {
+    /// Bound of the content-digest cache, in entries.
+    pub digest_cache_entries: usize,
+    /// The image-digest stage run after the config stamp (issue 6); [`NoImages`] until it exists.
+    pub images: Arc<dyn ImageResolver>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            digest_cache_entries: DEFAULT_DIGEST_CACHE_ENTRIES,
+            images: Arc::new(NoImages),
+        }
+    }
+}
+
+/// Identity of one cached per-object digest: the object version, what the pod observes of it, and which
+/// hash key produced it (a rotated key must never be served an old digest).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct DigestKey {
+    version: Version,
+    keys: Keys,
+    key_generation: u64,
+}
+
+/// The decision logic's view of the cluster. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: Config,
+    caches: Caches,
+    hash_key: KeyStore,
+    digests: BoundedCache<DigestKey, ObjectDigest>,
+    images: Arc<dyn ImageResolver>,
+    metrics: Metrics,
+}
+
+impl AppState {
+    /// Starts the watches (HelmOps, Namespaces, Secret/ConfigMap metadata, the hash-key Secret) in the
+    /// background and returns at once; [`AppState::ready`] turns true when all have synced.
+    pub async fn start(
+        client: kube::Client,
+        config: Config,
+        metrics: &Metrics,
+    ) -> Result<Self, Error> {
+        Self::start_with(client, config, metrics, Options::default()).await
+    }
+
+    /// [`AppState::start`] with explicit [`Options`].
+    pub async fn start_with(
+        client: kube::Client,
+        config: Config,
+        metrics: &Metrics,
+        options: Options,
+    ) -> Result<Self, Error> {
+        let caches = Caches::start(client.clone(), metrics);
+        let digests = BoundedCache::new(options.digest_cache_entries);
+        metrics.set_cache_objects(CACHE_DIGESTS, 0);
+        let hash_key = KeyStore::default();
+        let state = AppState {
+            inner: Arc::new(Inner {
+                config,
+                caches,
+                hash_key: hash_key.clone(),
+                digests,
+                images: options.images,
+                metrics: metrics.clone(),
+            }),
+        };
+        let on_rotate = state.clone();
+        hash_key_watch(client, &state, move || on_rotate.clear_digests());
+        Ok(state)
+    }
+
+    /// True once every watch has delivered its initial list (drives `/readyz`).
+    pub fn ready(&self) -> bool {
+        self.inner.caches.synced() && self.inner.hash_key.synced()
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    pub fn caches(&self) -> &Caches {
+        &self.inner.caches
+    }
+
+    /// The hash key as last seen by its watch.
+    pub fn hash_key(&self) -> HashKeyState {
+        self.inner.hash_key.get()
+    }
+
+    /// The image stage (issue 6).
+    pub fn images(&self) -> &dyn ImageResolver {
+        self.inner.images.as_ref()
+    }
+
+    /// Entries in the digest cache.
+    pub fn cached_digests(&self) -> usize {
+        self.inner.digests.len()
+    }
+
+    /// The digest of what a pod observes of `r` in `namespace`, `None` when the object does not exist.
+    ///
+    /// The object's version is read live (a metadata-only GET: a stamp must never rest on a watch event
+    /// that has not arrived yet); the content is fetched and digested only when that version, read
+    /// through these keys with this key generation, is not cached.
+    pub async fn observe(
+        &self,
+        namespace: &str,
+        r: &PodRef,
+        key: &HashKey,
+        key_generation: u64,
+    ) -> Result<Option<ObjectDigest>, kube::Error> {
+        let caches = &self.inner.caches;
+        let Some(version) = caches.live_version(namespace, &r.resource).await? else {
+            return Ok(None);
+        };
+        let cache_key = DigestKey {
+            version,
+            keys: r.keys.clone(),
+            key_generation,
+        };
+        if let Some(digest) = self.inner.digests.get(&cache_key) {
+            return Ok(Some(digest));
+        }
+        let Some(object) = caches.live_object(namespace, &r.resource).await? else {
+            return Ok(None);
+        };
+        let digest = object_digest(key, &object.data(), &r.keys);
+        // Keyed by the version actually digested, which may be newer than the one looked up.
+        if let Some(version) = object.version() {
+            self.inner.digests.insert(
+                DigestKey {
+                    version,
+                    keys: r.keys.clone(),
+                    key_generation,
+                },
+                digest,
+            );
+            self.report_digests();
+        }
+        Ok(Some(digest))
+    }
+
+    fn clear_digests(&self) {
+        self.inner.digests.clear();
+        self.report_digests();
+    }
+
+    fn report_digests(&self) {
+        let len = i64::try_from(self.inner.digests.len()).unwrap_or(i64::MAX);
+        self.inner.metrics.set_cache_objects(CACHE_DIGESTS, len);
+    }
+}
+
+fn hash_key_watch(client: kube::Client, state: &AppState, on_rotate: impl Fn() + Send + 'static) {
+    let store = state.inner.hash_key.clone();
+    let name = state.inner.config.hash_key_secret.clone();
+    tokio::spawn(hash_key::watch(client, name, store, on_rotate));
+}

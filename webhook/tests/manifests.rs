@@ -1,0 +1,518 @@
+//! Renders every kustomization under `manifests/` with the real `kubectl kustomize` and checks what the
+//! install promises: least-privilege RBAC, webhook configurations that cannot deadlock the cluster, hardened
+//! pods, and command lines that the binaries actually accept.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use clap::Parser;
+use helmop_webhook::cli::{BootstrapCli, Cli};
+use serde_json::Value;
+
+fn manifests_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests")
+}
+
+/// Every directory holding a kustomization, except the examples (HelmOps for the demo, not an install).
+fn kustomizations() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(manifests_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("kustomization.yaml").exists() && p.file_name().unwrap() != "examples")
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+fn render(dir: &Path) -> Vec<Value> {
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .expect("kubectl must be on PATH (a prerequisite, see ./dev)");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    serde_saphyr::from_multiple::<Value>(&text)
+        .unwrap()
+        .into_iter()
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| d["kind"] == kind).collect()
+}
+
+fn named<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("{kind} {name} missing"))
+}
+
+fn strings(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+fn name_of(v: &Value) -> String {
+    format!(
+        "{} {}",
+        v["kind"].as_str().unwrap_or("?"),
+        v["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
+#[test]
+fn every_kustomization_renders() {
+    let dirs = kustomizations();
+    let names: BTreeSet<_> = dirs
+        .iter()
+        .map(|d| d.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    for expected in ["base", "cert-manager", "self-signed"] {
+        assert!(
+            names.contains(expected),
+            "manifests/{expected} missing: {names:?}"
+        );
+    }
+    for dir in dirs {
+        assert!(
+            !render(&dir).is_empty(),
+            "{} renders nothing",
+            dir.display()
+        );
+    }
+}
+
+#[test]
+fn rbac_is_least_privilege_everywhere() {
+    for dir in kustomizations() {
+        let docs = render(&dir);
+        for role in of_kind(&docs, "Role")
+            .into_iter()
+            .chain(of_kind(&docs, "ClusterRole"))
+        {
+            let who = format!("{}: {}", dir.display(), name_of(role));
+            assert!(
+                role.get("aggregationRule").is_none(),
+                "{who}: aggregated roles grant whatever matches"
+            );
+            for rule in role["rules"].as_array().unwrap() {
+                for field in [
+                    "verbs",
+                    "resources",
+                    "apiGroups",
+                    "resourceNames",
+                    "nonResourceURLs",
+                ] {
+                    assert!(
+                        !strings(&rule[field]).iter().any(|s| s.contains('*')),
+                        "{who}: `*` in {field}: {rule}"
+                    );
+                }
+                for verb in strings(&rule["verbs"]) {
+                    assert!(
+                        !["escalate", "bind", "impersonate"].contains(&verb),
+                        "{who}: {verb}"
+                    );
+                }
+                let secrets = strings(&rule["resources"]).contains(&"secrets");
+                let writes = strings(&rule["verbs"])
+                    .iter()
+                    .any(|v| !["get", "list", "watch"].contains(v));
+                if secrets && writes {
+                    assert_eq!(
+                        role["kind"], "Role",
+                        "{who}: Secret writes must be namespaced: {rule}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_webhook_itself_only_reads() {
+    let docs = render(&manifests_dir().join("base"));
+    let role = named(&docs, "ClusterRole", "helmop-webhook");
+    let mut granted = BTreeSet::new();
+    for rule in role["rules"].as_array().unwrap() {
+        for verb in strings(&rule["verbs"]) {
+            assert!(
+                ["get", "list", "watch"].contains(&verb),
+                "webhook writes: {rule}"
+            );
+        }
+        for resource in strings(&rule["resources"]) {
+            granted.insert(resource.to_owned());
+        }
+    }
+    let expected: BTreeSet<String> = [
+        "helmops",
+        "secrets",
+        "configmaps",
+        "namespaces",
+        "serviceaccounts",
+    ]
+    .map(String::from)
+    .into();
+    assert_eq!(granted, expected);
+    let binding = named(&docs, "ClusterRoleBinding", "helmop-webhook");
+    assert_eq!(binding["subjects"][0]["name"], "helmop-webhook");
+    assert_eq!(binding["subjects"][0]["namespace"], "helmop-system");
+}
+
+fn check_webhook(who: &str, w: &Value, service_ports: &[i64]) {
+    assert_eq!(w["sideEffects"], "None", "{who}");
+    assert_eq!(strings(&w["admissionReviewVersions"]), ["v1"], "{who}");
+    let timeout = w["timeoutSeconds"].as_i64().unwrap_or(10);
+    assert!(
+        (1..=10).contains(&timeout),
+        "{who}: timeoutSeconds {timeout}"
+    );
+    let excluded: Vec<&str> = w["namespaceSelector"]["matchExpressions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["key"] == "kubernetes.io/metadata.name" && e["operator"] == "NotIn")
+        .flat_map(|e| strings(&e["values"]))
+        .collect();
+    for ns in ["kube-system", "helmop-system"] {
+        assert!(
+            excluded.contains(&ns),
+            "{who}: {ns} not excluded: {excluded:?}"
+        );
+    }
+    let svc = &w["clientConfig"]["service"];
+    assert_eq!(svc["name"], "helmop-webhook", "{who}");
+    assert_eq!(svc["namespace"], "helmop-system", "{who}");
+    assert!(
+        service_ports.contains(&svc["port"].as_i64().unwrap_or(443)),
+        "{who}"
+    );
+}
+
+#[test]
+fn webhook_configurations_match_the_server() {
+    for dir in ["base", "cert-manager", "self-signed"] {
+        let docs = render(&manifests_dir().join(dir));
+        let service = named(&docs, "Service", "helmop-webhook");
+        let ports: Vec<i64> = service["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p["port"].as_i64())
+            .collect();
+        assert!(ports.contains(&443));
+
+        let validating = named(&docs, "ValidatingWebhookConfiguration", "helmop-webhook");
+        let mut paths = BTreeSet::new();
+        for w in validating["webhooks"].as_array().unwrap() {
+            let who = format!("{dir}: {}", w["name"]);
+            check_webhook(&who, w, &ports);
+            assert_eq!(w["failurePolicy"], "Fail", "{who}");
+            let path = w["clientConfig"]["service"]["path"].as_str().unwrap();
+            paths.insert(path.to_owned());
+            let rules = &w["rules"].as_array().unwrap();
+            let ops: BTreeSet<&str> = rules
+                .iter()
+                .flat_map(|r| strings(&r["operations"]))
+                .collect();
+            let resources: BTreeSet<&str> = rules
+                .iter()
+                .flat_map(|r| strings(&r["resources"]))
+                .collect();
+            match path {
+                "/validate/helmops" => {
+                    assert_eq!(
+                        ops,
+                        ["CREATE", "UPDATE"].into(),
+                        "{who}: HelmOp DELETE is never denied"
+                    );
+                    assert_eq!(resources, ["helmops"].into(), "{who}");
+                }
+                "/validate/references" => {
+                    assert_eq!(ops, ["DELETE"].into(), "{who}");
+                    assert_eq!(resources, ["configmaps", "secrets"].into(), "{who}");
+                }
+                other => panic!("{who}: unexpected path {other}"),
+            }
+        }
+        assert_eq!(paths.len(), 2);
+
+        let mutating = named(&docs, "MutatingWebhookConfiguration", "helmop-webhook");
+        let hooks = mutating["webhooks"].as_array().unwrap();
+        assert_eq!(hooks.len(), 1);
+        let w = &hooks[0];
+        let who = format!("{dir}: {}", w["name"]);
+        check_webhook(&who, w, &ports);
+        assert_eq!(w["failurePolicy"], "Ignore", "{who}");
+        assert_eq!(w["reinvocationPolicy"], "IfNeeded", "{who}");
+        assert_eq!(
+            w["clientConfig"]["service"]["path"], "/mutate/workloads",
+            "{who}"
+        );
+        let resources: BTreeSet<String> = w["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| {
+                let group = strings(&r["apiGroups"]).join(",");
+                assert_eq!(strings(&r["operations"]), ["CREATE", "UPDATE"], "{who}");
+                strings(&r["resources"])
+                    .into_iter()
+                    .map(move |res| format!("{group}/{res}"))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let expected: BTreeSet<String> = [
+            "apps/deployments",
+            "apps/statefulsets",
+            "apps/daemonsets",
+            "apps/replicasets",
+            "batch/jobs",
+            "batch/cronjobs",
+            "argoproj.io/rollouts",
+        ]
+        .map(String::from)
+        .into();
+        assert_eq!(resources, expected, "{who}");
+    }
+}
+
+fn pod_spec(workload: &Value) -> &Value {
+    match workload["kind"].as_str().unwrap() {
+        "CronJob" => &workload["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+        _ => &workload["spec"]["template"]["spec"],
+    }
+}
+
+#[test]
+fn every_pod_is_non_root_read_only_and_capability_free() {
+    for dir in kustomizations() {
+        let docs = render(&dir);
+        for kind in ["Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob"] {
+            for workload in of_kind(&docs, kind) {
+                let who = format!("{}: {}", dir.display(), name_of(workload));
+                let pod = pod_spec(workload);
+                assert_eq!(
+                    pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+                    "{who}"
+                );
+                assert_ne!(pod["hostNetwork"], true, "{who}");
+                for c in pod["containers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .chain(pod["initContainers"].as_array().into_iter().flatten())
+                {
+                    let sc = &c["securityContext"];
+                    let non_root = sc["runAsNonRoot"] == true
+                        || (pod["securityContext"]["runAsNonRoot"] == true
+                            && sc["runAsNonRoot"] != false);
+                    assert!(non_root, "{who}/{}: runAsNonRoot", c["name"]);
+                    assert_eq!(sc["readOnlyRootFilesystem"], true, "{who}/{}", c["name"]);
+                    assert_eq!(sc["allowPrivilegeEscalation"], false, "{who}/{}", c["name"]);
+                    assert_eq!(
+                        strings(&sc["capabilities"]["drop"]),
+                        ["ALL"],
+                        "{who}/{}",
+                        c["name"]
+                    );
+                    assert!(sc["capabilities"]["add"].is_null(), "{who}/{}", c["name"]);
+                    assert_ne!(sc["privileged"], true, "{who}/{}", c["name"]);
+                    for r in ["requests", "limits"] {
+                        assert!(
+                            c["resources"][r]["memory"].is_string(),
+                            "{who}/{}: resources.{r}.memory",
+                            c["name"]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn webhook_deployment_serves_what_the_configurations_call() {
+    let docs = render(&manifests_dir().join("base"));
+    let deployment = named(&docs, "Deployment", "helmop-webhook");
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let pdb = named(&docs, "PodDisruptionBudget", "helmop-webhook");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_eq!(pdb["spec"]["selector"], deployment["spec"]["selector"]);
+    let service = named(&docs, "Service", "helmop-webhook");
+    assert_eq!(
+        &service["spec"]["selector"],
+        &deployment["spec"]["selector"]["matchLabels"]
+    );
+
+    let pod = pod_spec(deployment);
+    assert_eq!(pod["serviceAccountName"], "helmop-webhook");
+    let c = &pod["containers"][0];
+    let mut argv = strings(&c["command"]);
+    argv.extend(strings(&c["args"]));
+    assert_eq!(argv[0], "helmop-webhook");
+    let cli = Cli::try_parse_from(&argv)
+        .unwrap_or_else(|e| panic!("Deployment args rejected by the binary: {e}"));
+
+    let port = |name: &str| {
+        c["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap()["containerPort"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(u64::from(cli.listen.port()), port("webhook"));
+    assert_eq!(u64::from(cli.admin_listen.port()), port("admin"));
+    let target = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["port"] == 443)
+        .unwrap();
+    assert_eq!(target["targetPort"], "webhook");
+    for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
+        assert_eq!(c[probe]["httpGet"]["port"], "admin", "{probe}");
+    }
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+
+    // The certificate files come from the TLS Secret volume.
+    let mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "tls")
+        .unwrap();
+    let dir = Path::new(mount["mountPath"].as_str().unwrap());
+    assert_eq!(cli.tls_cert, dir.join("tls.crt"));
+    assert_eq!(cli.tls_key, dir.join("tls.key"));
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "tls")
+        .unwrap();
+    assert_eq!(volume["secret"]["secretName"], "helmop-webhook-tls");
+
+    // Answer before the API server gives up: the deadline is below every timeoutSeconds.
+    let smallest_timeout = [
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+    ]
+    .iter()
+    .flat_map(|k| {
+        named(&docs, k, "helmop-webhook")["webhooks"]
+            .as_array()
+            .unwrap()
+            .clone()
+    })
+    .map(|w| w["timeoutSeconds"].as_u64().unwrap())
+    .min()
+    .unwrap();
+    assert!(
+        cli.request_timeout_ms < smallest_timeout * 1000,
+        "{} ms",
+        cli.request_timeout_ms
+    );
+    // Readiness drop, drain and exit fit in the grace period.
+    let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+    assert!(cli.shutdown_delay_seconds + 15 < grace);
+
+    // The hash-key Job creates the Secret the webhook reads.
+    let job = named(&docs, "Job", "helmop-hash-key-init");
+    let argv = strings(&pod_spec(job)["containers"][0]["command"]);
+    let bootstrap = BootstrapCli::try_parse_from(&argv)
+        .unwrap_or_else(|e| panic!("hash-key Job rejected: {e}"));
+    match bootstrap.command {
+        helmop_webhook::cli::BootstrapCommand::HashKey { secret } => {
+            assert_eq!(secret, cli.hash_key_secret)
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn cert_manager_overlay_injects_the_ca_of_the_mounted_certificate() {
+    let docs = render(&manifests_dir().join("cert-manager"));
+    for kind in [
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+    ] {
+        let inject = named(&docs, kind, "helmop-webhook")["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{kind} lacks cert-manager.io/inject-ca-from"));
+        let (ns, name) = inject.split_once('/').unwrap();
+        let cert = named(&docs, "Certificate", name);
+        assert_eq!(cert["metadata"]["namespace"], ns);
+        assert_eq!(cert["spec"]["secretName"], "helmop-webhook-tls");
+        assert!(strings(&cert["spec"]["dnsNames"]).contains(&"helmop-webhook.helmop-system.svc"));
+        let issuer = named(
+            &docs,
+            "Issuer",
+            cert["spec"]["issuerRef"]["name"].as_str().unwrap(),
+        );
+        assert!(
+            issuer["spec"]["ca"].is_object(),
+            "serving certificate comes from a CA, so renewals keep the caBundle"
+        );
+    }
+}
+
+#[test]
+fn self_signed_overlay_bootstraps_the_secret_the_deployment_mounts() {
+    let docs = render(&manifests_dir().join("self-signed"));
+    let job = named(&docs, "Job", "helmop-tls-bootstrap");
+    let cron = named(&docs, "CronJob", "helmop-tls-renew");
+    for workload in [job, cron] {
+        let argv = strings(&pod_spec(workload)["containers"][0]["command"]);
+        let cli = BootstrapCli::try_parse_from(&argv)
+            .unwrap_or_else(|e| panic!("{}: {e}", name_of(workload)));
+        match cli.command {
+            helmop_webhook::cli::BootstrapCommand::Tls {
+                secret,
+                ca_secret,
+                service,
+                webhook_configuration,
+                ..
+            } => {
+                assert_eq!(secret.to_string(), "helmop-system/helmop-webhook-tls");
+                assert_eq!(service, "helmop-webhook");
+                assert_eq!(webhook_configuration, "helmop-webhook");
+                let role = named(&docs, "Role", "helmop-tls-bootstrap");
+                let names: Vec<&str> = role["rules"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .flat_map(|r| strings(&r["resourceNames"]))
+                    .collect();
+                assert!(
+                    names.contains(&secret.name.as_str())
+                        && names.contains(&ca_secret.name.as_str()),
+                    "{names:?}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let cluster_role = named(&docs, "ClusterRole", "helmop-tls-bootstrap");
+    for rule in cluster_role["rules"].as_array().unwrap() {
+        assert_eq!(
+            strings(&rule["resourceNames"]),
+            ["helmop-webhook"],
+            "{rule}"
+        );
+    }
+}
