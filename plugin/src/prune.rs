@@ -17,7 +17,11 @@
 //! - every delete carries uid and resourceVersion preconditions, every owners rewrite the same
 //!   guard, so an object replaced or changed since it was read is never touched.
 //!
-//! Sources' data is never read: whether a copy is wanted depends only on HelmOps and targets.
+//! - a copy still wanted by some HelmOps loses the owners entries of HelmOps that no longer want
+//!   it (`Released`), with the same guard; its content is `propagate`'s business.
+//!
+//! Sources' data is never read (only their metadata): whether a copy is wanted depends only on
+//! HelmOps and targets.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -25,7 +29,7 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 
 use helmop_core::names;
-use helmop_core::plan::{Action, ActionKind, SourceRef};
+use helmop_core::plan::{Action, ActionKind, HelmOpKey, SourceRef, UpdateReason};
 use helmop_core::resource::ResourceKind;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
@@ -44,7 +48,7 @@ use crate::propagate::{annotations_patch, observe_and_plan, row};
 type SourceUids = Mutex<BTreeMap<SourceRef, Result<Option<String>, String>>>;
 use crate::report::{self, Row};
 use crate::runner::{self, Progress};
-use crate::sources::Sources;
+use crate::sources::{self, Sources};
 
 #[derive(Clone, Debug)]
 pub struct PruneOpts {
@@ -96,7 +100,7 @@ pub async fn prune(ctx: &Ctx, opts: &PruneOpts) -> Result<PruneReport, PluginErr
             problems.join("; ")
         )));
     }
-    let sources = Sources::default();
+    let sources = sources::fetch_metadata(ctx, &inv.desired).await?;
     let uids = SourceUids::default();
     let results = runner::for_each_cluster(
         &inv.downstreams,
@@ -159,34 +163,83 @@ async fn prune_cluster(
     for action in &actions {
         let writes = matches!(
             action.kind,
-            ActionKind::Prune { .. } | ActionKind::RemoveOwner { .. } | ActionKind::Keep { rewrite: true, .. }
+            ActionKind::Prune { .. }
+                | ActionKind::RemoveOwner { .. }
+                | ActionKind::Keep { rewrite: true, .. }
         );
         if writes && let Err(why) = verify_source(ctx, uids, &obs, action).await {
             rows.push(row(downstream, action, "Orphaned", format!("{why}; left alone")));
             continue;
         }
-        let outcome = match &action.kind {
-            ActionKind::Prune { uid } => Some(delete(ctx, opts, &client, &obs, action, uid).await),
+        let guard = |uid: &str| Guard {
+            uid: uid.to_string(),
+            version: obs
+                .version(&action.namespace, &action.resource)
+                .unwrap_or_default()
+                .to_string(),
+        };
+        let (shown, state, reason) = match &action.kind {
+            ActionKind::Prune { uid } => {
+                let (state, reason) = delete(ctx, opts, &client, action, &guard(uid)).await;
+                (action.clone(), state, reason)
+            }
             ActionKind::RemoveOwner { uid, owners } => {
                 let set = BTreeMap::from([(names::ANN_OWNERS, Some(owners.clone()))]);
-                Some(
-                    rewrite(ctx, opts, &client, &obs, action, uid, &set, ("Release", "Released"))
-                        .await,
-                )
+                let done = ("Release", "Released");
+                let (state, reason) =
+                    rewrite(ctx, opts, &client, action, &guard(uid), &set, done, action.reason()).await;
+                (action.clone(), state, reason)
             }
             ActionKind::Keep { uid, rewrite: true } => {
                 let set = BTreeMap::from([(names::ANN_OWNERS, None)]);
-                Some(rewrite(ctx, opts, &client, &obs, action, uid, &set, ("Kept", "Kept")).await)
+                let (state, reason) =
+                    rewrite(ctx, opts, &client, action, &guard(uid), &set, ("Kept", "Kept"), action.reason())
+                        .await;
+                (action.clone(), state, reason)
             }
-            ActionKind::Keep { rewrite: false, .. } => Some(("Kept", action.reason())),
-            ActionKind::Orphaned(_) => Some(("Orphaned", action.reason())),
-            _ => None,
+            ActionKind::Keep { rewrite: false, .. } => (action.clone(), "Kept", action.reason()),
+            ActionKind::Orphaned(_) => (action.clone(), "Orphaned", action.reason()),
+            // A copy still wanted, whose owners include HelmOps that let go: only the ownership
+            // part of the planned update is prune's (the content is propagate's).
+            ActionKind::Update { uid, meta, reasons, .. } => {
+                let released: Vec<HelmOpKey> = reasons
+                    .iter()
+                    .flat_map(|r| match r {
+                        UpdateReason::OwnersRemoved(keys) => keys.clone(),
+                        _ => Vec::new(),
+                    })
+                    .collect();
+                if released.is_empty() {
+                    continue;
+                }
+                let shown = Action {
+                    helmops: released,
+                    ..action.clone()
+                };
+                let why = format!(
+                    "still wanted by others; releasing {}",
+                    shown.helmops.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                );
+                let set = BTreeMap::from([
+                    (names::ANN_OWNERS, meta.annotations.get(names::ANN_OWNERS).cloned()),
+                    (names::ANN_KEEP, meta.annotations.get(names::ANN_KEEP).cloned()),
+                ]);
+                let done = ("Release", "Released");
+                let (state, reason) =
+                    rewrite(ctx, opts, &client, &shown, &guard(uid), &set, done, why).await;
+                (shown, state, reason)
+            }
+            _ => continue,
         };
-        if let Some((state, reason)) = outcome {
-            rows.push(row(downstream, action, state, reason));
-        }
+        rows.push(row(downstream, &shown, state, reason));
     }
     Ok(rows)
+}
+
+/// The object a write was planned against: it must still be this one, unchanged.
+struct Guard {
+    uid: String,
+    version: String,
 }
 
 /// Checks a copy's markers against the live source upstream (see the module documentation).
@@ -252,19 +305,16 @@ async fn delete(
     ctx: &Ctx,
     opts: &PruneOpts,
     client: &kube::Client,
-    obs: &Observation,
     action: &Action,
-    uid: &str,
+    guard: &Guard,
 ) -> (&'static str, String) {
     if opts.dry_run {
         return ("Prune", action.reason());
     }
     let params = DeleteParams {
         preconditions: Some(Preconditions {
-            uid: Some(uid.to_string()),
-            resource_version: obs
-                .version(&action.namespace, &action.resource)
-                .map(str::to_string),
+            uid: Some(guard.uid.clone()),
+            resource_version: Some(guard.version.clone()).filter(|v| !v.is_empty()),
         }),
         ..DeleteParams::default()
     };
@@ -289,24 +339,22 @@ async fn delete(
     }
 }
 
+/// Sets or (with `None`) removes annotations, guarded by uid and resourceVersion.
 #[allow(clippy::too_many_arguments)]
 async fn rewrite(
     ctx: &Ctx,
     opts: &PruneOpts,
     client: &kube::Client,
-    obs: &Observation,
     action: &Action,
-    uid: &str,
+    guard: &Guard,
     set: &BTreeMap<&str, Option<String>>,
     (dry_state, done_state): (&'static str, &'static str),
+    reason: String,
 ) -> (&'static str, String) {
     if opts.dry_run {
-        return (dry_state, action.reason());
+        return (dry_state, reason);
     }
-    let version = obs
-        .version(&action.namespace, &action.resource)
-        .unwrap_or_default();
-    let patch = annotations_patch(uid, version, set);
+    let patch = annotations_patch(&guard.uid, &guard.version, set);
     let params = PatchParams {
         field_manager: Some(names::MANAGER.into()),
         ..PatchParams::default()
@@ -325,7 +373,7 @@ async fn rewrite(
     match result {
         Ok(()) => {
             ctx.record_write();
-            (done_state, action.reason())
+            (done_state, reason)
         }
         Err(e) => ("Failed", refused("rewriting owners", &e)),
     }

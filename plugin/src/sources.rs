@@ -174,6 +174,46 @@ pub async fn fetch(ctx: &Ctx, desired: &[DesiredCopy], key: &HashKey) -> Result<
     Ok(sources)
 }
 
+/// The sources' metadata only (uid, labels, annotations; the content hash left empty): enough to
+/// plan ownership changes without reading any data (prune).
+pub async fn fetch_metadata(ctx: &Ctx, desired: &[DesiredCopy]) -> Result<Sources, PluginError> {
+    let wanted: BTreeSet<(String, ResourceRef)> = desired
+        .iter()
+        .map(|d| (d.helmop.namespace.clone(), d.resource.clone()))
+        .collect();
+    let found: Vec<Option<SourceObject>> = futures::stream::iter(wanted)
+        .map(|(ns, resource)| async move {
+            let what = format!("reading source {ns}/{resource}");
+            let client = ctx.upstream.clone();
+            let meta = match resource.kind {
+                ResourceKind::Secret => Api::<Secret>::namespaced(client, &ns)
+                    .get_metadata_opt(&resource.name)
+                    .await
+                    .map(|o| o.map(|m| m.metadata)),
+                ResourceKind::ConfigMap => Api::<ConfigMap>::namespaced(client, &ns)
+                    .get_metadata_opt(&resource.name)
+                    .await
+                    .map(|o| o.map(|m| m.metadata)),
+            }
+            .map_err(|e| api_error::upstream(&what, &e))?;
+            Ok::<_, PluginError>(meta.map(|meta| SourceObject {
+                namespace: ns,
+                resource,
+                uid: meta.uid.unwrap_or_default(),
+                content_hash: String::new(),
+                labels: meta.labels.unwrap_or_default(),
+                annotations: meta.annotations.unwrap_or_default(),
+            }))
+        })
+        .buffer_unordered(16)
+        .try_collect()
+        .await?;
+    Ok(Sources {
+        objects: BTreeMap::new(),
+        plan: found.into_iter().flatten().collect(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::ByteString;

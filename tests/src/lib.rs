@@ -16,6 +16,7 @@
 //! control plane itself panics with a message saying what to do (a missing prerequisite is a
 //! test failure, never a skip).
 
+mod binaries;
 mod certs;
 mod controlplane;
 mod fleet;
@@ -24,6 +25,7 @@ mod objects;
 mod wait;
 mod webhooks;
 
+pub use binaries::{PluginProcess, plugin_binary, run_plugin, workspace_binary};
 pub use certs::{TestCerts, test_certs, test_certs_for};
 pub use controlplane::{
     ClusterInfo, ControlPlane, DOWNSTREAM_1, DOWNSTREAM_2, UPSTREAM, client_from_kubeconfig,

@@ -218,9 +218,13 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
             }
         }
     };
-    // Stop acting on changes, then give the Lease away (nothing writes any more).
+    // Stop acting on changes, say so, then give the Lease away: nothing writes any more, so a
+    // standby may take over at once.
     drop(watches);
     if let Some(h) = election {
+        if *leading.borrow() {
+            events.leader(false, h.identity(), h.lease());
+        }
         h.shutdown().await;
     }
     events.stopped(signal);

@@ -5,3 +5,6 @@
 
 mod controlplane;
 mod webhook;
+mod plugin_rollout;
+mod plugin_watch;
+mod plugin;

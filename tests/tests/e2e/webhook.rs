@@ -26,6 +26,7 @@ const CONFIG_REFS: &str = "helmop.dev/config-refs";
 /// A webhook process on loopback, stopped when dropped.
 struct Webhook {
     state: AppState,
+    metrics: Metrics,
     url: String,
     ca_pem: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -48,7 +49,7 @@ impl Webhook {
             tls_key: key,
             ..ServeOptions::default()
         };
-        let server = Server::bind(options, Arc::new(state.clone()), metrics).await?;
+        let server = Server::bind(options, Arc::new(state.clone()), metrics.clone()).await?;
         let url = format!("https://{}", server.webhook_addr());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(server.run(async move {
@@ -61,6 +62,7 @@ impl Webhook {
         .await?;
         Ok(Webhook {
             state,
+            metrics,
             url,
             ca_pem: certs.ca_pem,
             stop: Some(stop),
@@ -127,6 +129,19 @@ impl Webhook {
             client: client.clone(),
             names,
         })
+    }
+}
+
+impl Webhook {
+    /// `helmop_webhook_cache_objects{cache="..."}` as exported on /metrics.
+    fn cache_objects(&self, cache: &str) -> anyhow::Result<i64> {
+        let text = self.metrics.encode()?;
+        let prefix = format!("helmop_webhook_cache_objects{{cache=\"{cache}\"}} ");
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .with_context(|| format!("no {prefix} in metrics"))?;
+        Ok(line.trim().parse()?)
     }
 }
 
@@ -683,6 +698,13 @@ async fn opted_in_deployments_are_stamped_and_roll_when_what_they_read_changes()
         Some(second.clone())
     );
     assert!(webhook.state.cached_digests() >= 1);
+    // Cache sizes are exported.
+    for cache in ["helmops", "secrets", "configmaps", "namespaces", "digests"] {
+        assert!(
+            webhook.cache_objects(cache)? >= 1,
+            "cache {cache} reported empty"
+        );
+    }
 
     // The workload label "false" opts out of a namespace-wide opt-in.
     let opted_out = deployment(

@@ -65,4 +65,156 @@ mod tests {
         assert_eq!(n(&["a", "b"]), "a and b");
         assert_eq!(n(&["a", "b", "c"]), "a, b and c");
     }
+
+    mod unreachable_api_server {
+        //! The failure policy of each endpoint when the API server cannot be reached (a closed port on
+        //! loopback: every lookup fails the way it does when the API server is down).
+
+        use kube::core::admission::AdmissionReview;
+        use serde_json::{Value, json};
+
+        use super::super::*;
+        use crate::cli::Config;
+        use crate::metrics::Metrics;
+
+        async fn state() -> AppState {
+            let url = "http://127.0.0.1:1".parse().unwrap();
+            let client = kube::Client::try_from(kube::Config::new(url)).unwrap();
+            AppState::start(client, Config::default(), &Metrics::new())
+                .await
+                .unwrap()
+        }
+
+        fn request(
+            gvk: (&str, &str, &str),
+            resource: &str,
+            operation: &str,
+            object: Option<Value>,
+        ) -> AdmissionRequest<DynamicObject> {
+            let (group, version, kind) = gvk;
+            let review = json!({
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "request": {
+                    "uid": "u1",
+                    "kind": {"group": group, "version": version, "kind": kind},
+                    "resource": {"group": group, "version": version, "resource": resource},
+                    "name": "x",
+                    "namespace": "team",
+                    "operation": operation,
+                    "userInfo": {},
+                    "object": object,
+                    "oldObject": null,
+                    "dryRun": false,
+                },
+            });
+            let review: AdmissionReview<DynamicObject> = serde_json::from_value(review).unwrap();
+            review.try_into().unwrap()
+        }
+
+        fn helmop() -> Value {
+            json!({
+                "apiVersion": "fleet.cattle.io/v1alpha1",
+                "kind": "HelmOp",
+                "metadata": {"name": "x", "namespace": "team"},
+                "spec": {
+                    "helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.2.3"},
+                    "downstreamResources": [{"kind": "Secret", "name": "db"}],
+                },
+            })
+        }
+
+        fn deployment(labels: Value) -> Value {
+            json!({
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "x", "namespace": "team", "labels": labels},
+                "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i",
+                    "envFrom": [{"configMapRef": {"name": "app"}}]}]}}},
+            })
+        }
+
+        const HELMOP: (&str, &str, &str) = ("fleet.cattle.io", "v1alpha1", "HelmOp");
+        const DEPLOYMENT: (&str, &str, &str) = ("apps", "v1", "Deployment");
+
+        #[tokio::test]
+        async fn helmop_validation_fails_closed_with_500() {
+            let state = state().await;
+            assert!(!state.ready());
+            let req = request(HELMOP, "helmops", "CREATE", Some(helmop()));
+            let Verdict::Deny { message, code, .. } = validate_helmop(&state, &req).await else {
+                panic!("admitted without checking existence");
+            };
+            assert_eq!(code, 500);
+            assert!(
+                message.contains("cannot check that secret/db exists in namespace \"team\""),
+                "{message}"
+            );
+            // DELETE is still never denied.
+            let req = request(HELMOP, "helmops", "DELETE", None);
+            assert_eq!(validate_helmop(&state, &req).await, Verdict::allow());
+        }
+
+        #[tokio::test]
+        async fn delete_guard_fails_closed_until_helmops_are_loaded() {
+            let state = state().await;
+            let req = request(("", "v1", "Secret"), "secrets", "DELETE", None);
+            let Verdict::Deny { message, code, .. } = guard_reference(&state, &req).await else {
+                panic!("delete allowed without knowing the HelmOps");
+            };
+            assert_eq!(code, 500);
+            assert!(
+                message.contains("HelmOp cache is not loaded yet"),
+                "{message}"
+            );
+            // Other operations and kinds are not the guard's business.
+            let req = request(("", "v1", "Secret"), "secrets", "CREATE", Some(json!({})));
+            assert_eq!(guard_reference(&state, &req).await, Verdict::allow());
+            let req = request(("apps", "v1", "Deployment"), "deployments", "DELETE", None);
+            assert_eq!(guard_reference(&state, &req).await, Verdict::allow());
+        }
+
+        #[tokio::test]
+        async fn workload_mutation_fails_open_with_a_warning() {
+            let state = state().await;
+            // Opt-in depends on the namespace, which cannot be read.
+            let req = request(
+                DEPLOYMENT,
+                "deployments",
+                "CREATE",
+                Some(deployment(json!({}))),
+            );
+            let Verdict::Allow {
+                patch: None,
+                warnings,
+            } = mutate_workload(&state, &req).await
+            else {
+                panic!("not admitted unchanged");
+            };
+            assert_eq!(warnings.len(), 1, "{warnings:?}");
+            assert!(
+                warnings[0].contains("cannot read the labels of namespace \"team\""),
+                "{warnings:?}"
+            );
+            // Opted in by its own label, but no hash key could be loaded.
+            let labelled = deployment(json!({"helmop.dev/rollout-on-change": "true"}));
+            let req = request(DEPLOYMENT, "deployments", "UPDATE", Some(labelled));
+            let Verdict::Allow {
+                patch: None,
+                warnings,
+            } = mutate_workload(&state, &req).await
+            else {
+                panic!("not admitted unchanged");
+            };
+            assert!(
+                warnings[0]
+                    .contains("hash key Secret helmop-system/helmop-hash-key not loaded yet"),
+                "{warnings:?}"
+            );
+            // Opted out: nothing to look up, nothing to say.
+            let opted_out = deployment(json!({"helmop.dev/rollout-on-change": "false"}));
+            let req = request(DEPLOYMENT, "deployments", "CREATE", Some(opted_out));
+            assert_eq!(mutate_workload(&state, &req).await, Verdict::allow());
+        }
+    }
 }

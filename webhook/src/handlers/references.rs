@@ -62,13 +62,17 @@ fn holders<'a>(
 }
 
 /// The verdict for deleting `target` while `holders` list it (pure).
+///
+/// Deleting a namespace deletes its Secrets and HelmOps in no particular order; refusing while the
+/// namespace is terminating would only hold it in Terminating until the HelmOps are gone too.
 fn guard_verdict(
     mode: GuardMode,
     target: &ResourceRef,
     namespace: &str,
+    terminating: bool,
     holders: &[String],
 ) -> Verdict {
-    if holders.is_empty() {
+    if holders.is_empty() || terminating {
         return Verdict::allow();
     }
     let which = match holders.len() {

@@ -293,6 +293,7 @@ async fn config_ops(
         Some(Some(digest)) => Observed::Digest(*digest),
         _ => Observed::Absent,
     });
+    tracing::debug!(namespace, refs = %stamp.config_refs, hash = %stamp.config_hash, "config stamp computed");
     let warnings = stamp
         .missing
         .iter()

@@ -55,6 +55,12 @@ impl Version {
     }
 }
 
+// Index of each watch in `Caches::synced`.
+const SYNCED_SECRETS: usize = 0;
+const SYNCED_CONFIGMAPS: usize = 1;
+const SYNCED_NAMESPACES: usize = 2;
+const SYNCED_HELMOPS: usize = 3;
+
 /// The reflector stores and their sync state.
 #[derive(Clone)]
 pub struct Caches {
@@ -77,7 +83,7 @@ impl Caches {
             strip_object_meta,
             CACHE_SECRETS,
             metrics.clone(),
-            (synced.clone(), 0),
+            (synced.clone(), SYNCED_SECRETS),
         );
         let config_maps = spawn_reflector(
             Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
@@ -85,7 +91,7 @@ impl Caches {
             strip_object_meta,
             CACHE_CONFIGMAPS,
             metrics.clone(),
-            (synced.clone(), 1),
+            (synced.clone(), SYNCED_CONFIGMAPS),
         );
         let namespaces = spawn_reflector(
             Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
@@ -93,7 +99,7 @@ impl Caches {
             strip_namespace,
             CACHE_NAMESPACES,
             metrics.clone(),
-            (synced.clone(), 2),
+            (synced.clone(), SYNCED_NAMESPACES),
         );
         let ar = helmop_api_resource();
         let helmops = spawn_reflector(
@@ -102,7 +108,7 @@ impl Caches {
             strip_helmop,
             CACHE_HELMOPS,
             metrics.clone(),
-            (synced.clone(), 3),
+            (synced.clone(), SYNCED_HELMOPS),
         );
         Caches {
             client,
@@ -121,7 +127,7 @@ impl Caches {
 
     /// True once the HelmOp watch has delivered its initial list (the delete guard needs only that one).
     pub fn helmops_synced(&self) -> bool {
-        self.synced[3].load(Ordering::Acquire)
+        self.synced[SYNCED_HELMOPS].load(Ordering::Acquire)
     }
 
     /// Whether `r` exists in `namespace`: the metadata cache, else a live GET.

@@ -1,0 +1,340 @@
+//! Helpers of the plugin's end-to-end tests: running the real `kubectl-helmop` binary, a Fleet
+//! setup on the shared control plane, and reading what ended up downstream.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use base64::Engine;
+use helmop_tests::*;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::{Api, Client};
+use serde_json::Value;
+
+/// The plugin binary next to this test binary (`target/<profile>/kubectl-helmop`): `./dev test`
+/// builds it with `cargo build --bins` before the tests run.
+pub fn plugin_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("path of the test binary");
+    // target/<profile>/deps/e2e-<hash> -> target/<profile>/kubectl-helmop
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binary lives in target/<profile>/deps");
+    let bin = dir.join("kubectl-helmop");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it first with `cargo build -p kubectl-helmop` (./dev test does)",
+        bin.display()
+    );
+    bin
+}
+
+/// What one run of the plugin printed and returned.
+#[derive(Debug)]
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Out {
+    /// stdout as JSON (the run must have used `-o json`).
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!("stdout is not JSON ({e}):\n{}\nstderr:\n{}", self.stdout, self.stderr)
+        })
+    }
+
+    /// Panics with both streams unless the exit code is `code`.
+    pub fn expect(self, code: i32) -> Out {
+        assert_eq!(
+            self.code, code,
+            "exit code {} (wanted {code})\nstdout:\n{}\nstderr:\n{}",
+            self.code, self.stdout, self.stderr
+        );
+        self
+    }
+}
+
+/// Runs the plugin with `args` against the upstream cluster (its own kubeconfig).
+pub async fn helmop(args: &[&str]) -> anyhow::Result<Out> {
+    let kubeconfig = control_plane().upstream().kubeconfig.clone();
+    run_with(&kubeconfig, args, &[]).await
+}
+
+/// Runs the plugin with `--kubeconfig kubeconfig`, extra environment, no KUBECONFIG.
+pub async fn run_with(kubeconfig: &Path, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Out> {
+    let mut full = vec!["--kubeconfig".to_string(), kubeconfig.display().to_string()];
+    full.extend(args.iter().map(|s| s.to_string()));
+    run_raw(&full, env).await
+}
+
+/// Runs the plugin with exactly `args`; KUBECONFIG is removed unless `env` sets it.
+pub async fn run_raw(args: &[String], env: &[(&str, &str)]) -> anyhow::Result<Out> {
+    let mut cmd = tokio::process::Command::new(plugin_bin());
+    cmd.args(args)
+        .env_remove("KUBECONFIG")
+        .env("HELMOP_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(180), cmd.output())
+        .await
+        .with_context(|| format!("kubectl-helmop {args:?} did not finish in 180s"))??;
+    Ok(Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+/// Clients of the shared control plane and a fresh upstream namespace holding Fleet Clusters.
+pub struct Fleet {
+    pub ns: String,
+    pub upstream: Client,
+    pub down1: Client,
+    pub down2: Client,
+}
+
+impl Fleet {
+    /// A fresh namespace upstream with Fleet Clusters `down1` (labels `env=prod`, `name=down1`)
+    /// and `down2` (`env=prod`, `tier=edge`, `name=down2`), and a ClusterGroup `edge` selecting
+    /// `tier=edge`.
+    pub async fn new(prefix: &str) -> anyhow::Result<Fleet> {
+        let cp = control_plane();
+        let upstream = cp.upstream().client().await;
+        let ns = fresh_namespace(&upstream, prefix).await?;
+        register_fleet_cluster(
+            &upstream,
+            &ns,
+            "down1",
+            &[("env", "prod"), ("name", "down1")],
+            cp.cluster(DOWNSTREAM_1),
+        )
+        .await?;
+        register_fleet_cluster(
+            &upstream,
+            &ns,
+            "down2",
+            &[("env", "prod"), ("tier", "edge"), ("name", "down2")],
+            cp.cluster(DOWNSTREAM_2),
+        )
+        .await?;
+        create_cluster_group(&upstream, &ns, "edge", &[("tier", "edge")], &[]).await?;
+        Ok(Fleet {
+            ns,
+            upstream,
+            down1: cp.cluster(DOWNSTREAM_1).client().await,
+            down2: cp.cluster(DOWNSTREAM_2).client().await,
+        })
+    }
+
+    /// The downstream namespace name `<ns>-<suffix>` (unique per test).
+    pub fn dest(&self, suffix: &str) -> String {
+        format!("{}-{suffix}", self.ns)
+    }
+
+    /// Applies a HelmOp in this namespace from YAML.
+    pub async fn helmop(&self, yaml: &str) -> anyhow::Result<()> {
+        apply_helmop(&self.upstream, &self.ns, yaml).await?;
+        Ok(())
+    }
+}
+
+/// A HelmOp document: name, then the spec lines (YAML, indented by 2 under `spec:`).
+pub fn helmop_yaml(name: &str, spec: &str) -> String {
+    let spec: String = spec.lines().map(|l| format!("  {l}\n")).collect();
+    format!(
+        "apiVersion: fleet.cattle.io/v1alpha1\nkind: HelmOp\nmetadata:\n  name: {name}\nspec:\n  helm:\n    repo: https://charts.example.com\n    chart: app\n    version: 1.0.0\n{spec}"
+    )
+}
+
+pub async fn get_secret(client: &Client, ns: &str, name: &str) -> anyhow::Result<Option<Secret>> {
+    Ok(Api::<Secret>::namespaced(client.clone(), ns).get_opt(name).await?)
+}
+
+pub async fn get_config_map(client: &Client, ns: &str, name: &str) -> anyhow::Result<Option<ConfigMap>> {
+    Ok(Api::<ConfigMap>::namespaced(client.clone(), ns).get_opt(name).await?)
+}
+
+pub async fn namespace_exists(client: &Client, ns: &str) -> anyhow::Result<bool> {
+    Ok(Api::<Namespace>::all(client.clone()).get_opt(ns).await?.is_some())
+}
+
+pub fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
+pub fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+/// Every helmop copy on a cluster owned by a HelmOp of upstream namespace `ns`:
+/// `(namespace, kind, name)`.
+pub async fn copies_of(client: &Client, ns: &str) -> anyhow::Result<BTreeSet<(String, String, String)>> {
+    let lp = ListParams::default().labels("helmop.dev/managed-by=kubectl-helmop");
+    let marker = format!("/{ns}/");
+    let mut out = BTreeSet::new();
+    for s in Api::<Secret>::all(client.clone()).list(&lp).await? {
+        if annotation(&s.metadata, "helmop.dev/owners").is_some_and(|o| o.contains(&marker)) {
+            out.insert((
+                s.metadata.namespace.clone().unwrap_or_default(),
+                "Secret".into(),
+                s.metadata.name.clone().unwrap_or_default(),
+            ));
+        }
+    }
+    for c in Api::<ConfigMap>::all(client.clone()).list(&lp).await? {
+        if annotation(&c.metadata, "helmop.dev/owners").is_some_and(|o| o.contains(&marker)) {
+            out.insert((
+                c.metadata.namespace.clone().unwrap_or_default(),
+                "ConfigMap".into(),
+                c.metadata.name.clone().unwrap_or_default(),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// `(namespace, kind, name)` as owned strings.
+pub fn place(ns: &str, kind: &str, name: &str) -> (String, String, String) {
+    (ns.to_string(), kind.to_string(), name.to_string())
+}
+
+/// The rows of a JSON report.
+pub fn rows(report: &Value) -> Vec<Value> {
+    report["rows"].as_array().cloned().unwrap_or_default()
+}
+
+/// `cluster namespace kind/name [workload] -> state` of a JSON report.
+pub fn states(report: &Value) -> BTreeMap<String, String> {
+    rows(report)
+        .iter()
+        .map(|r| {
+            let mut key = format!(
+                "{} {} {}/{}",
+                r["cluster"].as_str().unwrap_or_default(),
+                r["namespace"].as_str().unwrap_or_default(),
+                r["kind"].as_str().unwrap_or_default(),
+                r["name"].as_str().unwrap_or_default()
+            );
+            if let Some(w) = r["workload"].as_str() {
+                key.push_str(&format!(" {w}"));
+            }
+            (key, r["state"].as_str().unwrap_or_default().to_string())
+        })
+        .collect()
+}
+
+/// The row of a report matching cluster, namespace and resource name (and no workload).
+pub fn row<'a>(report_rows: &'a [Value], cluster: &str, name: &str) -> &'a Value {
+    report_rows
+        .iter()
+        .find(|r| r["cluster"] == cluster && r["name"] == name && r.get("workload").is_none())
+        .unwrap_or_else(|| panic!("no row for {cluster} {name} in {report_rows:#?}"))
+}
+
+/// `writes` of a propagate report's summary.
+pub fn writes(report: &Value) -> u64 {
+    report["summary"]["writes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no summary.writes in {report:#}"))
+}
+
+/// A kubeconfig file for the upstream cluster authenticating as a ServiceAccount of `ns` that
+/// may read HelmOps, ClusterGroups, Secrets and ConfigMaps of `ns`, but not Clusters. The file
+/// lives in `dir`.
+pub async fn kubeconfig_without_cluster_access(
+    upstream: &Client,
+    ns: &str,
+    dir: &Path,
+) -> anyhow::Result<PathBuf> {
+    let name = "no-clusters";
+    let meta = |name: &str| ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(ns.into()),
+        ..ObjectMeta::default()
+    };
+    Api::<ServiceAccount>::namespaced(upstream.clone(), ns)
+        .create(&PostParams::default(), &ServiceAccount {
+            metadata: meta(name),
+            ..ServiceAccount::default()
+        })
+        .await?;
+    let rule = |group: &str, resources: &[&str]| PolicyRule {
+        api_groups: Some(vec![group.into()]),
+        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
+        verbs: vec!["get".into(), "list".into(), "watch".into()],
+        ..PolicyRule::default()
+    };
+    Api::<Role>::namespaced(upstream.clone(), ns)
+        .create(&PostParams::default(), &Role {
+            metadata: meta(name),
+            rules: Some(vec![
+                rule("fleet.cattle.io", &["helmops", "clustergroups"]),
+                rule("", &["secrets", "configmaps"]),
+            ]),
+        })
+        .await?;
+    Api::<RoleBinding>::namespaced(upstream.clone(), ns)
+        .create(&PostParams::default(), &RoleBinding {
+            metadata: meta(name),
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "Role".into(),
+                name: name.into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: name.into(),
+                namespace: Some(ns.into()),
+                ..Subject::default()
+            }]),
+        })
+        .await?;
+    // Kubernetes 1.20 creates a token Secret for every ServiceAccount.
+    let accounts: Api<ServiceAccount> = Api::namespaced(upstream.clone(), ns);
+    let secret_name = wait_for("the ServiceAccount's token Secret", DEFAULT_TIMEOUT, || async {
+        let sa = accounts.get(name).await?;
+        Ok(sa
+            .secrets
+            .unwrap_or_default()
+            .first()
+            .and_then(|r| r.name.clone()))
+    })
+    .await?;
+    let secrets: Api<Secret> = Api::namespaced(upstream.clone(), ns);
+    let token = wait_for("the token", DEFAULT_TIMEOUT, || async {
+        let s = secrets.get(&secret_name).await?;
+        Ok(s.data
+            .unwrap_or_default()
+            .get("token")
+            .map(|t| String::from_utf8_lossy(&t.0).into_owned()))
+    })
+    .await?;
+    let info = control_plane().upstream();
+    let ca = base64::engine::general_purpose::STANDARD.encode(info.ca_pem());
+    let yaml = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: up\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\nusers:\n- name: limited\n  user:\n    token: {token}\ncontexts:\n- name: limited\n  context:\n    cluster: up\n    user: limited\n    namespace: {ns}\ncurrent-context: limited\n",
+        info.server
+    );
+    let path = dir.join("limited.kubeconfig");
+    std::fs::write(&path, yaml)?;
+    Ok(path)
+}
+
+/// Fails unless `value` is `Some`.
+pub fn some<T>(value: Option<T>, what: &str) -> anyhow::Result<T> {
+    match value {
+        Some(v) => Ok(v),
+        None => bail!("{what} is missing"),
+    }
+}

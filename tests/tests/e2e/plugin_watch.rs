@@ -1,0 +1,606 @@
+//! `kubectl helmop propagate --watch` end to end, with the real binary against the shared control
+//! plane (upstream, down1, down2): changes propagate without a rerun, leader election keeps two
+//! watchers from both writing (hand-over on SIGTERM at once, on a crash after the lease duration),
+//! the propagator manifests' RBAC is enough and no more, and (on a private control plane) the
+//! watcher survives an upstream API server restart.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use helmop_tests::*;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::ByteString;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+/// Lease duration the watchers in these tests use: short, so hand-overs are quick to observe.
+const LEASE: Duration = Duration::from_secs(3);
+/// Retry period that goes with it (`LEASE / 6`, see plugin/src/leader.rs).
+const RETRY: Duration = Duration::from_millis(500);
+/// "Within seconds": the longest a change may take to reach a downstream cluster.
+const PROPAGATION_BOUND: Duration = Duration::from_secs(10);
+
+/// A HelmOp `app` in a fresh upstream namespace, with Secret `db` as its downstream resource and
+/// targeting the Fleet Clusters labelled `helmop-test=<namespace>`; copies go to the namespace of
+/// the same name downstream.
+struct Fixture {
+    ns: String,
+    upstream: Client,
+    kubeconfig: String,
+}
+
+impl Fixture {
+    async fn new(prefix: &str) -> anyhow::Result<Fixture> {
+        let cp = control_plane();
+        let upstream = cp.upstream().client().await;
+        let ns = fresh_namespace(&upstream, prefix).await?;
+        create_secret(&upstream, &ns, "db", &[("password", b"one")]).await?;
+        let f = Fixture {
+            ns,
+            upstream,
+            kubeconfig: cp.upstream().kubeconfig.display().to_string(),
+        };
+        f.register(DOWNSTREAM_1).await?;
+        f.apply_helmop(&[("Secret", "db")]).await?;
+        Ok(f)
+    }
+
+    async fn register(&self, cluster: &str) -> anyhow::Result<()> {
+        register_fleet_cluster(
+            &self.upstream,
+            &self.ns,
+            cluster,
+            &[("helmop-test", &self.ns)],
+            control_plane().cluster(cluster),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn apply_helmop(&self, resources: &[(&str, &str)]) -> anyhow::Result<()> {
+        let resources: Vec<Value> = resources
+            .iter()
+            .map(|(kind, name)| json!({"kind": kind, "name": name}))
+            .collect();
+        let doc = json!({
+            "metadata": {"name": "app"},
+            "spec": {
+                "helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.0.0"},
+                "defaultNamespace": self.ns,
+                "downstreamResources": resources,
+                "targets": [{"clusterSelector": {"matchLabels": {"helmop-test": self.ns}}}],
+            },
+        });
+        apply_helmop(&self.upstream, &self.ns, &doc.to_string()).await?;
+        Ok(())
+    }
+
+    async fn set_source(&self, value: &str) -> anyhow::Result<()> {
+        Api::<Secret>::namespaced(self.upstream.clone(), &self.ns)
+            .patch(
+                "db",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"stringData": {"password": value}})),
+            )
+            .await
+            .context("updating the source Secret")?;
+        Ok(())
+    }
+
+    /// `propagate --watch` flags shared by the tests; the Lease lives in the test's namespace.
+    fn watch_args(&self, extra: &[&str]) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "propagate",
+            "-n",
+            &self.ns,
+            "--watch",
+            "--kubeconfig",
+            &self.kubeconfig,
+            "--lease-namespace",
+            &self.ns,
+            "--lease-duration",
+            "3s",
+            "--debounce",
+            "200ms",
+            "-o",
+            "json",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        args
+    }
+
+    fn spawn_watcher(&self, extra: &[&str]) -> anyhow::Result<PluginProcess> {
+        let args = self.watch_args(extra);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        PluginProcess::spawn(&refs, &[("HELMOP_LOG", "info")])
+    }
+
+    async fn lease(&self) -> anyhow::Result<Option<Lease>> {
+        Ok(Api::<Lease>::namespaced(self.upstream.clone(), &self.ns)
+            .get_opt("kubectl-helmop-propagate")
+            .await?)
+    }
+}
+
+/// The copy of Secret `db` on `cluster`, as text.
+async fn copy_value(cluster: &str, ns: &str) -> anyhow::Result<Option<String>> {
+    let client = control_plane().cluster(cluster).client().await;
+    let secret = Api::<Secret>::namespaced(client, ns).get_opt("db").await?;
+    Ok(secret
+        .and_then(|s| s.data)
+        .and_then(|d| d.get("password").cloned())
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned()))
+}
+
+async fn wait_copy(cluster: &str, ns: &str, want: &str, timeout: Duration) -> anyhow::Result<()> {
+    wait_until(
+        &format!("Secret {ns}/db on {cluster} to read {want:?}"),
+        timeout,
+        || async move { Ok(copy_value(cluster, ns).await?.as_deref() == Some(want)) },
+    )
+    .await
+}
+
+fn time_of(event: &Value) -> anyhow::Result<Timestamp> {
+    event["time"]
+        .as_str()
+        .context("event without time")?
+        .parse()
+        .context("event time is not RFC 3339")
+}
+
+fn writes(run: &Value) -> u64 {
+    run["writes"].as_u64().unwrap_or(0)
+}
+
+fn is_run_for(event: &Value, reason: &str) -> bool {
+    event["event"] == "run"
+        && event["reasons"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|x| x.as_str().is_some_and(|s| s.contains(reason))))
+}
+
+#[tokio::test]
+async fn watch_propagates_changes_within_seconds_without_a_rerun() -> anyhow::Result<()> {
+    let f = Fixture::new("watch").await?;
+    let mut w = f.spawn_watcher(&["app"])?;
+    w.wait_event("the start-up run", PROPAGATION_BOUND, 0, |e| e["event"] == "run")
+        .await?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "one", PROPAGATION_BOUND).await?;
+
+    // A source change: no command is run, the watch sees it.
+    let seen = w.events().len();
+    let started = Instant::now();
+    f.set_source("two").await?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "two", PROPAGATION_BOUND).await?;
+    let took = started.elapsed();
+    let run = w
+        .wait_event("a run for the Secret change", PROPAGATION_BOUND, seen, |e| {
+            is_run_for(e, &format!("Secret {}/db changed", f.ns))
+        })
+        .await?;
+    assert!(writes(&run) >= 1, "{run}");
+    eprintln!("source change propagated in {took:?}");
+
+    // A HelmOp change: a new entry (its source created first) reaches the cluster.
+    create_config_map(&f.upstream, &f.ns, "settings", &[("mode", "fast")]).await?;
+    f.apply_helmop(&[("Secret", "db"), ("ConfigMap", "settings")])
+        .await?;
+    let down1 = control_plane().cluster(DOWNSTREAM_1).client().await;
+    let configmaps: Api<ConfigMap> = Api::namespaced(down1, &f.ns);
+    wait_until("ConfigMap settings on down1", PROPAGATION_BOUND, || async {
+        Ok(configmaps
+            .get_opt("settings")
+            .await?
+            .and_then(|c| c.data)
+            .is_some_and(|d| d.get("mode").map(String::as_str) == Some("fast")))
+    })
+    .await?;
+
+    // A new Cluster matching the target: the copies appear there too.
+    f.register(DOWNSTREAM_2).await?;
+    wait_copy(DOWNSTREAM_2, &f.ns, "two", PROPAGATION_BOUND).await?;
+
+    // SIGINT: a clean exit, the Lease released.
+    w.signal(libc::SIGINT)?;
+    let status = w.wait_exit(Duration::from_secs(15)).await?;
+    assert_eq!(status.code(), Some(0), "{}", w.context());
+    let stopped = w.events_named("stopped");
+    assert_eq!(stopped.len(), 1, "{}", w.context());
+    assert_eq!(stopped[0]["signal"], "SIGINT");
+    let lease = f.lease().await?.context("the Lease exists")?;
+    let holder = lease.spec.and_then(|s| s.holder_identity);
+    assert_eq!(holder, None, "the Lease is released on exit");
+    Ok(())
+}
+
+/// `[from, to)` intervals in which a watcher considered itself leader, from its events; `end` closes
+/// an interval still open (the process was killed).
+fn leadership(events: &[Value], end: Timestamp) -> anyhow::Result<Vec<(Timestamp, Timestamp)>> {
+    let mut out = Vec::new();
+    let mut since = None;
+    for e in events {
+        let t = time_of(e)?;
+        match (e["event"].as_str(), e["leading"].as_bool(), since) {
+            (Some("leader"), Some(true), None) => since = Some(t),
+            (Some("leader"), Some(false), Some(s)) | (Some("stopped"), _, Some(s)) => {
+                out.push((s, t));
+                since = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(s) = since {
+        out.push((s, end));
+    }
+    Ok(out)
+}
+
+/// Runs with writes must fall inside the process's leadership.
+fn writes_only_while_leading(events: &[Value], end: Timestamp) -> anyhow::Result<()> {
+    let intervals = leadership(events, end)?;
+    for run in events.iter().filter(|e| e["event"] == "run" && writes(e) > 0) {
+        let t = time_of(run)?;
+        if !intervals.iter().any(|(a, b)| *a <= t && t <= *b) {
+            bail!("a run with writes at {t} outside leadership {intervals:?}: {run}");
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_watchers_never_both_write() -> anyhow::Result<()> {
+    let f = Fixture::new("leader").await?;
+    let mut a = f.spawn_watcher(&[])?;
+    let a_leads = a
+        .wait_event("watcher A to lead", PROPAGATION_BOUND, 0, |e| {
+            e["event"] == "leader" && e["leading"] == true
+        })
+        .await?;
+    let a_identity = a_leads["identity"].as_str().context("identity")?.to_owned();
+    a.wait_event("A's first run", PROPAGATION_BOUND, 0, |e| e["event"] == "run")
+        .await?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "one", PROPAGATION_BOUND).await?;
+
+    let mut b = f.spawn_watcher(&[])?;
+    let b_standby = b
+        .wait_event("watcher B to stand by", PROPAGATION_BOUND, 0, |e| {
+            e["event"] == "leader" && e["leading"] == false
+        })
+        .await?;
+    let b_identity = b_standby["identity"].as_str().context("identity")?.to_owned();
+    assert_ne!(a_identity, b_identity);
+
+    // Changes while A leads: A propagates them, B does not even run.
+    for value in ["two", "three"] {
+        f.set_source(value).await?;
+        wait_copy(DOWNSTREAM_1, &f.ns, value, PROPAGATION_BOUND).await?;
+    }
+    // Longer than several renewals: B stays a standby while A renews.
+    tokio::time::sleep(LEASE).await;
+    assert!(b.events_named("run").is_empty(), "B ran: {}", b.context());
+    assert!(
+        a.events_named("run").iter().map(writes).sum::<u64>() >= 3,
+        "{}",
+        a.context()
+    );
+    let holder = f.lease().await?.and_then(|l| l.spec).and_then(|s| s.holder_identity);
+    assert_eq!(holder.as_deref(), Some(a_identity.as_str()));
+
+    // SIGTERM: A releases the Lease and B takes over at once, not after the lease duration.
+    a.signal(libc::SIGTERM)?;
+    assert_eq!(a.wait_exit(Duration::from_secs(15)).await?.code(), Some(0));
+    let a_stopped = time_of(&a.events_named("stopped")[0])?;
+    let b_leads = b
+        .wait_event("B to take over", PROPAGATION_BOUND, 0, |e| {
+            e["event"] == "leader" && e["leading"] == true
+        })
+        .await?;
+    let hand_over = time_of(&b_leads)?.duration_since(a_stopped);
+    assert!(
+        hand_over.unsigned_abs() < LEASE,
+        "hand-over took {hand_over:?} after a clean shutdown"
+    );
+    // B catches up (nothing to write: A left everything in sync), then propagates new changes.
+    let b_first = b
+        .wait_event("B's first run", PROPAGATION_BOUND, 0, |e| e["event"] == "run")
+        .await?;
+    assert_eq!(writes(&b_first), 0, "{b_first}");
+    f.set_source("four").await?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "four", PROPAGATION_BOUND).await?;
+
+    // A crash (SIGKILL, no release): standby C waits out the lease before it takes over.
+    let mut c = f.spawn_watcher(&[])?;
+    c.wait_event("watcher C to stand by", PROPAGATION_BOUND, 0, |e| {
+        e["event"] == "leader" && e["leading"] == false
+    })
+    .await?;
+    b.signal(libc::SIGKILL)?;
+    let killed = Timestamp::now();
+    b.wait_exit(Duration::from_secs(10)).await?;
+    let c_leads = c
+        .wait_event("C to take over", Duration::from_secs(20), 0, |e| {
+            e["event"] == "leader" && e["leading"] == true
+        })
+        .await?;
+    let waited = time_of(&c_leads)?.duration_since(killed).unsigned_abs();
+    // B renewed at most one retry period before it died; C counts the lease from when it saw that.
+    let slack = Duration::from_millis(200);
+    assert!(
+        waited + RETRY + slack >= LEASE,
+        "C took over {waited:?} after the crash, before the lease ran out"
+    );
+    assert!(
+        waited <= LEASE + 4 * RETRY + Duration::from_secs(2),
+        "C took {waited:?} to take over"
+    );
+    f.set_source("five").await?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "five", PROPAGATION_BOUND).await?;
+
+    // No two watchers ever led at the same time, and each wrote only while leading.
+    let end = Timestamp::now();
+    let a_int = leadership(&a.events(), end)?;
+    let b_int = leadership(&b.events(), killed)?;
+    let c_int = leadership(&c.events(), end)?;
+    for (x, y) in [(&a_int, &b_int), (&a_int, &c_int), (&b_int, &c_int)] {
+        for (s1, e1) in x.iter() {
+            for (s2, e2) in y.iter() {
+                assert!(
+                    e1 <= s2 || e2 <= s1,
+                    "overlapping leadership {s1}..{e1} and {s2}..{e2}"
+                );
+            }
+        }
+    }
+    writes_only_while_leading(&a.events(), end)?;
+    writes_only_while_leading(&b.events(), killed)?;
+    writes_only_while_leading(&c.events(), end)?;
+    c.signal(libc::SIGTERM)?;
+    assert_eq!(c.wait_exit(Duration::from_secs(15)).await?.code(), Some(0));
+    Ok(())
+}
+
+/// Secret `helmop-system/helmop-hash-key` as an install creates it (kept when it exists).
+async fn ensure_hash_key(client: &Client) -> anyhow::Result<()> {
+    ensure_namespace(client, "helmop-system").await?;
+    let mut key = vec![0u8; 32];
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("helmop-hash-key".into()),
+            namespace: Some("helmop-system".into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([("key".to_owned(), ByteString(key))])),
+        ..Secret::default()
+    };
+    match Api::<Secret>::namespaced(client.clone(), "helmop-system")
+        .create(&PostParams::default(), &secret)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e).context("creating the hash key"),
+    }
+}
+
+async fn ensure_namespace(client: &Client, name: &str) -> anyhow::Result<()> {
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    match Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("creating namespace {name}")),
+    }
+}
+
+fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap_or_else(|| Path::new(".."))
+}
+
+#[tokio::test]
+async fn propagator_manifests_grant_enough_and_no_more() -> anyhow::Result<()> {
+    let cp = control_plane();
+    let up = cp.upstream();
+    let client = up.client().await;
+    ensure_hash_key(&client).await?;
+    // Install the manifests as a user would (server-side validated); the pods stay Pending on a
+    // control plane without nodes, which is fine: the watcher runs here, as its ServiceAccount.
+    let rendered = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(repo_root().join("manifests/propagator"))
+        .output()?;
+    assert!(rendered.status.success(), "{}", String::from_utf8_lossy(&rendered.stderr));
+    let mut apply = up.kubectl();
+    apply.args(["apply", "-f", "-"]).stdin(std::process::Stdio::piped());
+    apply.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = apply.spawn()?;
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().context("stdin")?;
+        stdin.write_all(&rendered.stdout)?;
+    }
+    let applied = child.wait_with_output()?;
+    assert!(applied.status.success(), "{}", String::from_utf8_lossy(&applied.stderr));
+
+    // What the ServiceAccount may do (kubectl auth can-i, impersonating it).
+    let sa = "system:serviceaccount:helmop-system:helmop-propagator";
+    let can = |args: &[&str]| -> anyhow::Result<bool> {
+        let out = up.kubectl().args(["auth", "can-i"]).args(args).args(["--as", sa]).output()?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim() == "yes")
+    };
+    for allowed in [
+        &["list", "helmops.fleet.cattle.io", "-A"][..],
+        &["watch", "clusters.fleet.cattle.io", "-A"],
+        &["list", "clustergroups.fleet.cattle.io", "-A"],
+        &["get", "secrets", "-n", "fleet-default"],
+        &["watch", "configmaps", "-A"],
+        &["create", "leases.coordination.k8s.io", "-n", "helmop-system"],
+        &["update", "leases.coordination.k8s.io/kubectl-helmop-propagate", "-n", "helmop-system"],
+    ] {
+        assert!(can(allowed)?, "the propagator should be allowed to {allowed:?}");
+    }
+    for denied in [
+        &["create", "secrets", "-n", "fleet-default"][..],
+        &["update", "secrets", "-n", "helmop-system"],
+        &["update", "helmops.fleet.cattle.io", "-A"],
+        &["delete", "configmaps", "-A"],
+        &["update", "leases.coordination.k8s.io/other", "-n", "helmop-system"],
+        &["create", "leases.coordination.k8s.io", "-n", "default"],
+        &["create", "namespaces"],
+    ] {
+        assert!(!can(denied)?, "the propagator must not be allowed to {denied:?}");
+    }
+
+    // And it is enough: `propagate --watch` as the ServiceAccount copies a source downstream and
+    // holds the Lease the manifests name.
+    let f = Fixture::new("propagator").await?;
+    let token = sa_token(&client, "helmop-system", "helmop-propagator").await?;
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("propagator.kubeconfig");
+    std::fs::write(&kubeconfig, token_kubeconfig(&up.server, &up.ca_file, &token))?;
+    let kubeconfig = kubeconfig.display().to_string();
+    let mut w = PluginProcess::spawn(
+        &[
+            "propagate", "-n", &f.ns, "--watch", "--kubeconfig", &kubeconfig,
+            "--lease-duration", "3s", "--debounce", "200ms", "-o", "json",
+        ],
+        &[("POD_NAMESPACE", "helmop-system")],
+    )?;
+    let leads = w
+        .wait_event("the propagator to lead", PROPAGATION_BOUND, 0, |e| {
+            e["event"] == "leader" && e["leading"] == true
+        })
+        .await?;
+    assert_eq!(leads["lease"], "helmop-system/kubectl-helmop-propagate");
+    wait_copy(DOWNSTREAM_1, &f.ns, "one", PROPAGATION_BOUND).await?;
+    f.set_source("two").await?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "two", PROPAGATION_BOUND).await?;
+    assert!(w.events_named("failed").is_empty(), "{}", w.context());
+    w.signal(libc::SIGTERM)?;
+    assert_eq!(w.wait_exit(Duration::from_secs(15)).await?.code(), Some(0));
+    Ok(())
+}
+
+/// The token of a ServiceAccount (Kubernetes 1.20 creates a token Secret for each).
+async fn sa_token(client: &Client, ns: &str, name: &str) -> anyhow::Result<String> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let secret_name = wait_for(&format!("a token Secret for {ns}/{name}"), DEFAULT_TIMEOUT, || async {
+        Ok(accounts
+            .get_opt(name)
+            .await?
+            .and_then(|sa| sa.secrets)
+            .and_then(|s| s.into_iter().find_map(|r| r.name)))
+    })
+    .await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    wait_for("the token to be filled in", DEFAULT_TIMEOUT, || async {
+        Ok(secrets
+            .get_opt(&secret_name)
+            .await?
+            .and_then(|s| s.data)
+            .and_then(|d| d.get("token").cloned())
+            .map(|t| String::from_utf8_lossy(&t.0).into_owned()))
+    })
+    .await
+}
+
+fn token_kubeconfig(server: &str, ca_file: &Path, token: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority: {}\n\
+contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n\
+users:\n- name: u\n  user:\n    token: {token}\n",
+        ca_file.display()
+    )
+}
+
+#[tokio::test]
+async fn watch_survives_an_upstream_api_server_restart() -> anyhow::Result<()> {
+    // A private control plane: stopping the shared upstream would disturb every other test.
+    let cp = ControlPlane::start(&["wup", "wdown"])?;
+    let up = cp.cluster("wup");
+    let upstream = up.client().await;
+    let ns = fresh_namespace(&upstream, "restart").await?;
+    create_secret(&upstream, &ns, "db", &[("password", b"one")]).await?;
+    register_fleet_cluster(&upstream, &ns, "wdown", &[("env", "x")], cp.cluster("wdown")).await?;
+    let doc = json!({
+        "metadata": {"name": "app"},
+        "spec": {
+            "helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.0.0"},
+            "defaultNamespace": ns,
+            "downstreamResources": [{"kind": "Secret", "name": "db"}],
+            "targets": [{"clusterSelector": {"matchLabels": {"env": "x"}}}],
+        },
+    });
+    apply_helmop(&upstream, &ns, &doc.to_string()).await?;
+    let kubeconfig = up.kubeconfig.display().to_string();
+    let mut w = PluginProcess::spawn(
+        &[
+            "propagate", "-A", "--watch", "--kubeconfig", &kubeconfig, "--lease-namespace", &ns,
+            "--lease-duration", "3s", "--debounce", "200ms", "-o", "json",
+        ],
+        &[("HELMOP_LOG", "info")],
+    )?;
+    let down = cp.cluster("wdown").client().await;
+    let copy = |value: &'static str| {
+        let secrets: Api<Secret> = Api::namespaced(down.clone(), &ns);
+        move || {
+            let secrets = secrets.clone();
+            async move {
+                Ok(secrets
+                    .get_opt("db")
+                    .await?
+                    .and_then(|s| s.data)
+                    .and_then(|d| d.get("password").cloned())
+                    .is_some_and(|b| b.0 == value.as_bytes()))
+            }
+        }
+    };
+    wait_until("the first copy", PROPAGATION_BOUND, copy("one")).await?;
+
+    let seen = w.events().len();
+    // (Blocking calls: the watcher is another process, nothing else runs on this runtime.)
+    cp.stop_cluster("wup")?;
+    // Without its API server the leader cannot renew: it steps down (and so never writes blind).
+    w.wait_event("the leader to step down", Duration::from_secs(15), seen, |e| {
+        e["event"] == "leader" && e["leading"] == false
+    })
+    .await?;
+    cp.start_cluster("wup")?;
+    w.wait_event("leadership again", Duration::from_secs(30), seen, |e| {
+        e["event"] == "leader" && e["leading"] == true
+    })
+    .await?;
+    // The watches reconnected: a change is seen without a rerun.
+    let upstream = up.client().await;
+    Api::<Secret>::namespaced(upstream, &ns)
+        .patch(
+            "db",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"password": "two"}})),
+        )
+        .await?;
+    wait_until("the change after the restart", Duration::from_secs(20), copy("two")).await?;
+    w.signal(libc::SIGTERM)?;
+    assert_eq!(w.wait_exit(Duration::from_secs(15)).await?.code(), Some(0));
+    Ok(())
+}
