@@ -94,7 +94,11 @@ mod tests {
         ));
         assert!(is_not_found(&api(404, "x not found", "NotFound")));
         assert!(is_conflict(&api(409, "modified", "Conflict")));
-        assert!(is_unavailable(&api(503, "unavailable", "ServiceUnavailable")));
+        assert!(is_unavailable(&api(
+            503,
+            "unavailable",
+            "ServiceUnavailable"
+        )));
         assert!(is_unavailable(&api(429, "slow down", "TooManyRequests")));
         assert_eq!(describe(&api(500, "", "")), "request failed with HTTP 500");
     }

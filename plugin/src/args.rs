@@ -96,7 +96,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             .find(|c: char| !c.is_ascii_digit() && c != '.')
             .unwrap_or(rest.len());
         if digits == 0 {
-            return Err(format!("invalid duration {s:?}: expected a number before the unit"));
+            return Err(format!(
+                "invalid duration {s:?}: expected a number before the unit"
+            ));
         }
         let (number, tail) = rest.split_at(digits);
         let number: f64 = number
@@ -111,7 +113,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             "s" => 1.0,
             "m" => 60.0,
             "h" => 3600.0,
-            "" => return Err(format!("invalid duration {s:?}: missing unit (ms, s, m, h)")),
+            "" => {
+                return Err(format!(
+                    "invalid duration {s:?}: missing unit (ms, s, m, h)"
+                ));
+            }
             other => return Err(format!("invalid duration {s:?}: unknown unit {other:?}")),
         };
         let part = Duration::try_from_secs_f64(number * scale)

@@ -28,8 +28,13 @@ pub enum Command {
 Reads every YAML/JSON document of the given files (multi-document files, directories \
 recursively, - for stdin), checks each HelmOp (fleet.cattle.io/v1alpha1) and prints every \
 finding with its file, line, document and JSON path. Other documents are skipped with a note.\n\n\
-Exits 1 if any HelmOp is denied or any input cannot be read or parsed, else 0 (warnings allowed).",
-        after_help = "Examples:\n  kubectl helmop validate -f helmop.yaml\n  kubectl helmop validate -f manifests/ -o json\n  cat helmop.yaml | kubectl helmop validate -f -"
+With --cluster, every Secret and ConfigMap a HelmOp lists in spec.downstreamResources (root and \
+per target) must also exist in the HelmOp's namespace on the cluster (metadata.namespace, else -n, \
+else the context's namespace), unless the HelmOp is annotated helmop.dev/allow-missing: \"true\" \
+(then a warning): the webhook's rule, checked before you apply. Only metadata is read.\n\n\
+Exits 1 if any HelmOp is denied or any input cannot be read or parsed, 3 if --cluster was given \
+and the cluster cannot be reached, else 0 (warnings allowed).",
+        after_help = "Examples:\n  kubectl helmop validate -f helmop.yaml\n  kubectl helmop validate -f manifests/ -o json\n  cat helmop.yaml | kubectl helmop validate -f -\n  kubectl helmop validate -f helmop.yaml --cluster --context management"
     )]
     Validate(ValidateArgs),
     /// Copy the downstream resources of HelmOps to the clusters they target
@@ -100,9 +105,29 @@ pub struct ValidateArgs {
     /// Output format
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
-    // Seam for `--cluster` (existence checks of the referenced Secrets/ConfigMaps against the
-    // upstream cluster): it adds findings to the same per-document reports, see
-    // `cmd::validate::check_documents`.
+
+    /// Also check, on the cluster of the current (or --context) context, that every Secret and
+    /// ConfigMap each HelmOp lists exists in the HelmOp's namespace, as the admission webhook does
+    #[arg(long)]
+    pub cluster: bool,
+
+    /// Path to the kubeconfig file (default: KUBECONFIG merged as kubectl does, else
+    /// ~/.kube/config, else in-cluster); with --cluster
+    #[arg(long, value_name = "FILE", requires = "cluster")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// The kubeconfig context of the cluster to check against; with --cluster
+    #[arg(long, value_name = "CONTEXT", requires = "cluster")]
+    pub context: Option<String>,
+
+    /// Namespace of HelmOps that name none in metadata.namespace (default: the context's
+    /// namespace, else `default`); with --cluster
+    #[arg(short = 'n', long, value_name = "NAMESPACE", requires = "cluster")]
+    pub namespace: Option<String>,
+
+    /// Time to wait for any single API request, e.g. 10s; 0 means kube's defaults; with --cluster
+    #[arg(long, value_name = "DURATION", value_parser = crate::args::parse_duration, default_value = "0", requires = "cluster")]
+    pub request_timeout: std::time::Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -161,6 +186,44 @@ mod tests {
             ]
         );
         assert_eq!(args.output, OutputFormat::Json);
+    }
+
+    #[test]
+    fn connection_flags_need_cluster() {
+        let cli = Cli::try_parse_from([
+            "kubectl-helmop",
+            "validate",
+            "-f",
+            "x",
+            "--cluster",
+            "--context",
+            "up",
+            "-n",
+            "apps",
+            "--request-timeout",
+            "5s",
+        ])
+        .unwrap();
+        let Command::Validate(args) = cli.command else {
+            panic!("parsed as another command");
+        };
+        assert!(args.cluster);
+        assert_eq!(args.context.as_deref(), Some("up"));
+        assert_eq!(args.namespace.as_deref(), Some("apps"));
+        assert_eq!(args.request_timeout, std::time::Duration::from_secs(5));
+        for flag in [
+            ["--context", "up"],
+            ["-n", "apps"],
+            ["--kubeconfig", "k"],
+            ["--request-timeout", "5s"],
+        ] {
+            let mut argv = vec!["kubectl-helmop", "validate", "-f", "x"];
+            argv.extend(flag);
+            assert!(
+                Cli::try_parse_from(argv).is_err(),
+                "{flag:?} without --cluster"
+            );
+        }
     }
 
     #[test]

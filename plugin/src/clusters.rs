@@ -230,11 +230,27 @@ current-context: x
     #[test]
     fn exec_and_file_references_are_refused() {
         for (needle, replacement, expect) in [
-            ("{token: abc}", "{exec: {command: /bin/sh, apiVersion: client.authentication.k8s.io/v1}}", "exec plugin"),
+            (
+                "{token: abc}",
+                "{exec: {command: /bin/sh, apiVersion: client.authentication.k8s.io/v1}}",
+                "exec plugin",
+            ),
             ("{token: abc}", "{tokenFile: /etc/shadow}", "local file"),
-            ("{token: abc}", "{client-certificate: /tmp/c, client-key: /tmp/k}", "local file"),
-            ("{token: abc}", "{auth-provider: {name: gcp}}", "auth provider"),
-            ("certificate-authority-data: \"\"", "certificate-authority: /etc/ca", "CA file"),
+            (
+                "{token: abc}",
+                "{client-certificate: /tmp/c, client-key: /tmp/k}",
+                "local file",
+            ),
+            (
+                "{token: abc}",
+                "{auth-provider: {name: gcp}}",
+                "auth provider",
+            ),
+            (
+                "certificate-authority-data: \"\"",
+                "certificate-authority: /etc/ca",
+                "CA file",
+            ),
         ] {
             let yaml = EMBEDDED.replace(needle, replacement);
             let kc = Kubeconfig::from_yaml(&yaml).unwrap();
@@ -247,10 +263,26 @@ current-context: x
     fn same_server_merges() {
         let cfg = |url: &str| kube::Config::new(url.parse().unwrap());
         let merged = merge(vec![
-            (server_key(&cfg("https://a:6443")), "ns1/a".into(), Ok(cfg("https://a:6443"))),
-            ("cluster:ns2/a".into(), "ns2/a".into(), Err("no secret".into())),
-            (server_key(&cfg("https://a:6443/")), "ns2/b".into(), Ok(cfg("https://a:6443"))),
-            (server_key(&cfg("https://b:6443")), "ns1/b".into(), Ok(cfg("https://b:6443"))),
+            (
+                server_key(&cfg("https://a:6443")),
+                "ns1/a".into(),
+                Ok(cfg("https://a:6443")),
+            ),
+            (
+                "cluster:ns2/a".into(),
+                "ns2/a".into(),
+                Err("no secret".into()),
+            ),
+            (
+                server_key(&cfg("https://a:6443/")),
+                "ns2/b".into(),
+                Ok(cfg("https://a:6443")),
+            ),
+            (
+                server_key(&cfg("https://b:6443")),
+                "ns1/b".into(),
+                Ok(cfg("https://b:6443")),
+            ),
         ]);
         let summary: Vec<(String, String, bool)> = merged
             .iter()
@@ -259,7 +291,11 @@ current-context: x
         assert_eq!(
             summary,
             [
-                ("https://a:6443".to_string(), "ns1/a,ns2/b".to_string(), true),
+                (
+                    "https://a:6443".to_string(),
+                    "ns1/a,ns2/b".to_string(),
+                    true
+                ),
                 ("cluster:ns2/a".to_string(), "ns2/a".to_string(), false),
                 ("https://b:6443".to_string(), "ns1/b".to_string(), true),
             ]

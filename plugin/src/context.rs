@@ -136,9 +136,9 @@ impl Ctx {
 /// exists; `None` means "try in-cluster".
 fn load_kubeconfig(explicit: Option<&Path>) -> Result<Option<Kubeconfig>, PluginError> {
     if let Some(path) = explicit {
-        return Kubeconfig::read_from(path)
-            .map(Some)
-            .map_err(|e| PluginError::Kubeconfig(format!("{}: {}", path.display(), kubeconfig_error(&e))));
+        return Kubeconfig::read_from(path).map(Some).map_err(|e| {
+            PluginError::Kubeconfig(format!("{}: {}", path.display(), kubeconfig_error(&e)))
+        });
     }
     if let Some(kc) =
         Kubeconfig::from_env().map_err(|e| PluginError::Kubeconfig(kubeconfig_error(&e)))?
@@ -152,9 +152,9 @@ fn load_kubeconfig(explicit: Option<&Path>) -> Result<Option<Kubeconfig>, Plugin
     if !default.exists() {
         return Ok(None);
     }
-    Kubeconfig::read_from(&default)
-        .map(Some)
-        .map_err(|e| PluginError::Kubeconfig(format!("{}: {}", default.display(), kubeconfig_error(&e))))
+    Kubeconfig::read_from(&default).map(Some).map_err(|e| {
+        PluginError::Kubeconfig(format!("{}: {}", default.display(), kubeconfig_error(&e)))
+    })
 }
 
 /// A kubeconfig error without the parser's excerpt of the file: kubeconfigs hold credentials.

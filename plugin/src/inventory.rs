@@ -6,9 +6,9 @@
 use std::collections::BTreeSet;
 
 use helmop_core::model::{Cluster, ClusterGroup, HelmOp};
+use helmop_core::names;
 use helmop_core::plan::{DesiredCopy, HelmOpKey, ObservedCopy, OwnerRef, Scope, parse_owners};
 use helmop_core::targeting::{TargetMatch, cluster_options, match_cluster};
-use helmop_core::names;
 use kube::Api;
 use kube::api::ListParams;
 use serde::Serialize;
@@ -318,7 +318,16 @@ mod tests {
     fn summary(desired: &[DesiredCopy]) -> Vec<String> {
         desired
             .iter()
-            .map(|d| format!("{} {} {} {}{}", d.helmop, d.cluster, d.namespace, d.resource, if d.keep { " keep" } else { "" }))
+            .map(|d| {
+                format!(
+                    "{} {} {} {}{}",
+                    d.helmop,
+                    d.cluster,
+                    d.namespace,
+                    d.resource,
+                    if d.keep { " keep" } else { "" }
+                )
+            })
             .collect()
     }
 
@@ -350,7 +359,12 @@ mod tests {
             Cluster::new("other", "c4", &[("env", "prod")]),
         ];
         let keys = ["k1", "k2", "k3", "k4"].map(String::from);
-        let groups = [ClusterGroup::new("fleet", "edge", &[], Some(selector("tier", "edge")))];
+        let groups = [ClusterGroup::new(
+            "fleet",
+            "edge",
+            &[],
+            Some(selector("tier", "edge")),
+        )];
         let (desired, problems) = desired_fleet(&ops, &clusters, &keys, &groups);
         assert!(problems.is_empty());
         assert_eq!(
@@ -411,12 +425,19 @@ mod tests {
             names: vec![name.into()],
             config: Err("unused".into()),
         };
-        let downstreams = [ds("https://e", "east"), ds("https://w", "west"), ds("https://n", "north")];
+        let downstreams = [
+            ds("https://e", "east"),
+            ds("https://w", "west"),
+            ds("https://n", "north"),
+        ];
         let (desired, problems) = desired_contexts(&ops, &downstreams);
         assert!(problems.is_empty());
         assert_eq!(
             summary(&desired),
-            ["team/app https://e east-apps secret/db", "team/app https://n apps secret/db"]
+            [
+                "team/app https://e east-apps secret/db",
+                "team/app https://n apps secret/db"
+            ]
         );
     }
 

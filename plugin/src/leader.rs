@@ -318,7 +318,17 @@ impl LeaderHandle {
     /// fails the start instead of retrying silently), then keeps renewing in the background.
     pub async fn start(mut elector: Elector) -> Result<LeaderHandle, kube::Error> {
         let started = Instant::now();
-        let leads = elector.try_acquire_or_renew().await?;
+        let limit = elector.timings.renew_deadline;
+        let leads = match tokio::time::timeout(limit, elector.try_acquire_or_renew()).await {
+            Ok(result) => result?,
+            Err(_) => {
+                let e = std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer within {limit:?}"),
+                );
+                return Err(kube::Error::Service(Box::new(e)));
+            }
+        };
         let (state_tx, state) = watch::channel(leads);
         let (stop, stop_rx) = watch::channel(false);
         let identity = elector.identity().to_owned();

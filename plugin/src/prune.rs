@@ -168,7 +168,12 @@ async fn prune_cluster(
                 | ActionKind::Keep { rewrite: true, .. }
         );
         if writes && let Err(why) = verify_source(ctx, uids, &obs, action).await {
-            rows.push(row(downstream, action, "Orphaned", format!("{why}; left alone")));
+            rows.push(row(
+                downstream,
+                action,
+                "Orphaned",
+                format!("{why}; left alone"),
+            ));
             continue;
         }
         let guard = |uid: &str| Guard {
@@ -186,22 +191,41 @@ async fn prune_cluster(
             ActionKind::RemoveOwner { uid, owners } => {
                 let set = BTreeMap::from([(names::ANN_OWNERS, Some(owners.clone()))]);
                 let done = ("Release", "Released");
-                let (state, reason) =
-                    rewrite(ctx, opts, &client, action, &guard(uid), &set, done, action.reason()).await;
+                let (state, reason) = rewrite(
+                    ctx,
+                    opts,
+                    &client,
+                    action,
+                    &guard(uid),
+                    &set,
+                    done,
+                    action.reason(),
+                )
+                .await;
                 (action.clone(), state, reason)
             }
             ActionKind::Keep { uid, rewrite: true } => {
                 let set = BTreeMap::from([(names::ANN_OWNERS, None)]);
-                let (state, reason) =
-                    rewrite(ctx, opts, &client, action, &guard(uid), &set, ("Kept", "Kept"), action.reason())
-                        .await;
+                let (state, reason) = rewrite(
+                    ctx,
+                    opts,
+                    &client,
+                    action,
+                    &guard(uid),
+                    &set,
+                    ("Kept", "Kept"),
+                    action.reason(),
+                )
+                .await;
                 (action.clone(), state, reason)
             }
             ActionKind::Keep { rewrite: false, .. } => (action.clone(), "Kept", action.reason()),
             ActionKind::Orphaned(_) => (action.clone(), "Orphaned", action.reason()),
             // A copy still wanted, whose owners include HelmOps that let go: only the ownership
             // part of the planned update is prune's (the content is propagate's).
-            ActionKind::Update { uid, meta, reasons, .. } => {
+            ActionKind::Update {
+                uid, meta, reasons, ..
+            } => {
                 let released: Vec<HelmOpKey> = reasons
                     .iter()
                     .flat_map(|r| match r {
@@ -218,11 +242,22 @@ async fn prune_cluster(
                 };
                 let why = format!(
                     "still wanted by others; releasing {}",
-                    shown.helmops.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                    shown
+                        .helmops
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 );
                 let set = BTreeMap::from([
-                    (names::ANN_OWNERS, meta.annotations.get(names::ANN_OWNERS).cloned()),
-                    (names::ANN_KEEP, meta.annotations.get(names::ANN_KEEP).cloned()),
+                    (
+                        names::ANN_OWNERS,
+                        meta.annotations.get(names::ANN_OWNERS).cloned(),
+                    ),
+                    (
+                        names::ANN_KEEP,
+                        meta.annotations.get(names::ANN_KEEP).cloned(),
+                    ),
                 ]);
                 let done = ("Release", "Released");
                 let (state, reason) =

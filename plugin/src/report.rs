@@ -48,14 +48,22 @@ impl Row {
 /// Sorts rows for display: by cluster, namespace, resource, workload, HelmOps.
 pub fn sort(rows: &mut [Row]) {
     rows.sort_by(|a, b| {
-        (&a.cluster, &a.namespace, a.kind.to_ascii_lowercase(), &a.name, &a.workload, &a.helmops).cmp(&(
-            &b.cluster,
-            &b.namespace,
-            b.kind.to_ascii_lowercase(),
-            &b.name,
-            &b.workload,
-            &b.helmops,
-        ))
+        (
+            &a.cluster,
+            &a.namespace,
+            a.kind.to_ascii_lowercase(),
+            &a.name,
+            &a.workload,
+            &a.helmops,
+        )
+            .cmp(&(
+                &b.cluster,
+                &b.namespace,
+                b.kind.to_ascii_lowercase(),
+                &b.name,
+                &b.workload,
+                &b.helmops,
+            ))
     });
 }
 
@@ -111,9 +119,17 @@ pub fn table(rows: &[Row], opts: Table) -> String {
         .iter()
         .map(|r| {
             let mut c = vec![
-                if r.helmops.is_empty() { "-".into() } else { r.helmops.join(",") },
+                if r.helmops.is_empty() {
+                    "-".into()
+                } else {
+                    r.helmops.join(",")
+                },
                 r.cluster.clone(),
-                if r.namespace.is_empty() { "-".into() } else { r.namespace.clone() },
+                if r.namespace.is_empty() {
+                    "-".into()
+                } else {
+                    r.namespace.clone()
+                },
                 r.resource(),
             ];
             if workloads {
@@ -150,7 +166,11 @@ pub fn table(rows: &[Row], opts: Table) -> String {
     let header: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
     line(&mut out, &header, None);
     for (row, r) in cells.iter().zip(rows) {
-        let colour = if opts.colour { colour_of(&r.state) } else { None };
+        let colour = if opts.colour {
+            colour_of(&r.state)
+        } else {
+            None
+        };
         line(&mut out, row, colour);
     }
     out
@@ -209,7 +229,10 @@ mod tests {
 
     #[test]
     fn plain_table() {
-        let rows = [row("fleet/down1", "db", "Synced"), row("fleet/down2", "database", "Stale")];
+        let rows = [
+            row("fleet/down1", "db", "Synced"),
+            row("fleet/down2", "database", "Stale"),
+        ];
         let t = table(&rows, Table::default());
         assert_eq!(
             t,
@@ -223,7 +246,13 @@ mod tests {
     fn wide_table_with_workloads_and_colour() {
         let mut w = row("c", "db", "RolloutPending");
         w.workload = Some("Deployment/web".into());
-        let t = table(&[row("c", "db", "Synced"), w], Table { reason: true, colour: true });
+        let t = table(
+            &[row("c", "db", "Synced"), w],
+            Table {
+                reason: true,
+                colour: true,
+            },
+        );
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(
             lines[0],
@@ -231,19 +260,35 @@ mod tests {
         );
         assert!(lines[1].contains("\x1b[32mSynced\x1b[0m"), "{}", lines[1]);
         assert!(lines[2].contains("Deployment/web   \x1b[33mRolloutPending\x1b[0m   in sync"));
-        let plain = table(&[row("c", "db", "Synced")], Table { reason: false, colour: false });
+        let plain = table(
+            &[row("c", "db", "Synced")],
+            Table {
+                reason: false,
+                colour: false,
+            },
+        );
         assert!(!plain.contains('\x1b'));
     }
 
     #[test]
     fn sorting_and_counts() {
-        let mut rows = vec![row("b", "x", "Stale"), row("a", "y", "Synced"), row("a", "x", "Synced")];
+        let mut rows = vec![
+            row("b", "x", "Stale"),
+            row("a", "y", "Synced"),
+            row("a", "x", "Synced"),
+        ];
         sort(&mut rows);
-        let order: Vec<(String, String)> =
-            rows.iter().map(|r| (r.cluster.clone(), r.name.clone())).collect();
+        let order: Vec<(String, String)> = rows
+            .iter()
+            .map(|r| (r.cluster.clone(), r.name.clone()))
+            .collect();
         assert_eq!(
             order,
-            [("a".into(), "x".into()), ("a".into(), "y".into()), ("b".into(), "x".into())]
+            [
+                ("a".into(), "x".into()),
+                ("a".into(), "y".into()),
+                ("b".into(), "x".into())
+            ]
         );
         assert_eq!(
             counts(&rows),

@@ -50,9 +50,9 @@ where
                 Some(downstreams.len() as u64),
                 ProgressDrawTarget::stderr(),
             );
-            if let Ok(style) =
-                ProgressStyle::with_template("{spinner} {prefix} [{bar:30}] {pos}/{len} clusters {wide_msg}")
-            {
+            if let Ok(style) = ProgressStyle::with_template(
+                "{spinner} {prefix} [{bar:30}] {pos}/{len} clusters {wide_msg}",
+            ) {
                 bar.set_style(style.progress_chars("=> "));
             }
             bar.set_prefix(what.to_string());
@@ -127,7 +127,9 @@ mod tests {
         Downstream {
             key: format!("https://{name}"),
             names: vec![name.into()],
-            config: Ok(kube::Config::new(format!("https://{name}.invalid").parse().unwrap())),
+            config: Ok(kube::Config::new(
+                format!("https://{name}.invalid").parse().unwrap(),
+            )),
         }
     }
 
@@ -170,7 +172,10 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(5));
         let outcomes: Vec<Result<usize, String>> = results.into_iter().map(|r| r.outcome).collect();
         assert_eq!(outcomes[0], Ok(0));
-        assert_eq!(outcomes[1], Err("no answer within --cluster-timeout 300ms".into()));
+        assert_eq!(
+            outcomes[1],
+            Err("no answer within --cluster-timeout 300ms".into())
+        );
         assert_eq!(outcomes[2], Err("kubeconfig Secret x/k not found".into()));
         assert_eq!(outcomes[3], Ok(3));
         assert!(max_running.load(Ordering::SeqCst) <= 2);

@@ -73,7 +73,12 @@ impl SourceData {
     /// The server-side-apply body of a copy in `namespace` with `meta`. `guard` (uid,
     /// resourceVersion) makes the server refuse the write if the object is not the one planned
     /// against. Secret `type` is kept; `immutable` is not copied (a copy must stay updatable).
-    pub fn copy_body(&self, namespace: &str, meta: &CopyMeta, guard: Option<(&str, &str)>) -> Value {
+    pub fn copy_body(
+        &self,
+        namespace: &str,
+        meta: &CopyMeta,
+        guard: Option<(&str, &str)>,
+    ) -> Value {
         let name = self.meta().name.clone().unwrap_or_default();
         let mut metadata = json!({
             "name": name,
@@ -133,7 +138,11 @@ impl Sources {
 
 /// Reads every source the desired copies refer to (once each, a few at a time). A missing
 /// source is no error (the planner reports `SourceMissing`); any other failure is.
-pub async fn fetch(ctx: &Ctx, desired: &[DesiredCopy], key: &HashKey) -> Result<Sources, PluginError> {
+pub async fn fetch(
+    ctx: &Ctx,
+    desired: &[DesiredCopy],
+    key: &HashKey,
+) -> Result<Sources, PluginError> {
     let wanted: BTreeSet<(String, ResourceRef)> = desired
         .iter()
         .map(|d| (d.helmop.namespace.clone(), d.resource.clone()))
@@ -229,7 +238,10 @@ mod tests {
                 ..ObjectMeta::default()
             },
             type_: Some("kubernetes.io/basic-auth".into()),
-            data: Some(BTreeMap::from([("password".into(), ByteString(b"pw".to_vec()))])),
+            data: Some(BTreeMap::from([(
+                "password".into(),
+                ByteString(b"pw".to_vec()),
+            )])),
             immutable: Some(true),
             ..Secret::default()
         };
@@ -271,7 +283,10 @@ mod tests {
         assert!(body["metadata"].get("uid").is_none());
         assert_eq!(
             source.keys(),
-            (BTreeSet::from(["a".to_string()]), BTreeSet::from(["b".to_string()]))
+            (
+                BTreeSet::from(["a".to_string()]),
+                BTreeSet::from(["b".to_string()])
+            )
         );
         assert!(!format!("{source:?}").contains("\"1\""));
     }

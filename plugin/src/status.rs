@@ -88,7 +88,11 @@ pub async fn status(ctx: &Ctx, opts: &StatusOpts) -> Result<StatusReport, Plugin
             Ok(mut r) => rows.append(&mut r),
             Err(reason) => {
                 unreachable += 1;
-                rows.extend(unreachable_rows(&inv, &inv.downstreams[result.index], &reason));
+                rows.extend(unreachable_rows(
+                    &inv,
+                    &inv.downstreams[result.index],
+                    &reason,
+                ));
             }
         }
     }
@@ -139,7 +143,9 @@ async fn cluster_status(
         let state = state_of(action);
         let mut reason = match &action.kind {
             ActionKind::Create { .. } => "no copy yet; run `kubectl helmop propagate`".into(),
-            ActionKind::Update { .. } => format!("{}; run `kubectl helmop propagate`", action.reason()),
+            ActionKind::Update { .. } => {
+                format!("{}; run `kubectl helmop propagate`", action.reason())
+            }
             ActionKind::Prune { .. } | ActionKind::RemoveOwner { .. } => {
                 format!("{}; `kubectl helmop prune` removes it", action.reason())
             }
@@ -163,17 +169,22 @@ async fn cluster_status(
                 .get(&action.namespace, &action.resource)
                 .and_then(|o| o.annotations.get(names::ANN_CONTENT_HASH))
         {
-            copies.entry(action.namespace.clone()).or_default().insert(
-                action.resource.clone(),
-                (hash.clone(), r.helmops.clone()),
-            );
+            copies
+                .entry(action.namespace.clone())
+                .or_default()
+                .insert(action.resource.clone(), (hash.clone(), r.helmops.clone()));
         }
         rows.push(r);
     }
     for (namespace, copies) in &copies {
         let found = workloads::list_opted_in(&client, namespace)
             .await
-            .map_err(|e| format!("cannot list workloads in {namespace}: {}", api_error::describe(&e)))?;
+            .map_err(|e| {
+                format!(
+                    "cannot list workloads in {namespace}: {}",
+                    api_error::describe(&e)
+                )
+            })?;
         for w in found {
             for resource in w.reads.iter().filter(|r| copies.contains_key(*r)) {
                 let Some((hash, helmops)) = copies.get(resource) else {
@@ -227,7 +238,10 @@ async fn fleet_copy_in_sync(
         Ok(Some(h)) if h == want => (Some(true), "Fleet's copy matches the source".into()),
         Ok(Some(_)) => (Some(false), "Fleet's copy differs from the source".into()),
         Ok(None) => (None, "Fleet's copy is gone".into()),
-        Err(e) => (None, format!("cannot read Fleet's copy: {}", api_error::describe(&e))),
+        Err(e) => (
+            None,
+            format!("cannot read Fleet's copy: {}", api_error::describe(&e)),
+        ),
     }
 }
 
@@ -255,9 +269,21 @@ mod tests {
             (ActionKind::SkipFleetManaged, "FleetManaged"),
             (ActionKind::SourceMissing, "SourceMissing"),
             (ActionKind::Prune { uid: "u".into() }, "Orphaned"),
-            (ActionKind::RemoveOwner { uid: "u".into(), owners: "x".into() }, "Orphaned"),
+            (
+                ActionKind::RemoveOwner {
+                    uid: "u".into(),
+                    owners: "x".into(),
+                },
+                "Orphaned",
+            ),
             (ActionKind::Orphaned(OrphanReason::NoOwners), "Orphaned"),
-            (ActionKind::Keep { uid: "u".into(), rewrite: false }, "Kept"),
+            (
+                ActionKind::Keep {
+                    uid: "u".into(),
+                    rewrite: false,
+                },
+                "Kept",
+            ),
         ];
         for (kind, want) in cases {
             assert_eq!(state_of(&action(kind.clone())), want, "{kind:?}");

@@ -62,7 +62,10 @@ impl Workload {
 
 /// Opt-in rule (DESIGN section 3): the workload label `"true"`/`"false"` decides; without it,
 /// the namespace label `enabled` opts every workload in.
-pub fn opted_in(namespace_labels: &BTreeMap<String, String>, workload_labels: &BTreeMap<String, String>) -> bool {
+pub fn opted_in(
+    namespace_labels: &BTreeMap<String, String>,
+    workload_labels: &BTreeMap<String, String>,
+) -> bool {
     match workload_labels
         .get(names::LABEL_ROLLOUT_ON_CHANGE)
         .map(String::as_str)
@@ -108,15 +111,13 @@ pub fn stamp_pending(w: &Workload, copy: &ResourceRef, copy_hash: &str) -> (bool
             ),
         );
     }
-    let listed = w
-        .restamp
-        .as_deref()
-        .map(parse_restamp)
-        .unwrap_or_default();
+    let listed = w.restamp.as_deref().map(parse_restamp).unwrap_or_default();
     match listed.get(&copy.to_string()) {
         Some(h) if h != copy_hash => (
             true,
-            format!("{copy} changed after the last restamp; run `kubectl helmop propagate` or `kubectl helmop rollout`"),
+            format!(
+                "{copy} changed after the last restamp; run `kubectl helmop propagate` or `kubectl helmop rollout`"
+            ),
         ),
         Some(_) => (false, format!("restamped for the current {copy}")),
         None => (false, "stamped when last admitted".into()),
@@ -153,14 +154,19 @@ fn to_workload(kind: WorkloadKind, obj: &DynamicObject) -> Option<Workload> {
             .as_ref()
             .and_then(|a| a.get(names::ANN_RESTAMP))
             .cloned(),
-        config_hash: template.annotation(names::ANN_CONFIG_HASH).map(str::to_string),
+        config_hash: template
+            .annotation(names::ANN_CONFIG_HASH)
+            .map(str::to_string),
     })
 }
 
 /// The opted-in workloads of `namespace` (none when the namespace does not exist). Kinds the
 /// server does not serve (e.g. batch/v1 CronJob before Kubernetes 1.21) are skipped.
 pub async fn list_opted_in(client: &Client, namespace: &str) -> Result<Vec<Workload>, kube::Error> {
-    let Some(ns) = Api::<Namespace>::all(client.clone()).get_opt(namespace).await? else {
+    let Some(ns) = Api::<Namespace>::all(client.clone())
+        .get_opt(namespace)
+        .await?
+    else {
         return Ok(Vec::new());
     };
     let ns_labels = ns.metadata.labels.unwrap_or_default();
@@ -213,7 +219,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -226,7 +235,10 @@ mod tests {
         assert!(!opted_in(&on, &no));
         assert!(opted_in(&off, &yes));
         assert!(!opted_in(&off, &off));
-        assert!(!opted_in(&labels(&[("helmop.dev/rollout-on-change", "true")]), &off));
+        assert!(!opted_in(
+            &labels(&[("helmop.dev/rollout-on-change", "true")]),
+            &off
+        ));
     }
 
     #[test]

@@ -22,6 +22,7 @@ mod controlplane;
 mod fleet;
 mod namespaces;
 mod objects;
+pub mod registry;
 mod wait;
 mod webhooks;
 

@@ -7,8 +7,9 @@ use kube::core::DynamicObject;
 use kube::core::admission::AdmissionRequest;
 
 use crate::cli::{Cli, LogFormat};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::handlers;
+use crate::images::{ImageResolver, RegistryResolver};
 use crate::metrics::Metrics;
 use crate::server::{self, Handlers, Server, Webhook};
 use crate::state::{AppState, Options};
@@ -71,11 +72,15 @@ pub fn install_panic_hook() {
 pub async fn run(cli: Cli) -> Result<()> {
     let metrics = Metrics::new();
     let client = kube::Client::try_default().await?;
+    let config = cli.config();
+    // Built even with `--image-mode off`: a namespace or workload annotation may still ask for pin/annotate.
+    let images: Arc<dyn ImageResolver> =
+        Arc::new(RegistryResolver::new(client.clone(), &config, &metrics).map_err(Error::Startup)?);
     let options = Options {
         digest_cache_entries: cli.digest_cache_entries,
-        ..Options::default()
+        images,
     };
-    let state = AppState::start_with(client, cli.config(), &metrics, options).await?;
+    let state = AppState::start_with(client, config, &metrics, options).await?;
     let server = Server::bind(cli.serve_options(), Arc::new(state), metrics).await?;
     server.run(server::shutdown_signal().await?).await
 }

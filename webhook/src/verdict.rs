@@ -20,14 +20,24 @@ pub enum Verdict {
 
 impl Verdict {
     pub fn allow() -> Self {
-        Verdict::Allow { patch: None, warnings: Vec::new() }
+        Verdict::Allow {
+            patch: None,
+            warnings: Vec::new(),
+        }
     }
 
     pub fn allow_with_warnings(warnings: Vec<String>) -> Self {
-        Verdict::Allow { patch: None, warnings }
+        Verdict::Allow {
+            patch: None,
+            warnings,
+        }
     }
 
     pub fn deny(message: impl Into<String>) -> Self {
-        Verdict::Deny { message: message.into(), code: 403, warnings: Vec::new() }
+        Verdict::Deny {
+            message: message.into(),
+            code: 403,
+            warnings: Vec::new(),
+        }
     }
 }

@@ -6,6 +6,7 @@
 //! validate` and any later existence check share these functions.
 
 mod helm;
+mod missing;
 pub mod names;
 mod resources;
 pub mod semver;
@@ -18,6 +19,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::resource::ResourceRef;
+
+pub use missing::{allows_missing, missing_reference_finding};
 
 /// How bad a finding is: `Deny` rejects the HelmOp, `Warn` lets it through with a warning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -1,8 +1,8 @@
 //! One module per subcommand.
 
-pub mod validate;
+pub mod completion;
 pub mod propagate;
 pub mod prune;
-pub mod status;
-pub mod completion;
 pub mod rollout;
+pub mod status;
+pub mod validate;

@@ -80,7 +80,11 @@ pub fn emit(report: &Report, format: crate::args::ReportFormat) -> Result<(), Pl
             s.helmops,
             s.clusters,
             s.unreachable_clusters,
-            if states.is_empty() { "nothing to do".to_string() } else { states.join(", ") },
+            if states.is_empty() {
+                "nothing to do".to_string()
+            } else {
+                states.join(", ")
+            },
             s.writes
         ),
     ];

@@ -47,13 +47,21 @@ pub async fn run(args: &PruneArgs) -> Result<ExitStatus, PluginError> {
         progress: Progress::Auto,
     };
     let report = prune(&ctx, &opts).await?;
-    let states: Vec<String> = report.summary.iter().map(|(k, v)| format!("{v} {k}")).collect();
+    let states: Vec<String> = report
+        .summary
+        .iter()
+        .map(|(k, v)| format!("{v} {k}"))
+        .collect();
     let footer = vec![
         String::new(),
         format!(
             "{}{}; {} write(s)",
             if report.dry_run { "dry run: " } else { "" },
-            if states.is_empty() { "nothing to prune".to_string() } else { states.join(", ") },
+            if states.is_empty() {
+                "nothing to prune".to_string()
+            } else {
+                states.join(", ")
+            },
             report.writes
         ),
     ];

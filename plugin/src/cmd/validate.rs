@@ -1,4 +1,7 @@
-//! `kubectl helmop validate -f FILE|DIR|-`: the webhook's HelmOp rules, offline.
+//! `kubectl helmop validate -f FILE|DIR|-`: the webhook's HelmOp rules, offline, and with
+//! `--cluster` its existence rule against a live cluster ([`cluster`]).
+
+mod cluster;
 
 use std::fmt::Write as _;
 
@@ -7,6 +10,7 @@ use helmop_core::yaml::parse_documents;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::args::KubeArgs;
 use crate::cli::{OutputFormat, ValidateArgs};
 use crate::error::{ExitStatus, PluginError};
 use crate::inputs::{self, Input};
@@ -20,6 +24,9 @@ const FLEET_API_VERSION: &str = helmop_core::model::FLEET_API_VERSION;
 pub struct Report {
     pub files: Vec<FileReport>,
     pub summary: Summary,
+    /// What `--cluster` checked (absent without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<cluster::ClusterCheck>,
     /// False if any HelmOp is denied or any input could not be read or parsed.
     pub valid: bool,
 }
@@ -65,7 +72,6 @@ pub struct DocumentReport {
     pub findings: Vec<Finding>,
     /// The parsed object, for checks that need more than the offline rules (`--cluster`).
     #[serde(skip)]
-    #[allow(dead_code)] // read by the cluster existence checks
     pub object: Value,
 }
 
@@ -92,10 +98,10 @@ pub struct Summary {
 
 pub fn run(args: &ValidateArgs) -> Result<ExitStatus, PluginError> {
     let inputs = inputs::collect(&args.files, &mut std::io::stdin().lock());
-    let report = build_report(inputs);
-    // `--cluster` plugs in here: existence checks append findings to the checked HelmOps'
-    // `DocumentReport::findings` (using `helmop_core::validate::downstream_refs(&doc.object)`),
-    // then `finish` recomputes statuses and the summary.
+    let mut report = build_report(inputs);
+    if args.cluster {
+        report = check_cluster(&kube_args(args), report)?;
+    }
     let rendered = match args.output {
         OutputFormat::Text => render_text(&report),
         OutputFormat::Json => output::json(&report)?,
@@ -106,6 +112,34 @@ pub fn run(args: &ValidateArgs) -> Result<ExitStatus, PluginError> {
     } else {
         ExitStatus::Invalid
     })
+}
+
+fn kube_args(args: &ValidateArgs) -> KubeArgs {
+    KubeArgs {
+        kubeconfig: args.kubeconfig.clone(),
+        context: args.context.clone(),
+        namespace: args.namespace.clone(),
+        request_timeout: args.request_timeout,
+        upstream_id: None,
+    }
+}
+
+/// Adds the existence findings of `--cluster` to `report` and recomputes its verdict. Runs its
+/// own runtime: the offline command stays synchronous.
+fn check_cluster(kube: &KubeArgs, report: Report) -> Result<Report, PluginError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| PluginError::Usage(format!("cannot start the async runtime: {e}")))?;
+    let mut files = report.files;
+    let mut docs: Vec<&mut DocumentReport> = files
+        .iter_mut()
+        .flat_map(|f| f.documents.iter_mut())
+        .collect();
+    let checked = runtime.block_on(cluster::check(kube, &mut docs))?;
+    let mut report = finish(files);
+    report.cluster = Some(checked);
+    Ok(report)
 }
 
 /// Parses and checks every input.
@@ -246,6 +280,7 @@ pub fn finish(files: Vec<FileReport>) -> Report {
     Report {
         files,
         summary,
+        cluster: None,
         valid,
     }
 }
@@ -296,6 +331,16 @@ pub fn render_text(report: &Report) -> String {
         s.errors,
         plural(s.errors, "error", "errors"),
     );
+    if let Some(c) = &report.cluster {
+        let _ = writeln!(
+            out,
+            "checked on the cluster of context {:?}: {} {}, {} missing",
+            c.context,
+            c.references,
+            plural(c.references, "referenced object", "referenced objects"),
+            c.missing,
+        );
+    }
     out
 }
 

@@ -24,7 +24,11 @@ pub async fn namespace_exists(client: &Client, namespace: &str) -> Result<bool, 
 }
 
 /// Creates `namespace`; someone else creating it first is fine.
-pub async fn create_namespace(ctx: &Ctx, client: &Client, namespace: &str) -> Result<(), kube::Error> {
+pub async fn create_namespace(
+    ctx: &Ctx,
+    client: &Client,
+    namespace: &str,
+) -> Result<(), kube::Error> {
     let ns = Namespace {
         metadata: ObjectMeta {
             name: Some(namespace.to_string()),
@@ -74,7 +78,12 @@ pub async fn write_copy(ctx: &Ctx, client: &Client, w: &Write<'_>) -> Result<(),
             let out = api.patch(&name, &params, &Patch::Apply(&body)).await?;
             ctx.record_write();
             let keys = out.data.unwrap_or_default().into_keys().collect::<Vec<_>>();
-            (out.metadata.uid, out.metadata.resource_version, keys, Vec::new())
+            (
+                out.metadata.uid,
+                out.metadata.resource_version,
+                keys,
+                Vec::new(),
+            )
         }
         SourceData::ConfigMap(_) => {
             let api: Api<ConfigMap> = Api::namespaced(client.clone(), w.namespace);
@@ -88,7 +97,10 @@ pub async fn write_copy(ctx: &Ctx, client: &Client, w: &Write<'_>) -> Result<(),
             )
         }
     };
-    let extra_data: Vec<String> = data.into_iter().filter(|k| !want_data.contains(k)).collect();
+    let extra_data: Vec<String> = data
+        .into_iter()
+        .filter(|k| !want_data.contains(k))
+        .collect();
     let extra_binary: Vec<String> = binary
         .into_iter()
         .filter(|k| !want_binary.contains(k))

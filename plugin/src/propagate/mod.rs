@@ -100,8 +100,7 @@ impl Report {
 /// One propagation run; see the module documentation.
 pub async fn propagate_once(ctx: &Ctx, opts: &PropagateOpts) -> Result<Report, PluginError> {
     let writes_before = ctx.writes();
-    let (key, origin) =
-        hash_key::load(&ctx.upstream, !opts.dry_run, || ctx.record_write()).await?;
+    let (key, origin) = hash_key::load(&ctx.upstream, !opts.dry_run, || ctx.record_write()).await?;
     let inv = inventory::enumerate(ctx, &opts.selection, &opts.target_contexts, false).await?;
     let sources = sources::fetch(ctx, &inv.desired, &key).await?;
     let results = runner::for_each_cluster(
@@ -135,7 +134,11 @@ pub async fn propagate_once(ctx: &Ctx, opts: &PropagateOpts) -> Result<Report, P
             Ok(mut r) => rows.append(&mut r),
             Err(reason) => {
                 unreachable += 1;
-                rows.extend(unreachable_rows(&inv, &inv.downstreams[result.index], &reason));
+                rows.extend(unreachable_rows(
+                    &inv,
+                    &inv.downstreams[result.index],
+                    &reason,
+                ));
             }
         }
     }
@@ -307,15 +310,12 @@ impl ClusterRun<'_> {
                 .execute(action, &obs, &mut known_namespaces, &mut hashes)
                 .await;
             if wrote_content {
-                changed
-                    .entry(action.namespace.clone())
-                    .or_default()
-                    .insert(
-                        action.resource.clone(),
-                        Changed {
-                            helmops: action.helmops.iter().map(ToString::to_string).collect(),
-                        },
-                    );
+                changed.entry(action.namespace.clone()).or_default().insert(
+                    action.resource.clone(),
+                    Changed {
+                        helmops: action.helmops.iter().map(ToString::to_string).collect(),
+                    },
+                );
             }
             rows.push(row(self.downstream, action, state, reason));
         }
@@ -356,7 +356,9 @@ impl ClusterRun<'_> {
                             known_namespaces.insert(action.namespace.clone(), e);
                             e
                         }
-                        Err(e) => return ("Failed", write_error("reading the namespace", &e), false),
+                        Err(e) => {
+                            return ("Failed", write_error("reading the namespace", &e), false);
+                        }
                     },
                 };
                 let mut reason = action.reason();
@@ -370,7 +372,9 @@ impl ClusterRun<'_> {
                     return ("Create", reason, true);
                 }
                 if !exists {
-                    if let Err(e) = apply::create_namespace(self.ctx, &self.client, &action.namespace).await {
+                    if let Err(e) =
+                        apply::create_namespace(self.ctx, &self.client, &action.namespace).await
+                    {
                         return ("Failed", write_error("creating the namespace", &e), false);
                     }
                     known_namespaces.insert(action.namespace.clone(), true);
@@ -436,10 +440,7 @@ impl ClusterRun<'_> {
             ActionKind::SourceMissing => ("SourceMissing", action.reason(), false),
             ActionKind::Prune { .. } | ActionKind::RemoveOwner { .. } => (
                 "Orphaned",
-                format!(
-                    "{}; `kubectl helmop prune` removes it",
-                    action.reason()
-                ),
+                format!("{}; `kubectl helmop prune` removes it", action.reason()),
                 false,
             ),
             ActionKind::Keep { .. } => ("Kept", action.reason(), false),
@@ -481,8 +482,11 @@ impl ClusterRun<'_> {
         let hashes = hashes.unwrap_or(&empty);
         let mut rows = Vec::new();
         for w in found {
-            let reads_changed: Vec<&ResourceRef> =
-                w.reads.iter().filter(|r| changed.contains_key(*r)).collect();
+            let reads_changed: Vec<&ResourceRef> = w
+                .reads
+                .iter()
+                .filter(|r| changed.contains_key(*r))
+                .collect();
             if reads_changed.is_empty() {
                 continue;
             }
@@ -502,7 +506,10 @@ impl ClusterRun<'_> {
                     Ok(after) => {
                         self.ctx.record_write();
                         let stamp = if after.is_none() {
-                            format!("no {} in the pod template: is the helmop webhook installed here?", names::ANN_CONFIG_HASH)
+                            format!(
+                                "no {} in the pod template: is the helmop webhook installed here?",
+                                names::ANN_CONFIG_HASH
+                            )
                         } else if after != w.config_hash {
                             "pod template re-stamped".to_string()
                         } else {

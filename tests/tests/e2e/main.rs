@@ -4,7 +4,11 @@
 //! `tests/controlplane/cp build`; see tests/controlplane/README.md.
 
 mod controlplane;
-mod webhook;
+mod faults;
+mod images;
+mod plugin;
 mod plugin_rollout;
 mod plugin_watch;
-mod plugin;
+mod security;
+mod validate;
+mod webhook;

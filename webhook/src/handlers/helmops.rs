@@ -7,9 +7,10 @@ use futures::future::join_all;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, Operation};
 
-use helmop_core::names::ANN_ALLOW_MISSING;
 use helmop_core::resource::ResourceRef;
-use helmop_core::validate::{Finding, downstream_refs, validate_helmop_in};
+use helmop_core::validate::{
+    Finding, allows_missing, downstream_refs, missing_reference_finding, validate_helmop_in,
+};
 
 use super::object_name;
 use crate::state::AppState;
@@ -62,12 +63,7 @@ pub(super) async fn validate(state: &AppState, req: &AdmissionRequest<DynamicObj
             };
         }
     };
-    let allow_missing = object
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANN_ALLOW_MISSING))
-        .is_some_and(|v| v == "true");
+    let allow_missing = allows_missing(&value);
     let spec_unchanged = req.operation == Operation::Update
         && req
             .old_object
@@ -142,20 +138,11 @@ fn decide(
         }
     }
     for (path, r) in missing {
-        if policy.allow_missing {
-            warnings.push(format!(
-                "{path}: {} {:?} does not exist in namespace {namespace:?} yet; Fleet cannot copy it until it does",
-                r.kind, r.name
-            ));
+        let finding = missing_reference_finding(path, r, namespace, policy.allow_missing);
+        if finding.is_deny() {
+            problems.push(finding);
         } else {
-            problems.push(Finding::deny(
-                path.clone(),
-                format!(
-                    "{} {:?} does not exist in namespace {namespace:?}; create it first, or annotate the HelmOp \
-                     {ANN_ALLOW_MISSING}=true if it is created later",
-                    r.kind, r.name
-                ),
-            ));
+            warnings.push(finding.to_string());
         }
     }
     if problems.is_empty() {

@@ -45,7 +45,10 @@ impl Out {
     /// stdout as JSON (the run must have used `-o json`).
     pub fn json(&self) -> Value {
         serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
-            panic!("stdout is not JSON ({e}):\n{}\nstderr:\n{}", self.stdout, self.stderr)
+            panic!(
+                "stdout is not JSON ({e}):\n{}\nstderr:\n{}",
+                self.stdout, self.stderr
+            )
         })
     }
 
@@ -66,10 +69,16 @@ pub async fn helmop(args: &[&str]) -> anyhow::Result<Out> {
     run_with(&kubeconfig, args, &[]).await
 }
 
-/// Runs the plugin with `--kubeconfig kubeconfig`, extra environment, no KUBECONFIG.
-pub async fn run_with(kubeconfig: &Path, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Out> {
-    let mut full = vec!["--kubeconfig".to_string(), kubeconfig.display().to_string()];
-    full.extend(args.iter().map(|s| s.to_string()));
+/// Runs the plugin with `args` (a subcommand first) and `--kubeconfig kubeconfig`, extra
+/// environment, no KUBECONFIG.
+pub async fn run_with(
+    kubeconfig: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<Out> {
+    let mut full: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    full.push("--kubeconfig".to_string());
+    full.push(kubeconfig.display().to_string());
     run_raw(&full, env).await
 }
 
@@ -158,15 +167,26 @@ pub fn helmop_yaml(name: &str, spec: &str) -> String {
 }
 
 pub async fn get_secret(client: &Client, ns: &str, name: &str) -> anyhow::Result<Option<Secret>> {
-    Ok(Api::<Secret>::namespaced(client.clone(), ns).get_opt(name).await?)
+    Ok(Api::<Secret>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await?)
 }
 
-pub async fn get_config_map(client: &Client, ns: &str, name: &str) -> anyhow::Result<Option<ConfigMap>> {
-    Ok(Api::<ConfigMap>::namespaced(client.clone(), ns).get_opt(name).await?)
+pub async fn get_config_map(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> anyhow::Result<Option<ConfigMap>> {
+    Ok(Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await?)
 }
 
 pub async fn namespace_exists(client: &Client, ns: &str) -> anyhow::Result<bool> {
-    Ok(Api::<Namespace>::all(client.clone()).get_opt(ns).await?.is_some())
+    Ok(Api::<Namespace>::all(client.clone())
+        .get_opt(ns)
+        .await?
+        .is_some())
 }
 
 pub fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
@@ -179,7 +199,10 @@ pub fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
 
 /// Every helmop copy on a cluster owned by a HelmOp of upstream namespace `ns`:
 /// `(namespace, kind, name)`.
-pub async fn copies_of(client: &Client, ns: &str) -> anyhow::Result<BTreeSet<(String, String, String)>> {
+pub async fn copies_of(
+    client: &Client,
+    ns: &str,
+) -> anyhow::Result<BTreeSet<(String, String, String)>> {
     let lp = ListParams::default().labels("helmop.dev/managed-by=kubectl-helmop");
     let marker = format!("/{ns}/");
     let mut out = BTreeSet::new();
@@ -264,10 +287,13 @@ pub async fn kubeconfig_without_cluster_access(
         ..ObjectMeta::default()
     };
     Api::<ServiceAccount>::namespaced(upstream.clone(), ns)
-        .create(&PostParams::default(), &ServiceAccount {
-            metadata: meta(name),
-            ..ServiceAccount::default()
-        })
+        .create(
+            &PostParams::default(),
+            &ServiceAccount {
+                metadata: meta(name),
+                ..ServiceAccount::default()
+            },
+        )
         .await?;
     let rule = |group: &str, resources: &[&str]| PolicyRule {
         api_groups: Some(vec![group.into()]),
@@ -276,40 +302,50 @@ pub async fn kubeconfig_without_cluster_access(
         ..PolicyRule::default()
     };
     Api::<Role>::namespaced(upstream.clone(), ns)
-        .create(&PostParams::default(), &Role {
-            metadata: meta(name),
-            rules: Some(vec![
-                rule("fleet.cattle.io", &["helmops", "clustergroups"]),
-                rule("", &["secrets", "configmaps"]),
-            ]),
-        })
+        .create(
+            &PostParams::default(),
+            &Role {
+                metadata: meta(name),
+                rules: Some(vec![
+                    rule("fleet.cattle.io", &["helmops", "clustergroups"]),
+                    rule("", &["secrets", "configmaps"]),
+                ]),
+            },
+        )
         .await?;
     Api::<RoleBinding>::namespaced(upstream.clone(), ns)
-        .create(&PostParams::default(), &RoleBinding {
-            metadata: meta(name),
-            role_ref: RoleRef {
-                api_group: Some("rbac.authorization.k8s.io".into()),
-                kind: "Role".into(),
-                name: name.into(),
+        .create(
+            &PostParams::default(),
+            &RoleBinding {
+                metadata: meta(name),
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "Role".into(),
+                    name: name.into(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "ServiceAccount".into(),
+                    name: name.into(),
+                    namespace: Some(ns.into()),
+                    ..Subject::default()
+                }]),
             },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".into(),
-                name: name.into(),
-                namespace: Some(ns.into()),
-                ..Subject::default()
-            }]),
-        })
+        )
         .await?;
     // Kubernetes 1.20 creates a token Secret for every ServiceAccount.
     let accounts: Api<ServiceAccount> = Api::namespaced(upstream.clone(), ns);
-    let secret_name = wait_for("the ServiceAccount's token Secret", DEFAULT_TIMEOUT, || async {
-        let sa = accounts.get(name).await?;
-        Ok(sa
-            .secrets
-            .unwrap_or_default()
-            .first()
-            .and_then(|r| r.name.clone()))
-    })
+    let secret_name = wait_for(
+        "the ServiceAccount's token Secret",
+        DEFAULT_TIMEOUT,
+        || async {
+            let sa = accounts.get(name).await?;
+            Ok(sa
+                .secrets
+                .unwrap_or_default()
+                .first()
+                .and_then(|r| r.name.clone()))
+        },
+    )
     .await?;
     let secrets: Api<Secret> = Api::namespaced(upstream.clone(), ns);
     let token = wait_for("the token", DEFAULT_TIMEOUT, || async {

@@ -1,11 +1,26 @@
-//! The seam for image digests (issue 6). The workload handler calls [`ImageResolver::resolve`] after the
-//! config stamp and merges what it returns; until the registry resolver exists, [`NoImages`] changes nothing.
+//! Image digests (issue 6). The workload handler calls [`ImageResolver::resolve`] after the config stamp and
+//! merges what it returns. [`RegistryResolver`] resolves mutable tags through the registry; [`NoImages`]
+//! changes nothing (tests of the other stages).
+//!
+//! The mode comes from the workload's annotation `helmop.dev/image-mode`, else its namespace's, else
+//! `--image-mode`. Registry trouble never denies: the image stays as it is (on an UPDATE that re-applies a
+//! bare tag over a pinned image, the previous pin is kept so nothing rolls by accident) and a warning says why.
+
+pub mod auth;
+pub mod cache;
+pub mod patch;
+pub mod reference;
+pub mod registry;
+mod resolver;
+pub mod tags;
 
 use futures::future::BoxFuture;
 use json_patch::PatchOperation;
 use serde_json::Value;
 
 use crate::cli::ImageMode;
+
+pub use resolver::{ANN_IMAGE_MODE, RegistryResolver, mode_override};
 
 /// What the resolver gets to look at for one admitted workload.
 #[derive(Debug, Clone, Copy)]

@@ -1,0 +1,191 @@
+//! The cluster side of the benchmarks: a private control plane and the objects the scenarios read.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::{StreamExt, TryStreamExt};
+use helmop_tests::{ClusterInfo, ControlPlane};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+
+/// Namespace of the webhook scenarios.
+pub const NAMESPACE: &str = "bench";
+/// Name of the 1 MiB ConfigMap and the three Secrets the Deployment reads.
+pub const BIG_CONFIG_MAP: &str = "big";
+pub const SECRETS: [&str; 3] = ["db", "api", "tls"];
+
+/// A private control plane (torn down on drop) and a client for its first cluster.
+pub struct Cluster {
+    pub cp: ControlPlane,
+    pub client: Client,
+}
+
+impl Cluster {
+    pub fn info(&self) -> &ClusterInfo {
+        &self.cp.clusters[0]
+    }
+}
+
+/// Starts a control plane with the given cluster names (about 20-60 s).
+pub async fn start(names: &[&str]) -> anyhow::Result<Cluster> {
+    let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    let cp = tokio::task::spawn_blocking(move || {
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        ControlPlane::start(&refs)
+    })
+    .await??;
+    let client = cp.clusters[0].client().await;
+    Ok(Cluster { cp, client })
+}
+
+fn meta(namespace: Option<&str>, name: &str, labels: &[(&str, &str)]) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: namespace.map(str::to_owned),
+        labels: (!labels.is_empty()).then(|| {
+            labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        }),
+        ..Default::default()
+    }
+}
+
+pub async fn create_namespace(
+    client: &Client,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> anyhow::Result<()> {
+    let ns = Namespace {
+        metadata: meta(None, name, labels),
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .with_context(|| format!("creating namespace {name}"))?;
+    Ok(())
+}
+
+pub fn secret(namespace: &str, name: &str, data: BTreeMap<String, Vec<u8>>) -> Secret {
+    Secret {
+        metadata: meta(Some(namespace), name, &[]),
+        type_: Some("Opaque".to_owned()),
+        data: Some(data.into_iter().map(|(k, v)| (k, ByteString(v))).collect()),
+        ..Default::default()
+    }
+}
+
+pub fn config_map(namespace: &str, name: &str, data: BTreeMap<String, String>) -> ConfigMap {
+    ConfigMap {
+        metadata: meta(Some(namespace), name, &[]),
+        data: Some(data),
+        ..Default::default()
+    }
+}
+
+/// The hash-key Secret the webhook reads (`helmop-system/helmop-hash-key`, 32 bytes under `key`).
+pub async fn create_hash_key(client: &Client) -> anyhow::Result<()> {
+    create_namespace(client, "helmop-system", &[]).await?;
+    let key: Vec<u8> = (0..32u8)
+        .map(|i| i.wrapping_mul(37).wrapping_add(11))
+        .collect();
+    let s = secret(
+        "helmop-system",
+        "helmop-hash-key",
+        BTreeMap::from([("key".to_owned(), key)]),
+    );
+    Api::<Secret>::namespaced(client.clone(), "helmop-system")
+        .create(&PostParams::default(), &s)
+        .await
+        .context("creating the hash key Secret")?;
+    Ok(())
+}
+
+/// Namespace `bench` (opted in to stamping), the 1 MiB ConfigMap and the three Secrets.
+pub async fn create_scenario_objects(client: &Client) -> anyhow::Result<()> {
+    create_namespace(
+        client,
+        NAMESPACE,
+        &[(helmop_core::names::LABEL_ROLLOUT_ON_CHANGE, "enabled")],
+    )
+    .await?;
+    let big = "x".repeat(1 << 20);
+    Api::<ConfigMap>::namespaced(client.clone(), NAMESPACE)
+        .create(
+            &PostParams::default(),
+            &config_map(
+                NAMESPACE,
+                BIG_CONFIG_MAP,
+                BTreeMap::from([("payload".to_owned(), big)]),
+            ),
+        )
+        .await
+        .context("creating the 1 MiB ConfigMap")?;
+    let secrets = Api::<Secret>::namespaced(client.clone(), NAMESPACE);
+    for name in SECRETS {
+        let data = BTreeMap::from([
+            ("username".to_owned(), b"bench".to_vec()),
+            (
+                "password".to_owned(),
+                format!("{name}-password-0123456789").into_bytes(),
+            ),
+        ]);
+        secrets
+            .create(&PostParams::default(), &secret(NAMESPACE, name, data))
+            .await
+            .with_context(|| format!("creating Secret {NAMESPACE}/{name}"))?;
+    }
+    Ok(())
+}
+
+/// Creates `per_kind` Secrets and as many ConfigMaps spread over `namespaces` namespaces, `parallel`
+/// requests at a time. Returns the time it took.
+pub async fn create_many(
+    client: &Client,
+    per_kind: usize,
+    namespaces: usize,
+    parallel: usize,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let namespaces = namespaces.max(1);
+    for n in 0..namespaces {
+        create_namespace(client, &format!("mem-{n}"), &[]).await?;
+    }
+    let value = "v".repeat(256);
+    futures::stream::iter(0..per_kind * 2)
+        .map(|i| {
+            let client = client.clone();
+            let value = value.clone();
+            async move {
+                let ns = format!("mem-{}", i % namespaces);
+                let name = format!("obj-{}", i / 2);
+                if i % 2 == 0 {
+                    let s = secret(
+                        &ns,
+                        &name,
+                        BTreeMap::from([("value".to_owned(), value.into_bytes())]),
+                    );
+                    Api::<Secret>::namespaced(client, &ns)
+                        .create(&PostParams::default(), &s)
+                        .await
+                        .map(|_| ())
+                } else {
+                    let c = config_map(&ns, &name, BTreeMap::from([("value".to_owned(), value)]));
+                    Api::<ConfigMap>::namespaced(client, &ns)
+                        .create(&PostParams::default(), &c)
+                        .await
+                        .map(|_| ())
+                }
+            }
+        })
+        .buffer_unordered(parallel.max(1))
+        .try_for_each(|()| async { Ok(()) })
+        .await
+        .context("creating Secrets and ConfigMaps")?;
+    Ok(started.elapsed())
+}

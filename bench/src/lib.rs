@@ -1,0 +1,15 @@
+//! helmop's benchmarks and load/soak runs (`helmop-bench`, results in `docs/performance.md`). A library so
+//! the short soak can run as an ordinary test.
+
+pub mod baseline;
+pub mod fixtures;
+pub mod hash;
+pub mod load;
+pub mod machine;
+pub mod memory;
+pub mod pki;
+pub mod propagate;
+pub mod scenarios;
+pub mod soak;
+pub mod stats;
+pub mod webhook;

@@ -1,0 +1,37 @@
+//! What the numbers were measured on.
+
+pub fn describe() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(str::trim)
+        .unwrap_or("unknown CPU");
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_gib = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0 / 1024.0);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    format!(
+        "{cpus} CPUs ({model}), {mem_gib:.1} GiB RAM, load average at start {}",
+        load.join(" ")
+    )
+}
+
+/// Resident set size of a process in KiB (`VmRSS` of `/proc/PID/status`; `self` for this process).
+pub fn rss_kib(pid: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}

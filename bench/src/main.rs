@@ -1,0 +1,205 @@
+//! `helmop-bench`: the measurements behind docs/performance.md. Every subcommand prints Markdown (the machine
+//! first) ready to paste; progress goes to stderr.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use helmop_bench::memory::{self, MemorySettings};
+use helmop_bench::propagate::{self, PropagateSettings};
+use helmop_bench::soak::{self, SoakSettings};
+use helmop_bench::{hash, machine, webhook};
+
+#[derive(Parser)]
+#[command(
+    name = "helmop-bench",
+    version,
+    about = "helmop benchmarks, load and soak runs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Webhook throughput and latency over TLS against a bare axum + rustls baseline (private control plane).
+    Webhook {
+        #[arg(long, default_value_t = 8)]
+        connections: usize,
+        /// Measured seconds per server and scenario.
+        #[arg(long, default_value_t = 15)]
+        seconds: u64,
+        #[arg(long, default_value_t = 3)]
+        warmup_seconds: u64,
+        /// Keep the webhook's JSON log here (default: a temporary file).
+        #[arg(long)]
+        log_file: Option<PathBuf>,
+    },
+    /// Keyed hash throughput against raw HMAC-SHA256 over the same bytes.
+    Hash {
+        #[arg(long, default_value_t = 9)]
+        rounds: usize,
+    },
+    /// Propagation wall time and API-server-counted writes, cold and unchanged.
+    Propagate {
+        /// `kubectl-helmop` to run (default: next to this binary).
+        #[arg(long)]
+        plugin_bin: Option<PathBuf>,
+        #[arg(long, default_value_t = 2)]
+        apiservers: usize,
+        /// Cluster counts (comma separated).
+        #[arg(long, value_delimiter = ',', default_value = "4,16,32")]
+        clusters: Vec<usize>,
+        #[arg(long, default_value_t = 10)]
+        resources: usize,
+        #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+        concurrency: Vec<usize>,
+    },
+    /// Webhook process RSS with many Secrets and ConfigMaps cached, then under a soak with certificate rotations.
+    Memory {
+        /// `helmop-webhook` to run (default: next to this binary).
+        #[arg(long)]
+        webhook_bin: Option<PathBuf>,
+        /// Secrets created, and as many ConfigMaps.
+        #[arg(long, default_value_t = 10_000)]
+        objects: usize,
+        #[arg(long, default_value_t = 20)]
+        namespaces: usize,
+        #[arg(long, default_value_t = 32)]
+        parallel: usize,
+        /// Soak length after the caches are full (600 for the documented 10-minute soak; 0 skips it).
+        #[arg(long, default_value_t = 60)]
+        soak_seconds: u64,
+        #[arg(long, default_value_t = 8)]
+        connections: usize,
+        #[arg(long, default_value_t = 15)]
+        rotate_every_seconds: u64,
+    },
+    /// The in-process soak (real server, stub decisions, certificate rotations); `--check` fails on any error.
+    Soak {
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        #[arg(long, default_value_t = 8)]
+        connections: usize,
+        #[arg(long, default_value_t = 5)]
+        rotate_every_seconds: u64,
+        /// Exit 1 unless there were zero errors, every rotation was picked up and RSS stayed within 16 MiB.
+        #[arg(long)]
+        check: bool,
+    },
+}
+
+fn sibling(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join(name)))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    match run(Cli::parse()).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("helmop-bench: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
+    println!("Machine: {}\n", machine::describe());
+    match cli.command {
+        Command::Webhook {
+            connections,
+            seconds,
+            warmup_seconds,
+            log_file,
+        } => {
+            let settings = webhook::Settings {
+                connections,
+                duration: Duration::from_secs(seconds),
+                warmup: Duration::from_secs(warmup_seconds),
+                log_file,
+            };
+            let report = webhook::run(&settings).await?;
+            println!("{}", webhook::table(&report, &settings));
+        }
+        Command::Hash { rounds } => {
+            let rows = tokio::task::spawn_blocking(move || hash::run(rounds)).await??;
+            println!("{}", hash::table(&rows));
+        }
+        Command::Propagate {
+            plugin_bin,
+            apiservers,
+            clusters,
+            resources,
+            concurrency,
+        } => {
+            let settings = PropagateSettings {
+                plugin_bin: plugin_bin.unwrap_or_else(|| sibling("kubectl-helmop")),
+                apiservers,
+                clusters,
+                resources,
+                concurrency,
+            };
+            let rows = propagate::run(&settings).await?;
+            println!("{}", propagate::table(&rows, &settings));
+        }
+        Command::Memory {
+            webhook_bin,
+            objects,
+            namespaces,
+            parallel,
+            soak_seconds,
+            connections,
+            rotate_every_seconds,
+        } => {
+            let settings = MemorySettings {
+                webhook_bin: webhook_bin.unwrap_or_else(|| sibling("helmop-webhook")),
+                per_kind: objects,
+                namespaces,
+                parallel,
+                soak: SoakSettings {
+                    duration: Duration::from_secs(soak_seconds),
+                    connections,
+                    rotate_every: Duration::from_secs(rotate_every_seconds),
+                    sample_every: Duration::from_secs(1),
+                    ..SoakSettings::default()
+                },
+            };
+            let report = memory::run(&settings).await?;
+            println!("{}", memory::table(&report, &settings));
+        }
+        Command::Soak {
+            seconds,
+            connections,
+            rotate_every_seconds,
+            check,
+        } => {
+            let settings = SoakSettings {
+                duration: Duration::from_secs(seconds),
+                connections,
+                rotate_every: Duration::from_secs(rotate_every_seconds),
+                ..SoakSettings::default()
+            };
+            let report = soak::check(&settings).await?;
+            println!(
+                "In-process soak ({seconds} s, {connections} connections): {}",
+                report.summary()
+            );
+            if check && let Some(problem) = soak_problem(&report) {
+                eprintln!("helmop-bench soak --check: {problem}");
+                return Ok(std::process::ExitCode::FAILURE);
+            }
+        }
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+fn soak_problem(report: &soak::SoakReport) -> Option<String> {
+    helmop_bench::soak::problems(report, 16 * 1024)
+        .first()
+        .cloned()
+}

@@ -1,0 +1,380 @@
+#!/usr/bin/env bash
+# The README demo (`./dev demo`): a local control plane with one upstream and two downstream
+# clusters, helmop's webhook on each, Fleet Clusters and a ClusterGroup, a rejected and an
+# accepted HelmOp, `kubectl helmop propagate` and `status`, and a Deployment downstream that rolls
+# when the source Secret changes upstream.
+#
+#   tests/demo.sh DIR         run the demo with its state in DIR (a previous run there is stopped first)
+#   tests/demo.sh --down DIR  stop the demo's webhooks and clusters (`./dev down`)
+#
+# Needs what `./dev setup` installs and builds (kubectl, cargo, openssl, jq, curl, ss and the
+# control-plane binaries of `tests/controlplane/cp build`).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CP="$REPO/tests/controlplane/cp"
+BIN="$REPO/target/debug"
+CLUSTERS=(upstream down1 down2)
+# Upstream: Fleet's default workspace holds the Clusters, the HelmOp and its sources (Fleet
+# targets only Clusters in the HelmOp's own namespace). Downstream: where the copies go.
+FLEET_NS=fleet-default
+APP_NS=demo
+WAIT=60 # seconds any single wait may take
+
+if [[ -t 1 && -z ${NO_COLOR:-} ]]; then
+  BOLD=$'\033[1m' CYAN=$'\033[1;36m' DIM=$'\033[2m' RESET=$'\033[0m'
+else
+  BOLD='' CYAN='' DIM='' RESET=''
+fi
+
+section() { printf '\n%s=== %s ===%s\n' "$CYAN" "$*" "$RESET"; }
+note() { printf '%s%s%s\n' "$DIM" "$*" "$RESET"; }
+die() {
+  printf 'demo: error: %s\n' "$*" >&2
+  exit 1
+}
+# Prints a command the way a user would type it, then runs it.
+run() {
+  printf '%s$ %s%s\n' "$BOLD" "$*" "$RESET"
+  "$@"
+}
+# Like `run`, for a command that must fail with exit code $1.
+run_expect_fail() {
+  local want=$1 rc=0
+  shift
+  printf '%s$ %s%s\n' "$BOLD" "$*" "$RESET"
+  "$@" || rc=$?
+  [[ $rc -eq $want ]] || die "expected exit code $want from: $* (got $rc)"
+  note "(exit code $rc, as expected)"
+}
+
+usage() {
+  sed -n '7,8p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+# --- the webhook processes -------------------------------------------------------------------
+
+# Start time of a process (field 22 of /proc/PID/stat), to recognise it again: a pid alone may
+# have been recycled by the time we stop it.
+proc_start() {
+  local stat
+  stat=$(<"/proc/$1/stat") || return 1
+  stat=${stat##*) }
+  # shellcheck disable=SC2086 # split on purpose: the fields after the command name
+  set -- $stat
+  printf '%s\n' "${20}"
+}
+
+# Stops the webhooks a demo in $1 started (pid files), each only if it is still the process we
+# started: its process group gets SIGTERM, then SIGKILL after 10 s.
+stop_webhooks() {
+  local dir=$1 f pid started deadline
+  for f in "$dir"/webhooks/*.pid; do
+    [[ -e $f ]] || continue
+    read -r pid started <"$f" || true
+    if [[ $pid =~ ^[0-9]+$ && -n $started && "$(proc_start "$pid" 2>/dev/null)" == "$started" ]]; then
+      kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+      deadline=$((SECONDS + 10))
+      while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
+      kill -KILL -- "-$pid" 2>/dev/null || true
+      echo "stopped webhook $(basename "$f" .pid) (pid $pid)" >&2
+    fi
+    rm -f "$f"
+  done
+}
+
+down() {
+  local dir=$1
+  [[ -d $dir ]] || return 0
+  stop_webhooks "$dir"
+  "$CP" down --dir "$dir"
+}
+
+if [[ ${1:-} == --down ]]; then
+  [[ $# -eq 2 ]] || usage
+  down "$2"
+  exit 0
+fi
+[[ $# -eq 1 && $1 != -* ]] || usage
+mkdir -p "$1"
+DIR="$(cd "$1" && pwd)"
+
+# A free TCP port on 127.0.0.1 in $PORT (not one handed out before in this run).
+USED_PORTS=" "
+free_port() {
+  local p i
+  for ((i = 0; i < 200; i++)); do
+    p=$((20000 + RANDOM % 20000))
+    [[ $USED_PORTS == *" $p "* ]] && continue
+    if [[ -z $(ss -Htln "sport = :$p") ]]; then
+      USED_PORTS+="$p "
+      PORT=$p
+      return 0
+    fi
+  done
+  die "no free port found on 127.0.0.1"
+}
+
+# Polls "$@" once a second until it succeeds or $WAIT seconds pass.
+wait_for() {
+  local what=$1 deadline=$((SECONDS + WAIT))
+  shift
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || die "timed out after ${WAIT}s waiting for $what"
+    sleep 0.5
+  done
+}
+
+# A serving certificate for 127.0.0.1 signed by a throwaway CA: DIR/webhooks/{ca,tls}.{crt,key}.
+make_certs() {
+  local d=$DIR/webhooks
+  (
+    umask 077
+    openssl ecparam -name prime256v1 -genkey -noout -out "$d/ca.key" 2>/dev/null
+    openssl req -x509 -new -key "$d/ca.key" -subj /CN=helmop-demo-ca -days 30 -out "$d/ca.crt" 2>/dev/null
+    openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+      -keyout "$d/tls.key" -subj /CN=127.0.0.1 -out "$d/tls.csr" 2>/dev/null
+    printf '%s\n' 'subjectAltName=IP:127.0.0.1,DNS:localhost' 'basicConstraints=CA:FALSE' \
+      'keyUsage=critical,digitalSignature' 'extendedKeyUsage=serverAuth' >"$d/tls.ext"
+    openssl x509 -req -in "$d/tls.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
+      -days 30 -extfile "$d/tls.ext" -out "$d/tls.crt" 2>/dev/null
+  )
+}
+
+# Starts helmop-webhook for cluster $1 (its own kubeconfig) on two free ports, waits until it is
+# ready (caches synced), and registers it on that cluster by url with the CA as caBundle.
+start_webhook() {
+  local name=$1 d=$DIR/webhooks port admin pid started deadline
+  free_port
+  port=$PORT
+  free_port
+  admin=$PORT
+  # setsid: its own process group, so stopping it never touches anything else; the shell
+  # writes its pid before exec'ing the webhook, so the pid file names the webhook itself.
+  # shellcheck disable=SC2016 # expanded by the inner shell
+  KUBECONFIG="$DIR/$name.kubeconfig" setsid bash -c 'echo "$$" >"$0"; exec "$@"' "$d/$name.pid.tmp" \
+    "$BIN/helmop-webhook" --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" \
+    --tls-cert "$d/tls.crt" --tls-key "$d/tls.key" --log-format text \
+    </dev/null >"$d/$name.log" 2>&1 &
+  deadline=$((SECONDS + 10))
+  until [[ -s $d/$name.pid.tmp ]]; do
+    ((SECONDS < deadline)) || die "helmop-webhook for $name did not start (log: $d/$name.log)"
+    sleep 0.05
+  done
+  pid=$(<"$d/$name.pid.tmp")
+  started=$(proc_start "$pid") || die "helmop-webhook for $name exited at once: $(tail -5 "$d/$name.log")"
+  echo "$pid $started" >"$d/$name.pid"
+  rm -f "$d/$name.pid.tmp"
+  deadline=$((SECONDS + WAIT))
+  until curl -sf -o /dev/null --max-time 2 "http://127.0.0.1:$admin/readyz"; do
+    kill -0 "$pid" 2>/dev/null || die "helmop-webhook for $name exited; last lines of $d/$name.log:
+$(tail -15 "$d/$name.log")"
+    ((SECONDS < deadline)) || die "helmop-webhook for $name not ready after ${WAIT}s (log: $d/$name.log)"
+    sleep 0.2
+  done
+  # The shipped configurations (manifests/base/webhooks.yaml) with the Service swapped for this
+  # process's url and the demo CA.
+  kubectl --context "$name" create --dry-run=client -o json -f "$REPO/manifests/base/webhooks.yaml" |
+    jq -s --arg base "https://127.0.0.1:$port" --arg ca "$(base64 -w0 <"$d/ca.crt")" \
+      '{apiVersion: "v1", kind: "List", items: [.[] | if .kind == "List" then .items[] else . end
+        | .webhooks[] |= (.clientConfig = {url: ($base + .clientConfig.service.path), caBundle: $ca})]}' |
+    kubectl --context "$name" apply -f - >/dev/null
+  printf '  %-8s helmop-webhook pid %-7s https://127.0.0.1:%s  (admin http://127.0.0.1:%s, log %s)\n' \
+    "$name" "$pid" "$port" "$admin" "${d#"$DIR"/}/$name.log"
+}
+
+# --- the demo --------------------------------------------------------------------------------
+
+on_exit() {
+  local rc=$?
+  ((rc == 0)) || printf '\ndemo: failed (exit %s); what runs is left for a look (logs in %s): stop it with ./dev down\n' \
+    "$rc" "$DIR" >&2
+}
+trap on_exit EXIT
+
+section "Building helmop (cargo build --bins)"
+cd "$REPO"
+cargo build --bins
+for b in kubectl-helmop helmop-webhook helmop-bootstrap; do
+  [[ -x $BIN/$b ]] || die "$BIN/$b is missing after the build"
+done
+# kubectl runs plugins it finds on PATH as `kubectl-<name>`.
+export PATH="$BIN:$PATH"
+started=$SECONDS
+
+section "Starting the local control plane in $DIR"
+down "$DIR"
+"$CP" up --dir "$DIR" --clusters 3 --names "$(
+  IFS=,
+  echo "${CLUSTERS[*]}"
+)" >/dev/null
+export KUBECONFIG="$DIR/kubeconfig"
+run kubectl config get-contexts
+
+section "Installing helmop-webhook on every cluster (a local process each, registered by url)"
+mkdir -p "$DIR/webhooks" "$DIR/manifests"
+make_certs
+for name in "${CLUSTERS[@]}"; do
+  kubectl --context "$name" create namespace helmop-system >/dev/null
+  # Kubernetes >= 1.21 sets this label itself; the shipped namespaceSelector excludes
+  # kube-system and helmop-system by it, so on this 1.20 control plane it is set by hand.
+  for ns in kube-system helmop-system; do
+    kubectl --context "$name" label --overwrite namespace "$ns" "kubernetes.io/metadata.name=$ns" >/dev/null
+  done
+  # The keyed-hash key: 32 random bytes in helmop-system/helmop-hash-key (never overwritten).
+  KUBECONFIG="$DIR/$name.kubeconfig" "$BIN/helmop-bootstrap" hash-key --log-format text >/dev/null 2>&1 ||
+    die "helmop-bootstrap hash-key failed on $name"
+  start_webhook "$name"
+done
+
+section "Upstream: sources, Fleet Clusters and a ClusterGroup in namespace $FLEET_NS"
+kubectl create namespace "$FLEET_NS" >/dev/null
+run kubectl -n "$FLEET_NS" create secret generic db-credentials --from-literal=password=hunter2 --from-literal=user=web
+run kubectl -n "$FLEET_NS" create configmap app-config --from-literal=LOG_LEVEL=info --from-literal=FEATURE_X=on
+for cluster in down1:prod down2:staging; do
+  name=${cluster%%:*} env=${cluster#*:}
+  # Fleet reads a registered cluster's credentials from a Secret (key `value`); here the
+  # harness's own kubeconfig for that cluster, which works from this host (all on loopback).
+  kubectl -n "$FLEET_NS" create secret generic "$name-kubeconfig" --from-file=value="$DIR/$name.kubeconfig" >/dev/null
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: fleet.cattle.io/v1alpha1
+kind: Cluster
+metadata: {name: $name, namespace: $FLEET_NS, labels: {env: $env}}
+spec: {kubeConfigSecret: $name-kubeconfig}
+EOF
+done
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: fleet.cattle.io/v1alpha1
+kind: ClusterGroup
+metadata: {name: staging, namespace: $FLEET_NS}
+spec: {selector: {matchLabels: {env: staging}}}
+EOF
+run kubectl -n "$FLEET_NS" get clusters.fleet.cattle.io,clustergroups.fleet.cattle.io --show-labels
+
+section "An invalid HelmOp is rejected at admission"
+cat >"$DIR/manifests/web-broken.yaml" <<EOF
+# A typo in the Secret's name, and a kind Fleet cannot copy.
+apiVersion: fleet.cattle.io/v1alpha1
+kind: HelmOp
+metadata: {name: web-broken, namespace: $FLEET_NS}
+spec:
+  helm: {repo: oci://registry.example.com/charts/web, version: 1.4.2}
+  namespace: $APP_NS
+  downstreamResources:
+  - {kind: Secret, name: db-credentails}
+  - {kind: Deployment, name: web}
+EOF
+sed -n '2,$p' "$DIR/manifests/web-broken.yaml"
+note "Checked before applying (offline rules plus, with --cluster, existence upstream):"
+run_expect_fail 1 kubectl helmop validate -f "$DIR/manifests/web-broken.yaml" --cluster
+note "And what the API server says when it is applied anyway:"
+run_expect_fail 1 kubectl apply -f "$DIR/manifests/web-broken.yaml"
+
+section "A valid HelmOp: root and per-target downstream resources"
+cat >"$DIR/manifests/web.yaml" <<EOF
+# Every targeted cluster gets the database credentials; prod clusters also get the app config.
+# (Fleet itself is not installed here: nothing deploys the chart; helmop copies the resources.)
+apiVersion: fleet.cattle.io/v1alpha1
+kind: HelmOp
+metadata: {name: web, namespace: $FLEET_NS}
+spec:
+  helm: {repo: oci://registry.example.com/charts/web, version: 1.4.2}
+  namespace: $APP_NS
+  downstreamResources:
+  - {kind: Secret, name: db-credentials}
+  targets:
+  - name: prod
+    clusterSelector: {matchLabels: {env: prod}}
+    downstreamResources:
+    - {kind: ConfigMap, name: app-config}
+  - name: staging
+    clusterGroup: staging
+EOF
+sed -n '3,$p' "$DIR/manifests/web.yaml"
+run kubectl apply -f "$DIR/manifests/web.yaml"
+
+section "down1: an opted-in Deployment that reads the copies"
+cat >"$DIR/manifests/down1-web.yaml" <<EOF
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: $APP_NS
+  labels: {helmop.dev/rollout-on-change: enabled}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: $APP_NS}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+      - name: web
+        image: registry.example.com/web:1.4.2
+        env:
+        - name: DB_PASSWORD
+          valueFrom: {secretKeyRef: {name: db-credentials, key: password}}
+        envFrom:
+        - configMapRef: {name: app-config}
+EOF
+note "(no scheduler or node in this control plane: pods stay Pending, but every pod-template change makes a new ReplicaSet)"
+run kubectl --context down1 apply -f "$DIR/manifests/down1-web.yaml"
+
+replicaset_count() {
+  kubectl --context down1 -n "$APP_NS" get replicasets -l app=web -o name | wc -l
+}
+more_replicasets_than() { (($(replicaset_count) > $1)); }
+stamp() {
+  kubectl --context down1 -n "$APP_NS" get deployment web \
+    -o jsonpath='{.spec.template.metadata.annotations.helmop\.dev/config-hash}'
+}
+show_stamp() {
+  printf '%s$ kubectl --context down1 -n %s get deployment web -o yaml | grep helmop.dev/config%s\n' \
+    "$BOLD" "$APP_NS" "$RESET"
+  kubectl --context down1 -n "$APP_NS" get deployment web -o json |
+    jq -r '.spec.template.metadata.annotations // {} | to_entries[]
+           | select(.key | startswith("helmop.dev/config")) | "    \(.key): \(.value)"'
+}
+show_stamp
+
+section "kubectl helmop propagate -A"
+run kubectl helmop propagate -A
+section "kubectl helmop status -A"
+run kubectl helmop status -A
+run kubectl --context down2 -n "$APP_NS" get secrets,configmaps -l helmop.dev/managed-by=kubectl-helmop
+show_stamp
+first_stamp=$(stamp)
+[[ -n $first_stamp ]] || die "the Deployment on down1 has no helmop.dev/config-hash"
+wait_for "the first ReplicaSet of web on down1" more_replicasets_than 0
+replicasets=$(replicaset_count)
+run kubectl --context down1 -n "$APP_NS" get replicasets -l app=web
+
+section "The source Secret changes upstream"
+run kubectl -n "$FLEET_NS" patch secret db-credentials -p '{"stringData":{"password":"correct-horse-battery-staple"}}'
+run kubectl helmop status -A
+note "(Stale: the copies' content hash no longer matches the source)"
+run kubectl helmop propagate -A
+show_stamp
+[[ $(stamp) != "$first_stamp" ]] || die "the stamp on down1 did not change after propagate"
+wait_for "a new ReplicaSet of web on down1" more_replicasets_than "$replicasets"
+run kubectl --context down1 -n "$APP_NS" get replicasets -l app=web
+run kubectl helmop status -A
+
+section "Done in $((SECONDS - started))s (after the build)"
+cat <<EOF
+The clusters keep running. Point kubectl at them with:
+
+  export KUBECONFIG=$DIR/kubeconfig
+  export PATH=$BIN:\$PATH     # so that \`kubectl helmop\` finds the plugin
+  kubectl config get-contexts  # upstream (current), down1, down2
+  kubectl --context down1 -n $APP_NS get deployment,replicasets,secrets,configmaps
+  kubectl helmop status -A -o wide
+
+Manifests used: $DIR/manifests/   Webhook logs: $DIR/webhooks/   Cluster logs: $DIR/logs/
+Tear everything down (webhooks and clusters) with:
+
+  ./dev down
+EOF

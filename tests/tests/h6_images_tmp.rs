@@ -1,0 +1,2 @@
+#[path = "e2e/images.rs"]
+mod images;

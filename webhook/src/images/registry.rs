@@ -1,0 +1,453 @@
+//! The OCI distribution client: what a tag points at, as a digest.
+//!
+//! `HEAD /v2/<repo>/manifests/<tag>` with every manifest and index media type in `Accept`, so the registry
+//! answers with the digest of what the tag names (for a multi-arch image that is the index, never one
+//! platform's manifest), read from `Docker-Content-Digest`; a `GET` and the SHA-256 of the body when the
+//! header is missing or HEAD is not served. Authentication follows the registry's `WWW-Authenticate`
+//! challenge: Basic with the pull secret's credential, or a Bearer token from the challenge's realm.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use reqwest::header::{ACCEPT, AUTHORIZATION, HeaderValue, WWW_AUTHENTICATE};
+use reqwest::{Method, StatusCode};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::auth::{Challenge, Credential, parse_challenge};
+use super::cache::{RegistryLimiter, TtlCache};
+use super::reference::{ImageRef, normalise_registry, valid_digest};
+
+/// Media types of everything a tag can point at: OCI manifest and index, Docker v2 manifest and list.
+pub const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.index.v1+json, \
+     application/vnd.docker.distribution.manifest.list.v2+json, \
+     application/vnd.oci.image.manifest.v1+json, \
+     application/vnd.docker.distribution.manifest.v2+json";
+
+/// Manifests are small; anything larger is not one.
+const MAX_MANIFEST_BYTES: usize = 4 << 20;
+/// Requests in flight to one registry host.
+const PER_REGISTRY_CONCURRENCY: usize = 8;
+const TOKEN_CACHE_ENTRIES: usize = 1024;
+
+/// `--registry-config FILE`: YAML (or JSON) such as
+/// `{insecure: ["127.0.0.1:5000"], mirrors: {"docker.io": ["mirror.example.com"]}}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistrySettings {
+    /// Hosts (with port) spoken to over plain HTTP.
+    #[serde(default)]
+    pub insecure: Vec<String>,
+    /// Registry host -> mirrors tried in order before it.
+    #[serde(default)]
+    pub mirrors: BTreeMap<String, Vec<String>>,
+}
+
+impl RegistrySettings {
+    pub fn parse(text: &str) -> Result<RegistrySettings, String> {
+        if text.trim().is_empty() {
+            return Ok(RegistrySettings::default());
+        }
+        let raw: RegistrySettings = serde_saphyr::from_str(text).map_err(|e| e.to_string())?;
+        Ok(RegistrySettings {
+            insecure: raw.insecure.iter().map(|h| normalise_registry(h)).collect(),
+            mirrors: raw
+                .mirrors
+                .into_iter()
+                .map(|(host, mirrors)| {
+                    (
+                        normalise_registry(&host),
+                        mirrors.iter().map(|m| normalise_registry(m)).collect(),
+                    )
+                })
+                .collect(),
+        })
+    }
+
+    pub fn load(path: &Path) -> Result<RegistrySettings, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    fn scheme(&self, host: &str) -> &'static str {
+        if self.insecure.iter().any(|h| h == host) {
+            "http"
+        } else {
+            "https"
+        }
+    }
+
+    /// Registry names to try for `registry`, mirrors first.
+    fn endpoints<'a>(&'a self, registry: &'a str) -> impl Iterator<Item = &'a str> {
+        self.mirrors
+            .get(registry)
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+            .chain(std::iter::once(registry))
+    }
+}
+
+/// Why a tag could not be resolved. Messages never contain credentials or tokens.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    #[error("manifest unknown (no such repository or tag)")]
+    NotFound,
+    #[error("authentication failed ({0})")]
+    Unauthorized(String),
+    #[error("registry unreachable ({0})")]
+    Unreachable(String),
+    #[error("registry answered {0}")]
+    Protocol(String),
+    #[error("time budget exhausted")]
+    Timeout,
+}
+
+impl ResolveError {
+    /// The `outcome` label of `helmop_webhook_image_resolutions_total`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            ResolveError::NotFound => "not_found",
+            ResolveError::Unauthorized(_) => "unauthorized",
+            ResolveError::Unreachable(_) => "unreachable",
+            ResolveError::Protocol(_) => "error",
+            ResolveError::Timeout => "timeout",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct TokenKey {
+    host: String,
+    scope: String,
+    identity: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct TokenResponse {
+    #[serde(default)]
+    token: Option<String>,
+    #[serde(default)]
+    access_token: Option<String>,
+    #[serde(default)]
+    expires_in: Option<u64>,
+}
+
+/// Talks to registries; shared by all admissions.
+pub struct RegistryClient {
+    http: reqwest::Client,
+    settings: RegistrySettings,
+    tokens: TtlCache<TokenKey, String>,
+    limiter: RegistryLimiter,
+}
+
+impl RegistryClient {
+    pub fn new(settings: RegistrySettings) -> Result<RegistryClient, String> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            // A backstop: each admission bounds the whole resolution by its own budget.
+            .timeout(Duration::from_secs(10))
+            .user_agent(concat!("helmop-webhook/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| format!("cannot build the registry client: {e}"))?;
+        Ok(RegistryClient {
+            http,
+            settings,
+            tokens: TtlCache::new(TOKEN_CACHE_ENTRIES),
+            limiter: RegistryLimiter::new(PER_REGISTRY_CONCURRENCY),
+        })
+    }
+
+    /// The digest `image`'s tag points at, trying configured mirrors first. `credential` picks the pull
+    /// secret entry for a registry host.
+    pub async fn resolve(
+        &self,
+        image: &ImageRef,
+        credential: impl Fn(&str) -> Option<Credential>,
+    ) -> Result<String, ResolveError> {
+        let mut last = ResolveError::Unreachable("no endpoint".into());
+        for endpoint in self.settings.endpoints(&image.registry) {
+            let cred = credential(endpoint);
+            match self.resolve_at(endpoint, image, cred.as_ref()).await {
+                Ok(digest) => return Ok(digest),
+                Err(error) => {
+                    tracing::debug!(registry = endpoint, image = %image, %error, "registry endpoint failed");
+                    last = error;
+                }
+            }
+        }
+        Err(last)
+    }
+
+    async fn resolve_at(
+        &self,
+        registry: &str,
+        image: &ImageRef,
+        credential: Option<&Credential>,
+    ) -> Result<String, ResolveError> {
+        let host = super::reference::api_host(registry);
+        let _permit = self.limiter.acquire(host).await;
+        let url = format!(
+            "{}://{host}/v2/{}/manifests/{}",
+            self.settings.scheme(registry),
+            image.repository,
+            image.effective_tag()
+        );
+        let scope = format!("repository:{}:pull", image.repository);
+        let token_key = TokenKey {
+            host: host.to_owned(),
+            scope: scope.clone(),
+            identity: credential.map(|c| c.identity.clone()),
+        };
+        let mut auth = self
+            .tokens
+            .get(&token_key)
+            .map(|token| format!("Bearer {token}"));
+        let mut response = self.send(Method::HEAD, &url, auth.as_deref()).await?;
+        if response.status() == StatusCode::UNAUTHORIZED {
+            let header = response
+                .headers()
+                .get(WWW_AUTHENTICATE)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or_default();
+            auth = Some(match parse_challenge(header) {
+                Some(Challenge::Basic) => {
+                    let c = credential.ok_or_else(|| {
+                        ResolveError::Unauthorized(
+                            "credentials required, no pull secret matches".into(),
+                        )
+                    })?;
+                    basic(c)
+                }
+                Some(Challenge::Bearer {
+                    realm,
+                    service,
+                    scope: challenge_scope,
+                }) => {
+                    let scope = challenge_scope.unwrap_or(scope);
+                    let (token, ttl) = self
+                        .token(&realm, service.as_deref(), &scope, credential)
+                        .await?;
+                    self.tokens.insert(token_key, token.clone(), ttl);
+                    format!("Bearer {token}")
+                }
+                None => {
+                    return Err(ResolveError::Unauthorized(
+                        "unsupported WWW-Authenticate challenge".into(),
+                    ));
+                }
+            });
+            response = self.send(Method::HEAD, &url, auth.as_deref()).await?;
+        }
+        match response.status() {
+            StatusCode::OK => {
+                if let Some(digest) = header_digest(&response) {
+                    return Ok(digest);
+                }
+            }
+            StatusCode::NOT_FOUND => return Err(ResolveError::NotFound),
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+                return Err(unauthorized(response.status()));
+            }
+            // Anything else (405 for HEAD, a proxy's 400): try GET.
+            _ => {}
+        }
+        let response = self.send(Method::GET, &url, auth.as_deref()).await?;
+        match response.status() {
+            StatusCode::OK => {}
+            StatusCode::NOT_FOUND => return Err(ResolveError::NotFound),
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+                return Err(unauthorized(response.status()));
+            }
+            status => return Err(ResolveError::Protocol(status.to_string())),
+        }
+        if let Some(digest) = header_digest(&response) {
+            return Ok(digest);
+        }
+        let body = read_limited(response, MAX_MANIFEST_BYTES).await?;
+        Ok(format!("sha256:{}", hex::encode(Sha256::digest(&body))))
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        auth: Option<&str>,
+    ) -> Result<reqwest::Response, ResolveError> {
+        let mut request = self
+            .http
+            .request(method, url)
+            .header(ACCEPT, HeaderValue::from_static(MANIFEST_ACCEPT));
+        if let Some(auth) = auth {
+            let mut value = HeaderValue::from_str(auth).map_err(|_| {
+                ResolveError::Unauthorized("credential is not a valid header".into())
+            })?;
+            value.set_sensitive(true);
+            request = request.header(AUTHORIZATION, value);
+        }
+        request.send().await.map_err(transport_error)
+    }
+
+    /// A Bearer token from `realm` (the token endpoint), with the credential as Basic auth when there is
+    /// one (anonymous tokens otherwise), and how long to keep it.
+    async fn token(
+        &self,
+        realm: &str,
+        service: Option<&str>,
+        scope: &str,
+        credential: Option<&Credential>,
+    ) -> Result<(String, Duration), ResolveError> {
+        let mut url = reqwest::Url::parse(realm)
+            .map_err(|_| ResolveError::Protocol("a token realm that is not a URL".into()))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(ResolveError::Protocol(
+                "a token realm that is not HTTP(S)".into(),
+            ));
+        }
+        {
+            let mut query = url.query_pairs_mut();
+            if let Some(service) = service {
+                query.append_pair("service", service);
+            }
+            query.append_pair("scope", scope);
+        }
+        let mut request = self.http.get(url);
+        if let Some(c) = credential {
+            request = request.basic_auth(&c.username, Some(&c.password));
+        }
+        let response = request.send().await.map_err(transport_error)?;
+        match response.status() {
+            StatusCode::OK => {}
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+                return Err(ResolveError::Unauthorized(format!(
+                    "token endpoint answered {}",
+                    response.status()
+                )));
+            }
+            status => {
+                return Err(ResolveError::Protocol(format!(
+                    "token endpoint answered {status}"
+                )));
+            }
+        }
+        let body = read_limited(response, 1 << 20).await?;
+        let parsed: TokenResponse = serde_json::from_slice(&body)
+            .map_err(|_| ResolveError::Protocol("an unreadable token response".into()))?;
+        let token = parsed
+            .token
+            .or(parsed.access_token)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| ResolveError::Protocol("a token response without a token".into()))?;
+        // The spec's default lifetime is 60 s; keep a margin so a token is never used as it expires.
+        let lifetime = parsed.expires_in.unwrap_or(60).clamp(20, 3600);
+        Ok((token, Duration::from_secs(lifetime - 10)))
+    }
+}
+
+fn basic(c: &Credential) -> String {
+    use base64::Engine;
+    let pair = format!("{}:{}", c.username, c.password);
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(pair)
+    )
+}
+
+fn unauthorized(status: StatusCode) -> ResolveError {
+    ResolveError::Unauthorized(format!("registry answered {status}"))
+}
+
+fn header_digest(response: &reqwest::Response) -> Option<String> {
+    response
+        .headers()
+        .get("docker-content-digest")
+        .and_then(|h| h.to_str().ok())
+        .map(str::trim)
+        .filter(|d| valid_digest(d))
+        .map(str::to_owned)
+}
+
+fn transport_error(error: reqwest::Error) -> ResolveError {
+    if error.is_timeout() {
+        return ResolveError::Timeout;
+    }
+    // Without the URL: it names the registry, which the caller's message already does.
+    ResolveError::Unreachable(
+        std::error::Error::source(&error)
+            .map(ToString::to_string)
+            .unwrap_or_else(|| error.without_url().to_string()),
+    )
+}
+
+async fn read_limited(
+    mut response: reqwest::Response,
+    limit: usize,
+) -> Result<Vec<u8>, ResolveError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(transport_error)? {
+        if body.len() + chunk.len() > limit {
+            return Err(ResolveError::Protocol(
+                "a manifest larger than 4 MiB".into(),
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_parse_and_normalise() {
+        let s = RegistrySettings::parse(
+            "insecure: [\"127.0.0.1:5000\"]\nmirrors:\n  index.docker.io: [Mirror.Example.com, \"10.0.0.1:5000\"]\n",
+        )
+        .unwrap();
+        assert_eq!(s.insecure, ["127.0.0.1:5000"]);
+        assert_eq!(s.scheme("127.0.0.1:5000"), "http");
+        assert_eq!(s.scheme("ghcr.io"), "https");
+        assert_eq!(
+            s.endpoints("docker.io").collect::<Vec<_>>(),
+            ["mirror.example.com", "10.0.0.1:5000", "docker.io"]
+        );
+        assert_eq!(s.endpoints("ghcr.io").collect::<Vec<_>>(), ["ghcr.io"]);
+        // JSON is YAML too; empty means defaults.
+        let j = RegistrySettings::parse(r#"{"insecure": ["a:1"], "mirrors": {}}"#).unwrap();
+        assert_eq!(j.insecure, ["a:1"]);
+        assert_eq!(
+            RegistrySettings::parse("").unwrap(),
+            RegistrySettings::default()
+        );
+        assert!(
+            RegistrySettings::parse("insecur: [a]").is_err(),
+            "a typo must not be ignored"
+        );
+        assert!(RegistrySettings::load(Path::new("/nonexistent/registries.yaml")).is_err());
+    }
+
+    #[test]
+    fn outcomes_are_a_closed_set() {
+        let all = [
+            ResolveError::NotFound,
+            ResolveError::Unauthorized(String::new()),
+            ResolveError::Unreachable(String::new()),
+            ResolveError::Protocol(String::new()),
+            ResolveError::Timeout,
+        ];
+        let labels: Vec<_> = all.iter().map(ResolveError::outcome).collect();
+        assert_eq!(
+            labels,
+            [
+                "not_found",
+                "unauthorized",
+                "unreachable",
+                "error",
+                "timeout"
+            ]
+        );
+    }
+}
