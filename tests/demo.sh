@@ -27,22 +27,31 @@ else
   BOLD='' CYAN='' DIM='' RESET=''
 fi
 
-section() { printf '\n%s=== %s ===%s\n' "$CYAN" "$*" "$RESET"; }
+T0=$SECONDS
+section() { printf '\n%s=== %s ===%s %s[%ss]%s\n' "$CYAN" "$*" "$RESET" "$DIM" "$((SECONDS - T0))" "$RESET"; }
 note() { printf '%s%s%s\n' "$DIM" "$*" "$RESET"; }
 die() {
   printf 'demo: error: %s\n' "$*" >&2
   exit 1
 }
+# "$@" as a user would type it: arguments with shell-special characters single-quoted.
+quoted() {
+  local a out=''
+  for a in "$@"; do
+    if [[ $a =~ ^[A-Za-z0-9_./=:,@%+-]+$ ]]; then out+=" $a"; else out+=" '${a//\'/\'\\\'\'}'"; fi
+  done
+  printf '%s' "${out# }"
+}
 # Prints a command the way a user would type it, then runs it.
 run() {
-  printf '%s$ %s%s\n' "$BOLD" "$*" "$RESET"
+  printf '%s$ %s%s\n' "$BOLD" "$(quoted "$@")" "$RESET"
   "$@"
 }
 # Like `run`, for a command that must fail with exit code $1.
 run_expect_fail() {
   local want=$1 rc=0
   shift
-  printf '%s$ %s%s\n' "$BOLD" "$*" "$RESET"
+  printf '%s$ %s%s\n' "$BOLD" "$(quoted "$@")" "$RESET"
   "$@" || rc=$?
   [[ $rc -eq $want ]] || die "expected exit code $want from: $* (got $rc)"
   note "(exit code $rc, as expected)"
@@ -59,11 +68,19 @@ usage() {
 # have been recycled by the time we stop it.
 proc_start() {
   local stat
-  stat=$(<"/proc/$1/stat") || return 1
+  { read -r stat <"/proc/$1/stat"; } 2>/dev/null || return 1
   stat=${stat##*) }
   # shellcheck disable=SC2086 # split on purpose: the fields after the command name
   set -- $stat
   printf '%s\n' "${20}"
+}
+
+# True while process $1 runs (a zombie has finished: only its parent has not looked yet).
+alive() {
+  local stat
+  { read -r stat <"/proc/$1/stat"; } 2>/dev/null || return 1
+  stat=${stat##*) }
+  [[ ${stat:0:1} != Z ]]
 }
 
 # Stops the webhooks a demo in $1 started (pid files), each only if it is still the process we
@@ -76,7 +93,7 @@ stop_webhooks() {
     if [[ $pid =~ ^[0-9]+$ && -n $started && "$(proc_start "$pid" 2>/dev/null)" == "$started" ]]; then
       kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
       deadline=$((SECONDS + 10))
-      while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
+      while alive "$pid" && ((SECONDS < deadline)); do sleep 0.1; done
       kill -KILL -- "-$pid" 2>/dev/null || true
       echo "stopped webhook $(basename "$f" .pid) (pid $pid)" >&2
     fi
@@ -168,7 +185,7 @@ start_webhook() {
   rm -f "$d/$name.pid.tmp"
   deadline=$((SECONDS + WAIT))
   until curl -sf -o /dev/null --max-time 2 "http://127.0.0.1:$admin/readyz"; do
-    kill -0 "$pid" 2>/dev/null || die "helmop-webhook for $name exited; last lines of $d/$name.log:
+    alive "$pid" || die "helmop-webhook for $name exited; last lines of $d/$name.log:
 $(tail -15 "$d/$name.log")"
     ((SECONDS < deadline)) || die "helmop-webhook for $name not ready after ${WAIT}s (log: $d/$name.log)"
     sleep 0.2

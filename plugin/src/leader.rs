@@ -364,6 +364,15 @@ impl LeaderHandle {
     }
 }
 
+/// Publishes a change of leadership; receivers are woken only when it really changed.
+fn publish(state: &watch::Sender<bool>, leads: bool) {
+    state.send_if_modified(|current| {
+        let changed = *current != leads;
+        *current = leads;
+        changed
+    });
+}
+
 async fn run(
     mut elector: Elector,
     state: watch::Sender<bool>,
@@ -384,7 +393,7 @@ async fn run(
         if leads && now >= valid_until {
             leads = false;
             tracing::warn!(lease = %elector.lease(), "could not renew the lease in time; standing by");
-            state.send_replace(false);
+            publish(&state, false);
         }
         if now < next {
             continue;
@@ -403,14 +412,14 @@ async fn run(
                     tracing::info!(lease = %elector.lease(), identity = %elector.identity(), "acquired the lease");
                 }
                 leads = true;
-                state.send_replace(true);
+                publish(&state, true);
             }
             Ok(Ok(false)) => {
                 if leads {
                     tracing::warn!(lease = %elector.lease(), "lost the lease to another holder");
                 }
                 leads = false;
-                state.send_replace(false);
+                publish(&state, false);
             }
             Ok(Err(e)) => {
                 tracing::warn!(lease = %elector.lease(), error = %e, "lease request failed");
@@ -421,11 +430,11 @@ async fn run(
         }
         if leads && Instant::now() >= valid_until {
             leads = false;
-            state.send_replace(false);
+            publish(&state, false);
         }
     }
     // Stopped: publish that we no longer lead before giving the Lease away.
-    state.send_replace(false);
+    publish(&state, false);
     if leads {
         match tokio::time::timeout(timings.renew_deadline, elector.release()).await {
             Ok(Ok(())) => tracing::info!(lease = %elector.lease(), "released the lease"),

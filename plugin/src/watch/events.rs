@@ -67,16 +67,13 @@ impl Events {
         );
     }
 
-    pub fn leader(&self, leading: bool, identity: &str, lease: &str) {
-        let text = if leading {
-            format!("leading (Lease {lease}, identity {identity}): propagating")
-        } else {
-            format!("standing by (Lease {lease} held by another process): not writing")
-        };
+    /// Leadership changed; `note` says what it means for writing.
+    pub fn leader(&self, leading: bool, identity: &str, lease: &str, note: &str) {
+        let state = if leading { "leading" } else { "standing by" };
         self.emit(
             "leader",
-            json!({"leading": leading, "identity": identity, "lease": lease}),
-            text,
+            json!({"leading": leading, "identity": identity, "lease": lease, "note": note}),
+            format!("{state} (Lease {lease}, identity {identity}): {note}"),
         );
     }
 

@@ -135,7 +135,12 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
     );
     let was_leading = *leading.borrow_and_update();
     if let Some(h) = &election {
-        events.leader(was_leading, h.identity(), h.lease());
+        events.leader(
+            was_leading,
+            h.identity(),
+            h.lease(),
+            leader_note(was_leading),
+        );
     }
 
     let (tx, mut rx) = mpsc::channel(1024);
@@ -172,7 +177,7 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
                 }
                 let now_leading = *leading.borrow_and_update();
                 if let Some(h) = &election {
-                    events.leader(now_leading, h.identity(), h.lease());
+                    events.leader(now_leading, h.identity(), h.lease(), leader_note(now_leading));
                 }
                 if now_leading {
                     // Changes seen while standing by were not acted on.
@@ -206,7 +211,7 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
                     Outcome::LostLease => {
                         events.aborted(run_number, "lost the lease");
                         if let Some(h) = &election {
-                            events.leader(false, h.identity(), h.lease());
+                            events.leader(false, h.identity(), h.lease(), "lost the Lease: not writing");
                         }
                         pending.mark(Instant::now(), "aborted run");
                     }
@@ -223,12 +228,25 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
     drop(watches);
     if let Some(h) = election {
         if *leading.borrow() {
-            events.leader(false, h.identity(), h.lease());
+            events.leader(
+                false,
+                h.identity(),
+                h.lease(),
+                "stopping: not writing any more",
+            );
         }
         h.shutdown().await;
     }
     events.stopped(signal);
     Ok(ExitStatus::Ok)
+}
+
+fn leader_note(leading: bool) -> &'static str {
+    if leading {
+        "propagating"
+    } else {
+        "another process holds the Lease (or it could not be renewed): not writing"
+    }
 }
 
 enum Outcome {

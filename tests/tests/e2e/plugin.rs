@@ -747,17 +747,8 @@ async fn an_unowned_same_named_secret_is_a_conflict_until_adopted() -> anyhow::R
 async fn a_hanging_or_credential_less_cluster_costs_only_its_own_rows() -> anyhow::Result<()> {
     let f = Fleet::new("pa-hang").await?;
     // An API server that accepts connections and never answers.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let port = listener.local_addr()?.port();
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for conn in listener.incoming().flatten() {
-            held.push(conn);
-        }
-    });
-    let hanging = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: h\n  cluster:\n    server: https://127.0.0.1:{port}\n    insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: h\n  context: {{cluster: h, user: u}}\ncurrent-context: h\n"
-    );
+    let (port, _accepted) = black_hole()?;
+    let hanging = loopback_kubeconfig(port);
     create_secret(
         &f.upstream,
         &f.ns,
@@ -892,19 +883,50 @@ async fn a_stopped_api_server_is_unreachable_and_the_rest_converges() -> anyhow:
     let keys: Api<Secret> = Api::namespaced(upstream.clone(), "helmop-system");
     assert!(keys.get_opt("helmop-hash-key").await?.is_none());
 
-    cp.stop_cluster("pa-d2")?;
-    let out = run_with(
-        &kubeconfig,
-        &["propagate", "-A", "-o", "json", "--cluster-timeout", "20s"],
-        &[],
+    // Mid-run: with one cluster at a time, a hung cluster sorted first holds the run while
+    // pa-d2's API server is stopped; pa-d2 was reachable when the run started.
+    let (port, accepted) = black_hole()?;
+    create_secret(
+        &upstream,
+        &ns,
+        "a-hang-kubeconfig",
+        &[("value", loopback_kubeconfig(port).as_bytes())],
     )
-    .await?
-    .expect(2)
-    .json();
+    .await?;
+    create_fleet_object(
+        &upstream,
+        &ns,
+        &cluster_resource(),
+        json!({"metadata": {"name": "a-hang", "labels": {"env": "prod"}}, "spec": {"kubeConfigSecret": "a-hang-kubeconfig"}}),
+    )
+    .await?;
+    let run = spawn_with(
+        &kubeconfig,
+        &[
+            "propagate",
+            "-A",
+            "-o",
+            "json",
+            "--concurrency",
+            "1",
+            "--cluster-timeout",
+            "15s",
+        ],
+    )?;
+    tokio::task::spawn_blocking(move || accepted.recv_timeout(Duration::from_secs(60))).await??;
+    cp.stop_cluster("pa-d2")?;
+    let out = finish(run).await?.expect(2).json();
+    assert_eq!(
+        row(&rows(&out), &format!("{ns}/a-hang"), "db")["state"],
+        "Unreachable"
+    );
+    fleet_api(&upstream, &ns, &cluster_resource())
+        .delete("a-hang", &DeleteParams::default())
+        .await?;
     let r = rows(&out);
     assert_eq!(row(&r, &d1, "db")["state"], "Created", "{out:#}");
     assert_eq!(row(&r, &d2, "db")["state"], "Unreachable", "{out:#}");
-    assert_eq!(out["summary"]["unreachableClusters"], 1);
+    assert_eq!(out["summary"]["unreachableClusters"], 2);
     assert_eq!(out["hashKey"], "created");
     let key = some(keys.get_opt("helmop-hash-key").await?, "the hash key")?;
     assert_eq!(key.data.unwrap_or_default()["key"].0.len(), 32);

@@ -287,6 +287,9 @@ async fn two_watchers_never_both_write() -> anyhow::Result<()> {
     // Longer than several renewals: B stays a standby while A renews.
     tokio::time::sleep(LEASE).await;
     assert!(b.events_named("run").is_empty(), "B ran: {}", b.context());
+    // Renewals are not news: one leadership event each, no flapping.
+    assert_eq!(a.events_named("leader").len(), 1, "{}", a.context());
+    assert_eq!(b.events_named("leader").len(), 1, "{}", b.context());
     assert!(
         a.events_named("run").iter().map(writes).sum::<u64>() >= 3,
         "{}",

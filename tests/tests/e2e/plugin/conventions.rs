@@ -170,14 +170,7 @@ async fn bad_input_exits_1_and_an_unreachable_upstream_exits_3() -> anyhow::Resu
     );
 
     // Something listens and never answers: --request-timeout bounds the wait, exit 3.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let port = listener.local_addr()?.port();
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for conn in listener.incoming().flatten() {
-            held.push(conn);
-        }
-    });
+    let (port, _accepted) = black_hole()?;
     let hanging = kubeconfig_for(dir.path(), "hanging", port)?;
     let started = Instant::now();
     let out = run_with(
@@ -206,12 +199,7 @@ fn kubeconfig_for(
     port: u16,
 ) -> anyhow::Result<std::path::PathBuf> {
     let path = dir.join(format!("{name}.kubeconfig"));
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:{port}\n    insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n"
-        ),
-    )?;
+    std::fs::write(&path, loopback_kubeconfig(port))?;
     Ok(path)
 }
 

@@ -82,6 +82,55 @@ pub async fn run_with(
     run_raw(&full, env).await
 }
 
+/// Starts the plugin with `args` and `--kubeconfig kubeconfig`; [`finish`] collects it.
+pub fn spawn_with(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<tokio::process::Child> {
+    let mut cmd = tokio::process::Command::new(plugin_bin());
+    cmd.args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    Ok(cmd.spawn()?)
+}
+
+/// Waits (at most 180 s) for a plugin started by [`spawn_with`].
+pub async fn finish(child: tokio::process::Child) -> anyhow::Result<Out> {
+    let out = tokio::time::timeout(Duration::from_secs(180), child.wait_with_output())
+        .await
+        .context("kubectl-helmop did not finish in 180s")??;
+    Ok(Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+/// A TCP endpoint that accepts connections and never answers (a hung API server). Sends on the
+/// returned channel whenever it accepts one.
+pub fn black_hole() -> anyhow::Result<(u16, std::sync::mpsc::Receiver<()>)> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            held.push(conn);
+            let _ = tx.send(());
+        }
+    });
+    Ok((port, rx))
+}
+
+/// A kubeconfig (YAML) for `https://127.0.0.1:port` without certificate checks.
+pub fn loopback_kubeconfig(port: u16) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:{port}\n    insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n"
+    )
+}
+
 /// Runs the plugin with exactly `args`; KUBECONFIG is removed unless `env` sets it.
 pub async fn run_raw(args: &[String], env: &[(&str, &str)]) -> anyhow::Result<Out> {
     let mut cmd = tokio::process::Command::new(plugin_bin());

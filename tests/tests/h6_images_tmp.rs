@@ -1,2 +1,0 @@
-#[path = "e2e/images.rs"]
-mod images;
