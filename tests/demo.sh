@@ -240,8 +240,8 @@ for name in "${CLUSTERS[@]}"; do
     kubectl --context "$name" label --overwrite namespace "$ns" "kubernetes.io/metadata.name=$ns" >/dev/null
   done
   # The keyed-hash key: 32 random bytes in helmop-system/helmop-hash-key (never overwritten).
-  KUBECONFIG="$DIR/$name.kubeconfig" "$BIN/helmop-bootstrap" hash-key --log-format text >/dev/null 2>&1 ||
-    die "helmop-bootstrap hash-key failed on $name"
+  out=$(KUBECONFIG="$DIR/$name.kubeconfig" "$BIN/helmop-bootstrap" hash-key --log-format text 2>&1) ||
+    die "helmop-bootstrap hash-key failed on $name: $out"
   start_webhook "$name"
 done
 

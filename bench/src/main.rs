@@ -35,6 +35,9 @@ enum Command {
         /// Keep the webhook's JSON log here (default: a temporary file).
         #[arg(long)]
         log_file: Option<PathBuf>,
+        /// Only the scenarios starting with this: `validate` or `mutate`.
+        #[arg(long)]
+        only: Option<String>,
     },
     /// Keyed hash throughput against raw HMAC-SHA256 over the same bytes.
     Hash {
@@ -116,12 +119,14 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             seconds,
             warmup_seconds,
             log_file,
+            only,
         } => {
             let settings = webhook::Settings {
                 connections,
                 duration: Duration::from_secs(seconds),
                 warmup: Duration::from_secs(warmup_seconds),
                 log_file,
+                only,
             };
             let report = webhook::run(&settings).await?;
             println!("{}", webhook::table(&report, &settings));

@@ -23,6 +23,8 @@ pub struct Settings {
     pub warmup: Duration,
     /// Where the webhook's JSON log lines go (production logs one line per request; its cost is included).
     pub log_file: Option<std::path::PathBuf>,
+    /// Run only the scenarios whose name starts with this (`validate`, `mutate`).
+    pub only: Option<String>,
 }
 
 pub struct Row {
@@ -158,6 +160,13 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Report> {
     ];
     let mut rows = Vec::new();
     for (scenario, path, body, check) in cases {
+        if settings
+            .only
+            .as_deref()
+            .is_some_and(|o| !scenario.starts_with(o))
+        {
+            continue;
+        }
         let target = Target {
             addr: webhook_addr,
             tls: tls.clone(),

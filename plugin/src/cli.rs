@@ -83,6 +83,23 @@ Exits 0 when the workload was restamped, 1 when it does not exist or the request
         after_help = "Examples:\n  kubectl helmop rollout deployment/web -n apps\n  kubectl helmop rollout sts/db --context down1 -o json\n  kubectl helmop rollout deploy/web --dry-run"
     )]
     Rollout(crate::cmd::rollout::RolloutArgs),
+    /// List the mutable image tags of opted-in workloads and whether the registry moved them
+    #[command(
+        long_about = "List, per opted-in workload (namespace label helmop.dev/rollout-on-change=enabled or \
+workload label \"true\"), every container whose image tag moves (latest, no tag, --mutable-tags): the \
+digest it runs (pinned in the image, or helmop.dev/image-digests in annotate mode) and the digest the \
+registry has for the tag now: Current, Outdated (a restamp rolls it), Unpinned (nothing recorded a \
+digest) or Unresolvable (with the registry's reason). Registry credentials come from the pod's \
+imagePullSecrets and its ServiceAccount's, as for the kubelet and the webhook.\n\n\
+With --watch, polls every --interval (+-10%) and restamps (helmop.dev/restamp) each Outdated \
+workload once its new digest has stayed the same for --debounce (default: one interval), so a burst \
+of pushes rolls it once; a restamp the webhook did not turn into a new pin is retried with back-off. \
+Runs until SIGINT/SIGTERM, then exits 0.\n\n\
+Exits 0 when the registry answered for every row, 1 on invalid input, 2 when some rows are \
+Unresolvable, 3 when the cluster cannot be reached.",
+        after_help = "Examples:\n  kubectl helmop images -n apps\n  kubectl helmop images -A -o wide --registry-config registries.yaml\n  kubectl helmop images -A --watch --interval 30s"
+    )]
+    Images(crate::cmd::images::ImagesArgs),
     /// Print a shell completion script (bash, zsh, fish)
     #[command(
         long_about = crate::cmd::completion::ABOUT,

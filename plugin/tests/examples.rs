@@ -48,13 +48,16 @@ fn findings(report: &Value) -> Vec<(u64, String, String)> {
     out
 }
 
-fn f(doc: u64, severity: &str, path: &str) -> (u64, String, String) {
+/// A finding as the test compares it: document index, severity, JSON path.
+type Finding = (u64, String, String);
+
+fn f(doc: u64, severity: &str, path: &str) -> Finding {
     (doc, severity.to_string(), path.to_string())
 }
 
 #[test]
 fn every_example_gets_its_verdict() {
-    let table: Vec<(&str, i32, Vec<(u64, String, String)>)> = vec![
+    let table: Vec<(&str, i32, Vec<Finding>)> = vec![
         ("valid/oci-chart.yaml", 0, vec![]),
         ("valid/repo-chart.yaml", 0, vec![]),
         ("valid/per-target-resources.yaml", 0, vec![]),

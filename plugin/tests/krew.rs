@@ -35,7 +35,10 @@ fn manifest() -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("krew.yaml");
     let template = std::fs::read_to_string(&path).expect("read plugin/krew.yaml");
     let rendered = render(&template);
-    assert!(!rendered.contains("{{"), "unrendered template left:\n{rendered}");
+    assert!(
+        !rendered.contains("{{"),
+        "unrendered template left:\n{rendered}"
+    );
     serde_saphyr::from_str(&rendered).unwrap_or_else(|e| panic!("{e}\n{rendered}"))
 }
 
@@ -48,7 +51,10 @@ fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
 #[test]
 fn renders_to_a_valid_krew_manifest() {
     let m = manifest();
-    assert_eq!(str_at(&m, "/apiVersion"), "krew.googlecontainertools.github.com/v1alpha2");
+    assert_eq!(
+        str_at(&m, "/apiVersion"),
+        "krew.googlecontainertools.github.com/v1alpha2"
+    );
     assert_eq!(str_at(&m, "/kind"), "Plugin");
     // The plugin name is what follows `kubectl-` in the binary.
     assert_eq!(str_at(&m, "/metadata/name"), "helmop");
@@ -67,10 +73,16 @@ fn renders_to_a_valid_krew_manifest() {
     for p in platforms {
         let os = str_at(p, "/selector/matchLabels/os");
         let arch = str_at(p, "/selector/matchLabels/arch");
-        assert!(seen.insert((os.to_owned(), arch.to_owned())), "{os}/{arch} twice");
+        assert!(
+            seen.insert((os.to_owned(), arch.to_owned())),
+            "{os}/{arch} twice"
+        );
         let uri = str_at(p, "/uri");
         assert!(uri.starts_with("https://"), "{uri}");
-        assert!(uri.contains(TAG) && uri.contains(os) && uri.contains(arch), "{uri}");
+        assert!(
+            uri.contains(TAG) && uri.contains(os) && uri.contains(arch),
+            "{uri}"
+        );
         let sha = str_at(p, "/sha256");
         assert!(sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()));
         assert_eq!(str_at(p, "/bin"), "kubectl-helmop");
@@ -89,7 +101,10 @@ fn renders_to_a_valid_krew_manifest() {
     }
     for os in ["linux", "darwin"] {
         for arch in ["amd64", "arm64"] {
-            assert!(seen.contains(&(os.to_owned(), arch.to_owned())), "{os}/{arch} missing");
+            assert!(
+                seen.contains(&(os.to_owned(), arch.to_owned())),
+                "{os}/{arch} missing"
+            );
         }
     }
 }

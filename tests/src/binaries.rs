@@ -179,7 +179,10 @@ impl PluginProcess {
         // SAFETY: kill(2) with the pid of our own, not yet reaped, child.
         let rc = unsafe { libc::kill(pid, signal) };
         if rc != 0 {
-            bail!("kill({pid}, {signal}) failed: {}", std::io::Error::last_os_error());
+            bail!(
+                "kill({pid}, {signal}) failed: {}",
+                std::io::Error::last_os_error()
+            );
         }
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod completion;
+pub mod images;
 pub mod propagate;
 pub mod prune;
 pub mod rollout;

@@ -569,3 +569,104 @@ pub fn problem_rows(problems: &[Problem]) -> Vec<Row> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(states: &[&str], unreachable: usize, problems: usize) -> Report {
+        Report {
+            upstream_id: "up-1".into(),
+            dry_run: false,
+            hash_key: KeyOrigin::Existing,
+            rows: Vec::new(),
+            problems: (0..problems)
+                .map(|i| Problem {
+                    helmop: format!("ns/op{i}"),
+                    message: "bad selector".into(),
+                })
+                .collect(),
+            summary: Summary {
+                unreachable_clusters: unreachable,
+                states: states.iter().map(|s| (s.to_string(), 1)).collect(),
+                ..Summary::default()
+            },
+            namespaces: BTreeSet::new(),
+        }
+    }
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(
+            report(&["Created", "Unchanged", "FleetManaged", "Kept"], 0, 0).exit_status(),
+            ExitStatus::Ok
+        );
+        assert_eq!(
+            report(&["Created", "Conflict"], 0, 0).exit_status(),
+            ExitStatus::Invalid
+        );
+        assert_eq!(
+            report(&["SourceMissing"], 0, 0).exit_status(),
+            ExitStatus::Invalid
+        );
+        assert_eq!(
+            report(&["Created"], 0, 1).exit_status(),
+            ExitStatus::Invalid
+        );
+        assert_eq!(
+            report(&["Created", "Conflict"], 1, 0).exit_status(),
+            ExitStatus::Partial
+        );
+        assert_eq!(report(&["Failed"], 0, 0).exit_status(), ExitStatus::Partial);
+    }
+
+    #[test]
+    fn unreachable_clusters_keep_their_rows() {
+        let inv = Inventory {
+            selection: Selection::All,
+            helmops: Vec::new(),
+            downstreams: Vec::new(),
+            desired: vec![
+                helmop_core::plan::DesiredCopy {
+                    cluster: "https://d1".into(),
+                    namespace: "apps".into(),
+                    helmop: helmop_core::plan::HelmOpKey::new("team", "a"),
+                    resource: ResourceRef::secret("db"),
+                    keep: false,
+                },
+                helmop_core::plan::DesiredCopy {
+                    cluster: "https://d1".into(),
+                    namespace: "apps".into(),
+                    helmop: helmop_core::plan::HelmOpKey::new("team", "b"),
+                    resource: ResourceRef::secret("db"),
+                    keep: false,
+                },
+            ],
+            problems: Vec::new(),
+        };
+        let d1 = Downstream {
+            key: "https://d1".into(),
+            names: vec!["team/d1".into()],
+            config: Err("down".into()),
+        };
+        let rows = unreachable_rows(&inv, &d1, "connection refused");
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].helmops, ["team/a", "team/b"]);
+        assert_eq!(
+            (rows[0].state.as_str(), rows[0].reason.as_str()),
+            ("Unreachable", "connection refused")
+        );
+        let d2 = Downstream {
+            key: "https://d2".into(),
+            names: vec!["team/d2".into()],
+            config: Err("down".into()),
+        };
+        let rows = unreachable_rows(&inv, &d2, "timeout");
+        assert_eq!(
+            rows.len(),
+            1,
+            "a cluster without wanted copies still gets a row"
+        );
+        assert_eq!(rows[0].cluster, "team/d2");
+    }
+}

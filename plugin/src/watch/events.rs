@@ -24,7 +24,7 @@ impl Events {
         Events { format }
     }
 
-    fn emit(&self, event: &str, fields: Value, text: String) {
+    pub fn emit(&self, event: &str, fields: Value, text: String) {
         let now = Timestamp::now();
         let rendered = match self.format {
             ReportFormat::Json | ReportFormat::Yaml => {

@@ -288,7 +288,7 @@ fn lease_error(lease: &str, e: &kube::Error) -> PluginError {
 }
 
 /// SIGINT and SIGTERM.
-struct Signals {
+pub struct Signals {
     #[cfg(unix)]
     term: tokio::signal::unix::Signal,
     #[cfg(unix)]
@@ -296,7 +296,7 @@ struct Signals {
 }
 
 impl Signals {
-    fn install() -> Result<Signals, PluginError> {
+    pub fn install() -> Result<Signals, PluginError> {
         #[cfg(unix)]
         {
             use tokio::signal::unix::{SignalKind, signal};
@@ -309,7 +309,7 @@ impl Signals {
         Ok(Signals {})
     }
 
-    async fn recv(&mut self) -> &'static str {
+    pub async fn recv(&mut self) -> &'static str {
         #[cfg(unix)]
         {
             tokio::select! {

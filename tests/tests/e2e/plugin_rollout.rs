@@ -239,13 +239,20 @@ async fn rollout_reports_whether_the_stamp_changed() -> anyhow::Result<()> {
     assert_eq!(r["optedIn"], true);
     let written = r["restamp"].as_str().context("restamp")?.to_owned();
     let stored = deployments.get("web").await?;
-    assert_eq!(restamp_annotation(&stored).as_deref(), Some(written.as_str()));
+    assert_eq!(
+        restamp_annotation(&stored).as_deref(),
+        Some(written.as_str())
+    );
     assert_eq!(stamp(&stored).as_deref(), Some(first.as_str()));
 
     // The table output says so in words.
     let out = rollout(&kubeconfig, &ns, &["deploy/web"]).await?;
     assert_eq!(out.status.code(), Some(0));
-    assert!(text(&out.stdout).contains("stamp unchanged"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("stamp unchanged"),
+        "{}",
+        text(&out.stdout)
+    );
 
     // The ConfigMap changes: a dry run shows the new stamp and stores nothing ...
     Api::<ConfigMap>::namespaced(client.clone(), &ns)
@@ -267,7 +274,10 @@ async fn rollout_reports_whether_the_stamp_changed() -> anyhow::Result<()> {
         after_dry.metadata.generation, before_dry.metadata.generation,
         "a dry run stores nothing"
     );
-    assert_eq!(restamp_annotation(&after_dry), restamp_annotation(&before_dry));
+    assert_eq!(
+        restamp_annotation(&after_dry),
+        restamp_annotation(&before_dry)
+    );
     assert_eq!(stamp(&after_dry).as_deref(), Some(first.as_str()));
 
     // ... and the real one rolls the Deployment: new stamp, new ReplicaSet.
@@ -277,11 +287,20 @@ async fn rollout_reports_whether_the_stamp_changed() -> anyhow::Result<()> {
     assert_eq!(r["stampChanged"], true, "{r}");
     let second = r["stamp"].as_str().context("stamp")?.to_owned();
     assert_ne!(second, first);
-    assert_eq!(dry["stamp"], second.as_str(), "the dry run predicted the stamp");
-    assert_eq!(stamp(&deployments.get("web").await?).as_deref(), Some(second.as_str()));
-    wait_until("a new ReplicaSet for the new stamp", DEFAULT_TIMEOUT, || async {
-        Ok(replica_sets(&client, &ns, "web").await? == 2)
-    })
+    assert_eq!(
+        dry["stamp"],
+        second.as_str(),
+        "the dry run predicted the stamp"
+    );
+    assert_eq!(
+        stamp(&deployments.get("web").await?).as_deref(),
+        Some(second.as_str())
+    );
+    wait_until(
+        "a new ReplicaSet for the new stamp",
+        DEFAULT_TIMEOUT,
+        || async { Ok(replica_sets(&client, &ns, "web").await? == 2) },
+    )
     .await?;
 
     // A workload that opted out is restamped but not stamped, and the report says why.
@@ -296,15 +315,28 @@ async fn rollout_reports_whether_the_stamp_changed() -> anyhow::Result<()> {
     let r = json_of(&out)?;
     assert_eq!(r["optedIn"], false);
     assert_eq!(r["stamp"], Value::Null);
-    assert!(r["message"].as_str().is_some_and(|m| m.starts_with("not opted in")), "{r}");
+    assert!(
+        r["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("not opted in")),
+        "{r}"
+    );
 
     // Errors and their exit codes.
     let out = rollout(&kubeconfig, &ns, &["deployment/nope"]).await?;
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("not found"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not found"),
+        "{}",
+        text(&out.stderr)
+    );
     let out = rollout(&kubeconfig, &ns, &["pod/web"]).await?;
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("unknown workload kind"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("unknown workload kind"),
+        "{}",
+        text(&out.stderr)
+    );
     let dir = tempfile::tempdir()?;
     let dead = dir.path().join("dead.kubeconfig");
     std::fs::write(
@@ -324,16 +356,19 @@ users:\n- name: u\n  user:\n    token: x\n",
 /// `kubectl __complete helmop WORDS...` with the workspace binaries first on PATH: what a shell's
 /// kubectl completion asks for on `kubectl helmop WORDS<TAB>`. Returns the candidates (without
 /// descriptions) and the directive line.
-async fn kubectl_complete(words: &[&str], env: &[(&str, &str)]) -> anyhow::Result<(Vec<String>, String)> {
+async fn kubectl_complete(
+    words: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<(Vec<String>, String)> {
     let bin_dir = plugin_binary()?
         .parent()
         .context("binary directory")?
         .to_path_buf();
     // kubectl_complete-helmop must be there too: it is what kubectl looks for.
     workspace_binary("kubectl_complete-helmop")?;
-    let path = std::env::join_paths(
-        std::iter::once(bin_dir).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
-    )?;
+    let path = std::env::join_paths(std::iter::once(bin_dir).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))?;
     let mut cmd = tokio::process::Command::new("kubectl");
     cmd.arg("__complete")
         .arg("helmop")
@@ -371,8 +406,18 @@ async fn kubectl_completes_the_plugin_through_kubectl_complete_helmop() -> anyho
         .await?;
 
     let (subcommands, directive) = kubectl_complete(&[""], &[]).await?;
-    for sub in ["validate", "propagate", "status", "prune", "rollout", "completion"] {
-        assert!(subcommands.iter().any(|s| s == sub), "{sub} missing: {subcommands:?}");
+    for sub in [
+        "validate",
+        "propagate",
+        "status",
+        "prune",
+        "rollout",
+        "completion",
+    ] {
+        assert!(
+            subcommands.iter().any(|s| s == sub),
+            "{sub} missing: {subcommands:?}"
+        );
     }
     assert_eq!(directive, ":4", "no file names after `kubectl helmop`");
 
@@ -380,15 +425,29 @@ async fn kubectl_completes_the_plugin_through_kubectl_complete_helmop() -> anyho
     assert_eq!(flags, ["--watch"]);
 
     // HelmOp names come from the cluster and namespace named on the line.
-    let (helmops, _) = kubectl_complete(&["status", "--kubeconfig", &kubeconfig, "-n", &ns, ""], &[]).await?;
+    let (helmops, _) =
+        kubectl_complete(&["status", "--kubeconfig", &kubeconfig, "-n", &ns, ""], &[]).await?;
     assert_eq!(helmops, ["payments"]);
 
     // Workloads: the kind first (no space after it), then the names of that kind.
     let (kinds, directive) = kubectl_complete(&["rollout", "-n", &ns, ""], &[]).await?;
     assert!(kinds.iter().any(|k| k == "deployment/"), "{kinds:?}");
-    assert_eq!(directive, ":6", "no space and no file names after `deployment/`");
-    let (names, _) =
-        kubectl_complete(&["rollout", "--kubeconfig", &kubeconfig, "-n", &ns, "deploy/w"], &[]).await?;
+    assert_eq!(
+        directive, ":6",
+        "no space and no file names after `deployment/`"
+    );
+    let (names, _) = kubectl_complete(
+        &[
+            "rollout",
+            "--kubeconfig",
+            &kubeconfig,
+            "-n",
+            &ns,
+            "deploy/w",
+        ],
+        &[],
+    )
+    .await?;
     assert_eq!(names, ["deploy/web"]);
 
     // Contexts come from KUBECONFIG (the merged file of the control plane).
@@ -411,11 +470,22 @@ async fn completion_scripts_are_valid_shell() -> anyhow::Result<()> {
     // Sourcing it in a real bash registers the completion function for kubectl-helmop.
     let check = std::process::Command::new("bash")
         .arg("-c")
-        .arg(format!("source {} && complete -p kubectl-helmop", script.display()))
+        .arg(format!(
+            "source {} && complete -p kubectl-helmop",
+            script.display()
+        ))
         .output()?;
     assert!(check.status.success(), "{}", text(&check.stderr));
-    assert!(text(&check.stdout).contains("kubectl-helmop"), "{}", text(&check.stdout));
+    assert!(
+        text(&check.stdout).contains("kubectl-helmop"),
+        "{}",
+        text(&check.stdout)
+    );
     let out = run_plugin(&["completion", "powershell"], &[], RUN).await?;
-    assert_eq!(out.status.code(), Some(1), "unsupported shells are invalid input");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "unsupported shells are invalid input"
+    );
     Ok(())
 }

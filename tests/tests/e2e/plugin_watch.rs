@@ -10,18 +10,18 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use helmop_tests::*;
+use k8s_openapi::ByteString;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
-use k8s_openapi::ByteString;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-/// Lease duration the watchers in these tests use: short, so hand-overs are quick to observe.
-const LEASE: Duration = Duration::from_secs(3);
-/// Retry period that goes with it (`LEASE / 6`, see plugin/src/leader.rs).
-const RETRY: Duration = Duration::from_millis(500);
+/// Lease duration the watchers in these tests use: short, so hand-overs are quick to observe, and
+/// long enough that a loaded machine does not make a leader miss its renew deadline (2/3 of it).
+const LEASE: Duration = Duration::from_secs(5);
+const LEASE_FLAG: &str = "5s";
 /// "Within seconds": the longest a change may take to reach a downstream cluster.
 const PROPAGATION_BOUND: Duration = Duration::from_secs(10);
 
@@ -104,7 +104,7 @@ impl Fixture {
             "--lease-namespace",
             &self.ns,
             "--lease-duration",
-            "3s",
+            LEASE_FLAG,
             "--debounce",
             "200ms",
             "-o",
@@ -163,17 +163,20 @@ fn writes(run: &Value) -> u64 {
 
 fn is_run_for(event: &Value, reason: &str) -> bool {
     event["event"] == "run"
-        && event["reasons"]
-            .as_array()
-            .is_some_and(|r| r.iter().any(|x| x.as_str().is_some_and(|s| s.contains(reason))))
+        && event["reasons"].as_array().is_some_and(|r| {
+            r.iter()
+                .any(|x| x.as_str().is_some_and(|s| s.contains(reason)))
+        })
 }
 
 #[tokio::test]
 async fn watch_propagates_changes_within_seconds_without_a_rerun() -> anyhow::Result<()> {
     let f = Fixture::new("watch").await?;
     let mut w = f.spawn_watcher(&["app"])?;
-    w.wait_event("the start-up run", PROPAGATION_BOUND, 0, |e| e["event"] == "run")
-        .await?;
+    w.wait_event("the start-up run", PROPAGATION_BOUND, 0, |e| {
+        e["event"] == "run"
+    })
+    .await?;
     wait_copy(DOWNSTREAM_1, &f.ns, "one", PROPAGATION_BOUND).await?;
 
     // A source change: no command is run, the watch sees it.
@@ -183,9 +186,12 @@ async fn watch_propagates_changes_within_seconds_without_a_rerun() -> anyhow::Re
     wait_copy(DOWNSTREAM_1, &f.ns, "two", PROPAGATION_BOUND).await?;
     let took = started.elapsed();
     let run = w
-        .wait_event("a run for the Secret change", PROPAGATION_BOUND, seen, |e| {
-            is_run_for(e, &format!("Secret {}/db changed", f.ns))
-        })
+        .wait_event(
+            "a run for the Secret change",
+            PROPAGATION_BOUND,
+            seen,
+            |e| is_run_for(e, &format!("Secret {}/db changed", f.ns)),
+        )
         .await?;
     assert!(writes(&run) >= 1, "{run}");
     eprintln!("source change propagated in {took:?}");
@@ -247,7 +253,10 @@ fn leadership(events: &[Value], end: Timestamp) -> anyhow::Result<Vec<(Timestamp
 /// Runs with writes must fall inside the process's leadership.
 fn writes_only_while_leading(events: &[Value], end: Timestamp) -> anyhow::Result<()> {
     let intervals = leadership(events, end)?;
-    for run in events.iter().filter(|e| e["event"] == "run" && writes(e) > 0) {
+    for run in events
+        .iter()
+        .filter(|e| e["event"] == "run" && writes(e) > 0)
+    {
         let t = time_of(run)?;
         if !intervals.iter().any(|(a, b)| *a <= t && t <= *b) {
             bail!("a run with writes at {t} outside leadership {intervals:?}: {run}");
@@ -266,8 +275,10 @@ async fn two_watchers_never_both_write() -> anyhow::Result<()> {
         })
         .await?;
     let a_identity = a_leads["identity"].as_str().context("identity")?.to_owned();
-    a.wait_event("A's first run", PROPAGATION_BOUND, 0, |e| e["event"] == "run")
-        .await?;
+    a.wait_event("A's first run", PROPAGATION_BOUND, 0, |e| {
+        e["event"] == "run"
+    })
+    .await?;
     wait_copy(DOWNSTREAM_1, &f.ns, "one", PROPAGATION_BOUND).await?;
 
     let mut b = f.spawn_watcher(&[])?;
@@ -276,7 +287,10 @@ async fn two_watchers_never_both_write() -> anyhow::Result<()> {
             e["event"] == "leader" && e["leading"] == false
         })
         .await?;
-    let b_identity = b_standby["identity"].as_str().context("identity")?.to_owned();
+    let b_identity = b_standby["identity"]
+        .as_str()
+        .context("identity")?
+        .to_owned();
     assert_ne!(a_identity, b_identity);
 
     // Changes while A leads: A propagates them, B does not even run.
@@ -295,7 +309,11 @@ async fn two_watchers_never_both_write() -> anyhow::Result<()> {
         "{}",
         a.context()
     );
-    let holder = f.lease().await?.and_then(|l| l.spec).and_then(|s| s.holder_identity);
+    let holder = f
+        .lease()
+        .await?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity);
     assert_eq!(holder.as_deref(), Some(a_identity.as_str()));
 
     // SIGTERM: A releases the Lease and B takes over at once, not after the lease duration.
@@ -314,7 +332,9 @@ async fn two_watchers_never_both_write() -> anyhow::Result<()> {
     );
     // B catches up (nothing to write: A left everything in sync), then propagates new changes.
     let b_first = b
-        .wait_event("B's first run", PROPAGATION_BOUND, 0, |e| e["event"] == "run")
+        .wait_event("B's first run", PROPAGATION_BOUND, 0, |e| {
+            e["event"] == "run"
+        })
         .await?;
     assert_eq!(writes(&b_first), 0, "{b_first}");
     f.set_source("four").await?;
@@ -329,21 +349,31 @@ async fn two_watchers_never_both_write() -> anyhow::Result<()> {
     b.signal(libc::SIGKILL)?;
     let killed = Timestamp::now();
     b.wait_exit(Duration::from_secs(10)).await?;
+    // Let a renewal B may have had in flight land, then read B's last renewal.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let spec = f.lease().await?.and_then(|l| l.spec).context("the Lease")?;
+    assert_eq!(
+        spec.holder_identity.as_deref(),
+        Some(b_identity.as_str()),
+        "nobody took over at once"
+    );
+    let last_renewal = spec.renew_time.context("renewTime")?.0;
     let c_leads = c
-        .wait_event("C to take over", Duration::from_secs(20), 0, |e| {
+        .wait_event("C to take over", Duration::from_secs(30), 0, |e| {
             e["event"] == "leader" && e["leading"] == true
         })
         .await?;
-    let waited = time_of(&c_leads)?.duration_since(killed).unsigned_abs();
-    // B renewed at most one retry period before it died; C counts the lease from when it saw that.
-    let slack = Duration::from_millis(200);
+    // C counts the lease from when it saw B's last renewal, so never earlier than a full lease
+    // after it (one clock: all processes run on this machine).
+    let waited = time_of(&c_leads)?.duration_since(last_renewal);
     assert!(
-        waited + RETRY + slack >= LEASE,
-        "C took over {waited:?} after the crash, before the lease ran out"
+        waited.unsigned_abs() >= LEASE && !waited.is_negative(),
+        "C took over {waited:?} after B's last renewal, before the lease ran out"
     );
+    let after_kill = time_of(&c_leads)?.duration_since(killed).unsigned_abs();
     assert!(
-        waited <= LEASE + 4 * RETRY + Duration::from_secs(2),
-        "C took {waited:?} to take over"
+        after_kill <= LEASE + Duration::from_secs(5),
+        "C took {after_kill:?} to take over"
     );
     f.set_source("five").await?;
     wait_copy(DOWNSTREAM_1, &f.ns, "five", PROPAGATION_BOUND).await?;
@@ -432,10 +462,18 @@ async fn propagator_manifests_grant_enough_and_no_more() -> anyhow::Result<()> {
         .arg("kustomize")
         .arg(repo_root().join("manifests/propagator"))
         .output()?;
-    assert!(rendered.status.success(), "{}", String::from_utf8_lossy(&rendered.stderr));
+    assert!(
+        rendered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
     let mut apply = up.kubectl();
-    apply.args(["apply", "-f", "-"]).stdin(std::process::Stdio::piped());
-    apply.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    apply
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped());
+    apply
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     let mut child = apply.spawn()?;
     {
         use std::io::Write;
@@ -443,12 +481,21 @@ async fn propagator_manifests_grant_enough_and_no_more() -> anyhow::Result<()> {
         stdin.write_all(&rendered.stdout)?;
     }
     let applied = child.wait_with_output()?;
-    assert!(applied.status.success(), "{}", String::from_utf8_lossy(&applied.stderr));
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
 
     // What the ServiceAccount may do (kubectl auth can-i, impersonating it).
     let sa = "system:serviceaccount:helmop-system:helmop-propagator";
     let can = |args: &[&str]| -> anyhow::Result<bool> {
-        let out = up.kubectl().args(["auth", "can-i"]).args(args).args(["--as", sa]).output()?;
+        let out = up
+            .kubectl()
+            .args(["auth", "can-i"])
+            .args(args)
+            .args(["--as", sa])
+            .output()?;
         Ok(String::from_utf8_lossy(&out.stdout).trim() == "yes")
     };
     for allowed in [
@@ -457,21 +504,42 @@ async fn propagator_manifests_grant_enough_and_no_more() -> anyhow::Result<()> {
         &["list", "clustergroups.fleet.cattle.io", "-A"],
         &["get", "secrets", "-n", "fleet-default"],
         &["watch", "configmaps", "-A"],
-        &["create", "leases.coordination.k8s.io", "-n", "helmop-system"],
-        &["update", "leases.coordination.k8s.io/kubectl-helmop-propagate", "-n", "helmop-system"],
+        &[
+            "create",
+            "leases.coordination.k8s.io",
+            "-n",
+            "helmop-system",
+        ],
+        &[
+            "update",
+            "leases.coordination.k8s.io/kubectl-helmop-propagate",
+            "-n",
+            "helmop-system",
+        ],
     ] {
-        assert!(can(allowed)?, "the propagator should be allowed to {allowed:?}");
+        assert!(
+            can(allowed)?,
+            "the propagator should be allowed to {allowed:?}"
+        );
     }
     for denied in [
         &["create", "secrets", "-n", "fleet-default"][..],
         &["update", "secrets", "-n", "helmop-system"],
         &["update", "helmops.fleet.cattle.io", "-A"],
         &["delete", "configmaps", "-A"],
-        &["update", "leases.coordination.k8s.io/other", "-n", "helmop-system"],
+        &[
+            "update",
+            "leases.coordination.k8s.io/other",
+            "-n",
+            "helmop-system",
+        ],
         &["create", "leases.coordination.k8s.io", "-n", "default"],
         &["create", "namespaces"],
     ] {
-        assert!(!can(denied)?, "the propagator must not be allowed to {denied:?}");
+        assert!(
+            !can(denied)?,
+            "the propagator must not be allowed to {denied:?}"
+        );
     }
 
     // And it is enough: `propagate --watch` as the ServiceAccount copies a source downstream and
@@ -480,12 +548,25 @@ async fn propagator_manifests_grant_enough_and_no_more() -> anyhow::Result<()> {
     let token = sa_token(&client, "helmop-system", "helmop-propagator").await?;
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("propagator.kubeconfig");
-    std::fs::write(&kubeconfig, token_kubeconfig(&up.server, &up.ca_file, &token))?;
+    std::fs::write(
+        &kubeconfig,
+        token_kubeconfig(&up.server, &up.ca_file, &token),
+    )?;
     let kubeconfig = kubeconfig.display().to_string();
     let mut w = PluginProcess::spawn(
         &[
-            "propagate", "-n", &f.ns, "--watch", "--kubeconfig", &kubeconfig,
-            "--lease-duration", "3s", "--debounce", "200ms", "-o", "json",
+            "propagate",
+            "-n",
+            &f.ns,
+            "--watch",
+            "--kubeconfig",
+            &kubeconfig,
+            "--lease-duration",
+            LEASE_FLAG,
+            "--debounce",
+            "200ms",
+            "-o",
+            "json",
         ],
         &[("POD_NAMESPACE", "helmop-system")],
     )?;
@@ -507,13 +588,17 @@ async fn propagator_manifests_grant_enough_and_no_more() -> anyhow::Result<()> {
 /// The token of a ServiceAccount (Kubernetes 1.20 creates a token Secret for each).
 async fn sa_token(client: &Client, ns: &str, name: &str) -> anyhow::Result<String> {
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    let secret_name = wait_for(&format!("a token Secret for {ns}/{name}"), DEFAULT_TIMEOUT, || async {
-        Ok(accounts
-            .get_opt(name)
-            .await?
-            .and_then(|sa| sa.secrets)
-            .and_then(|s| s.into_iter().find_map(|r| r.name)))
-    })
+    let secret_name = wait_for(
+        &format!("a token Secret for {ns}/{name}"),
+        DEFAULT_TIMEOUT,
+        || async {
+            Ok(accounts
+                .get_opt(name)
+                .await?
+                .and_then(|sa| sa.secrets)
+                .and_then(|s| s.into_iter().find_map(|r| r.name)))
+        },
+    )
     .await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     wait_for("the token to be filled in", DEFAULT_TIMEOUT, || async {
@@ -544,7 +629,14 @@ async fn watch_survives_an_upstream_api_server_restart() -> anyhow::Result<()> {
     let upstream = up.client().await;
     let ns = fresh_namespace(&upstream, "restart").await?;
     create_secret(&upstream, &ns, "db", &[("password", b"one")]).await?;
-    register_fleet_cluster(&upstream, &ns, "wdown", &[("env", "x")], cp.cluster("wdown")).await?;
+    register_fleet_cluster(
+        &upstream,
+        &ns,
+        "wdown",
+        &[("env", "x")],
+        cp.cluster("wdown"),
+    )
+    .await?;
     let doc = json!({
         "metadata": {"name": "app"},
         "spec": {
@@ -558,8 +650,19 @@ async fn watch_survives_an_upstream_api_server_restart() -> anyhow::Result<()> {
     let kubeconfig = up.kubeconfig.display().to_string();
     let mut w = PluginProcess::spawn(
         &[
-            "propagate", "-A", "--watch", "--kubeconfig", &kubeconfig, "--lease-namespace", &ns,
-            "--lease-duration", "3s", "--debounce", "200ms", "-o", "json",
+            "propagate",
+            "-A",
+            "--watch",
+            "--kubeconfig",
+            &kubeconfig,
+            "--lease-namespace",
+            &ns,
+            "--lease-duration",
+            LEASE_FLAG,
+            "--debounce",
+            "200ms",
+            "-o",
+            "json",
         ],
         &[("HELMOP_LOG", "info")],
     )?;
@@ -584,9 +687,12 @@ async fn watch_survives_an_upstream_api_server_restart() -> anyhow::Result<()> {
     // (Blocking calls: the watcher is another process, nothing else runs on this runtime.)
     cp.stop_cluster("wup")?;
     // Without its API server the leader cannot renew: it steps down (and so never writes blind).
-    w.wait_event("the leader to step down", Duration::from_secs(15), seen, |e| {
-        e["event"] == "leader" && e["leading"] == false
-    })
+    w.wait_event(
+        "the leader to step down",
+        Duration::from_secs(15),
+        seen,
+        |e| e["event"] == "leader" && e["leading"] == false,
+    )
     .await?;
     cp.start_cluster("wup")?;
     w.wait_event("leadership again", Duration::from_secs(30), seen, |e| {
@@ -602,7 +708,12 @@ async fn watch_survives_an_upstream_api_server_restart() -> anyhow::Result<()> {
             &Patch::Merge(json!({"stringData": {"password": "two"}})),
         )
         .await?;
-    wait_until("the change after the restart", Duration::from_secs(20), copy("two")).await?;
+    wait_until(
+        "the change after the restart",
+        Duration::from_secs(20),
+        copy("two"),
+    )
+    .await?;
     w.signal(libc::SIGTERM)?;
     assert_eq!(w.wait_exit(Duration::from_secs(15)).await?.code(), Some(0));
     Ok(())

@@ -6,13 +6,12 @@
 //! `--image-mode`. Registry trouble never denies: the image stays as it is (on an UPDATE that re-applies a
 //! bare tag over a pinned image, the previous pin is kept so nothing rolls by accident) and a warning says why.
 
-pub mod auth;
-pub mod cache;
 pub mod patch;
-pub mod reference;
-pub mod registry;
 mod resolver;
-pub mod tags;
+
+// The parsing, credentials and registry client are shared with the plugin (crate `helmop-registry`).
+pub use helmop_registry::client as registry;
+pub use helmop_registry::{auth, cache, pull_secrets, reference, tags};
 
 use futures::future::BoxFuture;
 use json_patch::PatchOperation;

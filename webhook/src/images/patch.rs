@@ -9,43 +9,7 @@ use serde_json::{Map, Value};
 
 use helmop_core::names::ANN_IMAGE_DIGESTS;
 
-/// One container of the PodSpec.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Slot {
-    /// `initContainers` or `containers`.
-    pub list: &'static str,
-    pub index: usize,
-    pub name: String,
-    pub image: String,
-    pub pull_policy: Option<String>,
-}
-
-/// The containers and init containers of `spec`, init containers first (ephemeral containers are never
-/// part of a template).
-pub fn slots(spec: &Value) -> Vec<Slot> {
-    ["initContainers", "containers"]
-        .into_iter()
-        .flat_map(|list| {
-            spec.get(list)
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .enumerate()
-                .filter_map(move |(index, c)| {
-                    Some(Slot {
-                        list,
-                        index,
-                        name: c.get("name")?.as_str()?.to_owned(),
-                        image: c.get("image")?.as_str()?.to_owned(),
-                        pull_policy: c
-                            .get("imagePullPolicy")
-                            .and_then(Value::as_str)
-                            .map(str::to_owned),
-                    })
-                })
-        })
-        .collect()
-}
+pub use helmop_registry::podspec::{Slot, format_digests, parse_digests, slots};
 
 fn pointer(base: &str, tokens: &[&str]) -> PointerBuf {
     let mut p = PointerBuf::parse(base).unwrap_or_default();
@@ -71,26 +35,6 @@ pub fn pin_ops(spec_pointer: &str, images: &[(&Slot, String)]) -> Vec<PatchOpera
             )
         })
         .collect()
-}
-
-/// Parses an `image-digests` value; malformed pairs are dropped (the next write replaces them).
-pub fn parse_digests(value: &str) -> Vec<(String, String)> {
-    value
-        .split(',')
-        .filter_map(|pair| {
-            let (name, digest) = pair.trim().split_once('=')?;
-            (!name.is_empty() && super::reference::valid_digest(digest))
-                .then(|| (name.to_owned(), digest.to_owned()))
-        })
-        .collect()
-}
-
-pub fn format_digests(entries: &[(String, String)]) -> String {
-    entries
-        .iter()
-        .map(|(name, digest)| format!("{name}={digest}"))
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// `annotate`: make the template annotation hold `entries` (removed when empty) and set
@@ -171,25 +115,6 @@ mod tests {
         let mut out = obj.clone();
         json_patch::patch(&mut out, ops).unwrap();
         out
-    }
-
-    #[test]
-    fn slots_in_podspec_order() {
-        let obj = deployment(json!({}));
-        let s = slots(&obj["spec"]["template"]["spec"]);
-        let names: Vec<_> = s
-            .iter()
-            .map(|s| (s.list, s.index, s.name.as_str()))
-            .collect();
-        assert_eq!(
-            names,
-            [
-                ("initContainers", 0, "init"),
-                ("containers", 0, "app"),
-                ("containers", 1, "side")
-            ]
-        );
-        assert_eq!(s[2].pull_policy.as_deref(), Some("Always"));
     }
 
     #[test]
@@ -280,18 +205,5 @@ mod tests {
                     .is_none()
             );
         }
-    }
-
-    #[test]
-    fn digests_round_trip_and_drop_junk() {
-        let entries = vec![
-            ("a".to_owned(), D1.to_owned()),
-            ("b".to_owned(), D2.to_owned()),
-        ];
-        assert_eq!(parse_digests(&format_digests(&entries)), entries);
-        assert_eq!(
-            parse_digests(&format!("a={D1}, =x,b=sha256:bad,c")),
-            vec![("a".to_owned(), D1.to_owned())]
-        );
     }
 }

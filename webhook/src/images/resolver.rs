@@ -1,11 +1,10 @@
 //! [`RegistryResolver`]: which images to resolve, with which credentials, within the admission's budget, and
 //! what to write back.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::future::{BoxFuture, join_all};
-use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -15,9 +14,10 @@ use tokio::time::Instant;
 
 use helmop_core::names::{ANN_IMAGE_DIGESTS, ANN_RESTAMP};
 
-use super::auth::{Credential, PullSecret};
+use super::auth::{Credential, PullSecret, credential_for};
 use super::cache::TtlCache;
 use super::patch::{Slot, annotate_ops, parse_digests, pin_ops, slots};
+use super::pull_secrets::read_pull_secrets;
 use super::reference::ImageRef;
 use super::registry::{RegistryClient, RegistrySettings, ResolveError};
 use super::tags::MutableTags;
@@ -25,8 +25,7 @@ use super::{ImageOutcome, ImageRequest, ImageResolver};
 use crate::cli::{Config, ImageMode};
 use crate::metrics::Metrics;
 
-/// Workload or Namespace annotation overriding `--image-mode` (`pin`, `annotate`, `off`); the workload's wins.
-pub const ANN_IMAGE_MODE: &str = "helmop.dev/image-mode";
+pub use helmop_registry::ANN_IMAGE_MODE;
 
 /// How long a resolved digest is reused. Short on purpose: CI pushes and applies seconds apart, and a
 /// longer reuse would pin the digest from before the push. It still folds the admissions of one
@@ -93,7 +92,7 @@ impl RegistryResolver {
         );
         Ok(RegistryResolver {
             client,
-            registry: RegistryClient::new(settings)?,
+            registry: RegistryClient::new(settings, "helmop-webhook")?,
             tags: MutableTags::new(&config.mutable_tags),
             budget: config.image_budget,
             positive_ttl: POSITIVE_TTL,
@@ -148,60 +147,9 @@ impl RegistryResolver {
         spec: &Value,
         warnings: &mut Vec<String>,
     ) -> Vec<PullSecret> {
-        let mut names = secret_names(spec.get("imagePullSecrets"));
-        let account = spec
-            .get("serviceAccountName")
-            .or_else(|| spec.get("serviceAccount"))
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty())
-            .unwrap_or("default");
-        match Api::<ServiceAccount>::namespaced(self.client.clone(), namespace)
-            .get_opt(account)
-            .await
-        {
-            Ok(Some(sa)) => {
-                for s in sa.image_pull_secrets.into_iter().flatten() {
-                    if !s.name.is_empty() && !names.contains(&s.name) {
-                        names.push(s.name);
-                    }
-                }
-            }
-            Ok(None) => {}
-            Err(error) => warnings.push(format!(
-                "helmop webhook: cannot read ServiceAccount {account:?} for its image pull secrets ({error})"
-            )),
-        }
-        let api = Api::<Secret>::namespaced(self.client.clone(), namespace);
-        let reads = names.iter().map(|name| api.get_opt(name));
-        let mut out = Vec::new();
-        for (name, result) in names.iter().zip(join_all(reads).await) {
-            match result {
-                Ok(Some(secret)) => {
-                    let identity = format!(
-                        "{namespace}/{name}@{}",
-                        secret.metadata.resource_version.as_deref().unwrap_or("")
-                    );
-                    let data: BTreeMap<String, Vec<u8>> = secret
-                        .data
-                        .into_iter()
-                        .flatten()
-                        .map(|(k, v)| (k, v.0))
-                        .collect();
-                    match PullSecret::parse(&data, &identity) {
-                        Some(parsed) => out.push(parsed),
-                        None => warnings.push(format!(
-                            "helmop webhook: image pull secret {name:?} holds no readable .dockerconfigjson; ignored"
-                        )),
-                    }
-                }
-                // The kubelet would not find it either; nothing to add.
-                Ok(None) => {}
-                Err(error) => warnings.push(format!(
-                    "helmop webhook: cannot read image pull secret {name:?} ({error}); resolving without it"
-                )),
-            }
-        }
-        out
+        let (secrets, problems) = read_pull_secrets(&self.client, namespace, spec).await;
+        warnings.extend(problems.iter().map(|p| format!("helmop webhook: {p}")));
+        secrets
     }
 
     async fn resolve_image(
@@ -210,9 +158,7 @@ impl RegistryResolver {
         secrets: &[PullSecret],
         deadline: Instant,
     ) -> Result<String, ResolveError> {
-        let credential = |host: &str| -> Option<Credential> {
-            secrets.iter().find_map(|s| s.for_registry(host)).cloned()
-        };
+        let credential = |host: &str| -> Option<Credential> { credential_for(secrets, host) };
         let key = DigestKey {
             registry: image.registry.clone(),
             repository: image.repository.clone(),
@@ -488,22 +434,6 @@ fn template_annotation<'a>(metadata: Option<&'a Map<String, Value>>, key: &str) 
     metadata?.get("annotations")?.get(key)?.as_str()
 }
 
-fn secret_names(list: Option<&Value>) -> Vec<String> {
-    let mut names: Vec<String> = Vec::new();
-    for name in list
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s.get("name")?.as_str())
-        .filter(|s| !s.is_empty())
-    {
-        if !names.iter().any(|n| n == name) {
-            names.push(name.to_owned());
-        }
-    }
-    names
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -699,12 +629,5 @@ mod tests {
             &[],
         );
         assert!(again.ops.is_empty(), "{:?}", again.ops);
-    }
-
-    #[test]
-    fn pull_secret_names_deduplicated() {
-        let list = json!([{"name": "a"}, {"name": ""}, {"name": "b"}, {"name": "a"}, {}]);
-        assert_eq!(secret_names(Some(&list)), ["a", "b"]);
-        assert!(secret_names(None).is_empty());
     }
 }

@@ -18,7 +18,7 @@ impl MutableTags {
     }
 
     pub fn is_mutable(&self, tag: &str) -> bool {
-        tag == super::reference::DEFAULT_TAG
+        tag == crate::reference::DEFAULT_TAG
             || self
                 .patterns
                 .iter()

@@ -11,7 +11,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde::Deserialize;
 
-use super::reference::normalise_registry;
+use crate::reference::normalise_registry;
 
 /// Username and password for one registry, from one pull secret.
 #[derive(Clone, PartialEq, Eq)]
@@ -96,6 +96,15 @@ impl AuthEntry {
             }
         }
     }
+}
+
+/// The credential for `registry` from the first of `secrets` that has one (the kubelet's order: the pod's
+/// own pull secrets, then its ServiceAccount's).
+pub fn credential_for(secrets: &[PullSecret], registry: &str) -> Option<Credential> {
+    secrets
+        .iter()
+        .find_map(|s| s.for_registry(registry))
+        .cloned()
 }
 
 /// A docker config key (`https://index.docker.io/v1/`, `host:port`, `http://host/v2/`) as a registry host.

@@ -15,9 +15,9 @@ use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::auth::{Challenge, Credential, parse_challenge};
-use super::cache::{RegistryLimiter, TtlCache};
-use super::reference::{ImageRef, normalise_registry, valid_digest};
+use crate::auth::{Challenge, Credential, parse_challenge};
+use crate::cache::{RegistryLimiter, TtlCache};
+use crate::reference::{ImageRef, normalise_registry, valid_digest};
 
 /// Media types of everything a tag can point at: OCI manifest and index, Docker v2 manifest and list.
 pub const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.index.v1+json, \
@@ -106,7 +106,7 @@ pub enum ResolveError {
 }
 
 impl ResolveError {
-    /// The `outcome` label of `helmop_webhook_image_resolutions_total`.
+    /// A short machine-readable name (the webhook's metric label `outcome`, the plugin's JSON `reason`).
     pub fn outcome(&self) -> &'static str {
         match self {
             ResolveError::NotFound => "not_found",
@@ -135,7 +135,7 @@ struct TokenResponse {
     expires_in: Option<u64>,
 }
 
-/// Talks to registries; shared by all admissions.
+/// Talks to registries; one per process, shared by all its resolutions.
 pub struct RegistryClient {
     http: reqwest::Client,
     settings: RegistrySettings,
@@ -144,12 +144,13 @@ pub struct RegistryClient {
 }
 
 impl RegistryClient {
-    pub fn new(settings: RegistrySettings) -> Result<RegistryClient, String> {
+    /// `product` names the program in the `User-Agent` (`helmop-webhook`, `kubectl-helmop`).
+    pub fn new(settings: RegistrySettings, product: &str) -> Result<RegistryClient, String> {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
-            // A backstop: each admission bounds the whole resolution by its own budget.
+            // A backstop: callers bound a whole resolution by their own budget.
             .timeout(Duration::from_secs(10))
-            .user_agent(concat!("helmop-webhook/", env!("CARGO_PKG_VERSION")))
+            .user_agent(format!("{product}/{}", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| format!("cannot build the registry client: {e}"))?;
         Ok(RegistryClient {
@@ -187,7 +188,7 @@ impl RegistryClient {
         image: &ImageRef,
         credential: Option<&Credential>,
     ) -> Result<String, ResolveError> {
-        let host = super::reference::api_host(registry);
+        let host = crate::reference::api_host(registry);
         let _permit = self.limiter.acquire(host).await;
         let url = format!(
             "{}://{host}/v2/{}/manifests/{}",

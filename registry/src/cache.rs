@@ -1,5 +1,5 @@
-//! The resolver's shared state across admissions: a bounded TTL cache (positive and negative entries live
-//! for different times) and a per-registry concurrency limit, so a burst of admissions cannot stampede one
+//! Shared state across resolutions: a bounded TTL cache (positive and negative entries live
+//! for different times) and a per-registry concurrency limit, so a burst of requests cannot stampede one
 //! registry (or trip its rate limiting).
 
 use std::collections::HashMap;

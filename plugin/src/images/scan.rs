@@ -1,0 +1,247 @@
+//! One pass of `images`: list the opted-in workloads, read their pull secrets, ask the registry once per
+//! distinct tag and credential, and compare.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use futures::stream::{self, StreamExt};
+use helmop_core::workload::{WorkloadKind, pod_template};
+use helmop_registry::ANN_IMAGE_MODE;
+use helmop_registry::auth::{PullSecret, credential_for};
+use helmop_registry::client::{RegistryClient, ResolveError};
+use helmop_registry::pull_secrets::read_pull_secrets;
+use helmop_registry::tags::MutableTags;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use kube::{Api, Client};
+use serde_json::Value;
+
+use super::model::{Container, ImageRow, compare};
+use crate::api_error;
+use crate::workload_ref::canonical;
+use crate::workloads::{KINDS, opted_in};
+
+/// Registry requests (and pull-secret reads) in flight at once.
+const CONCURRENCY: usize = 8;
+
+/// An opted-in workload with at least one mutable tag.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub kind: WorkloadKind,
+    pub namespace: String,
+    pub name: String,
+    /// Its `helmop.dev/restamp` annotation.
+    pub restamp: Option<String>,
+    /// The pod template's PodSpec (pull secrets, ServiceAccount).
+    spec: Value,
+    pub containers: Vec<Container>,
+}
+
+impl Target {
+    /// `deployment/web`, as kubectl names it.
+    pub fn workload(&self) -> String {
+        format!("{}/{}", canonical(self.kind), self.name)
+    }
+}
+
+/// What one pass found.
+#[derive(Clone, Debug, Default)]
+pub struct Scan {
+    pub targets: Vec<Target>,
+    /// One per container of `targets`, sorted by namespace, workload, container.
+    pub rows: Vec<ImageRow>,
+    /// Pull secrets that could not be used.
+    pub warnings: Vec<String>,
+}
+
+/// Lists and resolves. `namespace` `None` means every namespace.
+pub async fn scan(
+    client: &Client,
+    registry: &RegistryClient,
+    namespace: Option<&str>,
+    tags: &MutableTags,
+    timeout: Duration,
+) -> Result<Scan, kube::Error> {
+    let targets = list(client, namespace, tags).await?;
+    let secrets: Vec<(Vec<PullSecret>, Vec<String>)> = stream::iter(&targets)
+        .map(|t| async move {
+            let (secrets, problems) = read_pull_secrets(client, &t.namespace, &t.spec).await;
+            let warnings = problems
+                .iter()
+                .map(|p| format!("{} in namespace {}: {p}", t.workload(), t.namespace))
+                .collect();
+            (secrets, warnings)
+        })
+        .buffered(CONCURRENCY)
+        .collect()
+        .await;
+
+    // One request per tag and credential, however many containers run it.
+    let mut keys: Vec<(String, Option<String>)> = Vec::new();
+    let mut asks = Vec::new();
+    for (t, (pull, _)) in targets.iter().zip(&secrets) {
+        for c in &t.containers {
+            let key = key_of(c, pull);
+            if !keys.contains(&key) {
+                keys.push(key);
+                asks.push((c.tag.clone(), pull.clone()));
+            }
+        }
+    }
+    let answers: Vec<Result<String, ResolveError>> = stream::iter(asks)
+        .map(|(image, pull)| async move {
+            let credential = |host: &str| credential_for(&pull, host);
+            let answer = tokio::time::timeout(timeout, registry.resolve(&image, credential))
+                .await
+                .unwrap_or(Err(ResolveError::Timeout));
+            if let Err(error) = &answer {
+                tracing::info!(image = %image, %error, "image tag not resolved");
+            }
+            answer
+        })
+        .buffered(CONCURRENCY)
+        .collect()
+        .await;
+    let answers: HashMap<_, _> = keys.into_iter().zip(answers).collect();
+
+    let mut rows = Vec::new();
+    let mut warnings = Vec::new();
+    for (t, (pull, problems)) in targets.iter().zip(secrets) {
+        warnings.extend(problems);
+        for c in &t.containers {
+            let answer = answers
+                .get(&key_of(c, &pull))
+                .cloned()
+                .unwrap_or(Err(ResolveError::Timeout));
+            let (state, reason) = compare(c, &answer);
+            rows.push(ImageRow {
+                namespace: t.namespace.clone(),
+                workload: t.workload(),
+                container: c.name.clone(),
+                image: c.image.clone(),
+                pinned: c.pinned.clone(),
+                current: answer.ok(),
+                state,
+                reason,
+            });
+        }
+    }
+    rows.sort_by(|a, b| {
+        (&a.namespace, &a.workload, &a.container).cmp(&(&b.namespace, &b.workload, &b.container))
+    });
+    Ok(Scan {
+        targets,
+        rows,
+        warnings,
+    })
+}
+
+/// A registry answer is shared by containers asking for the same tag with the same credential.
+fn key_of(c: &Container, pull: &[PullSecret]) -> (String, Option<String>) {
+    (
+        c.tag.to_string(),
+        credential_for(pull, &c.tag.registry).map(|cred| cred.identity),
+    )
+}
+
+/// The opted-in workloads of `namespace` (all when `None`) with a mutable tag, skipping those whose
+/// image mode (workload annotation, else namespace annotation) is `off`. Kinds the server does not serve
+/// are skipped.
+async fn list(
+    client: &Client,
+    namespace: Option<&str>,
+    tags: &MutableTags,
+) -> Result<Vec<Target>, kube::Error> {
+    let namespaces: BTreeMap<String, Namespace> = match namespace {
+        Some(ns) => Api::<Namespace>::all(client.clone())
+            .get_opt(ns)
+            .await?
+            .map(|n| (ns.to_owned(), n))
+            .into_iter()
+            .collect(),
+        None => Api::<Namespace>::all(client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|n| Some((n.metadata.name.clone()?, n)))
+            .collect(),
+    };
+    if namespaces.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for kind in KINDS {
+        let (group, version, kind_name) = kind.gvk();
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(group, version, kind_name),
+            kind.plural(),
+        );
+        let api: Api<DynamicObject> = match namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+            None => Api::all_with(client.clone(), &resource),
+        };
+        let list = match api.list(&ListParams::default()).await {
+            Ok(list) => list,
+            Err(e) if api_error::is_not_found(&e) => continue,
+            Err(e) => return Err(e),
+        };
+        for obj in list.items {
+            let (Some(ns), Some(name)) =
+                (obj.metadata.namespace.clone(), obj.metadata.name.clone())
+            else {
+                continue;
+            };
+            let Some(namespace) = namespaces.get(&ns) else {
+                continue;
+            };
+            if let Some(t) = target(kind, ns, name, namespace, obj, tags) {
+                out.push(t);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn target(
+    kind: WorkloadKind,
+    ns: String,
+    name: String,
+    namespace: &Namespace,
+    obj: DynamicObject,
+    tags: &MutableTags,
+) -> Option<Target> {
+    let empty = BTreeMap::new();
+    let ns_labels = namespace.metadata.labels.as_ref().unwrap_or(&empty);
+    let labels = obj.metadata.labels.as_ref().unwrap_or(&empty);
+    if !opted_in(ns_labels, labels) {
+        return None;
+    }
+    let annotations = obj.metadata.annotations.as_ref().unwrap_or(&empty);
+    let mode = annotations.get(ANN_IMAGE_MODE).or_else(|| {
+        namespace
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANN_IMAGE_MODE))
+    });
+    if mode.is_some_and(|m| m.trim() == "off") {
+        return None;
+    }
+    let restamp = annotations.get(helmop_core::names::ANN_RESTAMP).cloned();
+    let value = serde_json::to_value(&obj).ok()?;
+    let template = pod_template(kind, &value)?;
+    let containers = super::model::containers(&template, tags);
+    if containers.is_empty() {
+        return None;
+    }
+    let spec = template.spec.clone();
+    Some(Target {
+        kind,
+        namespace: ns,
+        name,
+        restamp,
+        spec,
+        containers,
+    })
+}

@@ -1,0 +1,240 @@
+//! `images --watch`: poll the registry every interval (+-10% jitter) and restamp the workloads whose tags
+//! moved, debounced by [`Rollouts`], until SIGINT/SIGTERM (then exit 0; a restamp in flight is dropped,
+//! which is harmless: the next watcher restamps again). A failed poll (the cluster unreachable) is
+//! reported and retried with back-off; the watcher never exits on it.
+//!
+//! Events, one per line (`-o json`: JSON Lines with `time` and `event`): `started`, `poll` (the rows and
+//! a summary), `restamped` (or, with `--dry-run`, `would-restamp`), `not-repinned` (a restamp that did
+//! not move the pin; retried), `failed`, `stopped`.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use helmop_core::names::ANN_RESTAMP;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::model::{ImageRow, ImageState};
+use super::rollouts::{Rollouts, Verdict, WorkloadKey};
+use super::scan::Target;
+use crate::cmd::images::{ImagesArgs, Setup, report, table};
+use crate::cmd::rollout::new_restamp_value;
+use crate::error::{ExitStatus, PluginError};
+use crate::report::colour_stdout;
+use crate::runner::humanize;
+use crate::watch::Signals;
+use crate::watch::debounce::backoff;
+use crate::watch::events::Events;
+use crate::workloads::{self, Workload};
+
+/// Longest wait between failed polls.
+const MAX_POLL_BACKOFF: Duration = Duration::from_secs(300);
+
+pub async fn run(args: &ImagesArgs) -> Result<ExitStatus, PluginError> {
+    // Installed first, so a signal during start-up is not lost.
+    let mut signals = Signals::install()?;
+    let setup = Setup::new(args).await?;
+    let events = Events::new(args.output);
+    let debounce = args.debounce.unwrap_or(args.interval);
+    let mut rollouts = Rollouts::new(debounce);
+    events.emit(
+        "started",
+        json!({
+            "scope": setup.scope(),
+            "interval": humanize(args.interval),
+            "debounce": humanize(debounce),
+            "dryRun": args.dry_run,
+        }),
+        format!(
+            "watching the image tags of opted-in workloads {}: polling every {}, restamping once a new digest is stable for {}{}",
+            setup.scope(),
+            humanize(args.interval),
+            humanize(debounce),
+            if args.dry_run { " (dry run: writing nothing)" } else { "" }
+        ),
+    );
+    let mut poll = 0u64;
+    let mut failures = 0u32;
+    let signal = 'outer: loop {
+        poll += 1;
+        let scanned = tokio::select! {
+            signal = signals.recv() => break signal,
+            scanned = setup.scan() => scanned,
+        };
+        let wait = match scanned {
+            Ok(scan) => {
+                failures = 0;
+                poll_event(
+                    &events,
+                    poll,
+                    &scan,
+                    args.output == crate::args::ReportFormat::Wide,
+                );
+                let now = Instant::now();
+                for verdict in rollouts.observe(now, &scan.rows) {
+                    match verdict {
+                        Verdict::NotRepinned(key, retry_in) => events.emit(
+                            "not-repinned",
+                            json!({"namespace": key.0, "workload": key.1, "retryIn": humanize(retry_in)}),
+                            format!(
+                                "{} in namespace {} is still outdated after its restamp (is the helmop webhook installed, with image mode pin or annotate?); retrying in {}",
+                                key.1, key.0, humanize(retry_in)
+                            ),
+                        ),
+                        Verdict::Restamp(key, reasons) => {
+                            let Some(target) = find(&scan.targets, &key) else {
+                                continue;
+                            };
+                            if args.dry_run {
+                                events.emit(
+                                    "would-restamp",
+                                    json!({"namespace": key.0, "workload": key.1, "reasons": reasons}),
+                                    format!("would restamp {} in namespace {} ({})", key.1, key.0, reasons.join("; ")),
+                                );
+                                continue;
+                            }
+                            let restamped = tokio::select! {
+                                signal = signals.recv() => break 'outer signal,
+                                r = restamp(&setup, target) => r,
+                            };
+                            match restamped {
+                                Ok(value) => {
+                                    rollouts.restamped(&key);
+                                    setup.ctx.record_write();
+                                    events.emit(
+                                        "restamped",
+                                        json!({"namespace": key.0, "workload": key.1, "reasons": reasons, "restamp": value}),
+                                        format!(
+                                            "restamped {} in namespace {} ({}): {ANN_RESTAMP}={value}",
+                                            key.1, key.0, reasons.join("; ")
+                                        ),
+                                    );
+                                }
+                                Err(e) => {
+                                    let retry_in = rollouts.failed(Instant::now(), &key);
+                                    events.emit(
+                                        "failed",
+                                        json!({"namespace": key.0, "workload": key.1, "error": e.to_string(), "retryIn": humanize(retry_in)}),
+                                        format!(
+                                            "restamping {} in namespace {} failed: {e}; retrying in {}",
+                                            key.1, key.0, humanize(retry_in)
+                                        ),
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+                jittered(args.interval)
+            }
+            Err(e) => {
+                failures += 1;
+                let wait = backoff(failures, MAX_POLL_BACKOFF).max(args.interval);
+                events.emit(
+                    "failed",
+                    json!({"poll": poll, "error": e.to_string(), "retryIn": humanize(wait)}),
+                    format!("poll {poll} failed: {e}; retrying in {}", humanize(wait)),
+                );
+                wait
+            }
+        };
+        tokio::select! {
+            signal = signals.recv() => break signal,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    };
+    events.stopped(signal);
+    Ok(ExitStatus::Ok)
+}
+
+fn find<'a>(targets: &'a [Target], key: &WorkloadKey) -> Option<&'a Target> {
+    targets
+        .iter()
+        .find(|t| t.namespace == key.0 && t.workload() == key.1)
+}
+
+/// Writes a new `helmop.dev/restamp` with the plugin's restamp helper; returns the value.
+async fn restamp(setup: &Setup, target: &Target) -> Result<String, PluginError> {
+    let value = new_restamp_value(Timestamp::now(), target.restamp.as_deref());
+    let workload = Workload {
+        kind: target.kind,
+        namespace: target.namespace.clone(),
+        name: target.name.clone(),
+        reads: BTreeSet::new(),
+        restamp: target.restamp.clone(),
+        config_hash: None,
+    };
+    workloads::restamp(&setup.ctx.upstream, &workload, &value)
+        .await
+        .map_err(|e| {
+            crate::api_error::upstream(
+                &format!(
+                    "restamping {} in namespace {}",
+                    target.workload(),
+                    target.namespace
+                ),
+                &e,
+            )
+        })?;
+    Ok(value)
+}
+
+fn poll_event(events: &Events, poll: u64, scan: &super::scan::Scan, wide: bool) {
+    let doc = report(scan);
+    let states: Vec<String> = doc
+        .summary
+        .iter()
+        .map(|(state, n)| format!("{n} {state}"))
+        .collect();
+    let mut text = format!(
+        "poll {poll}: {}",
+        if states.is_empty() {
+            "no opted-in workloads with mutable image tags".to_owned()
+        } else {
+            states.join(", ")
+        }
+    );
+    // Current rows are in the JSON; the text shows what needs attention.
+    let rows: Vec<ImageRow> = scan
+        .rows
+        .iter()
+        .filter(|r| r.state != ImageState::Current)
+        .cloned()
+        .collect();
+    if !rows.is_empty() {
+        text.push('\n');
+        text.push_str(table(&rows, wide, colour_stdout()).trim_end());
+    }
+    for w in &scan.warnings {
+        text.push_str(&format!("\nwarning: {w}"));
+    }
+    events.emit(
+        "poll",
+        json!({"poll": poll, "summary": doc.summary, "rows": doc.rows, "warnings": doc.warnings}),
+        text,
+    );
+}
+
+/// `interval` +-10%, so watchers started together drift apart.
+fn jittered(interval: Duration) -> Duration {
+    let unit = getrandom::u32().map_or(0.5, |r| f64::from(r) / f64::from(u32::MAX));
+    interval.mul_f64(0.9 + 0.2 * unit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_within_ten_percent() {
+        let i = Duration::from_secs(10);
+        for _ in 0..200 {
+            let j = jittered(i);
+            assert!(
+                j >= Duration::from_secs(9) && j <= Duration::from_secs(11),
+                "{j:?}"
+            );
+        }
+    }
+}
