@@ -25,8 +25,9 @@ struct Cli {
 enum Command {
     /// Webhook throughput and latency over TLS against a bare axum + rustls baseline (private control plane).
     Webhook {
-        #[arg(long, default_value_t = 8)]
-        connections: usize,
+        /// Connection counts, each a separate run (comma separated).
+        #[arg(long, value_delimiter = ',', default_value = "1,8")]
+        connections: Vec<usize>,
         /// Measured seconds per server and scenario.
         #[arg(long, default_value_t = 15)]
         seconds: u64,

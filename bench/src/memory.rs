@@ -245,6 +245,14 @@ pub fn table(r: &MemoryReport, s: &MemorySettings) -> String {
             mib(max),
             r.after_soak_kib.map_or("?".to_owned(), mib),
         ));
+        let samples: Vec<String> = (0..=4)
+            .filter_map(|q| soak.rss.get((soak.rss.len().saturating_sub(1)) * q / 4))
+            .map(|(t, kib)| format!("{t:.0} s: {}", mib(*kib)))
+            .collect();
+        out.push_str(&format!(
+            "\nRSS during the soak (MiB): {}\n",
+            samples.join(", ")
+        ));
         out.push_str(&format!(
             "\nSoak traffic: mutate: {}\nvalidate: {} ok ({:.0}/s), {} errors, p99 {:.3} ms\n",
             soak.summary(),

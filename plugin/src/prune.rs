@@ -167,7 +167,7 @@ async fn prune_cluster(
                 | ActionKind::RemoveOwner { .. }
                 | ActionKind::Keep { rewrite: true, .. }
         );
-        if writes && false && let Err(why) = verify_source(ctx, uids, &obs, action).await {
+        if writes && let Err(why) = verify_source(ctx, uids, &obs, action).await {
             rows.push(row(
                 downstream,
                 action,

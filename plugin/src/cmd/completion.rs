@@ -205,6 +205,8 @@ mod tests {
             assert!(s.contains("kubectl-helmop"), "{shell:?}");
             assert!(s.contains("validate"), "{shell:?}");
             assert!(s.contains("completion"), "{shell:?}");
+            assert!(s.contains("rollout"), "{shell:?}");
+            assert!(s.contains("lease-duration"), "{shell:?}");
         }
         assert!(script(CompletionShell::Zsh).starts_with("#compdef kubectl-helmop"));
     }

@@ -71,9 +71,6 @@ pub struct RolloutReport {
 pub async fn run(args: &RolloutArgs) -> Result<ExitStatus, PluginError> {
     let ctx = Ctx::connect(&args.kube).await?;
     let report = restamp(&ctx.upstream, &ctx.namespace, &args.target, args.dry_run).await?;
-    if report.stamp_changed && !args.dry_run {
-        ctx.record_write();
-    }
     let text = match args.output {
         ReportFormat::Json => output::json(&report)?,
         ReportFormat::Yaml => serde_saphyr::to_string(&report)

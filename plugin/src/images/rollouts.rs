@@ -193,7 +193,11 @@ mod tests {
             panic!("{v:?}")
         };
         assert_eq!(k, &key());
-        assert_eq!(reasons, &["app -> sha256:c"]);
+        // One restamp for the whole burst, naming every digest seen.
+        assert_eq!(
+            reasons,
+            &["app -> sha256:a", "app -> sha256:b", "app -> sha256:c"]
+        );
         r.restamped(&key());
         // The restamp took: the workload is current and forgotten.
         assert!(

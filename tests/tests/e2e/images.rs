@@ -24,7 +24,7 @@ use tokio::io::AsyncWriteExt;
 const IMAGE_DIGESTS: &str = "helmop.dev/image-digests";
 
 /// The webhook on loopback with the registry resolver; stopped when dropped.
-struct Webhook {
+pub(crate) struct Webhook {
     resolver: Arc<RegistryResolver>,
     url: String,
     ca_pem: String,
@@ -34,7 +34,7 @@ struct Webhook {
 
 impl Webhook {
     /// `insecure`: registry hosts spoken to over plain HTTP (written to a `--registry-config` file).
-    async fn start(client: Client, insecure: &[&str], budget: Duration) -> anyhow::Result<Webhook> {
+    pub(crate) async fn start(client: Client, insecure: &[&str], budget: Duration) -> anyhow::Result<Webhook> {
         let certs = test_certs();
         let dir = tempfile::tempdir()?;
         let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
@@ -86,7 +86,7 @@ impl Webhook {
         })
     }
 
-    async fn register(&self, client: &Client, namespace: &str) -> anyhow::Result<String> {
+    pub(crate) async fn register(&self, client: &Client, namespace: &str) -> anyhow::Result<String> {
         let name = format!("{namespace}-images");
         WebhookRegistration::new(WebhookKind::Mutating, &name, &self.url, &self.ca_pem)
             .rule(WebhookRule::new(
@@ -110,7 +110,7 @@ impl Drop for Webhook {
     }
 }
 
-async fn kubectl_apply(object: &Value) -> anyhow::Result<Output> {
+pub(crate) async fn kubectl_apply(object: &Value) -> anyhow::Result<Output> {
     let mut cmd = tokio::process::Command::from(control_plane().upstream().kubectl());
     cmd.args(["apply", "-f", "-"])
         .stdin(Stdio::piped())
@@ -133,7 +133,7 @@ async fn kubectl_apply(object: &Value) -> anyhow::Result<Output> {
     Ok(out)
 }
 
-fn deployment(
+pub(crate) fn deployment(
     namespace: &str,
     name: &str,
     image: &str,
@@ -166,13 +166,13 @@ fn deployment(
     d
 }
 
-async fn stored(client: &Client, namespace: &str, name: &str) -> anyhow::Result<Deployment> {
+pub(crate) async fn stored(client: &Client, namespace: &str, name: &str) -> anyhow::Result<Deployment> {
     Ok(Api::<Deployment>::namespaced(client.clone(), namespace)
         .get(name)
         .await?)
 }
 
-fn image_of(d: &Deployment) -> String {
+pub(crate) fn image_of(d: &Deployment) -> String {
     d.spec
         .template
         .spec
@@ -183,7 +183,7 @@ fn image_of(d: &Deployment) -> String {
 }
 
 /// ReplicaSets of `app`, once the controller has observed the Deployment's current generation.
-async fn replica_sets_settled(
+pub(crate) async fn replica_sets_settled(
     client: &Client,
     namespace: &str,
     app: &str,
