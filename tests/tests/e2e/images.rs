@@ -34,7 +34,11 @@ pub(crate) struct Webhook {
 
 impl Webhook {
     /// `insecure`: registry hosts spoken to over plain HTTP (written to a `--registry-config` file).
-    pub(crate) async fn start(client: Client, insecure: &[&str], budget: Duration) -> anyhow::Result<Webhook> {
+    pub(crate) async fn start(
+        client: Client,
+        insecure: &[&str],
+        budget: Duration,
+    ) -> anyhow::Result<Webhook> {
         let certs = test_certs();
         let dir = tempfile::tempdir()?;
         let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
@@ -86,7 +90,11 @@ impl Webhook {
         })
     }
 
-    pub(crate) async fn register(&self, client: &Client, namespace: &str) -> anyhow::Result<String> {
+    pub(crate) async fn register(
+        &self,
+        client: &Client,
+        namespace: &str,
+    ) -> anyhow::Result<String> {
         let name = format!("{namespace}-images");
         WebhookRegistration::new(WebhookKind::Mutating, &name, &self.url, &self.ca_pem)
             .rule(WebhookRule::new(
@@ -166,7 +174,11 @@ pub(crate) fn deployment(
     d
 }
 
-pub(crate) async fn stored(client: &Client, namespace: &str, name: &str) -> anyhow::Result<Deployment> {
+pub(crate) async fn stored(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<Deployment> {
     Ok(Api::<Deployment>::namespaced(client.clone(), namespace)
         .get(name)
         .await?)

@@ -6,6 +6,7 @@
 mod controlplane;
 mod faults;
 mod images;
+mod images_cmd;
 mod plugin;
 mod plugin_rollout;
 mod plugin_watch;

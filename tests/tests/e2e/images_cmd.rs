@@ -1,0 +1,350 @@
+//! `kubectl helmop images [--watch]` end to end: a real registry (docker-registry + skopeo), the
+//! webhook in-process with the real resolver (see `images.rs`), real `kubectl apply`, and the real
+//! `target/debug/kubectl-helmop`. After a push the command reports Outdated; `rollout` (or `--watch`)
+//! re-pins; a burst of pushes under `--watch` rolls the Deployment once; pull secrets of the pod and its
+//! ServiceAccount are used; a stopped registry makes rows Unresolvable (exit 2).
+
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+use base64::Engine;
+use helmop_tests::registry::{OciImage, TestRegistry};
+use helmop_tests::*;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::{Value, json};
+
+use crate::images::{Webhook, deployment, image_of, kubectl_apply, replica_sets_settled, stored};
+
+/// Quiet period `--watch` waits for in these tests: longer than the gap between two back-to-back
+/// pushes (well under a second each on loopback), so the three pushes of a burst fold into one roll.
+const DEBOUNCE: &str = "4s";
+
+struct Setup {
+    kubeconfig: String,
+    registries: tempfile::NamedTempFile,
+}
+
+impl Setup {
+    fn new(registry: &TestRegistry) -> anyhow::Result<Setup> {
+        let registries = tempfile::NamedTempFile::new()?;
+        std::fs::write(
+            registries.path(),
+            json!({"insecure": [registry.host()]}).to_string(),
+        )?;
+        Ok(Setup {
+            kubeconfig: control_plane().upstream().kubeconfig.display().to_string(),
+            registries,
+        })
+    }
+
+    fn args<'a>(&'a self, ns: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut all = vec![
+            "images",
+            "--kubeconfig",
+            &self.kubeconfig,
+            "-n",
+            ns,
+            "--registry-config",
+            self.registries.path().to_str().unwrap_or_default(),
+        ];
+        all.extend(extra);
+        all
+    }
+
+    async fn images(&self, ns: &str, extra: &[&str]) -> anyhow::Result<Output> {
+        run_plugin(&self.args(ns, extra), &[], Duration::from_secs(60)).await
+    }
+
+    /// `images -o json`: its exit code and rows.
+    async fn rows(&self, ns: &str) -> anyhow::Result<(i32, Vec<Value>)> {
+        let out = self.images(ns, &["-o", "json"]).await?;
+        let doc: Value = serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "images -o json printed no JSON: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+        let rows = doc["rows"].as_array().cloned().unwrap_or_default();
+        Ok((out.status.code().unwrap_or(-1), rows))
+    }
+}
+
+fn row<'a>(rows: &'a [Value], workload: &str) -> anyhow::Result<&'a Value> {
+    rows.iter()
+        .find(|r| r["workload"] == workload)
+        .with_context(|| format!("no row for {workload} in {rows:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_reports_outdated_and_watch_rolls_once_per_burst() -> anyhow::Result<()> {
+    let client = control_plane().upstream().client().await;
+    let ns = fresh_namespace(&client, "img-cmd").await?;
+    let registry = TestRegistry::start().await?;
+    let webhook =
+        Webhook::start(client.clone(), &[registry.host()], Duration::from_secs(2)).await?;
+    let registration = webhook.register(&client, &ns).await?;
+    let setup = Setup::new(&registry)?;
+    let latest = format!("{}:latest", registry.repository("demo/app"));
+
+    let v1 = OciImage::single("cmd-v1")?;
+    registry.push(&v1, "demo/app", "latest").await?;
+    kubectl_apply(&deployment(&ns, "app", &latest, json!({}), json!({}))).await?;
+    assert_eq!(
+        image_of(&stored(&client, &ns, "app").await?),
+        format!("{latest}@{}", v1.digest)
+    );
+    assert_eq!(replica_sets_settled(&client, &ns, "app").await?, 1);
+
+    let (code, rows) = setup.rows(&ns).await?;
+    assert_eq!(code, 0, "{rows:?}");
+    let r = row(&rows, "deployment/app")?;
+    assert_eq!(
+        (&r["container"], &r["state"], &r["pinned"], &r["current"]),
+        (
+            &json!("app"),
+            &json!("Current"),
+            &json!(v1.digest),
+            &json!(v1.digest)
+        )
+    );
+
+    // A push under the same tag: Outdated, in JSON and in the table; still exit 0 (a state).
+    let v2 = OciImage::single("cmd-v2")?;
+    registry.push(&v2, "demo/app", "latest").await?;
+    let (code, rows) = setup.rows(&ns).await?;
+    assert_eq!(code, 0);
+    let r = row(&rows, "deployment/app")?;
+    assert_eq!(
+        (&r["state"], &r["pinned"], &r["current"]),
+        (&json!("Outdated"), &json!(v1.digest), &json!(v2.digest))
+    );
+    let table = setup.images(&ns, &[]).await?;
+    let text = String::from_utf8_lossy(&table.stdout);
+    let short = |d: &str| d[..19].to_owned();
+    assert!(
+        text.lines()
+            .next()
+            .is_some_and(|h| h.starts_with("NAMESPACE") && h.contains("STATUS")),
+        "{text}"
+    );
+    assert!(
+        text.contains("deployment/app")
+            && text.contains(&short(&v1.digest))
+            && text.contains(&short(&v2.digest))
+            && text.contains("Outdated"),
+        "{text}"
+    );
+
+    // `rollout` restamps; the webhook re-pins to v2 and the Deployment rolls.
+    let out = run_plugin(
+        &[
+            "rollout",
+            "--kubeconfig",
+            &setup.kubeconfig,
+            "-n",
+            &ns,
+            "deployment/app",
+        ],
+        &[],
+        Duration::from_secs(60),
+    )
+    .await?;
+    ensure!(
+        out.status.success(),
+        "rollout: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        image_of(&stored(&client, &ns, "app").await?),
+        format!("{latest}@{}", v2.digest)
+    );
+    assert_eq!(replica_sets_settled(&client, &ns, "app").await?, 2);
+    assert_eq!(
+        row(&setup.rows(&ns).await?.1, "deployment/app")?["state"],
+        "Current"
+    );
+
+    // --watch: a burst of three pushes rolls the Deployment once, to the last one.
+    let mut watch = PluginProcess::spawn(
+        &setup.args(
+            &ns,
+            &[
+                "--watch",
+                "--interval",
+                "1s",
+                "--debounce",
+                DEBOUNCE,
+                "-o",
+                "json",
+            ],
+        ),
+        &[],
+    )?;
+    watch
+        .wait_event(
+            "a first poll finding the Deployment current",
+            DEFAULT_TIMEOUT,
+            0,
+            |e| e["event"] == "poll" && e["summary"]["Current"] == 1,
+        )
+        .await?;
+    let burst: Vec<OciImage> = (3..=5)
+        .map(|i| OciImage::single(&format!("cmd-v{i}")))
+        .collect::<anyhow::Result<_>>()?;
+    let started = Instant::now();
+    let mut gaps = Vec::new();
+    for image in &burst {
+        let t = Instant::now();
+        registry.push(image, "demo/app", "latest").await?;
+        gaps.push(t.elapsed());
+    }
+    let last = &burst[2].digest;
+    let restamped = watch
+        .wait_event("the watcher to restamp", DEFAULT_TIMEOUT, 0, |e| {
+            e["event"] == "restamped"
+        })
+        .await?;
+    assert_eq!(restamped["workload"], "deployment/app", "{restamped}");
+    // The pushes took {gaps:?}; the restamp waited for the last one to be stable.
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "restamped before the quiet period: pushes took {gaps:?}"
+    );
+    let polls_then = watch.events_named("poll").len();
+    // Three more polls after it finds the Deployment current again: nothing else happens.
+    let current_at = watch
+        .wait_event(
+            "a poll finding the Deployment current again",
+            DEFAULT_TIMEOUT,
+            0,
+            |e| {
+                e["event"] == "poll"
+                    && e["summary"]["Current"] == 1
+                    && e["rows"][0]["pinned"] == json!(last)
+            },
+        )
+        .await?;
+    let seen = watch
+        .events()
+        .iter()
+        .position(|e| *e == current_at)
+        .unwrap_or(0);
+    watch
+        .wait_event("three more polls", DEFAULT_TIMEOUT, seen, |e| {
+            e["event"] == "poll" && e["poll"].as_u64() >= current_at["poll"].as_u64().map(|p| p + 3)
+        })
+        .await?;
+    assert!(watch.events_named("poll").len() > polls_then);
+    assert_eq!(
+        watch.events_named("restamped").len(),
+        1,
+        "one roll for the burst (pushes took {gaps:?}): {}",
+        watch.context()
+    );
+    assert!(
+        watch.events_named("not-repinned").is_empty(),
+        "{}",
+        watch.context()
+    );
+    assert_eq!(
+        image_of(&stored(&client, &ns, "app").await?),
+        format!("{latest}@{last}")
+    );
+    assert_eq!(
+        replica_sets_settled(&client, &ns, "app").await?,
+        3,
+        "exactly one new ReplicaSet"
+    );
+    let (code, rows) = setup.rows(&ns).await?;
+    assert_eq!(
+        (code, &row(&rows, "deployment/app")?["state"]),
+        (0, &json!("Current"))
+    );
+
+    watch.signal(libc::SIGTERM)?;
+    let status = watch.wait_exit(Duration::from_secs(20)).await?;
+    assert_eq!(status.code(), Some(0), "{}", watch.context());
+    assert_eq!(watch.events_named("stopped").len(), 1);
+
+    unregister_webhook(&client, WebhookKind::Mutating, &registration).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_uses_pull_secrets_and_reports_unresolvable() -> anyhow::Result<()> {
+    let client = control_plane().upstream().client().await;
+    let ns = fresh_namespace(&client, "img-cmd-auth").await?;
+    let mut registry = TestRegistry::start_with_basic_auth("ci", "s3cret-pw").await?;
+    let webhook =
+        Webhook::start(client.clone(), &[registry.host()], Duration::from_secs(2)).await?;
+    let registration = webhook.register(&client, &ns).await?;
+    let setup = Setup::new(&registry)?;
+    let latest = format!("{}:latest", registry.repository("demo/multi"));
+    let multi = OciImage::multi_arch("cmd-m1")?;
+    registry.push(&multi, "demo/multi", "latest").await?;
+
+    let auth = base64::engine::general_purpose::STANDARD.encode("ci:s3cret-pw");
+    let config = json!({"auths": {registry.host(): {"auth": auth}}}).to_string();
+    kubectl_apply(&json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+        "metadata": {"name": "pull", "namespace": ns},
+        "data": {".dockerconfigjson": base64::engine::general_purpose::STANDARD.encode(config)},
+    }))
+    .await?;
+    // One workload names the secret itself, one gets it from its ServiceAccount.
+    kubectl_apply(&deployment(
+        &ns,
+        "own",
+        &latest,
+        json!({"imagePullSecrets": [{"name": "pull"}]}),
+        json!({}),
+    ))
+    .await?;
+    Api::<ServiceAccount>::namespaced(client.clone(), &ns)
+        .patch(
+            "default",
+            &PatchParams::apply("helmop-tests").force(),
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": "default"}, "imagePullSecrets": [{"name": "pull"}]})),
+        )
+        .await?;
+    kubectl_apply(&deployment(
+        &ns,
+        "via-account",
+        &latest,
+        json!({}),
+        json!({}),
+    ))
+    .await?;
+
+    let (code, rows) = setup.rows(&ns).await?;
+    assert_eq!(code, 0, "{rows:?}");
+    for w in ["deployment/own", "deployment/via-account"] {
+        let r = row(&rows, w)?;
+        // The index digest on both sides, never a platform's.
+        assert_eq!(
+            (&r["state"], &r["current"]),
+            (&json!("Current"), &json!(multi.digest)),
+            "{r}"
+        );
+    }
+
+    // Registry gone: Unresolvable with the reason, exit 2 (partial failure).
+    registry.stop().await?;
+    let (code, rows) = setup.rows(&ns).await?;
+    assert_eq!(code, 2, "{rows:?}");
+    let r = row(&rows, "deployment/own")?;
+    assert_eq!(r["state"], "Unresolvable");
+    let reason = r["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("unreachable"), "{reason}");
+    assert!(
+        !reason.contains("s3cret") && !reason.contains(&auth),
+        "{reason}"
+    );
+
+    unregister_webhook(&client, WebhookKind::Mutating, &registration).await?;
+    Ok(())
+}
