@@ -131,7 +131,7 @@ pub fn json_value(bytes: &mut Bytes<'_>, depth: u8) -> Value {
             let len = bytes.byte() % 6;
             let mut map = Map::new();
             for _ in 0..len {
-                let key = if bytes.byte() % 8 == 0 {
+                let key = if bytes.byte().is_multiple_of(8) {
                     bytes.raw_string()
                 } else {
                     bytes.pick(KEYS).to_string()
@@ -146,13 +146,13 @@ pub fn json_value(bytes: &mut Bytes<'_>, depth: u8) -> Value {
 /// A HelmOp-like object: the usual envelope around a generated `spec`, or (one time in eight) any value.
 pub fn helmop_like(data: &[u8]) -> Value {
     let mut bytes = Bytes::new(data);
-    if bytes.byte() % 8 == 0 {
+    if bytes.byte().is_multiple_of(8) {
         return json_value(&mut bytes, 6);
     }
     let mut spec = json_value(&mut bytes, 6);
     // Most runs get a plausible helm section so the validator goes past "spec.helm is missing".
     if let Value::Object(map) = &mut spec
-        && bytes.byte() % 4 != 0
+        && !bytes.byte().is_multiple_of(4)
     {
         map.entry("helm").or_insert_with(|| {
             serde_json::json!({"repo": "https://charts.example.com", "chart": "app", "version": "1.2.3"})

@@ -298,7 +298,7 @@ async fn planted_secret_values_appear_in_no_log_output_event_annotation_or_metri
     let upstream = upstream_info.client().await;
     let down1 = cp.cluster(DOWNSTREAM_1).client().await;
     let hash_key = ensure_hash_key(&upstream).await?;
-    ensure_hash_key(&down1).await?;
+    let down1_hash_key = ensure_hash_key(&down1).await?;
     let ns = fresh_namespace_with_labels(
         &upstream,
         "sec",
@@ -518,6 +518,7 @@ async fn planted_secret_values_appear_in_no_log_output_event_annotation_or_metri
     needles.extend(forms("conflicting source value", taken.as_bytes()));
     needles.extend(forms("unowned downstream value", squatter.as_bytes()));
     needles.extend(forms("hash key", &hash_key));
+    needles.extend(forms("down1 hash key", &down1_hash_key));
     for name in [UPSTREAM, DOWNSTREAM_1, DOWNSTREAM_2] {
         let token = token_of(&cp.cluster(name).kubeconfig_yaml())?;
         needles.extend(forms(&format!("{name} API token"), token.as_bytes()));
