@@ -35,6 +35,9 @@ pub struct Run {
     pub requests: u64,
     /// `summary.writes` of the plugin's JSON report.
     pub reported_writes: Option<u64>,
+    /// `summary.clusters` and `summary.states` of the plugin's JSON report: proof every copy was looked at.
+    pub reported_clusters: Option<u64>,
+    pub reported_states: BTreeMap<String, u64>,
     pub exit_code: i32,
 }
 
@@ -140,6 +143,20 @@ async fn propagate(
         .as_ref()
         .and_then(|r| r.pointer("/summary/writes"))
         .and_then(Value::as_u64);
+    let reported_clusters = report
+        .as_ref()
+        .and_then(|r| r.pointer("/summary/clusters"))
+        .and_then(Value::as_u64);
+    let reported_states = report
+        .as_ref()
+        .and_then(|r| r.pointer("/summary/states"))
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_u64()?)))
+                .collect()
+        })
+        .unwrap_or_default();
     let exit_code = output.status.code().unwrap_or(-1);
     if exit_code != 0 {
         bail!(
@@ -157,8 +174,25 @@ async fn propagate(
         // The two scrapes themselves are requests too (one per API server, before): not counted.
         requests: requests_after.saturating_sub(requests_before + clients.len() as u64),
         reported_writes,
+        reported_clusters,
+        reported_states,
         exit_code,
     })
+}
+
+/// Waits (at most 60 s) until no API server sees a write for 3 s.
+async fn settle(clients: &[Client]) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = scrape(clients).await?.0;
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let now = scrape(clients).await?.0;
+        if now == last {
+            return Ok(());
+        }
+        last = now;
+    }
+    Ok(())
 }
 
 /// One upstream namespace per (N, concurrency) so every cold run is really cold: N Clusters spread
@@ -259,6 +293,9 @@ pub async fn run(settings: &PropagateSettings) -> anyhow::Result<Vec<Row>> {
                 settings.resources
             );
             let cold = propagate(settings, &upstream, &namespace, c, &clients).await?;
+            // The controller-managers react to the new namespaces (ServiceAccount, token Secret, root CA
+            // ConfigMap); let that finish so the rerun's count is the plugin's alone.
+            settle(&clients).await?;
             let unchanged = propagate(settings, &upstream, &namespace, c, &clients).await?;
             rows.push(Row {
                 clusters: n,
@@ -283,18 +320,32 @@ fn writes(run: &Run) -> String {
     }
 }
 
+fn states(run: &Run) -> String {
+    let states: Vec<String> = run
+        .reported_states
+        .iter()
+        .map(|(k, v)| format!("{v} {k}"))
+        .collect();
+    format!(
+        "{} clusters: {}",
+        run.reported_clusters
+            .map_or("?".to_owned(), |c| c.to_string()),
+        states.join(", ")
+    )
+}
+
 pub fn table(rows: &[Row], settings: &PropagateSettings) -> String {
     let mut out = format!(
         "{} resources (half Secrets, half ConfigMaps, 1 KiB each) per HelmOp; Clusters spread over {} downstream \
          kube-apiservers, each Cluster into its own namespace. Writes and requests counted by the API servers \
          (`apiserver_request_total`, leases/endpoints/events excluded).\n\n\
-         | clusters | --concurrency | cold s | cold writes (API servers) | unchanged s | unchanged writes | unchanged requests | unchanged / cold time |\n\
-         |---:|---:|---:|---|---:|---|---:|---:|\n",
+         | clusters | --concurrency | cold s | cold writes (API servers) | unchanged s | unchanged writes | unchanged requests | unchanged rows (plugin) | unchanged / cold time |\n\
+         |---:|---:|---:|---|---:|---|---:|---|---:|\n",
         settings.resources, settings.apiservers
     );
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {:.2} | {} | {:.2} | {} | {} | {:.2} |\n",
+            "| {} | {} | {:.2} | {} | {:.2} | {} | {} | {} | {:.2} |\n",
             r.clusters,
             r.concurrency,
             r.cold.wall.as_secs_f64(),
@@ -302,6 +353,7 @@ pub fn table(rows: &[Row], settings: &PropagateSettings) -> String {
             r.unchanged.wall.as_secs_f64(),
             writes(&r.unchanged),
             r.unchanged.requests,
+            states(&r.unchanged),
             r.unchanged.wall.as_secs_f64() / r.cold.wall.as_secs_f64().max(1e-9),
         ));
     }

@@ -8,7 +8,13 @@ use helmop_core::yaml::parse_documents;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let lines = 1 + data.iter().filter(|b| **b == b'\n').count() as u64;
+    // YAML line breaks are LF, CRLF and a lone CR (old Mac files; editors show those as lines too).
+    let lone_cr = data
+        .windows(2)
+        .filter(|w| w[0] == b'\r' && w[1] != b'\n')
+        .count()
+        + usize::from(data.last() == Some(&b'\r'));
+    let lines = 1 + (data.iter().filter(|b| **b == b'\n').count() + lone_cr) as u64;
     match parse_documents(data) {
         Ok(docs) => {
             for (i, doc) in docs.iter().enumerate() {
