@@ -13,7 +13,7 @@ set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CP="$REPO/tests/controlplane/cp"
-BIN="$REPO/target/debug"
+BIN="${CARGO_TARGET_DIR:-$REPO/target}/debug"
 CLUSTERS=(upstream down1 down2)
 # Upstream: Fleet's default workspace holds the Clusters, the HelmOp and its sources (Fleet
 # targets only Clusters in the HelmOp's own namespace). Downstream: where the copies go.
