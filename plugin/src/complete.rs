@@ -10,7 +10,7 @@
 use clap::{Arg, Command};
 use helmop_core::workload::WorkloadKind;
 
-use crate::workload_ref::{ROLLOUT_KINDS, canonical, parse_kind};
+use crate::workload_ref::{canonical, parse_kind, rollout_kinds};
 
 /// Cobra's `ShellCompDirective` bits.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -388,9 +388,8 @@ fn values_for(arg: &Arg, a: &Analysis, lookup: &dyn Lookup) -> (Vec<Candidate>, 
 fn workload_values(a: &Analysis, lookup: &dyn Lookup) -> (Vec<Candidate>, Directive) {
     match a.partial.split_once('/') {
         None => (
-            ROLLOUT_KINDS
-                .iter()
-                .map(|k| Candidate::new(format!("{}/", canonical(*k)), None))
+            rollout_kinds()
+                .map(|k| Candidate::new(format!("{}/", canonical(k)), None))
                 .collect(),
             Directive::NO_FILE_COMP.with(Directive::NO_SPACE),
         ),

@@ -20,6 +20,7 @@ mod propagate;
 mod prune;
 mod report;
 mod runner;
+mod scope;
 mod sources;
 mod status;
 mod upstream_id;

@@ -24,7 +24,6 @@
 //! HelmOps and targets.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use tokio::sync::Mutex;
 
@@ -40,24 +39,20 @@ use crate::api_error;
 use crate::clusters::Downstream;
 use crate::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
-use crate::inventory::{self, Inventory, Selection};
+use crate::inventory::Inventory;
 use crate::observe::Observation;
 use crate::propagate::{annotations_patch, observe_and_plan, row};
 
 /// Live source uids by source (`None`: no such source), shared by the clusters of one run.
 type SourceUids = Mutex<BTreeMap<SourceRef, Result<Option<String>, String>>>;
 use crate::report::{self, Row};
-use crate::runner::{self, Progress};
+use crate::scope::Scope;
 use crate::sources::{self, Sources};
 
 #[derive(Clone, Debug)]
 pub struct PruneOpts {
-    pub selection: Selection,
-    pub target_contexts: Vec<String>,
+    pub scope: Scope,
     pub dry_run: bool,
-    pub concurrency: usize,
-    pub cluster_timeout: Duration,
-    pub progress: Progress,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -88,7 +83,7 @@ impl PruneReport {
 /// Prunes; fails with nothing deleted when the enumeration upstream is incomplete.
 pub async fn prune(ctx: &Ctx, opts: &PruneOpts) -> Result<PruneReport, PluginError> {
     let writes_before = ctx.writes();
-    let inv = inventory::enumerate(ctx, &opts.selection, &opts.target_contexts, true).await?;
+    let inv = opts.scope.inventory(ctx, true).await?;
     if !inv.complete() {
         let problems: Vec<String> = inv
             .problems
@@ -102,28 +97,19 @@ pub async fn prune(ctx: &Ctx, opts: &PruneOpts) -> Result<PruneReport, PluginErr
     }
     let sources = sources::fetch_metadata(ctx, &inv.desired).await?;
     let uids = SourceUids::default();
-    let results = runner::for_each_cluster(
-        &inv.downstreams,
-        opts.concurrency,
-        opts.cluster_timeout,
-        opts.progress,
-        "prune",
-        |index, client| {
-            let downstream = &inv.downstreams[index];
-            let (inv, sources, uids) = (&inv, &sources, &uids);
-            async move { prune_cluster(ctx, opts, inv, sources, uids, downstream, client).await }
-        },
-    )
-    .await;
-    let mut rows = Vec::new();
-    let mut unreachable = 0;
-    for result in results {
-        match result.outcome {
-            Ok(mut r) => rows.append(&mut r),
-            Err(reason) => {
-                unreachable += 1;
-                let d = &inv.downstreams[result.index];
-                rows.push(Row {
+    let (mut rows, unreachable) = opts
+        .scope
+        .rows_per_cluster(
+            &inv,
+            "prune",
+            |downstream, client| {
+                let (inv, sources, uids) = (&inv, &sources, &uids);
+                async move {
+                    prune_cluster(ctx, opts, inv, sources, uids, downstream, client).await
+                }
+            },
+            |d, reason| {
+                vec![Row {
                     helmops: Vec::new(),
                     cluster: d.display(),
                     namespace: String::new(),
@@ -133,10 +119,10 @@ pub async fn prune(ctx: &Ctx, opts: &PruneOpts) -> Result<PruneReport, PluginErr
                     state: "Unreachable".into(),
                     reason: format!("{reason}; nothing pruned there"),
                     in_sync: None,
-                });
-            }
-        }
-    }
+                }]
+            },
+        )
+        .await;
     report::sort(&mut rows);
     Ok(PruneReport {
         upstream_id: ctx.upstream_id.clone(),

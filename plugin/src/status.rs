@@ -5,7 +5,6 @@
 //! (`RolloutPending` or `Current`, rule in [`crate::workloads`]).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use helmop_core::hash::{HashKey, ObjectData, content_hash};
 use helmop_core::names;
@@ -20,20 +19,16 @@ use crate::clusters::Downstream;
 use crate::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
 use crate::hash_key::KeyOrigin;
-use crate::inventory::{self, Inventory, Problem, Selection};
+use crate::inventory::{Inventory, Problem};
 use crate::propagate::{load_key, observe_and_plan, problem_rows, row, unreachable_rows};
 use crate::report::{self, Row};
-use crate::runner::{self, Progress};
+use crate::scope::Scope;
 use crate::sources::{self, Sources};
 use crate::workloads;
 
 #[derive(Clone, Debug)]
 pub struct StatusOpts {
-    pub selection: Selection,
-    pub target_contexts: Vec<String>,
-    pub concurrency: usize,
-    pub cluster_timeout: Duration,
-    pub progress: Progress,
+    pub scope: Scope,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -66,36 +61,22 @@ impl StatusReport {
 /// Builds the status report (reads only).
 pub async fn status(ctx: &Ctx, opts: &StatusOpts) -> Result<StatusReport, PluginError> {
     let (key, origin) = load_key(ctx, false).await?;
-    let inv = inventory::enumerate(ctx, &opts.selection, &opts.target_contexts, false).await?;
+    let inv = opts.scope.inventory(ctx, false).await?;
     let sources = sources::fetch(ctx, &inv.desired, &key).await?;
-    let results = runner::for_each_cluster(
-        &inv.downstreams,
-        opts.concurrency,
-        opts.cluster_timeout,
-        opts.progress,
-        "status",
-        |index, client| {
-            let downstream = &inv.downstreams[index];
-            let (inv, sources, key) = (&inv, &sources, &key);
-            async move { cluster_status(ctx, inv, sources, key, downstream, client, origin).await }
-        },
-    )
-    .await;
-    let mut rows = Vec::new();
-    let mut unreachable = 0;
-    for result in results {
-        match result.outcome {
-            Ok(mut r) => rows.append(&mut r),
-            Err(reason) => {
-                unreachable += 1;
-                rows.extend(unreachable_rows(
-                    &inv,
-                    &inv.downstreams[result.index],
-                    &reason,
-                ));
-            }
-        }
-    }
+    let (mut rows, unreachable) =
+        opts.scope
+            .rows_per_cluster(
+                &inv,
+                "status",
+                |downstream, client| {
+                    let (inv, sources, key) = (&inv, &sources, &key);
+                    async move {
+                        cluster_status(ctx, inv, sources, key, downstream, client, origin).await
+                    }
+                },
+                |downstream, reason| unreachable_rows(&inv, downstream, reason),
+            )
+            .await;
     rows.extend(problem_rows(&inv.problems));
     report::sort(&mut rows);
     Ok(StatusReport {

@@ -5,15 +5,11 @@ use helmop_core::workload::WorkloadKind;
 
 /// The kinds `rollout` accepts: every workload with a pod template that rolls when the template
 /// changes. A bare Pod cannot roll, so it is not one of them.
-pub const ROLLOUT_KINDS: [WorkloadKind; 7] = [
-    WorkloadKind::Deployment,
-    WorkloadKind::StatefulSet,
-    WorkloadKind::DaemonSet,
-    WorkloadKind::ReplicaSet,
-    WorkloadKind::Job,
-    WorkloadKind::CronJob,
-    WorkloadKind::Rollout,
-];
+pub fn rollout_kinds() -> impl Iterator<Item = WorkloadKind> {
+    WorkloadKind::ALL
+        .into_iter()
+        .filter(|k| *k != WorkloadKind::Pod)
+}
 
 /// A parsed `KIND/NAME`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,9 +29,8 @@ pub enum WorkloadRefError {
 }
 
 fn kind_list() -> String {
-    ROLLOUT_KINDS
-        .iter()
-        .map(|k| canonical(*k))
+    rollout_kinds()
+        .map(canonical)
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -61,7 +56,7 @@ pub fn parse_kind(text: &str) -> Option<WorkloadKind> {
         Some((n, g)) => (n, Some(g)),
         None => (lower.as_str(), None),
     };
-    let kind = ROLLOUT_KINDS.into_iter().find(|k| {
+    let kind = rollout_kinds().find(|k| {
         let short: &[&str] = match k {
             WorkloadKind::Deployment => &["deploy"],
             WorkloadKind::StatefulSet => &["sts"],

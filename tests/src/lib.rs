@@ -24,6 +24,7 @@ mod namespaces;
 mod objects;
 pub mod registry;
 mod wait;
+mod webhook_server;
 mod webhooks;
 
 pub use binaries::{PluginProcess, plugin_binary, run_plugin, workspace_binary};
@@ -38,8 +39,9 @@ pub use fleet::{
     register_fleet_cluster,
 };
 pub use namespaces::{TEST_NAMESPACE_LABEL, fresh_namespace, fresh_namespace_with_labels};
-pub use objects::{create_config_map, create_secret};
+pub use objects::{create_config_map, create_secret, ensure_hash_key, template_annotation};
 pub use wait::{DEFAULT_TIMEOUT, wait_for, wait_until};
+pub use webhook_server::LocalWebhook;
 pub use webhooks::{
     WebhookKind, WebhookRegistration, WebhookRule, register_webhook, unregister_webhook,
 };

@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 
 use anyhow::Context;
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 
@@ -51,6 +52,57 @@ pub async fn create_config_map(
         .create(&PostParams::default(), &config_map)
         .await
         .with_context(|| format!("creating ConfigMap {namespace}/{name}"))
+}
+
+/// Secret `helmop-system/helmop-hash-key` as an install creates it, kept when it exists already
+/// (other tests on the cluster may rely on it); returns the key.
+pub async fn ensure_hash_key(client: &Client) -> anyhow::Result<Vec<u8>> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    if namespaces.get_opt("helmop-system").await?.is_none() {
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some("helmop-system".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match namespaces.create(&PostParams::default(), &ns).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e).context("creating namespace helmop-system"),
+        }
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "helmop-system");
+    let key_of = |s: Secret| {
+        s.data
+            .and_then(|d| d.get("key").map(|k| k.0.clone()))
+            .unwrap_or_default()
+    };
+    if let Some(existing) = secrets.get_opt("helmop-hash-key").await? {
+        return Ok(key_of(existing));
+    }
+    let mut key = vec![0u8; 32];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut key)?;
+    match create_secret(client, "helmop-system", "helmop-hash-key", &[("key", &key)]).await {
+        Ok(_) => Ok(key),
+        // Another test created it in the meantime.
+        Err(e) if matches!(e.downcast_ref::<kube::Error>(), Some(kube::Error::Api(s)) if s.code == 409) => {
+            Ok(key_of(secrets.get("helmop-hash-key").await?))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// An annotation of a Deployment's pod template.
+pub fn template_annotation(d: &Deployment, key: &str) -> Option<String> {
+    d.spec
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(key)
+        .cloned()
 }
 
 fn meta(namespace: &str, name: &str) -> ObjectMeta {

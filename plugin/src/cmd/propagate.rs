@@ -5,10 +5,10 @@ use clap::Args;
 use crate::args::{KubeArgs, ReportFormat, TargetArgs};
 use crate::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
-use crate::inventory::Selection;
 use crate::propagate::{PropagateOpts, Report, propagate_once};
 use crate::report;
 use crate::runner::Progress;
+use crate::scope::Scope;
 
 #[derive(Debug, Args)]
 pub struct PropagateArgs {
@@ -46,13 +46,15 @@ impl PropagateArgs {
     /// The library options these flags stand for.
     pub fn opts(&self, ctx: &Ctx, progress: Progress) -> PropagateOpts {
         PropagateOpts {
-            selection: Selection::new(self.helmop.as_deref(), self.all_namespaces, &ctx.namespace),
-            target_contexts: self.targets.target_contexts.clone(),
+            scope: Scope::from_args(
+                ctx,
+                self.helmop.as_deref(),
+                self.all_namespaces,
+                &self.targets,
+                progress,
+            ),
             adopt: self.adopt,
             dry_run: self.dry_run,
-            concurrency: self.targets.concurrency as usize,
-            cluster_timeout: self.targets.cluster_timeout,
-            progress,
         }
     }
 }

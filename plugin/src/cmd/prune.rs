@@ -5,10 +5,10 @@ use clap::Args;
 use crate::args::{KubeArgs, ReportFormat, TargetArgs};
 use crate::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
-use crate::inventory::Selection;
 use crate::prune::{PruneOpts, prune};
 use crate::report;
 use crate::runner::Progress;
+use crate::scope::Scope;
 
 #[derive(Debug, Args)]
 pub struct PruneArgs {
@@ -39,12 +39,14 @@ pub struct PruneArgs {
 pub async fn run(args: &PruneArgs) -> Result<ExitStatus, PluginError> {
     let ctx = Ctx::connect(&args.kube).await?;
     let opts = PruneOpts {
-        selection: Selection::new(args.helmop.as_deref(), args.all_namespaces, &ctx.namespace),
-        target_contexts: args.targets.target_contexts.clone(),
+        scope: Scope::from_args(
+            &ctx,
+            args.helmop.as_deref(),
+            args.all_namespaces,
+            &args.targets,
+            Progress::Auto,
+        ),
         dry_run: args.dry_run,
-        concurrency: args.targets.concurrency as usize,
-        cluster_timeout: args.targets.cluster_timeout,
-        progress: Progress::Auto,
     };
     let report = prune(&ctx, &opts).await?;
     let states: Vec<String> = report

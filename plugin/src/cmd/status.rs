@@ -5,9 +5,9 @@ use clap::Args;
 use crate::args::{KubeArgs, ReportFormat, TargetArgs};
 use crate::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
-use crate::inventory::Selection;
 use crate::report;
 use crate::runner::Progress;
+use crate::scope::Scope;
 use crate::status::{StatusOpts, status};
 
 #[derive(Debug, Args)]
@@ -34,11 +34,13 @@ pub struct StatusArgs {
 pub async fn run(args: &StatusArgs) -> Result<ExitStatus, PluginError> {
     let ctx = Ctx::connect(&args.kube).await?;
     let opts = StatusOpts {
-        selection: Selection::new(args.helmop.as_deref(), args.all_namespaces, &ctx.namespace),
-        target_contexts: args.targets.target_contexts.clone(),
-        concurrency: args.targets.concurrency as usize,
-        cluster_timeout: args.targets.cluster_timeout,
-        progress: Progress::Auto,
+        scope: Scope::from_args(
+            &ctx,
+            args.helmop.as_deref(),
+            args.all_namespaces,
+            &args.targets,
+            Progress::Auto,
+        ),
     };
     let report = status(&ctx, &opts).await?;
     let footer: Vec<String> = report

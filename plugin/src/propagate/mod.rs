@@ -8,14 +8,13 @@
 //! Deleting is `prune`'s job: copies no longer wanted are only reported here.
 //!
 //! For `--watch` (a loop around this): build the [`Ctx`] once, call [`propagate_once`] with
-//! [`Progress::Quiet`] whenever something changed; [`Report::namespaces`] says which namespaces
+//! [`crate::runner::Progress::Quiet`] whenever something changed; [`Report::namespaces`] says which namespaces
 //! hold the sources to watch, and [`Report::exit_status`] how the run went. A non-leader must not
 //! call it without `dry_run: true`.
 
 mod apply;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
 
 use helmop_core::hash::HashKey;
 use helmop_core::names;
@@ -30,26 +29,21 @@ use crate::clusters::Downstream;
 use crate::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
 use crate::hash_key::{self, KeyOrigin};
-use crate::inventory::{self, Inventory, Problem, Selection};
+use crate::inventory::{Inventory, Problem};
 use crate::observe::{self, Observation};
 use crate::report::{self, Row};
-use crate::runner::{self, Progress};
+use crate::scope::Scope;
 use crate::sources::{self, Sources};
 use crate::workloads;
 
 /// What to propagate and how.
 #[derive(Clone, Debug)]
 pub struct PropagateOpts {
-    pub selection: Selection,
-    /// `--target-context`: these contexts instead of Fleet Clusters.
-    pub target_contexts: Vec<String>,
+    pub scope: Scope,
     /// `--adopt`: take over same-named objects helmop does not own.
     pub adopt: bool,
     /// `--dry-run`: plan and report, write nothing (not even the hash key).
     pub dry_run: bool,
-    pub concurrency: usize,
-    pub cluster_timeout: Duration,
-    pub progress: Progress,
 }
 
 /// The outcome of one run.
@@ -101,47 +95,30 @@ impl Report {
 pub async fn propagate_once(ctx: &Ctx, opts: &PropagateOpts) -> Result<Report, PluginError> {
     let writes_before = ctx.writes();
     let (key, origin) = hash_key::load(&ctx.upstream, !opts.dry_run, || ctx.record_write()).await?;
-    let inv = inventory::enumerate(ctx, &opts.selection, &opts.target_contexts, false).await?;
+    let inv = opts.scope.inventory(ctx, false).await?;
     let sources = sources::fetch(ctx, &inv.desired, &key).await?;
-    let results = runner::for_each_cluster(
-        &inv.downstreams,
-        opts.concurrency,
-        opts.cluster_timeout,
-        opts.progress,
-        "propagate",
-        |index, client| {
-            let downstream = &inv.downstreams[index];
-            let (inv, sources) = (&inv, &sources);
-            async move {
-                let run = ClusterRun {
-                    ctx,
-                    opts,
-                    inv,
-                    sources,
-                    downstream,
-                    client,
-                };
-                run.run().await
-            }
-        },
-    )
-    .await;
-
-    let mut rows = Vec::new();
-    let mut unreachable = 0;
-    for result in results {
-        match result.outcome {
-            Ok(mut r) => rows.append(&mut r),
-            Err(reason) => {
-                unreachable += 1;
-                rows.extend(unreachable_rows(
-                    &inv,
-                    &inv.downstreams[result.index],
-                    &reason,
-                ));
-            }
-        }
-    }
+    let (mut rows, unreachable) = opts
+        .scope
+        .rows_per_cluster(
+            &inv,
+            "propagate",
+            |downstream, client| {
+                let (inv, sources) = (&inv, &sources);
+                async move {
+                    let run = ClusterRun {
+                        ctx,
+                        opts,
+                        inv,
+                        sources,
+                        downstream,
+                        client,
+                    };
+                    run.run().await
+                }
+            },
+            |downstream, reason| unreachable_rows(&inv, downstream, reason),
+        )
+        .await;
     rows.extend(problem_rows(&inv.problems));
     report::sort(&mut rows);
     Ok(Report {
@@ -572,6 +549,8 @@ pub fn problem_rows(problems: &[Problem]) -> Vec<Row> {
 
 #[cfg(test)]
 mod tests {
+    use crate::inventory::Selection;
+
     use super::*;
 
     fn report(states: &[&str], unreachable: usize, problems: usize) -> Report {

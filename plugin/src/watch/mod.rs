@@ -127,7 +127,7 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
         Some(h) => h.state(),
         None => always_leading,
     };
-    let scope = scope_text(&opts.selection);
+    let scope = scope_text(&opts.scope.selection);
     events.started(
         election.as_ref().map(LeaderHandle::identity),
         election.as_ref().map(LeaderHandle::lease),
@@ -146,8 +146,8 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
     let (tx, mut rx) = mpsc::channel(1024);
     let watches = triggers::spawn(
         &ctx.upstream,
-        &opts.selection,
-        opts.target_contexts.is_empty(),
+        &opts.scope.selection,
+        opts.scope.target_contexts.is_empty(),
         tx,
     );
 

@@ -214,44 +214,6 @@ fn response(body: &Value) -> &Value {
     &body["response"]
 }
 
-/// Creates `helmop-system/helmop-hash-key` unless it exists.
-pub async fn ensure_hash_key(client: &Client) -> anyhow::Result<Vec<u8>> {
-    let ns =
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "helmop-system"}});
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    if namespaces.get_opt("helmop-system").await?.is_none() {
-        match namespaces
-            .create(&Default::default(), &serde_json::from_value(ns)?)
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), "helmop-system");
-    if let Some(existing) = secrets.get_opt("helmop-hash-key").await? {
-        return Ok(existing
-            .data
-            .and_then(|d| d.get("key").map(|k| k.0.clone()))
-            .unwrap_or_default());
-    }
-    let mut key = vec![0u8; 32];
-    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut key)?;
-    match create_secret(client, "helmop-system", "helmop-hash-key", &[("key", &key)]).await {
-        Ok(_) => Ok(key),
-        Err(e) if matches!(e.downcast_ref::<kube::Error>(), Some(kube::Error::Api(s)) if s.code == 409) =>
-        {
-            let existing = secrets.get("helmop-hash-key").await?;
-            Ok(existing
-                .data
-                .and_then(|d| d.get("key").map(|k| k.0.clone()))
-                .unwrap_or_default())
-        }
-        Err(e) => Err(e),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_server_stopped_under_the_webhook_fails_closed_for_validation_open_for_mutation_and_recovers()
 -> anyhow::Result<()> {

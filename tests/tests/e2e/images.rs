@@ -12,8 +12,7 @@ use helmop_tests::registry::{OciImage, TestRegistry};
 use helmop_tests::*;
 use helmop_webhook::Metrics;
 use helmop_webhook::images::RegistryResolver;
-use helmop_webhook::server::{ServeOptions, Server};
-use helmop_webhook::state::{AppState, Config, Options};
+use helmop_webhook::state::{Config, Options};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -26,10 +25,8 @@ const IMAGE_DIGESTS: &str = "helmop.dev/image-digests";
 /// The webhook on loopback with the registry resolver; stopped when dropped.
 pub(crate) struct Webhook {
     resolver: Arc<RegistryResolver>,
-    url: String,
-    ca_pem: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    _dir: tempfile::TempDir,
+    server: LocalWebhook,
+    _registry_config: tempfile::TempDir,
 }
 
 impl Webhook {
@@ -39,11 +36,7 @@ impl Webhook {
         insecure: &[&str],
         budget: Duration,
     ) -> anyhow::Result<Webhook> {
-        let certs = test_certs();
         let dir = tempfile::tempdir()?;
-        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-        std::fs::write(&cert, &certs.cert_pem)?;
-        std::fs::write(&key, &certs.key_pem)?;
         let registries = dir.path().join("registries.yaml");
         std::fs::write(&registries, json!({"insecure": insecure}).to_string())?;
         let config = Config {
@@ -62,31 +55,11 @@ impl Webhook {
             images: resolver.clone(),
             ..Options::default()
         };
-        let state = AppState::start_with(client, config, &metrics, options).await?;
-        let serve = ServeOptions {
-            listen: "127.0.0.1:0".parse()?,
-            admin_listen: "127.0.0.1:0".parse()?,
-            tls_cert: cert,
-            tls_key: key,
-            ..ServeOptions::default()
-        };
-        let server = Server::bind(serve, Arc::new(state.clone()), metrics).await?;
-        let url = format!("https://{}/mutate/workloads", server.webhook_addr());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(server.run(async move {
-            let _ = stopped.await;
-        }));
-        wait_until("the webhook's caches to sync", DEFAULT_TIMEOUT, || {
-            let ready = state.ready();
-            async move { Ok(ready) }
-        })
-        .await?;
+        let server = LocalWebhook::start_with(client, config, metrics, options).await?;
         Ok(Webhook {
             resolver,
-            url,
-            ca_pem: certs.ca_pem,
-            stop: Some(stop),
-            _dir: dir,
+            server,
+            _registry_config: dir,
         })
     }
 
@@ -96,7 +69,8 @@ impl Webhook {
         namespace: &str,
     ) -> anyhow::Result<String> {
         let name = format!("{namespace}-images");
-        WebhookRegistration::new(WebhookKind::Mutating, &name, &self.url, &self.ca_pem)
+        let url = format!("{}/mutate/workloads", self.server.url);
+        WebhookRegistration::new(WebhookKind::Mutating, &name, &url, &self.server.ca_pem)
             .rule(WebhookRule::new(
                 &["CREATE", "UPDATE"],
                 "apps",
@@ -107,14 +81,6 @@ impl Webhook {
             .register(client)
             .await?;
         Ok(name)
-    }
-}
-
-impl Drop for Webhook {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
     }
 }
 

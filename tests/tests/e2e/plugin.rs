@@ -530,17 +530,6 @@ fn deployment(ns: &str, name: &str, labels: Value, reads_db: bool) -> Value {
     d
 }
 
-fn template_annotation(d: &Deployment, key: &str) -> Option<String> {
-    d.spec
-        .template
-        .metadata
-        .as_ref()?
-        .annotations
-        .as_ref()?
-        .get(key)
-        .cloned()
-}
-
 /// The config-hash stamps of the ReplicaSets of deployment `name`.
 async fn replica_set_hashes(
     client: &kube::Client,
@@ -567,29 +556,19 @@ async fn replica_set_hashes(
 
 /// The real webhook (in-process) stamping workloads of one namespace of a downstream cluster.
 struct RollingWebhook {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: LocalWebhook,
     client: kube::Client,
     name: String,
-    _dir: tempfile::TempDir,
 }
 
 impl RollingWebhook {
     async fn start(client: &kube::Client, ns: &str) -> anyhow::Result<RollingWebhook> {
-        use helmop_webhook::Metrics;
-        use helmop_webhook::server::{ServeOptions, Server};
-        use helmop_webhook::state::{AppState, Config, ImageMode, Options, SecretRef};
-        use std::sync::Arc;
+        use helmop_webhook::state::{Config, ImageMode, SecretRef};
 
         let key: Vec<u8> = (0..32u8)
             .map(|i| i.wrapping_mul(37).wrapping_add(11))
             .collect();
         create_secret(client, ns, "hash-key", &[("key", &key)]).await?;
-        let certs = test_certs();
-        let dir = tempfile::tempdir()?;
-        let (cert, tls_key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-        std::fs::write(&cert, &certs.cert_pem)?;
-        std::fs::write(&tls_key, &certs.key_pem)?;
-        let metrics = Metrics::new();
         let config = Config {
             hash_key_secret: SecretRef {
                 namespace: ns.into(),
@@ -598,28 +577,10 @@ impl RollingWebhook {
             image_mode: ImageMode::Off,
             ..Config::default()
         };
-        let state =
-            AppState::start_with(client.clone(), config, &metrics, Options::default()).await?;
-        let options = ServeOptions {
-            listen: "127.0.0.1:0".parse()?,
-            admin_listen: "127.0.0.1:0".parse()?,
-            tls_cert: cert,
-            tls_key,
-            ..ServeOptions::default()
-        };
-        let server = Server::bind(options, Arc::new(state.clone()), metrics).await?;
-        let url = format!("https://{}/mutate/workloads", server.webhook_addr());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(server.run(async move {
-            let _ = stopped.await;
-        }));
-        wait_until("the webhook's caches", DEFAULT_TIMEOUT, || {
-            let ready = state.ready();
-            async move { Ok(ready) }
-        })
-        .await?;
+        let server = LocalWebhook::start(client.clone(), config).await?;
         let name = format!("{ns}-workloads");
-        WebhookRegistration::new(WebhookKind::Mutating, &name, &url, &certs.ca_pem)
+        let url = format!("{}/mutate/workloads", server.url);
+        WebhookRegistration::new(WebhookKind::Mutating, &name, &url, &server.ca_pem)
             .rule(WebhookRule::new(
                 &["CREATE", "UPDATE"],
                 "apps",
@@ -630,18 +591,15 @@ impl RollingWebhook {
             .register(client)
             .await?;
         Ok(RollingWebhook {
-            stop: Some(stop),
+            server,
             client: client.clone(),
             name,
-            _dir: dir,
         })
     }
 
     async fn stop(mut self) -> anyhow::Result<()> {
         unregister_webhook(&self.client, WebhookKind::Mutating, &self.name).await?;
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        self.server.stop();
         Ok(())
     }
 }

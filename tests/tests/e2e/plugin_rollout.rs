@@ -2,21 +2,15 @@
 //! (in-process, registered for the test's namespace), and shell completion through real `kubectl`
 //! (>= 1.26 runs `kubectl_complete-helmop`).
 
-use std::collections::BTreeMap;
-use std::io::Read;
 use std::process::Output;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use helmop_tests::*;
-use helmop_webhook::Metrics;
-use helmop_webhook::server::{ServeOptions, Server};
-use helmop_webhook::state::{AppState, Config, Options};
-use k8s_openapi::ByteString;
+use helmop_webhook::state::Config;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
-use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
@@ -25,47 +19,13 @@ const RESTAMP: &str = "helmop.dev/restamp";
 const RUN: Duration = Duration::from_secs(60);
 
 /// The webhook serving on loopback, stopped when dropped.
-struct Webhook {
-    url: String,
-    ca_pem: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    _dir: tempfile::TempDir,
-}
+struct Webhook(LocalWebhook);
 
 impl Webhook {
     async fn start(client: Client) -> anyhow::Result<Webhook> {
-        let certs = test_certs();
-        let dir = tempfile::tempdir()?;
-        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-        std::fs::write(&cert, &certs.cert_pem)?;
-        std::fs::write(&key, &certs.key_pem)?;
-        let metrics = Metrics::new();
-        let state =
-            AppState::start_with(client, Config::default(), &metrics, Options::default()).await?;
-        let options = ServeOptions {
-            listen: "127.0.0.1:0".parse()?,
-            admin_listen: "127.0.0.1:0".parse()?,
-            tls_cert: cert,
-            tls_key: key,
-            ..ServeOptions::default()
-        };
-        let server = Server::bind(options, Arc::new(state.clone()), metrics).await?;
-        let url = format!("https://{}", server.webhook_addr());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(server.run(async move {
-            let _ = stopped.await;
-        }));
-        wait_until("the webhook's caches to sync", DEFAULT_TIMEOUT, || {
-            let ready = state.ready();
-            async move { Ok(ready) }
-        })
-        .await?;
-        Ok(Webhook {
-            url,
-            ca_pem: certs.ca_pem,
-            stop: Some(stop),
-            _dir: dir,
-        })
+        Ok(Webhook(
+            LocalWebhook::start(client, Config::default()).await?,
+        ))
     }
 
     /// The workload endpoint for `namespace` only; returns the configuration's name.
@@ -74,8 +34,8 @@ impl Webhook {
         WebhookRegistration::new(
             WebhookKind::Mutating,
             &name,
-            &format!("{}/mutate/workloads", self.url),
-            &self.ca_pem,
+            &format!("{}/mutate/workloads", self.0.url),
+            &self.0.ca_pem,
         )
         .rule(WebhookRule::new(
             &["CREATE", "UPDATE"],
@@ -87,52 +47,6 @@ impl Webhook {
         .register(client)
         .await?;
         Ok(name)
-    }
-}
-
-impl Drop for Webhook {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
-/// Secret `helmop-system/helmop-hash-key` as an install creates it (kept when it exists).
-async fn ensure_hash_key(client: &Client) -> anyhow::Result<()> {
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some("helmop-system".into()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    match Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => return Err(e).context("creating helmop-system"),
-    }
-    let mut key = vec![0u8; 32];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some("helmop-hash-key".into()),
-            namespace: Some("helmop-system".into()),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([("key".to_owned(), ByteString(key))])),
-        ..Secret::default()
-    };
-    match Api::<Secret>::namespaced(client.clone(), "helmop-system")
-        .create(&PostParams::default(), &secret)
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(e) => Err(e).context("creating the hash key"),
     }
 }
 
@@ -161,14 +75,7 @@ fn deployment(name: &str, labels: Value) -> anyhow::Result<Deployment> {
 }
 
 fn stamp(d: &Deployment) -> Option<String> {
-    d.spec
-        .template
-        .metadata
-        .as_ref()?
-        .annotations
-        .as_ref()?
-        .get(CONFIG_HASH)
-        .cloned()
+    template_annotation(d, CONFIG_HASH)
 }
 
 fn restamp_annotation(d: &Deployment) -> Option<String> {

@@ -4,17 +4,15 @@
 //! the propagator manifests' RBAC is enough and no more, and (on a private control plane) the
 //! watcher survives an upstream API server restart.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use helmop_tests::*;
-use k8s_openapi::ByteString;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
@@ -399,49 +397,6 @@ async fn two_watchers_never_both_write() -> anyhow::Result<()> {
     c.signal(libc::SIGTERM)?;
     assert_eq!(c.wait_exit(Duration::from_secs(15)).await?.code(), Some(0));
     Ok(())
-}
-
-/// Secret `helmop-system/helmop-hash-key` as an install creates it (kept when it exists).
-async fn ensure_hash_key(client: &Client) -> anyhow::Result<()> {
-    ensure_namespace(client, "helmop-system").await?;
-    let mut key = vec![0u8; 32];
-    use std::io::Read;
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some("helmop-hash-key".into()),
-            namespace: Some("helmop-system".into()),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([("key".to_owned(), ByteString(key))])),
-        ..Secret::default()
-    };
-    match Api::<Secret>::namespaced(client.clone(), "helmop-system")
-        .create(&PostParams::default(), &secret)
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(e) => Err(e).context("creating the hash key"),
-    }
-}
-
-async fn ensure_namespace(client: &Client, name: &str) -> anyhow::Result<()> {
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    match Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("creating namespace {name}")),
-    }
 }
 
 fn repo_root() -> &'static Path {

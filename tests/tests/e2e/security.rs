@@ -19,7 +19,7 @@ use kube::{Api, Client, Resource};
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
 
-use crate::faults::{WebhookBinary, ensure_hash_key};
+use crate::faults::WebhookBinary;
 
 fn random_hex(bytes: usize) -> anyhow::Result<String> {
     let mut buf = vec![0u8; bytes];

@@ -4,18 +4,15 @@
 
 use std::io::Read;
 use std::process::{Output, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use helmop_tests::*;
-use helmop_webhook::Metrics;
-use helmop_webhook::server::{ServeOptions, Server};
-use helmop_webhook::state::{AppState, Config, GuardMode, Options, SecretRef};
+use helmop_webhook::state::{Config, GuardMode, SecretRef};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
-use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
@@ -23,51 +20,19 @@ use tokio::io::AsyncWriteExt;
 const CONFIG_HASH: &str = "helmop.dev/config-hash";
 const CONFIG_REFS: &str = "helmop.dev/config-refs";
 
-/// A webhook process on loopback, stopped when dropped.
-struct Webhook {
-    state: AppState,
-    metrics: Metrics,
-    url: String,
-    ca_pem: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    _dir: tempfile::TempDir,
+/// The webhook on loopback (see [`LocalWebhook`]), with this suite's registrations.
+struct Webhook(LocalWebhook);
+
+impl std::ops::Deref for Webhook {
+    type Target = LocalWebhook;
+    fn deref(&self) -> &LocalWebhook {
+        &self.0
+    }
 }
 
 impl Webhook {
     async fn start(client: Client, config: Config) -> anyhow::Result<Webhook> {
-        let certs = test_certs();
-        let dir = tempfile::tempdir()?;
-        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-        std::fs::write(&cert, &certs.cert_pem)?;
-        std::fs::write(&key, &certs.key_pem)?;
-        let metrics = Metrics::new();
-        let state = AppState::start_with(client, config, &metrics, Options::default()).await?;
-        let options = ServeOptions {
-            listen: "127.0.0.1:0".parse()?,
-            admin_listen: "127.0.0.1:0".parse()?,
-            tls_cert: cert,
-            tls_key: key,
-            ..ServeOptions::default()
-        };
-        let server = Server::bind(options, Arc::new(state.clone()), metrics.clone()).await?;
-        let url = format!("https://{}", server.webhook_addr());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(server.run(async move {
-            let _ = stopped.await;
-        }));
-        wait_until("the webhook's caches to sync", DEFAULT_TIMEOUT, || {
-            let ready = state.ready();
-            async move { Ok(ready) }
-        })
-        .await?;
-        Ok(Webhook {
-            state,
-            metrics,
-            url,
-            ca_pem: certs.ca_pem,
-            stop: Some(stop),
-            _dir: dir,
-        })
+        Ok(Webhook(LocalWebhook::start(client, config).await?))
     }
 
     /// Registers the three endpoints for `namespace` only, as the manifests do for every namespace.
@@ -142,14 +107,6 @@ impl Webhook {
             .find_map(|l| l.strip_prefix(&prefix))
             .with_context(|| format!("no {prefix} in metrics"))?;
         Ok(line.trim().parse()?)
-    }
-}
-
-impl Drop for Webhook {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
     }
 }
 
@@ -259,55 +216,10 @@ fn deployment(namespace: &str, name: &str, labels: Value, container: Value) -> V
     d
 }
 
-fn template_annotation(d: &Deployment, key: &str) -> Option<String> {
-    d.spec
-        .template
-        .metadata
-        .as_ref()?
-        .annotations
-        .as_ref()?
-        .get(key)
-        .cloned()
-}
-
 fn random_key() -> anyhow::Result<Vec<u8>> {
     let mut key = vec![0u8; 32];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
     Ok(key)
-}
-
-/// Secret `helmop-system/helmop-hash-key` as an install creates it (kept if it exists already: other
-/// tests on this cluster may rely on it).
-async fn ensure_hash_key(client: &Client) -> anyhow::Result<()> {
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some("helmop-system".into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    match Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => return Err(e).context("creating namespace helmop-system"),
-    }
-    match create_secret(
-        client,
-        "helmop-system",
-        "helmop-hash-key",
-        &[("key", &random_key()?)],
-    )
-    .await
-    {
-        Ok(_) => Ok(()),
-        Err(e) if matches!(e.downcast_ref::<kube::Error>(), Some(kube::Error::Api(s)) if s.code == 409) => {
-            Ok(())
-        }
-        Err(e) => Err(e),
-    }
 }
 
 async fn set_secret_key(
