@@ -61,6 +61,34 @@ impl ClusterInfo {
         cmd
     }
 
+    /// Runs `kubectl ARGS` against this cluster without blocking the async runtime (a webhook under
+    /// test may serve on it), feeding `stdin` when given; fails after 60 s.
+    pub async fn run_kubectl(
+        &self,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> anyhow::Result<std::process::Output> {
+        use tokio::io::AsyncWriteExt;
+        let mut cmd = tokio::process::Command::from(self.kubectl());
+        cmd.args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().context("running kubectl")?;
+        if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(input.as_bytes()).await?;
+        }
+        tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+            .await
+            .with_context(|| format!("kubectl {args:?} did not finish in 60s"))?
+            .context("waiting for kubectl")
+    }
+
     /// The kubeconfig file's content, e.g. for a Fleet Cluster's kubeconfig Secret.
     pub fn kubeconfig_yaml(&self) -> String {
         read_to_string(&self.kubeconfig)

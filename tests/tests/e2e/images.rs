@@ -2,7 +2,7 @@
 //! docker-registry on loopback, images pushed with skopeo), the webhook in-process with the real
 //! `RegistryResolver`, registered by `url` on the upstream kube-apiserver, and real `kubectl apply`.
 
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,6 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
-use tokio::io::AsyncWriteExt;
 
 const IMAGE_DIGESTS: &str = "helmop.dev/image-digests";
 
@@ -85,19 +84,10 @@ impl Webhook {
 }
 
 pub(crate) async fn kubectl_apply(object: &Value) -> anyhow::Result<Output> {
-    let mut cmd = tokio::process::Command::from(control_plane().upstream().kubectl());
-    cmd.args(["apply", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = cmd.spawn().context("running kubectl")?;
-    if let Some(mut pipe) = child.stdin.take() {
-        pipe.write_all(object.to_string().as_bytes()).await?;
-    }
-    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
-        .await
-        .context("kubectl apply did not finish in 60s")??;
+    let out = control_plane()
+        .upstream()
+        .run_kubectl(&["apply", "-f", "-"], Some(&object.to_string()))
+        .await?;
     if !out.status.success() {
         bail!(
             "kubectl apply failed: {}",

@@ -5,10 +5,9 @@
 //! every label and annotation of the objects involved and every metric is searched for those values, raw,
 //! base64 and hex.
 
-use std::process::Stdio;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use base64::Engine;
 use helmop_tests::*;
 use k8s_openapi::ByteString;
@@ -17,7 +16,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams};
 use kube::{Api, Client, Resource};
 use serde_json::json;
-use tokio::io::AsyncWriteExt;
 
 use crate::faults::WebhookBinary;
 
@@ -96,24 +94,7 @@ async fn kubectl(
     args: &[&str],
     stdin: Option<&str>,
 ) -> anyhow::Result<std::process::Output> {
-    let mut cmd = tokio::process::Command::from(cluster.kubectl());
-    cmd.args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = cmd.spawn().context("running kubectl")?;
-    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(input.as_bytes()).await?;
-    }
-    tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
-        .await
-        .with_context(|| format!("kubectl {args:?} did not finish in 60s"))?
-        .context("waiting for kubectl")
+    cluster.run_kubectl(args, stdin).await
 }
 
 /// Registers the webhook binary's three endpoints for `ns` only; returns the configuration names.

@@ -3,8 +3,7 @@
 //! to the test's namespace), and driven by real `kubectl`.
 
 use std::io::Read;
-use std::process::{Output, Stdio};
-use std::time::Duration;
+use std::process::Output;
 
 use anyhow::{Context, bail};
 use helmop_tests::*;
@@ -15,7 +14,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
-use tokio::io::AsyncWriteExt;
 
 const CONFIG_HASH: &str = "helmop.dev/config-hash";
 const CONFIG_REFS: &str = "helmop.dev/config-refs";
@@ -139,24 +137,7 @@ fn config() -> Config {
 
 /// Runs kubectl against the upstream cluster without blocking the runtime the webhook serves on.
 async fn kubectl(args: &[&str], stdin: Option<&str>) -> anyhow::Result<Output> {
-    let mut cmd = tokio::process::Command::from(control_plane().upstream().kubectl());
-    cmd.args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = cmd.spawn().context("running kubectl")?;
-    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(input.as_bytes()).await?;
-    }
-    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
-        .await
-        .with_context(|| format!("kubectl {args:?} did not finish in 60s"))??;
-    Ok(out)
+    control_plane().upstream().run_kubectl(args, stdin).await
 }
 
 fn text(bytes: &[u8]) -> String {
