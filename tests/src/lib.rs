@@ -19,6 +19,7 @@
 mod binaries;
 mod certs;
 mod controlplane;
+mod endpoints;
 mod fleet;
 mod namespaces;
 mod objects;
@@ -32,6 +33,9 @@ pub use certs::{TestCerts, test_certs, test_certs_for};
 pub use controlplane::{
     ClusterInfo, ControlPlane, DOWNSTREAM_1, DOWNSTREAM_2, UPSTREAM, client_from_kubeconfig,
     control_plane, cp_script,
+};
+pub use endpoints::{
+    Registered, deployment_manifest, kubectl_apply, random_key, replica_sets, restamp,
 };
 pub use fleet::{
     FLEET_API_VERSION, apply_helmop, bundle_deployment_resource, cluster_group_resource,

@@ -11,5 +11,6 @@ mod plugin;
 mod plugin_rollout;
 mod plugin_watch;
 mod security;
+mod stamping;
 mod validate;
 mod webhook;

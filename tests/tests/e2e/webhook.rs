@@ -2,23 +2,23 @@
 //! 127.0.0.1 with a throwaway certificate, registered by `url` on the upstream kube-apiserver (limited
 //! to the test's namespace), and driven by real `kubectl`.
 
-use std::io::Read;
 use std::process::Output;
 
 use anyhow::{Context, bail};
+use helmop_tests::deployment_manifest as deployment;
 use helmop_tests::*;
 use helmop_webhook::state::{Config, GuardMode, SecretRef};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
 const CONFIG_HASH: &str = "helmop.dev/config-hash";
 const CONFIG_REFS: &str = "helmop.dev/config-refs";
 
-/// The webhook on loopback (see [`LocalWebhook`]), with this suite's registrations.
+/// The webhook on loopback (see [`LocalWebhook`]; `register` adds the manifests' registrations).
 struct Webhook(LocalWebhook);
 
 impl std::ops::Deref for Webhook {
@@ -33,69 +33,6 @@ impl Webhook {
         Ok(Webhook(LocalWebhook::start(client, config).await?))
     }
 
-    /// Registers the three endpoints for `namespace` only, as the manifests do for every namespace.
-    async fn register(&self, client: &Client, namespace: &str) -> anyhow::Result<Registered> {
-        let names = Registered::names(namespace);
-        WebhookRegistration::new(
-            WebhookKind::Validating,
-            &names[0].1,
-            &format!("{}/validate/helmops", self.url),
-            &self.ca_pem,
-        )
-        // DELETE is included to show it is never denied, whatever the HelmOp looks like.
-        .rule(WebhookRule::new(
-            &["CREATE", "UPDATE", "DELETE"],
-            "fleet.cattle.io",
-            "v1alpha1",
-            &["helmops"],
-        ))
-        .only_namespace(namespace)
-        .register(client)
-        .await?;
-        WebhookRegistration::new(
-            WebhookKind::Validating,
-            &names[1].1,
-            &format!("{}/validate/references", self.url),
-            &self.ca_pem,
-        )
-        .rule(WebhookRule::new(
-            &["DELETE"],
-            "",
-            "v1",
-            &["secrets", "configmaps"],
-        ))
-        .only_namespace(namespace)
-        .register(client)
-        .await?;
-        WebhookRegistration::new(
-            WebhookKind::Mutating,
-            &names[2].1,
-            &format!("{}/mutate/workloads", self.url),
-            &self.ca_pem,
-        )
-        .rule(WebhookRule::new(
-            &["CREATE", "UPDATE"],
-            "apps",
-            "v1",
-            &["deployments", "statefulsets", "daemonsets", "replicasets"],
-        ))
-        .rule(WebhookRule::new(
-            &["CREATE", "UPDATE"],
-            "batch",
-            "v1",
-            &["jobs", "cronjobs"],
-        ))
-        .only_namespace(namespace)
-        .register(client)
-        .await?;
-        Ok(Registered {
-            client: client.clone(),
-            names,
-        })
-    }
-}
-
-impl Webhook {
     /// `helmop_webhook_cache_objects{cache="..."}` as exported on /metrics.
     fn cache_objects(&self, cache: &str) -> anyhow::Result<i64> {
         let text = self.metrics.encode()?;
@@ -105,29 +42,6 @@ impl Webhook {
             .find_map(|l| l.strip_prefix(&prefix))
             .with_context(|| format!("no {prefix} in metrics"))?;
         Ok(line.trim().parse()?)
-    }
-}
-
-/// The webhook configurations of one test; removed by [`Registered::remove`] at the end of a test.
-struct Registered {
-    client: Client,
-    names: [(WebhookKind, String); 3],
-}
-
-impl Registered {
-    fn names(namespace: &str) -> [(WebhookKind, String); 3] {
-        [
-            (WebhookKind::Validating, format!("{namespace}-helmops")),
-            (WebhookKind::Validating, format!("{namespace}-references")),
-            (WebhookKind::Mutating, format!("{namespace}-workloads")),
-        ]
-    }
-
-    async fn remove(self) -> anyhow::Result<()> {
-        for (kind, name) in &self.names {
-            unregister_webhook(&self.client, *kind, name).await?;
-        }
-        Ok(())
     }
 }
 
@@ -146,9 +60,7 @@ fn text(bytes: &[u8]) -> String {
 
 /// `kubectl apply -f -` of one object given as JSON.
 async fn apply(object: &Value, extra: &[&str]) -> anyhow::Result<Output> {
-    let mut args = vec!["apply", "-f", "-"];
-    args.extend_from_slice(extra);
-    kubectl(&args, Some(&object.to_string())).await
+    kubectl_apply(control_plane().upstream(), object, extra).await
 }
 
 async fn apply_ok(object: &Value, extra: &[&str]) -> anyhow::Result<Output> {
@@ -171,36 +83,6 @@ fn helmop(namespace: &str, name: &str, extra_spec: Value) -> Value {
         "metadata": {"name": name, "namespace": namespace},
         "spec": spec,
     })
-}
-
-fn deployment(namespace: &str, name: &str, labels: Value, container: Value) -> Value {
-    let mut container = container;
-    container["name"] = json!("app");
-    container["image"] = json!("registry.example.com/app:1.0");
-    let mut d = json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [container]},
-            },
-        },
-    });
-    // An empty map would make every `kubectl apply` send a patch (the server drops empty labels).
-    if labels.as_object().is_some_and(|l| !l.is_empty()) {
-        d["metadata"]["labels"] = labels;
-    }
-    d
-}
-
-fn random_key() -> anyhow::Result<Vec<u8>> {
-    let mut key = vec![0u8; 32];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
-    Ok(key)
 }
 
 async fn set_secret_key(
@@ -235,32 +117,7 @@ async fn set_config_map_key(
 
 async fn restamp(namespace: &str, deployment: &str, value: &str) -> anyhow::Result<Output> {
     let target = format!("deployment/{deployment}");
-    let annotation = format!("helmop.dev/restamp={value}");
-    let out = kubectl(
-        &[
-            "annotate",
-            "-n",
-            namespace,
-            &target,
-            &annotation,
-            "--overwrite",
-        ],
-        None,
-    )
-    .await?;
-    if !out.status.success() {
-        bail!("kubectl annotate failed: {}", text(&out.stderr));
-    }
-    Ok(out)
-}
-
-async fn replica_sets(client: &Client, namespace: &str, app: &str) -> anyhow::Result<usize> {
-    let lp = ListParams::default().labels(&format!("app={app}"));
-    Ok(Api::<ReplicaSet>::namespaced(client.clone(), namespace)
-        .list(&lp)
-        .await?
-        .items
-        .len())
+    helmop_tests::restamp(control_plane().upstream(), namespace, &target, value).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
