@@ -407,9 +407,9 @@ async fn stamps_never_push_annotations_over_the_limit() -> anyhow::Result<()> {
             .with_context(|| format!("Deployment {name} with 1,150 key refs refused"))?;
         let annotations = stored
             .spec
-            .as_ref()
-            .and_then(|s| s.template.metadata.as_ref())
-            .and_then(|m| m.annotations.clone())
+            .template
+            .metadata
+            .and_then(|m| m.annotations)
             .unwrap_or_default();
         let total: usize = annotations.iter().map(|(k, v)| k.len() + v.len()).sum();
         assert!(total <= 256 * 1024, "{name}: {total} bytes of annotations");
