@@ -47,6 +47,7 @@ impl WorkloadKind {
         }
     }
 
+    /// The preferred version (the first of [`WorkloadKind::versions`]).
     pub fn version(self) -> &'static str {
         match self {
             WorkloadKind::Rollout => "v1alpha1",
@@ -95,11 +96,23 @@ impl WorkloadKind {
         }
     }
 
-    /// Exact match on (group, version, kind), the shape of an AdmissionRequest's `kind`.
+    /// Every version of the kind's group that serves it with the same pod template, newest first:
+    /// `batch/v1beta1` CronJobs are the only ones Kubernetes before 1.21 serves, and carry the
+    /// template at the same path.
+    pub fn versions(self) -> &'static [&'static str] {
+        match self {
+            WorkloadKind::CronJob => &["v1", "v1beta1"],
+            WorkloadKind::Rollout => &["v1alpha1"],
+            _ => &["v1"],
+        }
+    }
+
+    /// Exact match on (group, version, kind), the shape of an AdmissionRequest's `kind`; any of
+    /// [`WorkloadKind::versions`].
     pub fn from_gvk(group: &str, version: &str, kind: &str) -> Option<WorkloadKind> {
-        Self::ALL
-            .into_iter()
-            .find(|w| w.group() == group && w.version() == version && w.kind() == kind)
+        Self::ALL.into_iter().find(|w| {
+            w.group() == group && w.versions().contains(&version) && w.kind() == kind
+        })
     }
 
     /// Match on a manifest's `apiVersion` and `kind`.
@@ -234,6 +247,8 @@ mod tests {
                 Some(WorkloadKind::Rollout),
             ),
             ("", "v1", "Pod", Some(WorkloadKind::Pod)),
+            ("batch", "v1beta1", "CronJob", Some(WorkloadKind::CronJob)),
+            ("batch", "v1beta1", "Job", None),
             ("apps", "v1beta1", "Deployment", None),
             ("extensions", "v1", "Deployment", None),
             ("apps", "v1", "deployment", None),
