@@ -33,6 +33,14 @@ impl Verdict {
         }
     }
 
+    /// The same verdict with `more` warnings before its own.
+    pub fn with_warnings(mut self, mut more: Vec<String>) -> Self {
+        let (Verdict::Allow { warnings, .. } | Verdict::Deny { warnings, .. }) = &mut self;
+        more.append(warnings);
+        *warnings = more;
+        self
+    }
+
     pub fn deny(message: impl Into<String>) -> Self {
         Verdict::Deny {
             message: message.into(),

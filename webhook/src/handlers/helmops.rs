@@ -49,8 +49,24 @@ pub(super) async fn validate(state: &AppState, req: &AdmissionRequest<DynamicObj
         .unwrap_or_default();
     let findings = validate_helmop_in(&value, Some(&namespace));
     let refs = downstream_refs(&value);
+    // Decided before any lookup: an update that leaves spec as it was is never denied, so a failed lookup
+    // must not deny it either (it would block Fleet adding its finalizer whenever the API server stutters).
+    let spec_unchanged = req.operation == Operation::Update
+        && req
+            .old_object
+            .as_ref()
+            .is_some_and(|old| old.data.get("spec") == object.data.get("spec"));
+    let mut warnings = Vec::new();
     let missing = match find_missing(state, &namespace, &refs).await {
         Ok(missing) => missing,
+        Err((r, error)) if spec_unchanged => {
+            tracing::warn!(helmop = %name, reference = %r, %error, "existence check failed; spec unchanged, admitted");
+            warnings.push(format!(
+                "cannot check that {r} exists in namespace {namespace:?} ({error}) (not enforced: this update \
+                 leaves spec unchanged)"
+            ));
+            Vec::new()
+        }
         Err((r, error)) => {
             tracing::warn!(helmop = %name, reference = %r, %error, "existence check failed; HelmOp rejected");
             return Verdict::Deny {
@@ -64,11 +80,6 @@ pub(super) async fn validate(state: &AppState, req: &AdmissionRequest<DynamicObj
         }
     };
     let allow_missing = allows_missing(&value);
-    let spec_unchanged = req.operation == Operation::Update
-        && req
-            .old_object
-            .as_ref()
-            .is_some_and(|old| old.data.get("spec") == object.data.get("spec"));
     decide(
         &name,
         &namespace,
@@ -79,6 +90,7 @@ pub(super) async fn validate(state: &AppState, req: &AdmissionRequest<DynamicObj
             spec_unchanged,
         },
     )
+    .with_warnings(warnings)
 }
 
 /// The entries (path, reference) whose object does not exist. Each distinct object is looked up once,
