@@ -5,6 +5,14 @@
 //! (the one key), in containers, init containers and ephemeral containers (the API server refuses
 //! ephemeral containers in templates, but a plain Pod may have them).
 //!
+//! What each reference reads is what the kubelet (1.20, `makeEnvironmentVariables` and the
+//! configMap/secret/projected volume plugins) reads, kept in [`Reads`]:
+//! - a volume without `items` every key of `data` and `binaryData`; with `items` those keys, each
+//!   from `data` or else `binaryData`;
+//! - `envFrom` only `data`, and only the keys that, with the source's `prefix`, are valid variable
+//!   names (`[-._a-zA-Z][-._a-zA-Z0-9]*`, not `.`, `..` or `..`-prefixed); others are skipped;
+//! - a key ref only `data[key]`: a key that exists only in `binaryData` is missing for it.
+//!
 //! Not counted, because no process in the pod reads them: `imagePullSecrets` (the kubelet uses
 //! them to pull), and the credential Secrets of volume plugins (`csi.nodePublishSecretRef`,
 //! `cephfs.secretRef`, `rbd.secretRef`, `azureFile.secretName`, `flexVolume.secretRef`, ...),
@@ -48,23 +56,162 @@ impl Keys {
     }
 }
 
+/// Exactly what the kubelet reads of one object for a pod, merged over every reference to it.
+/// The object digest covers this view and nothing else (see `hash::reads_digest`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Reads {
+    /// A volume without `items`: every key of `data` and `binaryData`.
+    pub whole: bool,
+    /// The `prefix` of each `envFrom` (`""` without one): the keys of `data` that make a valid
+    /// variable name with it.
+    pub env_prefixes: BTreeSet<String>,
+    /// Volume `items`: these keys, from `data` or else `binaryData`; `true` when a reference
+    /// that is not optional needs the key (missing, the volume cannot be set up).
+    pub files: BTreeMap<String, bool>,
+    /// Key refs: these keys, from `data` only; `true` when a reference that is not optional
+    /// needs the key (missing, the container cannot be started).
+    pub vars: BTreeMap<String, bool>,
+}
+
+/// Whether the kubelet takes `name` as an environment variable (`validation.IsEnvVarName`).
+pub fn is_env_var_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    let valid_first = bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || matches!(b, b'-' | b'.' | b'_'));
+    valid_first
+        && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+        && name != "."
+        && !name.starts_with("..")
+}
+
+impl Reads {
+    /// What `keys` reads the way a volume does (all keys, or these keys from either map);
+    /// `required` marks the listed keys as needed.
+    pub fn volume(keys: &Keys, required: bool) -> Reads {
+        match keys {
+            Keys::All => Reads {
+                whole: true,
+                ..Reads::default()
+            },
+            Keys::Some(keys) => Reads {
+                files: keys.iter().map(|k| (k.clone(), required)).collect(),
+                ..Reads::default()
+            },
+        }
+    }
+
+    /// True when keys the pod does not name are read too (a whole volume or `envFrom`): adding a
+    /// key can change what the pod sees.
+    pub fn is_open(&self) -> bool {
+        self.whole || !self.env_prefixes.is_empty()
+    }
+
+    /// The summary shown in `config-refs` and covered by the config hash: every key when
+    /// [`Reads::is_open`], else the named keys.
+    pub fn keys(&self) -> Keys {
+        if self.is_open() {
+            Keys::All
+        } else {
+            Keys::Some(self.files.keys().chain(self.vars.keys()).cloned().collect())
+        }
+    }
+
+    /// Whether the pod reads `key` of `data`.
+    pub fn reads_data(&self, key: &str) -> bool {
+        self.whole
+            || self.files.contains_key(key)
+            || self.vars.contains_key(key)
+            || self.env_reads(key)
+    }
+
+    /// Whether the pod reads `key` of `binaryData`.
+    pub fn reads_binary(&self, key: &str) -> bool {
+        self.whole || self.files.contains_key(key)
+    }
+
+    /// Whether some `envFrom` turns `data` key `key` into a variable.
+    pub fn env_reads(&self, key: &str) -> bool {
+        self.env_prefixes
+            .iter()
+            .any(|p| is_env_var_name(&format!("{p}{key}")))
+    }
+
+    /// The named keys the pod looks for and does not find, given which keys `data` and
+    /// `binaryData` have: `(key, required, only_in_binary)`. A required one stops the pod.
+    pub fn unmet(
+        &self,
+        in_data: impl Fn(&str) -> bool,
+        in_binary: impl Fn(&str) -> bool,
+    ) -> Vec<(String, bool, bool)> {
+        let mut unmet: BTreeMap<String, (bool, bool)> = BTreeMap::new();
+        for (key, required) in &self.files {
+            if !in_data(key) && !in_binary(key) {
+                let e = unmet.entry(key.clone()).or_default();
+                e.0 |= *required;
+            }
+        }
+        for (key, required) in &self.vars {
+            if !in_data(key) {
+                let e = unmet.entry(key.clone()).or_default();
+                e.0 |= *required;
+                e.1 = in_binary(key);
+            }
+        }
+        unmet
+            .into_iter()
+            .map(|(k, (required, binary))| (k, required, binary))
+            .collect()
+    }
+
+    /// What a pod reads through both `self` and `other`.
+    pub fn merge(&mut self, other: &Reads) {
+        self.whole |= other.whole;
+        self.env_prefixes.extend(other.env_prefixes.iter().cloned());
+        for (k, r) in &other.files {
+            *self.files.entry(k.clone()).or_default() |= *r;
+        }
+        for (k, r) in &other.vars {
+            *self.vars.entry(k.clone()).or_default() |= *r;
+        }
+    }
+}
+
 /// One ConfigMap or Secret a pod reads, merged over every place it is referenced.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PodRef {
     pub resource: ResourceRef,
+    /// What `config-refs` shows and the config hash covers: [`Reads::keys`] of `reads`.
     pub keys: Keys,
     /// True only when every reference to the object is optional: one required reference
     /// means the pod cannot start without it.
     pub optional: bool,
+    /// Exactly what the kubelet reads of the object.
+    pub reads: Reads,
 }
 
 impl PodRef {
+    /// A reference read the way a volume reads `keys`.
     pub fn new(resource: ResourceRef, keys: Keys, optional: bool) -> PodRef {
+        let reads = Reads::volume(&keys, !optional);
+        PodRef::with_reads(resource, reads, optional)
+    }
+
+    /// A reference that reads `reads`.
+    pub fn with_reads(resource: ResourceRef, reads: Reads, optional: bool) -> PodRef {
         PodRef {
             resource,
-            keys,
+            keys: reads.keys(),
             optional,
+            reads,
         }
+    }
+
+    /// What the pod reads through both `self` and `other` (the same object).
+    pub fn merge(&mut self, other: &PodRef) {
+        self.reads.merge(&other.reads);
+        self.keys = self.reads.keys();
+        self.optional &= other.optional;
     }
 }
 
@@ -81,47 +228,45 @@ struct Collector {
 }
 
 impl Collector {
-    fn add(&mut self, kind: ResourceKind, name: Option<&str>, keys: Keys, optional: Option<bool>) {
+    fn add(&mut self, kind: ResourceKind, name: Option<&str>, reads: Reads, optional: Option<bool>) {
         // An empty name is invalid and would be refused by the API server; nothing to read.
         let Some(name) = name.filter(|n| !n.is_empty()) else {
             return;
         };
         let optional = optional.unwrap_or(false);
+        let new = PodRef::with_reads(ResourceRef::new(kind, name), reads, optional);
         self.refs
             .entry((kind.lower(), name.to_string()))
-            .and_modify(|r| {
-                r.keys.merge(keys.clone());
-                r.optional &= optional;
-            })
-            .or_insert_with(|| PodRef::new(ResourceRef::new(kind, name), keys.clone(), optional));
+            .and_modify(|r| r.merge(&new))
+            .or_insert(new);
     }
 
     fn volume(&mut self, volume: &Volume) {
         if let Some(cm) = &volume.config_map {
-            let keys = item_keys(cm.items.as_deref());
-            self.add(ResourceKind::ConfigMap, Some(&cm.name), keys, cm.optional);
+            let reads = item_reads(cm.items.as_deref(), cm.optional);
+            self.add(ResourceKind::ConfigMap, Some(&cm.name), reads, cm.optional);
         }
         if let Some(secret) = &volume.secret {
-            let keys = item_keys(secret.items.as_deref());
+            let reads = item_reads(secret.items.as_deref(), secret.optional);
             self.add(
                 ResourceKind::Secret,
                 secret.secret_name.as_deref(),
-                keys,
+                reads,
                 secret.optional,
             );
         }
         let sources = volume.projected.as_ref().and_then(|p| p.sources.as_deref());
         for source in sources.unwrap_or_default() {
             if let Some(cm) = &source.config_map {
-                let keys = item_keys(cm.items.as_deref());
-                self.add(ResourceKind::ConfigMap, Some(&cm.name), keys, cm.optional);
+                let reads = item_reads(cm.items.as_deref(), cm.optional);
+                self.add(ResourceKind::ConfigMap, Some(&cm.name), reads, cm.optional);
             }
             if let Some(secret) = &source.secret {
-                let keys = item_keys(secret.items.as_deref());
+                let reads = item_reads(secret.items.as_deref(), secret.optional);
                 self.add(
                     ResourceKind::Secret,
                     Some(&secret.name),
-                    keys,
+                    reads,
                     secret.optional,
                 );
             }
@@ -130,21 +275,16 @@ impl Collector {
 
     fn container(&mut self, env_from: Option<&[EnvFromSource]>, env: Option<&[EnvVar]>) {
         for source in env_from.unwrap_or_default() {
+            let reads = Reads {
+                env_prefixes: BTreeSet::from([source.prefix.clone().unwrap_or_default()]),
+                ..Reads::default()
+            };
             if let Some(cm) = &source.config_map_ref {
-                self.add(
-                    ResourceKind::ConfigMap,
-                    Some(&cm.name),
-                    Keys::All,
-                    cm.optional,
-                );
+                let reads = reads.clone();
+                self.add(ResourceKind::ConfigMap, Some(&cm.name), reads, cm.optional);
             }
             if let Some(secret) = &source.secret_ref {
-                self.add(
-                    ResourceKind::Secret,
-                    Some(&secret.name),
-                    Keys::All,
-                    secret.optional,
-                );
+                self.add(ResourceKind::Secret, Some(&secret.name), reads, secret.optional);
             }
         }
         for var in env.unwrap_or_default() {
@@ -152,15 +292,26 @@ impl Collector {
                 continue;
             };
             if let Some(r) = &from.config_map_key_ref {
-                let keys = Keys::one(r.key.as_str());
-                self.add(ResourceKind::ConfigMap, Some(&r.name), keys, r.optional);
+                let reads = var_reads(&r.key, r.optional);
+                self.add(ResourceKind::ConfigMap, Some(&r.name), reads, r.optional);
             }
             if let Some(r) = &from.secret_key_ref {
-                let keys = Keys::one(r.key.as_str());
-                self.add(ResourceKind::Secret, Some(&r.name), keys, r.optional);
+                let reads = var_reads(&r.key, r.optional);
+                self.add(ResourceKind::Secret, Some(&r.name), reads, r.optional);
             }
         }
     }
+}
+
+fn var_reads(key: &str, optional: Option<bool>) -> Reads {
+    Reads {
+        vars: BTreeMap::from([(key.to_string(), optional != Some(true))]),
+        ..Reads::default()
+    }
+}
+
+fn item_reads(items: Option<&[KeyToPath]>, optional: Option<bool>) -> Reads {
+    Reads::volume(&item_keys(items), optional != Some(true))
 }
 
 fn item_keys(items: Option<&[KeyToPath]>) -> Keys {
@@ -206,8 +357,124 @@ mod tests {
 
     use super::*;
 
+    /// The summary (resource, keys, optional) of each reference; [`Reads`] are tested on their own.
     fn refs(spec: Value) -> Vec<PodRef> {
-        pod_refs_from_value(&spec).unwrap()
+        pod_refs_from_value(&spec)
+            .unwrap()
+            .into_iter()
+            .map(|r| PodRef::new(r.resource, r.keys, r.optional))
+            .collect()
+    }
+
+    fn reads(spec: Value) -> Vec<(String, Reads)> {
+        pod_refs_from_value(&spec)
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.resource.to_string(), r.reads))
+            .collect()
+    }
+
+    fn keyset(keys: &[(&str, bool)]) -> BTreeMap<String, bool> {
+        keys.iter().map(|(k, r)| (k.to_string(), *r)).collect()
+    }
+
+    #[test]
+    fn reads_follow_the_kubelet_per_reference_kind() {
+        let spec = json!({
+            "volumes": [
+                {"name": "v1", "configMap": {"name": "files", "items": [{"key": "a", "path": "a"}]}},
+                {"name": "v2", "projected": {"sources": [
+                    {"configMap": {"name": "files", "optional": true, "items": [{"key": "b", "path": "b"}]}}]}},
+                {"name": "v3", "secret": {"secretName": "whole"}}
+            ],
+            "containers": [{
+                "name": "app",
+                "envFrom": [
+                    {"configMapRef": {"name": "env"}},
+                    {"configMapRef": {"name": "env"}, "prefix": "X_"},
+                    {"secretRef": {"name": "whole"}}
+                ],
+                "env": [
+                    {"name": "A", "valueFrom": {"configMapKeyRef": {"name": "env", "key": "k"}}},
+                    {"name": "B", "valueFrom": {"configMapKeyRef": {"name": "vars", "key": "k", "optional": true}}},
+                    {"name": "C", "valueFrom": {"configMapKeyRef": {"name": "vars", "key": "j"}}}
+                ]
+            }]
+        });
+        let env = Reads {
+            env_prefixes: ["".to_string(), "X_".to_string()].into(),
+            vars: keyset(&[("k", true)]),
+            ..Reads::default()
+        };
+        let files = Reads {
+            files: keyset(&[("a", true), ("b", false)]),
+            ..Reads::default()
+        };
+        let vars = Reads {
+            vars: keyset(&[("j", true), ("k", false)]),
+            ..Reads::default()
+        };
+        let whole = Reads {
+            whole: true,
+            env_prefixes: ["".to_string()].into(),
+            ..Reads::default()
+        };
+        assert_eq!(
+            reads(spec),
+            vec![
+                ("configmap/env".to_string(), env.clone()),
+                ("configmap/files".to_string(), files.clone()),
+                ("configmap/vars".to_string(), vars.clone()),
+                ("secret/whole".to_string(), whole.clone()),
+            ]
+        );
+        // envFrom reads data only, and only keys that make variable names with some prefix.
+        assert!(env.reads_data("GREETING") && env.reads_data("k") && env.reads_data("1st"));
+        assert!(!env.reads_binary("GREETING"));
+        let plain = Reads {
+            env_prefixes: ["".to_string()].into(),
+            ..Reads::default()
+        };
+        assert!(!plain.reads_data("1st") && !plain.reads_data("a/b") && !plain.reads_data(".."));
+        assert_eq!(plain.keys(), Keys::All);
+        // Volume items read both maps; key refs only data.
+        assert!(files.reads_binary("a") && files.reads_data("a") && !files.reads_data("c"));
+        assert!(!vars.reads_binary("k") && vars.reads_data("k"));
+        assert_eq!(vars.keys(), some(&["j", "k"]));
+        assert_eq!(whole.keys(), Keys::All);
+    }
+
+    #[test]
+    fn unmet_keys_follow_the_kubelet() {
+        let r = Reads {
+            files: keyset(&[("file", true), ("bin", true), ("opt", false)]),
+            vars: keyset(&[("var", true), ("bin", true), ("binvar", true), ("optvar", false)]),
+            ..Reads::default()
+        };
+        let data = ["var"];
+        let binary = ["bin", "binvar"];
+        let unmet = r.unmet(|k| data.contains(&k), |k| binary.contains(&k));
+        assert_eq!(
+            unmet,
+            vec![
+                // A key ref does not read binaryData, even when a volume item reads the same key.
+                ("bin".to_string(), true, true),
+                ("binvar".to_string(), true, true),
+                ("file".to_string(), true, false),
+                ("opt".to_string(), false, false),
+                ("optvar".to_string(), false, false),
+            ]
+        );
+    }
+
+    #[test]
+    fn env_var_names_as_the_kubelet_checks_them() {
+        for good in ["A", "a_b", "my.env-name", "MY_ENV.NAME", "MyEnvName1", "_x", "-x", ".x"] {
+            assert!(is_env_var_name(good), "{good:?}");
+        }
+        for bad in ["", "1a", "a b", "a/b", "a=b", ".", "..", "..x", "ü", "a\n"] {
+            assert!(!is_env_var_name(bad), "{bad:?}");
+        }
     }
 
     fn some(keys: &[&str]) -> Keys {
@@ -339,7 +606,7 @@ mod tests {
         let spec =
             json!({"containers": [{"name": "a", "envFrom": [{"secretRef": {"name": "s"}}]}]});
         let typed: PodSpec = serde_json::from_value(spec.clone()).unwrap();
-        assert_eq!(pod_refs(&typed), refs(spec));
+        assert_eq!(pod_refs(&typed), pod_refs_from_value(&spec).unwrap());
     }
 
     #[test]

@@ -8,14 +8,14 @@
 //! The hashes stream the encoding straight into the HMAC; the `encode_*` functions produce the
 //! same bytes as a buffer, for test vectors and for anyone checking a hash by hand.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use hmac::Mac;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
 use super::key::{HashKey, HmacSha256};
-use crate::podrefs::{Keys, PodRef};
+use crate::podrefs::{Keys, PodRef, Reads};
 use crate::resource::ResourceKind;
 
 /// Version prefix of every hash string helmop writes (`v1:<hex>`).
@@ -154,40 +154,49 @@ fn put_entries<'e>(s: &mut impl Sink, entries: impl Iterator<Item = (&'e str, &'
     }
 }
 
-pub(crate) fn write_object(s: &mut impl Sink, obj: &ObjectData<'_>, keys: &Keys) {
+/// The v1 object encoding of what `reads` sees of `obj`. Byte for byte what earlier versions wrote
+/// for a volume (`Keys::All`: tag 0, all of `data` and `binaryData`, no absent keys; `Keys::Some`:
+/// tag 1, the listed keys of each map, then the listed keys found in neither); `envFrom` and key
+/// refs now only see what the kubelet reads (see [`crate::podrefs::Reads`]), so their encoding
+/// differs from before only where the old one covered keys no pod reads.
+pub(crate) fn write_object(s: &mut impl Sink, obj: &ObjectData<'_>, reads: &Reads) {
     put_bytes(s, TAG_OBJECT.as_bytes());
-    match keys {
-        Keys::All => {
-            put_u8(s, 0);
-            put_entries(s, obj.data.iter().map(|(k, v)| (*k, *v)));
-            put_entries(s, obj.binary_data.iter().map(|(k, v)| (*k, *v)));
-            put_count(s, 0);
-        }
-        Keys::Some(selected) => {
-            put_u8(s, 1);
-            let data = selected_entries(&obj.data, selected);
-            let binary = selected_entries(&obj.binary_data, selected);
-            put_entries(s, data.iter().copied());
-            put_entries(s, binary.iter().copied());
-            let absent = selected.iter().filter(|k| {
-                !obj.data.contains_key(k.as_str()) && !obj.binary_data.contains_key(k.as_str())
-            });
-            put_count(s, absent.clone().count());
-            for k in absent {
-                put_bytes(s, k.as_bytes());
-            }
-        }
+    let open = reads.is_open();
+    put_u8(s, if open { 0 } else { 1 });
+    put_entries(
+        s,
+        obj.data
+            .iter()
+            .filter(|(k, _)| reads.reads_data(k))
+            .map(|(k, v)| (*k, *v)),
+    );
+    put_entries(
+        s,
+        obj.binary_data
+            .iter()
+            .filter(|(k, _)| reads.reads_binary(k))
+            .map(|(k, v)| (*k, *v)),
+    );
+    // Every named key's presence shows in the lists above; the absent ones are listed as well for
+    // the closed form, as v1 always has.
+    let absent: BTreeSet<&str> = if open {
+        BTreeSet::new()
+    } else {
+        reads
+            .files
+            .keys()
+            .chain(reads.vars.keys())
+            .map(String::as_str)
+            .filter(|k| {
+                !obj.data.contains_key(k)
+                    && !(reads.reads_binary(k) && obj.binary_data.contains_key(k))
+            })
+            .collect()
+    };
+    put_count(s, absent.len());
+    for k in absent {
+        put_bytes(s, k.as_bytes());
     }
-}
-
-fn selected_entries<'m>(
-    map: &BTreeMap<&'m str, &'m [u8]>,
-    selected: &std::collections::BTreeSet<String>,
-) -> Vec<(&'m str, &'m [u8])> {
-    selected
-        .iter()
-        .filter_map(|k| map.get_key_value(k.as_str()).map(|(k, v)| (*k, *v)))
-        .collect()
 }
 
 pub(crate) fn write_content(s: &mut impl Sink, kind: ResourceKind, obj: &ObjectData<'_>) {
@@ -247,8 +256,17 @@ fn versioned(bytes: &[u8; 32]) -> String {
 /// A caller caching digests must key the cache by the object's (uid, resourceVersion) and by
 /// `keys`, since the same object read through other keys digests differently.
 pub fn object_digest(key: &HashKey, obj: &ObjectData<'_>, keys: &Keys) -> ObjectDigest {
+    reads_digest(key, obj, &Reads::volume(keys, true))
+}
+
+/// Keyed digest of exactly what the kubelet reads of `obj` through `reads` (a pod's merged
+/// references to it). The same as [`object_digest`] for reads that a volume makes.
+///
+/// A caller caching digests must key the cache by the object's (uid, resourceVersion) and by
+/// `reads`.
+pub fn reads_digest(key: &HashKey, obj: &ObjectData<'_>, reads: &Reads) -> ObjectDigest {
     let mut mac = key.mac();
-    write_object(&mut mac, obj, keys);
+    write_object(&mut mac, obj, reads);
     ObjectDigest(finish(mac))
 }
 
@@ -268,8 +286,13 @@ pub(crate) fn config_hash(key: &HashKey, refs: &[(PodRef, Option<ObjectDigest>)]
 
 /// The exact bytes [`object_digest`] feeds the HMAC.
 pub fn encode_object(obj: &ObjectData<'_>, keys: &Keys) -> Vec<u8> {
+    encode_reads(obj, &Reads::volume(keys, true))
+}
+
+/// The exact bytes [`reads_digest`] feeds the HMAC.
+pub fn encode_reads(obj: &ObjectData<'_>, reads: &Reads) -> Vec<u8> {
     let mut buf = Vec::new();
-    write_object(&mut buf, obj, keys);
+    write_object(&mut buf, obj, reads);
     buf
 }
 

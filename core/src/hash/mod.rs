@@ -15,10 +15,14 @@ mod refs;
 use std::collections::BTreeMap;
 
 pub use encoding::{
-    ObjectData, ObjectDigest, VERSION, content_hash, encode_content, encode_object, object_digest,
+    ObjectData, ObjectDigest, VERSION, content_hash, encode_content, encode_object, encode_reads,
+    object_digest, reads_digest,
 };
 pub use key::{HashKey, HashKeyError};
-pub use refs::{ConfigRef, ConfigRefsError, RefState, format_config_refs, parse_config_refs};
+pub use refs::{
+    ANNOTATIONS_LIMIT, CONFIG_REFS_LIMIT, ConfigRef, ConfigRefsError, MIN_CONFIG_REFS_BUDGET,
+    RefState, bounded_config_refs, config_refs_budget, format_config_refs, parse_config_refs,
+};
 
 use crate::podrefs::PodRef;
 use crate::resource::ResourceRef;
@@ -28,8 +32,8 @@ use crate::resource::ResourceRef;
 pub enum Observed<'a> {
     /// The object's content.
     Data(ObjectData<'a>),
-    /// A digest made earlier by [`object_digest`] with the same key and the same [`PodRef::keys`]
-    /// (e.g. from a cache keyed by uid, resourceVersion and keys).
+    /// A digest made earlier by [`reads_digest`] with the same key and the same [`PodRef::reads`]
+    /// (e.g. from a cache keyed by uid, resourceVersion and reads).
     Digest(ObjectDigest),
     /// No such object.
     Absent,
@@ -40,8 +44,11 @@ pub enum Observed<'a> {
 pub struct Stamp {
     /// `helmop.dev/config-hash`: `v1:` and 64 hex digits.
     pub config_hash: String,
-    /// `helmop.dev/config-refs`, see [`format_config_refs`].
+    /// `helmop.dev/config-refs` in full, see [`format_config_refs`]; the webhook writes
+    /// [`bounded_config_refs`] of `refs`.
     pub config_refs: String,
+    /// The entries of `config_refs`.
+    pub refs: Vec<ConfigRef>,
     /// Required references that were absent (the pod will not start; the webhook warns).
     pub missing: Vec<ResourceRef>,
 }
@@ -53,10 +60,7 @@ fn normalize(refs: &[PodRef]) -> Vec<PodRef> {
     for r in refs {
         merged
             .entry((r.resource.kind.lower(), r.resource.name.as_str()))
-            .and_modify(|m| {
-                m.keys.merge(r.keys.clone());
-                m.optional &= r.optional;
-            })
+            .and_modify(|m| m.merge(r))
             .or_insert_with(|| r.clone());
     }
     merged.into_values().collect()
@@ -76,7 +80,7 @@ pub fn config_stamp<'a>(
     let mut missing = Vec::new();
     for r in normalize(refs) {
         let digest = match lookup(&r) {
-            Observed::Data(data) => Some(object_digest(key, &data, &r.keys)),
+            Observed::Data(data) => Some(reads_digest(key, &data, &r.reads)),
             Observed::Digest(d) => Some(d),
             Observed::Absent => None,
         };
@@ -98,6 +102,7 @@ pub fn config_stamp<'a>(
     Stamp {
         config_hash: encoding::config_hash(key, &entries),
         config_refs: format_config_refs(&shown),
+        refs: shown,
         missing,
     }
 }

@@ -12,6 +12,13 @@
 //! Keys in brackets are the only keys the pod reads; no brackets means every key. Valid
 //! Kubernetes names and keys only use the plain characters; any other byte (possible before the
 //! API server has validated an object) is written as `%XX`, so the grammar stays unambiguous.
+//!
+//! A value longer than its budget (at most [`CONFIG_REFS_LIMIT`] bytes, less when the pod
+//! template's other annotations leave less room under the API server's limit on all of them) is
+//! summarised by [`bounded_config_refs`]: the first entries in full, then the next one's first
+//! keys followed by `+N` (N keys not shown) and a last element `+M` (M entries not shown):
+//! `configmap/app[a,b,+1148],+3`. The config hash still covers every reference; only the
+//! annotation for people is cut. [`parse_config_refs`] refuses a summarised value.
 
 use std::collections::BTreeSet;
 
@@ -65,24 +72,114 @@ pub fn format_config_refs(refs: &[ConfigRef]) -> String {
         if i > 0 {
             out.push(',');
         }
-        out.push_str(r.resource.kind.lower());
-        out.push('/');
-        push_token(&mut out, &r.resource.name);
-        if let Keys::Some(keys) = &r.keys {
-            out.push('[');
-            for (j, k) in keys.iter().enumerate() {
-                if j > 0 {
-                    out.push(',');
-                }
-                push_token(&mut out, k);
+        push_entry(&mut out, r);
+    }
+    out
+}
+
+fn push_entry(out: &mut String, r: &ConfigRef) {
+    push_head(out, r);
+    if let Keys::Some(keys) = &r.keys {
+        out.push('[');
+        for (j, k) in keys.iter().enumerate() {
+            if j > 0 {
+                out.push(',');
             }
-            out.push(']');
+            push_token(out, k);
         }
-        match r.state {
-            RefState::Present => {}
-            RefState::AbsentOptional => out.push('?'),
-            RefState::AbsentRequired => out.push('!'),
+        out.push(']');
+    }
+    push_state(out, r.state);
+}
+
+fn push_head(out: &mut String, r: &ConfigRef) {
+    out.push_str(r.resource.kind.lower());
+    out.push('/');
+    push_token(out, &r.resource.name);
+}
+
+fn push_state(out: &mut String, state: RefState) {
+    match state {
+        RefState::Present => {}
+        RefState::AbsentOptional => out.push('?'),
+        RefState::AbsentRequired => out.push('!'),
+    }
+}
+
+/// The API server's limit on the total size of one object's annotations, keys plus values
+/// (apimachinery `totalAnnotationSizeLimitB`); a pod template's metadata is held to it too.
+pub const ANNOTATIONS_LIMIT: usize = 256 * 1024;
+
+/// The most bytes `config-refs` ever holds; longer values are summarised.
+pub const CONFIG_REFS_LIMIT: usize = 16 * 1024;
+
+/// Room kept for the closing `,+N]` of a cut key list or a final `,+M` (`u64` has 20 digits).
+const MORE_RESERVE: usize = 24;
+
+/// The smallest budget [`bounded_config_refs`] honours (a bare `+N`).
+pub const MIN_CONFIG_REFS_BUDGET: usize = MORE_RESERVE;
+
+/// The bytes `config-refs` may take on a pod template whose other annotations (all but
+/// `config-hash` and `config-refs`) take `others` bytes, with a `config-hash` value of
+/// `hash_len` bytes: [`CONFIG_REFS_LIMIT`], or less so the whole set stays within
+/// [`ANNOTATIONS_LIMIT`]. `None` when not even [`MIN_CONFIG_REFS_BUDGET`] is left.
+pub fn config_refs_budget(others: usize, hash_len: usize) -> Option<usize> {
+    let stamp = crate::names::ANN_CONFIG_HASH.len() + hash_len + crate::names::ANN_CONFIG_REFS.len();
+    let left = ANNOTATIONS_LIMIT.checked_sub(others)?.checked_sub(stamp)?;
+    (left >= MIN_CONFIG_REFS_BUDGET).then_some(left.min(CONFIG_REFS_LIMIT))
+}
+
+/// [`format_config_refs`] when it fits in `limit` bytes, else the summary the module describes;
+/// never longer than `limit` when `limit` is at least [`MIN_CONFIG_REFS_BUDGET`].
+pub fn bounded_config_refs(refs: &[ConfigRef], limit: usize) -> String {
+    let full = format_config_refs(refs);
+    if full.len() <= limit {
+        return full;
+    }
+    let mut out = String::new();
+    for (i, r) in refs.iter().enumerate() {
+        let sep = if out.is_empty() { "" } else { "," };
+        let mut entry = String::from(sep);
+        push_entry(&mut entry, r);
+        // Room for this entry and a final `,+M` for those after it.
+        if out.len() + entry.len() + MORE_RESERVE <= limit {
+            out.push_str(&entry);
+            continue;
         }
+        let mut shown = i;
+        if let Keys::Some(keys) = &r.keys {
+            let mut head = String::from(sep);
+            push_head(&mut head, r);
+            head.push('[');
+            // Room for the head, some keys, `,+N]` and the state, and a final `,+M`.
+            if out.len() + head.len() + 2 * MORE_RESERVE <= limit {
+                let mut listed = 0;
+                for k in keys {
+                    let mut token = String::from(if listed > 0 { "," } else { "" });
+                    push_token(&mut token, k);
+                    if out.len() + head.len() + token.len() + 2 * MORE_RESERVE > limit {
+                        break;
+                    }
+                    head.push_str(&token);
+                    listed += 1;
+                }
+                if listed > 0 {
+                    head.push(',');
+                }
+                head.push_str(&format!("+{}]", keys.len() - listed));
+                push_state(&mut head, r.state);
+                out.push_str(&head);
+                shown = i + 1;
+            }
+        }
+        let rest = refs.len() - shown;
+        if rest > 0 {
+            if !out.is_empty() {
+                out.push(',');
+            }
+            out.push_str(&format!("+{rest}"));
+        }
+        break;
     }
     out
 }
@@ -114,6 +211,9 @@ impl Parser<'_> {
     }
 
     fn token(&mut self) -> Result<String, ConfigRefsError> {
+        if self.peek() == Some(b'+') {
+            return Err(self.err("a summarised value (`+N`: entries or keys not shown)"));
+        }
         let start = self.pos;
         let mut bytes = Vec::new();
         while let Some(b) = self.peek() {
@@ -143,6 +243,9 @@ impl Parser<'_> {
     }
 
     fn entry(&mut self) -> Result<ConfigRef, ConfigRefsError> {
+        if self.peek() == Some(b'+') {
+            return Err(self.err("a summarised value (`+N`: entries or keys not shown)"));
+        }
         let kind = if self.s[self.pos..].starts_with(b"configmap/") {
             self.pos += "configmap/".len();
             ResourceKind::ConfigMap

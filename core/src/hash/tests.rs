@@ -7,7 +7,7 @@ use proptest::prelude::*;
 
 use super::key::HmacSha256;
 use super::*;
-use crate::podrefs::Keys;
+use crate::podrefs::{Keys, Reads};
 use crate::resource::ResourceKind;
 
 fn key(byte: u8) -> HashKey {
@@ -511,5 +511,160 @@ proptest! {
     #[test]
     fn config_refs_parser_never_panics(s in "\\PC{0,40}") {
         let _ = parse_config_refs(&s);
+    }
+}
+
+fn env_reads(prefixes: &[&str]) -> Reads {
+    Reads {
+        env_prefixes: prefixes.iter().map(|p| p.to_string()).collect(),
+        ..Reads::default()
+    }
+}
+
+fn var_reads(keys: &[&str]) -> Reads {
+    Reads {
+        vars: keys.iter().map(|k| (k.to_string(), true)).collect(),
+        ..Reads::default()
+    }
+}
+
+#[test]
+fn env_from_digests_what_a_whole_volume_did_when_the_kubelet_reads_it_all() {
+    // No binaryData and only valid variable names: the stamp of an existing envFrom workload stays.
+    let o = obj(&[("GREETING", "hello"), ("log.level", "debug")], &[]);
+    assert_eq!(
+        encode_reads(&o, &env_reads(&[""])),
+        encode_object(&o, &Keys::All)
+    );
+    assert_eq!(
+        reads_digest(&key(1), &o, &env_reads(&["", "X_"])),
+        digest(&o, &Keys::All)
+    );
+}
+
+#[test]
+fn env_from_ignores_binary_data_and_keys_that_make_no_variable_name() {
+    let reads = env_reads(&[""]);
+    let base = reads_digest(&key(1), &obj(&[("A", "1")], &[]), &reads);
+    for unseen in [
+        obj(&[("A", "1")], &[("blob", "x")]),
+        obj(&[("A", "1"), ("1st", "x")], &[]),
+        obj(&[("A", "1"), ("a/b", "x"), ("..x", "y")], &[]),
+    ] {
+        assert_eq!(reads_digest(&key(1), &unseen, &reads), base, "{unseen:?}");
+    }
+    // The same key is seen once a prefix makes it a valid name.
+    let prefixed = obj(&[("A", "1"), ("1st", "x")], &[]);
+    assert_ne!(
+        reads_digest(&key(1), &prefixed, &env_reads(&["", "P_"])),
+        reads_digest(&key(1), &obj(&[("A", "1")], &[]), &env_reads(&["", "P_"]))
+    );
+    // A change of a key it does read.
+    assert_ne!(
+        reads_digest(&key(1), &obj(&[("A", "2")], &[]), &reads),
+        base
+    );
+}
+
+#[test]
+fn a_key_ref_reads_data_only() {
+    let reads = var_reads(&["k"]);
+    // A key only in binaryData is absent for a key ref: hashed as absent, whatever its value.
+    let binary_only = obj(&[], &[("k", "v")]);
+    let absent = obj(&[], &[]);
+    assert_eq!(
+        reads_digest(&key(1), &binary_only, &reads),
+        reads_digest(&key(1), &absent, &reads)
+    );
+    assert_eq!(
+        reads_digest(&key(1), &obj(&[], &[("k", "w")]), &reads),
+        reads_digest(&key(1), &absent, &reads)
+    );
+    // A key in data: the same bytes as before (a volume item reading that key).
+    let present = obj(&[("k", "v"), ("other", "x")], &[("blob", "b")]);
+    assert_eq!(
+        encode_reads(&present, &reads),
+        encode_object(&present, &some(&["k"]))
+    );
+    assert_eq!(
+        encode_reads(&absent, &reads),
+        encode_object(&absent, &some(&["k"]))
+    );
+}
+
+fn refs_of(n: usize, keys: usize, key_len: usize) -> Vec<ConfigRef> {
+    (0..n)
+        .map(|i| ConfigRef {
+            resource: ResourceRef::config_map(format!("cm-{i}")),
+            keys: Keys::Some(
+                (0..keys)
+                    .map(|k| format!("{k:0>width$}", width = key_len))
+                    .collect(),
+            ),
+            state: if i % 2 == 0 {
+                RefState::Present
+            } else {
+                RefState::AbsentRequired
+            },
+        })
+        .collect()
+}
+
+#[test]
+fn config_refs_are_summarised_beyond_the_budget() {
+    let small = refs_of(2, 2, 3);
+    assert_eq!(
+        bounded_config_refs(&small, 1024),
+        format_config_refs(&small)
+    );
+    // 1,150 key references with long keys (the case): far beyond the limit in full.
+    let big = refs_of(1, 1150, 250);
+    let full = format_config_refs(&big);
+    assert!(full.len() > ANNOTATIONS_LIMIT);
+    let cut = bounded_config_refs(&big, CONFIG_REFS_LIMIT);
+    assert!(cut.len() <= CONFIG_REFS_LIMIT, "{}", cut.len());
+    assert!(cut.starts_with("configmap/cm-0["), "{cut}");
+    let shown = cut.matches(',').count();
+    assert!(cut.ends_with(&format!(",+{}]", 1150 - shown)), "{cut}");
+    assert!(parse_config_refs(&cut).is_err());
+    // Many objects: whole entries first, then the count of those left out.
+    let many = refs_of(2000, 0, 0);
+    let cut = bounded_config_refs(&many, 1000);
+    assert!(cut.len() <= 1000);
+    let shown = cut.split(',').filter(|e| e.starts_with("configmap/")).count();
+    assert!(cut.ends_with(&format!(",+{}", 2000 - shown)), "{cut}");
+    // The smallest budget still says something true.
+    assert_eq!(bounded_config_refs(&many, MIN_CONFIG_REFS_BUDGET), "+2000");
+}
+
+#[test]
+fn the_budget_keeps_all_annotations_within_the_limit() {
+    assert_eq!(config_refs_budget(0, 67), Some(CONFIG_REFS_LIMIT));
+    let others = ANNOTATIONS_LIMIT - 1000;
+    let stamp = "helmop.dev/config-hash".len() + 67 + "helmop.dev/config-refs".len();
+    assert_eq!(config_refs_budget(others, 67), Some(1000 - stamp));
+    assert_eq!(config_refs_budget(ANNOTATIONS_LIMIT - stamp - 10, 67), None);
+    assert_eq!(config_refs_budget(ANNOTATIONS_LIMIT + 1, 67), None);
+}
+
+proptest! {
+    #[test]
+    fn bounded_config_refs_fit_and_keep_a_prefix(
+        n in 0usize..40,
+        keys in 0usize..30,
+        key_len in 1usize..40,
+        limit in MIN_CONFIG_REFS_BUDGET..3000,
+    ) {
+        let refs = refs_of(n, keys, key_len);
+        let full = format_config_refs(&refs);
+        let cut = bounded_config_refs(&refs, limit);
+        prop_assert!(cut.len() <= limit);
+        if full.len() <= limit {
+            prop_assert_eq!(cut, full);
+        } else {
+            // Everything before the first `+` is shown exactly as in full.
+            let shown = cut.split('+').next().unwrap_or_default();
+            prop_assert!(full.starts_with(shown.trim_end_matches(['[', ','])), "{} vs {}", cut, full);
+        }
     }
 }
