@@ -91,6 +91,16 @@ mod tests {
             operation: &str,
             object: Option<Value>,
         ) -> AdmissionRequest<DynamicObject> {
+            update(gvk, resource, operation, object, None)
+        }
+
+        fn update(
+            gvk: (&str, &str, &str),
+            resource: &str,
+            operation: &str,
+            object: Option<Value>,
+            old: Option<Value>,
+        ) -> AdmissionRequest<DynamicObject> {
             let (group, version, kind) = gvk;
             let review = json!({
                 "apiVersion": "admission.k8s.io/v1",
@@ -104,7 +114,7 @@ mod tests {
                     "operation": operation,
                     "userInfo": {},
                     "object": object,
-                    "oldObject": null,
+                    "oldObject": old,
                     "dryRun": false,
                 },
             });
@@ -153,6 +163,104 @@ mod tests {
             // DELETE is still never denied.
             let req = request(HELMOP, "helmops", "DELETE", None);
             assert_eq!(validate_helmop(&state, &req).await, Verdict::allow());
+        }
+
+        #[tokio::test]
+        async fn an_update_that_leaves_the_helmop_spec_unchanged_passes_without_lookups() {
+            let state = state().await;
+            let mut finalized = helmop();
+            finalized["metadata"]["finalizers"] = json!(["fleet.cattle.io/helmop-finalizer"]);
+            let req = update(
+                HELMOP,
+                "helmops",
+                "UPDATE",
+                Some(finalized.clone()),
+                Some(helmop()),
+            );
+            let Verdict::Allow { warnings, .. } = validate_helmop(&state, &req).await else {
+                panic!("a finalizer-only update was denied");
+            };
+            assert!(
+                warnings[0].contains("cannot check that secret/db exists")
+                    && warnings[0].ends_with("(not enforced: this update leaves spec unchanged)"),
+                "{warnings:?}"
+            );
+            // A spec change still fails closed.
+            let mut changed = finalized;
+            changed["spec"]["helm"]["version"] = json!("1.2.4");
+            let req = update(HELMOP, "helmops", "UPDATE", Some(changed), Some(helmop()));
+            let Verdict::Deny { code, .. } = validate_helmop(&state, &req).await else {
+                panic!("a spec change was admitted without checking existence");
+            };
+            assert_eq!(code, 500);
+        }
+
+        #[tokio::test]
+        async fn an_update_keeps_the_stored_stamp_when_none_can_be_computed() {
+            let state = state().await;
+            let labelled = deployment(json!({"helmop.dev/rollout-on-change": "true"}));
+            let mut stored = labelled.clone();
+            stored["spec"]["template"]["metadata"] = json!({"annotations": {
+                "helmop.dev/config-hash": "v1:00", "helmop.dev/config-refs": "configmap/app"}});
+            // A `kubectl replace` of the manifest, which has no stamp: the stored one is carried over.
+            let req = update(
+                DEPLOYMENT,
+                "deployments",
+                "UPDATE",
+                Some(labelled.clone()),
+                Some(stored.clone()),
+            );
+            let Verdict::Allow {
+                patch: Some(patch),
+                warnings,
+            } = mutate_workload(&state, &req).await
+            else {
+                panic!("the stored stamp was not kept");
+            };
+            let mut out = labelled.clone();
+            json_patch::patch(&mut out, &patch).unwrap();
+            assert_eq!(
+                out["spec"]["template"]["metadata"],
+                stored["spec"]["template"]["metadata"]
+            );
+            assert!(
+                warnings[0].contains("keeps its previous config stamp"),
+                "{warnings:?}"
+            );
+            // The same with the namespace unreadable (opt-in by namespace cannot be decided).
+            let unlabelled = deployment(json!({}));
+            let mut stored = unlabelled.clone();
+            stored["spec"]["template"]["metadata"] =
+                json!({"annotations": {"helmop.dev/config-hash": "v1:00"}});
+            let req = update(
+                DEPLOYMENT,
+                "deployments",
+                "UPDATE",
+                Some(unlabelled),
+                Some(stored),
+            );
+            let Verdict::Allow {
+                patch: Some(_),
+                warnings,
+            } = mutate_workload(&state, &req).await
+            else {
+                panic!("the stored stamp was not kept");
+            };
+            assert!(
+                warnings[0].contains("keeps its previous config stamp"),
+                "{warnings:?}"
+            );
+            // The object already carries it (e.g. `kubectl apply`): nothing to patch.
+            let req = update(
+                DEPLOYMENT,
+                "deployments",
+                "UPDATE",
+                Some(out.clone()),
+                Some(out),
+            );
+            let Verdict::Allow { patch: None, .. } = mutate_workload(&state, &req).await else {
+                panic!("patched an object that has its stamp");
+            };
         }
 
         #[tokio::test]

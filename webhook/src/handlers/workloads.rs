@@ -17,7 +17,9 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, Operation};
 use serde_json::{Map, Value};
 
-use helmop_core::hash::{Observed, config_stamp};
+use helmop_core::hash::{
+    ANNOTATIONS_LIMIT, Observed, bounded_config_refs, config_refs_budget, config_stamp,
+};
 use helmop_core::names::{ANN_CONFIG_HASH, ANN_CONFIG_REFS, LABEL_ROLLOUT_ON_CHANGE};
 use helmop_core::podrefs::pod_refs_from_value;
 use helmop_core::resource::ResourceRef;
@@ -121,16 +123,27 @@ fn add(path: PointerBuf, value: Value) -> PatchOperation {
     PatchOperation::Add(AddOperation { path, value })
 }
 
-/// A controller-owned workload (a Deployment's ReplicaSet, a CronJob's Job) carries its owner's template,
-/// already stamped; re-stamping it from newer content would make the copy differ from its owner's template
-/// (the Deployment controller would then no longer recognise its own ReplicaSet).
-fn controller_owned(object: &DynamicObject) -> bool {
+/// A workload whose controller stamps its template for it: a Deployment's (or Argo Rollout's) ReplicaSet and
+/// a CronJob's Job carry their owner's template, already stamped; re-stamping the copy from newer content
+/// would make it differ from its owner's template (the Deployment controller would then no longer recognise
+/// its own ReplicaSet). Any other controller (an operator's StatefulSet, a Deployment managed by a custom
+/// resource) does not stamp: its workload is stamped like any other.
+fn inherits_stamped_template(kind: WorkloadKind, object: &DynamicObject) -> bool {
+    let owners: &[(&str, &str)] = match kind {
+        WorkloadKind::ReplicaSet => &[("apps", "Deployment"), ("argoproj.io", "Rollout")],
+        WorkloadKind::Job => &[("batch", "CronJob")],
+        _ => return false,
+    };
     object
         .metadata
         .owner_references
         .iter()
         .flatten()
-        .any(|o| o.controller == Some(true))
+        .filter(|o| o.controller == Some(true))
+        .any(|o| {
+            let group = o.api_version.rsplit_once('/').map_or("", |(g, _)| g);
+            owners.contains(&(group, o.kind.as_str()))
+        })
 }
 
 pub(super) async fn mutate(state: &AppState, req: &AdmissionRequest<DynamicObject>) -> Verdict {
@@ -148,7 +161,7 @@ pub(super) async fn mutate(state: &AppState, req: &AdmissionRequest<DynamicObjec
     let Some(object) = req.object.as_ref() else {
         return Verdict::allow();
     };
-    if object.metadata.deletion_timestamp.is_some() || controller_owned(object) {
+    if object.metadata.deletion_timestamp.is_some() || inherits_stamped_template(kind, object) {
         return Verdict::allow();
     }
     let namespace = req
@@ -175,10 +188,15 @@ pub(super) async fn mutate(state: &AppState, req: &AdmissionRequest<DynamicObjec
             }
             Err(error) => {
                 tracing::warn!(workload = %name, %error, "cannot read the namespace labels; not stamped");
-                return Verdict::allow_with_warnings(vec![format!(
-                    "helmop webhook: cannot read the labels of namespace {namespace:?} ({error}); {kind} {name} \
-                     admitted without a config stamp"
-                )]);
+                let kept = keep_previous_stamp(req, kind, object);
+                let warning = format!(
+                    "helmop webhook: cannot read the labels of namespace {namespace:?} ({error}); {kind} {name} {}",
+                    unstamped_outcome(!kept.is_empty())
+                );
+                return Verdict::Allow {
+                    patch: (!kept.is_empty()).then_some(json_patch::Patch(kept)),
+                    warnings: vec![warning],
+                };
             }
         },
     };
@@ -200,11 +218,11 @@ pub(super) async fn mutate(state: &AppState, req: &AdmissionRequest<DynamicObjec
         Ok(result) => result,
         Err(warning) => {
             tracing::warn!(workload = %name, reason = %warning, "config stamp skipped");
+            let kept = keep_previous_stamp(req, kind, object);
+            let outcome = unstamped_outcome(!kept.is_empty());
             (
-                Vec::new(),
-                vec![format!(
-                    "helmop webhook: {warning}; {kind} {name} admitted without a config stamp"
-                )],
+                kept,
+                vec![format!("helmop webhook: {warning}; {kind} {name} {outcome}")],
             )
         }
     };
@@ -249,6 +267,53 @@ pub(super) async fn mutate(state: &AppState, req: &AdmissionRequest<DynamicObjec
     }
 }
 
+/// What happens to a workload whose stamp cannot be computed, for its warning.
+fn unstamped_outcome(kept: bool) -> &'static str {
+    if kept {
+        "keeps its previous config stamp until one can be computed"
+    } else {
+        "admitted without a config stamp"
+    }
+}
+
+/// On UPDATE, the operations that carry the stored object's stamp over to `object` when no new stamp can
+/// be computed (no hash key, a failed lookup): dropping it would roll the workload now, and restamping it
+/// later would roll it back, two rollouts without a change of content. Empty on CREATE, when the stored
+/// object has no stamp, or when `object` already carries it (e.g. a `kubectl apply` or an annotation).
+fn keep_previous_stamp(
+    req: &AdmissionRequest<DynamicObject>,
+    kind: WorkloadKind,
+    object: &DynamicObject,
+) -> Vec<PatchOperation> {
+    if req.operation != Operation::Update {
+        return Vec::new();
+    }
+    let Some(old) = req
+        .old_object
+        .as_ref()
+        .and_then(|o| serde_json::to_value(o).ok())
+    else {
+        return Vec::new();
+    };
+    let Some(old_template) = pod_template(kind, &old) else {
+        return Vec::new();
+    };
+    let Some(hash) = old_template.annotation(ANN_CONFIG_HASH) else {
+        return Vec::new();
+    };
+    let Ok(value) = serde_json::to_value(object) else {
+        return Vec::new();
+    };
+    let Some(template) = pod_template(kind, &value) else {
+        return Vec::new();
+    };
+    let refs = old_template.annotation(ANN_CONFIG_REFS);
+    stamp_ops(
+        &template,
+        &[(ANN_CONFIG_HASH, Some(hash)), (ANN_CONFIG_REFS, refs)],
+    )
+}
+
 /// The config-stamp operations and warnings, or the reason (a warning) why no stamp could be made.
 async fn config_ops(
     state: &AppState,
@@ -278,8 +343,8 @@ async fn config_ops(
     let mut observed = BTreeMap::new();
     for (r, result) in refs.iter().zip(join_all(lookups).await) {
         match result {
-            Ok(digest) => {
-                observed.insert(r.resource.clone(), digest);
+            Ok(observation) => {
+                observed.insert(r.resource.clone(), observation);
             }
             Err(error) => {
                 return Err(format!(
@@ -290,23 +355,64 @@ async fn config_ops(
         }
     }
     let stamp = config_stamp(&key, &refs, |r| match observed.get(&r.resource) {
-        Some(Some(digest)) => Observed::Digest(*digest),
+        Some(Some(observation)) => Observed::Digest(observation.digest),
         _ => Observed::Absent,
     });
     tracing::debug!(namespace, refs = %stamp.config_refs, hash = %stamp.config_hash, "config stamp computed");
-    let warnings = stamp
+    let mut warnings: Vec<String> = stamp
         .missing
         .iter()
         .map(|r| missing_warning(r, namespace))
         .collect();
+    for r in &refs {
+        if let Some(Some(observation)) = observed.get(&r.resource) {
+            warnings.extend(unmet_warnings(&r.resource, namespace, &observation.unmet));
+        }
+    }
+    let Some(budget) = config_refs_budget(other_annotation_bytes(template), stamp.config_hash.len())
+    else {
+        // Stamping would push the template's annotations over the API server's limit and get a valid
+        // workload rejected; its own annotations already leave no room.
+        let ops = stamp_ops(
+            template,
+            &[(ANN_CONFIG_HASH, None), (ANN_CONFIG_REFS, None)],
+        );
+        warnings.push(format!(
+            "the pod template's other annotations leave no room for a config stamp under the API server's \
+             {} KiB limit on all annotations; not stamped",
+            ANNOTATIONS_LIMIT / 1024
+        ));
+        return Ok((ops, warnings));
+    };
+    let config_refs = bounded_config_refs(&stamp.refs, budget);
+    if config_refs.len() < stamp.config_refs.len() {
+        tracing::debug!(
+            namespace,
+            full = stamp.config_refs.len(),
+            budget,
+            "config-refs summarised"
+        );
+    }
     let ops = stamp_ops(
         template,
         &[
             (ANN_CONFIG_HASH, Some(&stamp.config_hash)),
-            (ANN_CONFIG_REFS, Some(&stamp.config_refs)),
+            (ANN_CONFIG_REFS, Some(&config_refs)),
         ],
     );
     Ok((ops, warnings))
+}
+
+/// Bytes the API server counts for the template's annotations other than the stamp's own (key plus
+/// value; a value that is not a string counts as its JSON text, though the API server refuses it).
+fn other_annotation_bytes(template: &PodTemplate<'_>) -> usize {
+    template
+        .annotations()
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| k.as_str() != ANN_CONFIG_HASH && k.as_str() != ANN_CONFIG_REFS)
+        .map(|(k, v)| k.len() + v.as_str().map_or_else(|| v.to_string().len(), str::len))
+        .sum()
 }
 
 fn missing_warning(r: &ResourceRef, namespace: &str) -> String {
@@ -315,6 +421,32 @@ fn missing_warning(r: &ResourceRef, namespace: &str) -> String {
          so creating it changes the stamp",
         r.kind, r.name
     )
+}
+
+/// One warning per object for the keys a required reference names and the kubelet will not find:
+/// such pods do not start. Key names only.
+fn unmet_warnings(r: &ResourceRef, namespace: &str, unmet: &[(String, bool, bool)]) -> Option<String> {
+    let required: Vec<&(String, bool, bool)> = unmet.iter().filter(|(_, req, _)| *req).collect();
+    if required.is_empty() {
+        return None;
+    }
+    let keys: Vec<String> = required
+        .iter()
+        .map(|(k, _, binary)| {
+            if *binary {
+                format!("{k:?} (only in binaryData, which key references do not read)")
+            } else {
+                format!("{k:?}")
+            }
+        })
+        .collect();
+    let noun = if keys.len() == 1 { "key" } else { "keys" };
+    Some(format!(
+        "{} {:?} in namespace {namespace:?} has no {noun} {}: pods that need it will not start",
+        r.kind,
+        r.name,
+        keys.join(", ")
+    ))
 }
 
 #[cfg(test)]
@@ -506,27 +638,52 @@ mod tests {
     }
 
     #[test]
-    fn controller_ownership() {
-        let mut rs = DynamicObject {
+    fn only_templates_a_controller_stamps_are_skipped() {
+        let owned = |api_version: &str, kind: &str, controller: Option<bool>| DynamicObject {
+            types: None,
+            metadata: kube::api::ObjectMeta {
+                owner_references: Some(vec![
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                        api_version: api_version.into(),
+                        kind: kind.into(),
+                        name: "owner".into(),
+                        uid: "u".into(),
+                        controller,
+                        ..Default::default()
+                    },
+                ]),
+                ..Default::default()
+            },
+            data: json!({}),
+        };
+        let table = [
+            (WorkloadKind::ReplicaSet, "apps/v1", "Deployment", Some(true), true),
+            (WorkloadKind::ReplicaSet, "argoproj.io/v1alpha1", "Rollout", Some(true), true),
+            (WorkloadKind::Job, "batch/v1", "CronJob", Some(true), true),
+            (WorkloadKind::Job, "batch/v1beta1", "CronJob", Some(true), true),
+            // Not the controller: the workload's own template.
+            (WorkloadKind::ReplicaSet, "apps/v1", "Deployment", Some(false), false),
+            (WorkloadKind::ReplicaSet, "apps/v1", "Deployment", None, false),
+            // Operators: their workloads roll like any other.
+            (WorkloadKind::StatefulSet, "db.example.com/v1", "Postgres", Some(true), false),
+            (WorkloadKind::Deployment, "example.com/v1", "App", Some(true), false),
+            (WorkloadKind::DaemonSet, "apps/v1", "Deployment", Some(true), false),
+            (WorkloadKind::ReplicaSet, "example.com/v1", "Deployment", Some(true), false),
+            (WorkloadKind::Job, "example.com/v1", "Pipeline", Some(true), false),
+            (WorkloadKind::CronJob, "batch/v1", "CronJob", Some(true), false),
+        ];
+        for (kind, api_version, owner, controller, skipped) in table {
+            assert_eq!(
+                inherits_stamped_template(kind, &owned(api_version, owner, controller)),
+                skipped,
+                "{kind} owned by {api_version} {owner} (controller {controller:?})"
+            );
+        }
+        let unowned = DynamicObject {
             types: None,
             metadata: Default::default(),
             data: json!({}),
         };
-        assert!(!controller_owned(&rs));
-        rs.metadata.owner_references = Some(vec![
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                api_version: "apps/v1".into(),
-                kind: "Deployment".into(),
-                name: "d".into(),
-                uid: "u".into(),
-                controller: Some(false),
-                ..Default::default()
-            },
-        ]);
-        assert!(!controller_owned(&rs));
-        if let Some(refs) = rs.metadata.owner_references.as_mut() {
-            refs[0].controller = Some(true);
-        }
-        assert!(controller_owned(&rs));
+        assert!(!inherits_stamped_template(WorkloadKind::ReplicaSet, &unowned));
     }
 }

@@ -7,8 +7,8 @@ mod hash_key;
 
 use std::sync::Arc;
 
-use helmop_core::hash::{HashKey, ObjectDigest, object_digest};
-use helmop_core::podrefs::{Keys, PodRef};
+use helmop_core::hash::{HashKey, ObjectDigest, reads_digest};
+use helmop_core::podrefs::{PodRef, Reads};
 
 use self::bounded::BoundedCache;
 use self::cache::{CACHE_DIGESTS, Caches, Version};
@@ -45,8 +45,17 @@ impl Default for Options {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct DigestKey {
     version: Version,
-    keys: Keys,
+    reads: Reads,
     key_generation: u64,
+}
+
+/// What a pod would find in one existing object: the digest of what it reads, and the keys it names
+/// but does not find. Key names only, never values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observation {
+    pub digest: ObjectDigest,
+    /// `(key, required, only in binaryData)` as [`Reads::unmet`] gives them.
+    pub unmet: Vec<(String, bool, bool)>,
 }
 
 /// The decision logic's view of the cluster. Cheap to clone.
@@ -59,7 +68,7 @@ struct Inner {
     config: Config,
     caches: Caches,
     hash_key: KeyStore,
-    digests: BoundedCache<DigestKey, ObjectDigest>,
+    digests: BoundedCache<DigestKey, Observation>,
     images: Arc<dyn ImageResolver>,
     metrics: Metrics,
 }
@@ -129,47 +138,54 @@ impl AppState {
         self.inner.digests.len()
     }
 
-    /// The digest of what a pod observes of `r` in `namespace`, `None` when the object does not exist.
+    /// What a pod reading `r` in `namespace` observes, `None` when the object does not exist.
     ///
     /// The object's version is read live (a metadata-only GET: a stamp must never rest on a watch event
     /// that has not arrived yet); the content is fetched and digested only when that version, read
-    /// through these keys with this key generation, is not cached.
+    /// through these reads with this key generation, is not cached.
     pub async fn observe(
         &self,
         namespace: &str,
         r: &PodRef,
         key: &HashKey,
         key_generation: u64,
-    ) -> Result<Option<ObjectDigest>, kube::Error> {
+    ) -> Result<Option<Observation>, kube::Error> {
         let caches = &self.inner.caches;
         let Some(version) = caches.live_version(namespace, &r.resource).await? else {
             return Ok(None);
         };
         let cache_key = DigestKey {
             version,
-            keys: r.keys.clone(),
+            reads: r.reads.clone(),
             key_generation,
         };
-        if let Some(digest) = self.inner.digests.get(&cache_key) {
-            return Ok(Some(digest));
+        if let Some(observation) = self.inner.digests.get(&cache_key) {
+            return Ok(Some(observation));
         }
         let Some(object) = caches.live_object(namespace, &r.resource).await? else {
             return Ok(None);
         };
-        let digest = object_digest(key, &object.data(), &r.keys);
+        let data = object.data();
+        let observation = Observation {
+            digest: reads_digest(key, &data, &r.reads),
+            unmet: r.reads.unmet(
+                |k| data.data.contains_key(k),
+                |k| data.binary_data.contains_key(k),
+            ),
+        };
         // Keyed by the version actually digested, which may be newer than the one looked up.
         if let Some(version) = object.version() {
             self.inner.digests.insert(
                 DigestKey {
                     version,
-                    keys: r.keys.clone(),
+                    reads: r.reads.clone(),
                     key_generation,
                 },
-                digest,
+                observation.clone(),
             );
             self.report_digests();
         }
-        Ok(Some(digest))
+        Ok(Some(observation))
     }
 
     fn clear_digests(&self) {
