@@ -228,7 +228,13 @@ struct Collector {
 }
 
 impl Collector {
-    fn add(&mut self, kind: ResourceKind, name: Option<&str>, reads: Reads, optional: Option<bool>) {
+    fn add(
+        &mut self,
+        kind: ResourceKind,
+        name: Option<&str>,
+        reads: Reads,
+        optional: Option<bool>,
+    ) {
         // An empty name is invalid and would be refused by the API server; nothing to read.
         let Some(name) = name.filter(|n| !n.is_empty()) else {
             return;
@@ -284,7 +290,12 @@ impl Collector {
                 self.add(ResourceKind::ConfigMap, Some(&cm.name), reads, cm.optional);
             }
             if let Some(secret) = &source.secret_ref {
-                self.add(ResourceKind::Secret, Some(&secret.name), reads, secret.optional);
+                self.add(
+                    ResourceKind::Secret,
+                    Some(&secret.name),
+                    reads,
+                    secret.optional,
+                );
             }
         }
         for var in env.unwrap_or_default() {
@@ -448,7 +459,12 @@ mod tests {
     fn unmet_keys_follow_the_kubelet() {
         let r = Reads {
             files: keyset(&[("file", true), ("bin", true), ("opt", false)]),
-            vars: keyset(&[("var", true), ("bin", true), ("binvar", true), ("optvar", false)]),
+            vars: keyset(&[
+                ("var", true),
+                ("bin", true),
+                ("binvar", true),
+                ("optvar", false),
+            ]),
             ..Reads::default()
         };
         let data = ["var"];
@@ -469,7 +485,16 @@ mod tests {
 
     #[test]
     fn env_var_names_as_the_kubelet_checks_them() {
-        for good in ["A", "a_b", "my.env-name", "MY_ENV.NAME", "MyEnvName1", "_x", "-x", ".x"] {
+        for good in [
+            "A",
+            "a_b",
+            "my.env-name",
+            "MY_ENV.NAME",
+            "MyEnvName1",
+            "_x",
+            "-x",
+            ".x",
+        ] {
             assert!(is_env_var_name(good), "{good:?}");
         }
         for bad in ["", "1a", "a b", "a/b", "a=b", ".", "..", "..x", "ü", "a\n"] {

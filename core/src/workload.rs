@@ -110,9 +110,9 @@ impl WorkloadKind {
     /// Exact match on (group, version, kind), the shape of an AdmissionRequest's `kind`; any of
     /// [`WorkloadKind::versions`].
     pub fn from_gvk(group: &str, version: &str, kind: &str) -> Option<WorkloadKind> {
-        Self::ALL.into_iter().find(|w| {
-            w.group() == group && w.versions().contains(&version) && w.kind() == kind
-        })
+        Self::ALL
+            .into_iter()
+            .find(|w| w.group() == group && w.versions().contains(&version) && w.kind() == kind)
     }
 
     /// Match on a manifest's `apiVersion` and `kind`.

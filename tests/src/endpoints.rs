@@ -85,7 +85,12 @@ impl LocalWebhook {
             "v1",
             &["deployments", "statefulsets", "daemonsets", "replicasets"],
         ))
-        .rule(WebhookRule::new(&["CREATE", "UPDATE"], "batch", "v1", &["jobs"]))
+        .rule(WebhookRule::new(
+            &["CREATE", "UPDATE"],
+            "batch",
+            "v1",
+            &["jobs"],
+        ))
         // Kubernetes 1.20 serves CronJobs as batch/v1beta1 only.
         .rule(WebhookRule::new(
             &["CREATE", "UPDATE"],
@@ -175,7 +180,14 @@ pub async fn restamp(
     let annotation = format!("helmop.dev/restamp={value}");
     let out = cluster
         .run_kubectl(
-            &["annotate", "-n", namespace, target, &annotation, "--overwrite"],
+            &[
+                "annotate",
+                "-n",
+                namespace,
+                target,
+                &annotation,
+                "--overwrite",
+            ],
             None,
         )
         .await?;

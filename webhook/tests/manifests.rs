@@ -272,9 +272,7 @@ fn webhook_configurations_match_the_server() {
                     .into_iter()
                     .flat_map(|res| {
                         let group = group.clone();
-                        versions
-                            .iter()
-                            .map(move |v| format!("{group}/{v}/{res}"))
+                        versions.iter().map(move |v| format!("{group}/{v}/{res}"))
                     })
                     .collect::<Vec<_>>()
             })

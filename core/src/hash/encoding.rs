@@ -188,8 +188,9 @@ pub(crate) fn write_object(s: &mut impl Sink, obj: &ObjectData<'_>, reads: &Read
             .chain(reads.vars.keys())
             .map(String::as_str)
             .filter(|k| {
-                !obj.data.contains_key(k)
-                    && !(reads.reads_binary(k) && obj.binary_data.contains_key(k))
+                let found = obj.data.contains_key(k)
+                    || (reads.reads_binary(k) && obj.binary_data.contains_key(k));
+                !found
             })
             .collect()
     };

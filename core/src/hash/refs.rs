@@ -124,7 +124,8 @@ pub const MIN_CONFIG_REFS_BUDGET: usize = MORE_RESERVE;
 /// `hash_len` bytes: [`CONFIG_REFS_LIMIT`], or less so the whole set stays within
 /// [`ANNOTATIONS_LIMIT`]. `None` when not even [`MIN_CONFIG_REFS_BUDGET`] is left.
 pub fn config_refs_budget(others: usize, hash_len: usize) -> Option<usize> {
-    let stamp = crate::names::ANN_CONFIG_HASH.len() + hash_len + crate::names::ANN_CONFIG_REFS.len();
+    let stamp =
+        crate::names::ANN_CONFIG_HASH.len() + hash_len + crate::names::ANN_CONFIG_REFS.len();
     let left = ANNOTATIONS_LIMIT.checked_sub(others)?.checked_sub(stamp)?;
     (left >= MIN_CONFIG_REFS_BUDGET).then_some(left.min(CONFIG_REFS_LIMIT))
 }

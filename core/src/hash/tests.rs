@@ -631,7 +631,10 @@ fn config_refs_are_summarised_beyond_the_budget() {
     let many = refs_of(2000, 0, 0);
     let cut = bounded_config_refs(&many, 1000);
     assert!(cut.len() <= 1000);
-    let shown = cut.split(',').filter(|e| e.starts_with("configmap/")).count();
+    let shown = cut
+        .split(',')
+        .filter(|e| e.starts_with("configmap/"))
+        .count();
     assert!(cut.ends_with(&format!(",+{}", 2000 - shown)), "{cut}");
     // The smallest budget still says something true.
     assert_eq!(bounded_config_refs(&many, MIN_CONFIG_REFS_BUDGET), "+2000");

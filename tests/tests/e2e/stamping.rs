@@ -74,7 +74,10 @@ async fn deployment_stamp(
     deployments: &Api<Deployment>,
     name: &str,
 ) -> anyhow::Result<Option<String>> {
-    Ok(template_annotation(&deployments.get(name).await?, CONFIG_HASH))
+    Ok(template_annotation(
+        &deployments.get(name).await?,
+        CONFIG_HASH,
+    ))
 }
 
 /// Waits until kube-controller-manager has acted on the Deployment's latest spec, so the ReplicaSets
@@ -234,7 +237,13 @@ async fn stamps_cover_exactly_what_the_kubelet_reads() -> anyhow::Result<()> {
         Some(first.as_str()),
         "a binaryData change restamped an envFrom workload"
     );
-    set_config_map(&client, &ns, "app", json!({"data": {"1st-line": "changed"}})).await?;
+    set_config_map(
+        &client,
+        &ns,
+        "app",
+        json!({"data": {"1st-line": "changed"}}),
+    )
+    .await?;
     restamp(cluster(), &ns, "deployment/env", "invalid-name").await?;
     assert_eq!(
         deployment_stamp(&deployments, "env").await?.as_deref(),
@@ -259,7 +268,13 @@ async fn stamps_cover_exactly_what_the_kubelet_reads() -> anyhow::Result<()> {
         Some(prefixed)
     );
     // What envFrom does read still restamps.
-    set_config_map(&client, &ns, "app", json!({"data": {"GREETING": "bonjour"}})).await?;
+    set_config_map(
+        &client,
+        &ns,
+        "app",
+        json!({"data": {"GREETING": "bonjour"}}),
+    )
+    .await?;
     restamp(cluster(), &ns, "deployment/env", "greeting").await?;
     assert_ne!(
         deployment_stamp(&deployments, "env").await?.as_deref(),
@@ -491,18 +506,32 @@ async fn unchanged_helmop_specs_pass_when_lookups_fail() -> anyhow::Result<()> {
     let patch_version = r#"{"spec": {"helm": {"version": "1.2.4"}}}"#;
     let target = "helmops.fleet.cattle.io/app";
     let out = kubectl(
-        &["patch", "-n", &ns, target, "--type", "merge", "-p", patch_version],
+        &[
+            "patch",
+            "-n",
+            &ns,
+            target,
+            "--type",
+            "merge",
+            "-p",
+            patch_version,
+        ],
         None,
     )
     .await?;
     let stderr = text(&out.stderr);
     assert!(!out.status.success(), "spec change admitted: {stderr}");
-    assert!(stderr.contains("cannot check that secret/db exists"), "{stderr}");
+    assert!(
+        stderr.contains("cannot check that secret/db exists"),
+        "{stderr}"
+    );
 
     // Adding a finalizer leaves spec unchanged: admitted, with a warning saying what was not checked.
     let finalizer = r#"{"metadata": {"finalizers": ["fleet.cattle.io/helmop-finalizer"]}}"#;
     let out = kubectl(
-        &["patch", "-n", &ns, target, "--type", "merge", "-p", finalizer],
+        &[
+            "patch", "-n", &ns, target, "--type", "merge", "-p", finalizer,
+        ],
         None,
     )
     .await?;
@@ -516,7 +545,9 @@ async fn unchanged_helmop_specs_pass_when_lookups_fail() -> anyhow::Result<()> {
     registered.remove().await?;
     let unfinalize = r#"{"metadata": {"finalizers": null}}"#;
     kubectl_ok(
-        &["patch", "-n", &ns, target, "--type", "merge", "-p", unfinalize],
+        &[
+            "patch", "-n", &ns, target, "--type", "merge", "-p", unfinalize,
+        ],
         None,
     )
     .await?;

@@ -222,7 +222,9 @@ pub(super) async fn mutate(state: &AppState, req: &AdmissionRequest<DynamicObjec
             let outcome = unstamped_outcome(!kept.is_empty());
             (
                 kept,
-                vec![format!("helmop webhook: {warning}; {kind} {name} {outcome}")],
+                vec![format!(
+                    "helmop webhook: {warning}; {kind} {name} {outcome}"
+                )],
             )
         }
     };
@@ -369,7 +371,8 @@ async fn config_ops(
             warnings.extend(unmet_warnings(&r.resource, namespace, &observation.unmet));
         }
     }
-    let Some(budget) = config_refs_budget(other_annotation_bytes(template), stamp.config_hash.len())
+    let Some(budget) =
+        config_refs_budget(other_annotation_bytes(template), stamp.config_hash.len())
     else {
         // Stamping would push the template's annotations over the API server's limit and get a valid
         // workload rejected; its own annotations already leave no room.
@@ -425,7 +428,11 @@ fn missing_warning(r: &ResourceRef, namespace: &str) -> String {
 
 /// One warning per object for the keys a required reference names and the kubelet will not find:
 /// such pods do not start. Key names only.
-fn unmet_warnings(r: &ResourceRef, namespace: &str, unmet: &[(String, bool, bool)]) -> Option<String> {
+fn unmet_warnings(
+    r: &ResourceRef,
+    namespace: &str,
+    unmet: &[(String, bool, bool)],
+) -> Option<String> {
     let required: Vec<&(String, bool, bool)> = unmet.iter().filter(|(_, req, _)| *req).collect();
     if required.is_empty() {
         return None;
@@ -657,20 +664,86 @@ mod tests {
             data: json!({}),
         };
         let table = [
-            (WorkloadKind::ReplicaSet, "apps/v1", "Deployment", Some(true), true),
-            (WorkloadKind::ReplicaSet, "argoproj.io/v1alpha1", "Rollout", Some(true), true),
+            (
+                WorkloadKind::ReplicaSet,
+                "apps/v1",
+                "Deployment",
+                Some(true),
+                true,
+            ),
+            (
+                WorkloadKind::ReplicaSet,
+                "argoproj.io/v1alpha1",
+                "Rollout",
+                Some(true),
+                true,
+            ),
             (WorkloadKind::Job, "batch/v1", "CronJob", Some(true), true),
-            (WorkloadKind::Job, "batch/v1beta1", "CronJob", Some(true), true),
+            (
+                WorkloadKind::Job,
+                "batch/v1beta1",
+                "CronJob",
+                Some(true),
+                true,
+            ),
             // Not the controller: the workload's own template.
-            (WorkloadKind::ReplicaSet, "apps/v1", "Deployment", Some(false), false),
-            (WorkloadKind::ReplicaSet, "apps/v1", "Deployment", None, false),
+            (
+                WorkloadKind::ReplicaSet,
+                "apps/v1",
+                "Deployment",
+                Some(false),
+                false,
+            ),
+            (
+                WorkloadKind::ReplicaSet,
+                "apps/v1",
+                "Deployment",
+                None,
+                false,
+            ),
             // Operators: their workloads roll like any other.
-            (WorkloadKind::StatefulSet, "db.example.com/v1", "Postgres", Some(true), false),
-            (WorkloadKind::Deployment, "example.com/v1", "App", Some(true), false),
-            (WorkloadKind::DaemonSet, "apps/v1", "Deployment", Some(true), false),
-            (WorkloadKind::ReplicaSet, "example.com/v1", "Deployment", Some(true), false),
-            (WorkloadKind::Job, "example.com/v1", "Pipeline", Some(true), false),
-            (WorkloadKind::CronJob, "batch/v1", "CronJob", Some(true), false),
+            (
+                WorkloadKind::StatefulSet,
+                "db.example.com/v1",
+                "Postgres",
+                Some(true),
+                false,
+            ),
+            (
+                WorkloadKind::Deployment,
+                "example.com/v1",
+                "App",
+                Some(true),
+                false,
+            ),
+            (
+                WorkloadKind::DaemonSet,
+                "apps/v1",
+                "Deployment",
+                Some(true),
+                false,
+            ),
+            (
+                WorkloadKind::ReplicaSet,
+                "example.com/v1",
+                "Deployment",
+                Some(true),
+                false,
+            ),
+            (
+                WorkloadKind::Job,
+                "example.com/v1",
+                "Pipeline",
+                Some(true),
+                false,
+            ),
+            (
+                WorkloadKind::CronJob,
+                "batch/v1",
+                "CronJob",
+                Some(true),
+                false,
+            ),
         ];
         for (kind, api_version, owner, controller, skipped) in table {
             assert_eq!(
@@ -684,6 +757,9 @@ mod tests {
             metadata: Default::default(),
             data: json!({}),
         };
-        assert!(!inherits_stamped_template(WorkloadKind::ReplicaSet, &unowned));
+        assert!(!inherits_stamped_template(
+            WorkloadKind::ReplicaSet,
+            &unowned
+        ));
     }
 }
