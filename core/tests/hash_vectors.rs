@@ -9,9 +9,9 @@ use std::process::{Command, Stdio};
 
 use helmop_core::hash::{
     HashKey, ObjectData, Observed, config_stamp, content_hash, encode_config, encode_content,
-    encode_object, object_digest,
+    encode_object, encode_reads, object_digest,
 };
-use helmop_core::podrefs::{Keys, PodRef};
+use helmop_core::podrefs::{Keys, PodRef, pod_refs_from_value};
 use helmop_core::resource::{ResourceKind, ResourceRef};
 
 const KEY_HEX: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
@@ -100,6 +100,35 @@ fn documented_example() {
         CONTENT_ENCODING
     );
     assert_eq!(content_hash(&k, ResourceKind::Secret, &db()), CONTENT_HASH);
+}
+
+/// The same example read from the pod spec the README describes, through the kubelet's rules
+/// (envFrom reads `data` under valid names, a key ref `data[key]`): the documented stamp stays.
+#[test]
+fn documented_example_from_the_pod_spec() {
+    let spec = serde_json::json!({
+        "volumes": [{"name": "tls", "secret": {"secretName": "tls", "optional": true}}],
+        "containers": [{
+            "name": "app",
+            "envFrom": [{"configMapRef": {"name": "app"}}],
+            "env": [{"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}],
+        }],
+    });
+    let refs = pod_refs_from_value(&spec).unwrap();
+    let k = key();
+    let app_reads = &refs[0].reads;
+    assert_eq!(hex::encode(encode_reads(&app(), app_reads)), APP_ENCODING);
+    assert_eq!(
+        hex::encode(encode_reads(&db(), &refs[1].reads)),
+        DB_ENCODING
+    );
+    let stamp = config_stamp(&k, &refs, |r| match r.resource.name.as_str() {
+        "app" => Observed::Data(app()),
+        "db" => Observed::Data(db()),
+        _ => Observed::Absent,
+    });
+    assert_eq!(stamp.config_hash, CONFIG_HASH);
+    assert_eq!(stamp.config_refs, CONFIG_REFS);
 }
 
 fn openssl_hmac(encoding_hex: &str) -> Option<String> {
