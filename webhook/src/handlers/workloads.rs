@@ -20,13 +20,15 @@ use serde_json::{Map, Value};
 use helmop_core::hash::{
     ANNOTATIONS_LIMIT, Observed, bounded_config_refs, config_refs_budget, config_stamp,
 };
-use helmop_core::names::{ANN_CONFIG_HASH, ANN_CONFIG_REFS, LABEL_ROLLOUT_ON_CHANGE};
+use helmop_core::names::{
+    ANN_CONFIG_HASH, ANN_CONFIG_REFS, ANN_IMAGE_DIGESTS, LABEL_ROLLOUT_ON_CHANGE,
+};
 use helmop_core::podrefs::pod_refs_from_value;
 use helmop_core::resource::ResourceRef;
 use helmop_core::workload::{PodTemplate, WorkloadKind, pod_template};
 
 use crate::images::ImageRequest;
-use crate::state::{AppState, HashKeyState};
+use crate::state::{AppState, HashKeyState, ImageMode};
 use crate::verdict::Verdict;
 
 /// Why a workload is, or is not, stamped.
@@ -371,9 +373,8 @@ async fn config_ops(
             warnings.extend(unmet_warnings(&r.resource, namespace, &observation.unmet));
         }
     }
-    let Some(budget) =
-        config_refs_budget(other_annotation_bytes(template), stamp.config_hash.len())
-    else {
+    let others = other_annotation_bytes(template, state.config().image_mode);
+    let Some(budget) = config_refs_budget(others, stamp.config_hash.len()) else {
         // Stamping would push the template's annotations over the API server's limit and get a valid
         // workload rejected; its own annotations already leave no room.
         let ops = stamp_ops(
@@ -407,15 +408,39 @@ async fn config_ops(
 }
 
 /// Bytes the API server counts for the template's annotations other than the stamp's own (key plus
-/// value; a value that is not a string counts as its JSON text, though the API server refuses it).
-fn other_annotation_bytes(template: &PodTemplate<'_>) -> usize {
-    template
+/// value; a value that is not a string counts as its JSON text, though the API server refuses it). In
+/// `annotate` image mode the image stage writes `helmop.dev/image-digests` after us: the most it can
+/// write is counted instead of what is there now.
+fn other_annotation_bytes(template: &PodTemplate<'_>, image_mode: ImageMode) -> usize {
+    let annotate = image_mode == ImageMode::Annotate;
+    let present: usize = template
         .annotations()
         .into_iter()
         .flatten()
         .filter(|(k, _)| k.as_str() != ANN_CONFIG_HASH && k.as_str() != ANN_CONFIG_REFS)
+        .filter(|(k, _)| !(annotate && k.as_str() == ANN_IMAGE_DIGESTS))
         .map(|(k, v)| k.len() + v.as_str().map_or_else(|| v.to_string().len(), str::len))
-        .sum()
+        .sum();
+    present
+        + if annotate {
+            image_digests_bound(template)
+        } else {
+            0
+        }
+}
+
+/// The longest `helmop.dev/image-digests` the image stage can write for `template`: one
+/// `name=digest` entry per container and init container, each digest at most `sha512:` and 128 hex
+/// digits, comma separated.
+fn image_digests_bound(template: &PodTemplate<'_>) -> usize {
+    const LONGEST_DIGEST: usize = "sha512:".len() + 128;
+    let entries: usize = ["containers", "initContainers"]
+        .into_iter()
+        .filter_map(|field| template.spec.get(field).and_then(Value::as_array))
+        .flatten()
+        .map(|c| c.get("name").and_then(Value::as_str).map_or(0, str::len) + 1 + LONGEST_DIGEST + 1)
+        .sum();
+    ANN_IMAGE_DIGESTS.len() + entries
 }
 
 fn missing_warning(r: &ResourceRef, namespace: &str) -> String {
@@ -641,6 +666,28 @@ mod tests {
         assert_eq!(
             out["spec"]["template"]["metadata"]["annotations"]["helmop.dev/config-hash"],
             "v1:abc"
+        );
+    }
+
+    #[test]
+    fn annotation_bytes_count_others_and_the_image_stage_to_come() {
+        let obj = deployment(Some(json!({"annotations": {
+            "team": "blue",
+            "helmop.dev/config-hash": "v1:old",
+            "helmop.dev/config-refs": "configmap/app",
+            "helmop.dev/image-digests": "c=sha256:00"}})));
+        let template = pod_template(WorkloadKind::Deployment, &obj).unwrap();
+        let digests = "helmop.dev/image-digests".len() + "c=sha256:00".len();
+        assert_eq!(
+            other_annotation_bytes(&template, ImageMode::Pin),
+            "team".len() + "blue".len() + digests
+        );
+        // Container `c`: the longest digest annotation the image stage could write replaces the present one.
+        let bound = "helmop.dev/image-digests".len() + 1 + 1 + 7 + 128 + 1;
+        assert_eq!(image_digests_bound(&template), bound);
+        assert_eq!(
+            other_annotation_bytes(&template, ImageMode::Annotate),
+            "team".len() + "blue".len() + bound
         );
     }
 
