@@ -132,7 +132,13 @@ fn add(path: PointerBuf, value: Value) -> PatchOperation {
 /// resource) does not stamp: its workload is stamped like any other.
 fn inherits_stamped_template(kind: WorkloadKind, object: &DynamicObject) -> bool {
     let owners: &[(&str, &str)] = match kind {
-        WorkloadKind::ReplicaSet => &[("apps", "Deployment"), ("argoproj.io", "Rollout")],
+        // `extensions`: ownerReferences written while a cluster still served extensions/v1beta1
+        // Deployments keep that apiVersion.
+        WorkloadKind::ReplicaSet => &[
+            ("apps", "Deployment"),
+            ("extensions", "Deployment"),
+            ("argoproj.io", "Rollout"),
+        ],
         WorkloadKind::Job => &[("batch", "CronJob")],
         _ => return false,
     };
@@ -722,6 +728,13 @@ mod tests {
                 WorkloadKind::ReplicaSet,
                 "argoproj.io/v1alpha1",
                 "Rollout",
+                Some(true),
+                true,
+            ),
+            (
+                WorkloadKind::ReplicaSet,
+                "extensions/v1beta1",
+                "Deployment",
                 Some(true),
                 true,
             ),
