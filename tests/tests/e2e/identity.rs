@@ -200,7 +200,7 @@ async fn one_cluster_behind_two_endpoints_is_planned_once_and_nothing_wanted_is_
     }
 
     // Every entry's copy is wanted: nothing is Orphaned, whatever the scope.
-    for scope in [vec!["app", "-n", &f.ns], vec!["-n", &f.ns]] {
+    for scope in [vec!["app", "-n", f.ns.as_str()], vec!["-n", f.ns.as_str()]] {
         let mut args = vec!["status"];
         args.extend(scope.iter().copied());
         args.extend(["-o", "json"]);
