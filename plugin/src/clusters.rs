@@ -89,8 +89,8 @@ pub async fn kube_system_uid(client: &kube::Client) -> Result<Option<String>, ku
 
 /// The identity key of the cluster `config` reaches, or why it cannot be had.
 async fn identify(config: &kube::Config, timeout: Duration) -> Result<String, String> {
-    let client =
-        kube::Client::try_from(config.clone()).map_err(|e| format!("cannot build a client: {e}"))?;
+    let client = kube::Client::try_from(config.clone())
+        .map_err(|e| format!("cannot build a client: {e}"))?;
     match tokio::time::timeout(timeout, kube_system_uid(&client)).await {
         Err(_) => Err(format!(
             "no answer within --cluster-timeout {}",
@@ -335,9 +335,17 @@ current-context: x
         let a = identity_key("uid-a");
         let merged = merge(vec![
             (a.clone(), "ns1/a".into(), Ok(cfg("https://10.0.0.1:6443"))),
-            ("cluster:ns2/a".into(), "ns2/a".into(), Err("no secret".into())),
+            (
+                "cluster:ns2/a".into(),
+                "ns2/a".into(),
+                Err("no secret".into()),
+            ),
             (a.clone(), "ns2/b".into(), Ok(cfg("https://localhost:6443"))),
-            (identity_key("uid-b"), "ns1/b".into(), Ok(cfg("https://b:6443"))),
+            (
+                identity_key("uid-b"),
+                "ns1/b".into(),
+                Ok(cfg("https://b:6443")),
+            ),
             (a.clone(), "ns1/a".into(), Ok(cfg("https://10.0.0.1:6443"))),
         ]);
         let summary: Vec<(String, String, bool)> = merged
@@ -381,6 +389,9 @@ current-context: x
         let why = out[0].2.as_ref().err().cloned().unwrap_or_default();
         assert!(why.starts_with("cannot identify the cluster"), "{why}");
         assert_eq!(out[1].0, "cluster:ns/nocreds");
-        assert_eq!(out[1].2.as_ref().err().map(String::as_str), Some("kubeconfig Secret ns/k not found"));
+        assert_eq!(
+            out[1].2.as_ref().err().map(String::as_str),
+            Some("kubeconfig Secret ns/k not found")
+        );
     }
 }

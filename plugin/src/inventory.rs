@@ -160,7 +160,8 @@ pub async fn enumerate(
         };
         if let Some((clusters, groups)) = fleet {
             let (_, keys) = clusters::resolve_fleet(ctx, &clusters, limits).await;
-            let (fleet_desired, fleet_problems) = desired_fleet(&helmops, &clusters, &keys, &groups);
+            let (fleet_desired, fleet_problems) =
+                desired_fleet(&helmops, &clusters, &keys, &groups);
             // Wants on the contexts' clusters, and those of Clusters that could not be
             // identified (prune keeps what they want everywhere).
             desired.extend(fleet_desired.into_iter().filter(|d| {

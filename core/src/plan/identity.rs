@@ -97,7 +97,12 @@ pub fn take_sources(input: &mut PlanInput) -> Vec<Action> {
         .desired
         .iter()
         .map(|d| place(&d.helmop.namespace, &d.resource))
-        .chain(input.sources.iter().map(|s| place(&s.namespace, &s.resource)))
+        .chain(
+            input
+                .sources
+                .iter()
+                .map(|s| place(&s.namespace, &s.resource)),
+        )
         .collect();
     sources.extend(
         input
@@ -227,7 +232,10 @@ mod tests {
                 "apps",
                 "db",
                 &[
-                    (names::ANN_OWNERS, "up-old/team/a,elsewhere/team/a,up-new/team/b"),
+                    (
+                        names::ANN_OWNERS,
+                        "up-old/team/a,elsewhere/team/a,up-new/team/b",
+                    ),
                     (names::ANN_SOURCE, "up-old/team/secret/db"),
                 ],
             ),
@@ -255,12 +263,8 @@ mod tests {
     #[test]
     fn a_migrated_copy_is_updated_to_the_current_id_in_place() {
         let src = source("team", "db");
-        let meta = super::super::copy_meta(
-            OLD,
-            &src,
-            &BTreeSet::from([format!("{OLD}/team/a")]),
-            false,
-        );
+        let meta =
+            super::super::copy_meta(OLD, &src, &BTreeSet::from([format!("{OLD}/team/a")]), false);
         let mut copy = observed("apps", "db", &[]);
         copy.annotations = meta.annotations;
         let mut copies = vec![copy];
@@ -278,7 +282,11 @@ mod tests {
 
     #[test]
     fn without_aliases_nothing_changes() {
-        let mut copies = vec![observed("apps", "db", &[(names::ANN_OWNERS, "up-old/team/a")])];
+        let mut copies = vec![observed(
+            "apps",
+            "db",
+            &[(names::ANN_OWNERS, "up-old/team/a")],
+        )];
         let before = copies.clone();
         migrate_upstream_ids(&mut copies, UP, &[]);
         migrate_upstream_ids(&mut copies, UP, &[UP.to_string()]);

@@ -63,7 +63,10 @@ async fn alias_of(cluster: &ClusterInfo, dir: &Path) -> anyhow::Result<ClusterIn
 
 /// A kubeconfig file (in `dir`) for `cluster` through a second endpoint, trusting no CA (like a
 /// laptop behind a TLS-intercepting proxy): the URL and the CA both differ from `cluster`'s.
-async fn proxied_kubeconfig(cluster: &ClusterInfo, dir: &Path) -> anyhow::Result<(PathBuf, String)> {
+async fn proxied_kubeconfig(
+    cluster: &ClusterInfo,
+    dir: &Path,
+) -> anyhow::Result<(PathBuf, String)> {
     let port = second_endpoint(&cluster.server).await?;
     let url = format!("https://localhost:{port}");
     let mut kc = Kubeconfig::read_from(&cluster.kubeconfig)?;
@@ -128,12 +131,18 @@ async fn prune_twice(kubeconfig: &Path, args: &[&str], code: i32) -> anyhow::Res
     let mut dry_args = vec!["prune"];
     dry_args.extend_from_slice(args);
     dry_args.extend(["--dry-run", "-o", "json"]);
-    let dry = run_with(kubeconfig, &dry_args, &[]).await?.expect(code).json();
+    let dry = run_with(kubeconfig, &dry_args, &[])
+        .await?
+        .expect(code)
+        .json();
     assert_eq!(dry["writes"], 0, "{dry:#}");
     let mut real_args = vec!["prune"];
     real_args.extend_from_slice(args);
     real_args.extend(["-o", "json"]);
-    let real = run_with(kubeconfig, &real_args, &[]).await?.expect(code).json();
+    let real = run_with(kubeconfig, &real_args, &[])
+        .await?
+        .expect(code)
+        .json();
     assert_eq!(
         outcome(&dry),
         outcome(&real),
@@ -182,14 +191,25 @@ async fn one_cluster_behind_two_endpoints_is_planned_once_and_nothing_wanted_is_
     .await?;
     let kubeconfig = cp.upstream().kubeconfig.clone();
 
+    let dry = helmop(&["propagate", "app", "-n", &f.ns, "--dry-run", "-o", "json"])
+        .await?
+        .expect(0)
+        .json();
     let out = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
         .await?
         .expect(0)
         .json();
-    assert_eq!(states_of(&out), BTreeSet::from(["Created".to_string()]), "{out:#}");
+    assert_eq!(outcome(&dry), outcome(&out), "{dry:#}\n{out:#}");
+    assert_eq!(
+        states_of(&out),
+        BTreeSet::from(["Created".to_string()]),
+        "{out:#}"
+    );
     assert_eq!(rows(&out).len(), 4, "{out:#}");
-    for (client, entries) in [(&f.down1, ["down1", "down1-alias"]), (&f.down2, ["down2", "down2-alias"])]
-    {
+    for (client, entries) in [
+        (&f.down1, ["down1", "down1-alias"]),
+        (&f.down2, ["down2", "down2-alias"]),
+    ] {
         assert_eq!(
             copies_of(client, &f.ns).await?,
             entries
@@ -205,7 +225,11 @@ async fn one_cluster_behind_two_endpoints_is_planned_once_and_nothing_wanted_is_
         args.extend(scope.iter().copied());
         args.extend(["-o", "json"]);
         let status = helmop(&args).await?.expect(0).json();
-        assert_eq!(states_of(&status), BTreeSet::from(["Synced".to_string()]), "{status:#}");
+        assert_eq!(
+            states_of(&status),
+            BTreeSet::from(["Synced".to_string()]),
+            "{status:#}"
+        );
         assert_eq!(rows(&status).len(), 4, "{status:#}");
     }
     let again = helmop(&["propagate", "-n", &f.ns, "-o", "json"])
@@ -221,8 +245,10 @@ async fn one_cluster_behind_two_endpoints_is_planned_once_and_nothing_wanted_is_
             "a wanted copy was pruned: {pruned:#}"
         );
     }
-    for (client, entries) in [(&f.down1, ["down1", "down1-alias"]), (&f.down2, ["down2", "down2-alias"])]
-    {
+    for (client, entries) in [
+        (&f.down1, ["down1", "down1-alias"]),
+        (&f.down2, ["down2", "down2-alias"]),
+    ] {
         for e in entries {
             assert!(
                 get_secret(client, &ns_of(e), "db").await?.is_some(),
@@ -281,14 +307,24 @@ async fn a_target_context_prune_keeps_what_a_fleet_cluster_of_the_same_cluster_w
     helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
         .await?
         .expect(0);
-    let ctx_args = ["-n", f.ns.as_str(), "--context", "upstream", "--target-context", "laptop-d1"];
+    let ctx_args = [
+        "-n",
+        f.ns.as_str(),
+        "--context",
+        "upstream",
+        "--target-context",
+        "laptop-d1",
+    ];
     let mut args = vec!["propagate"];
     args.extend(ctx_args);
     args.extend(["-o", "json"]);
     run_with(&kubeconfig, &args, &[]).await?.expect(0);
     assert_eq!(
         copies_of(&f.down1, &f.ns).await?,
-        BTreeSet::from([place(&fleet_ns, "Secret", "db"), place(&ctx_ns, "Secret", "db")])
+        BTreeSet::from([
+            place(&fleet_ns, "Secret", "db"),
+            place(&ctx_ns, "Secret", "db")
+        ])
     );
 
     // The context's namespace moves: its old copy is unwanted, the Fleet Cluster's is not.
@@ -358,8 +394,8 @@ async fn a_scoped_prune_keeps_a_copy_another_helmop_wants() -> anyhow::Result<()
 /// Item 8: a Fleet Cluster that is the management cluster itself, with the HelmOp's own
 /// namespace as destination: the "copy" is the source. Never adopted, never pruned.
 #[tokio::test]
-async fn the_management_cluster_as_a_target_never_adopts_or_prunes_a_source()
--> anyhow::Result<()> {
+async fn the_management_cluster_as_a_target_never_adopts_or_prunes_a_source() -> anyhow::Result<()>
+{
     let f = Fleet::new("id-self").await?;
     let cp = control_plane();
     register_fleet_cluster(&f.upstream, &f.ns, "self", &[], cp.upstream()).await?;
@@ -380,11 +416,17 @@ async fn the_management_cluster_as_a_target_never_adopts_or_prunes_a_source()
     let r = row(&rows(&adopt), &format!("{}/self", f.ns), "db").clone();
     assert_eq!(r["state"], "Conflict", "{adopt:#}");
     assert!(
-        r["reason"].as_str().unwrap_or_default().contains("source itself"),
+        r["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("source itself"),
         "{adopt:#}"
     );
     let after = some(get_secret(&f.upstream, &f.ns, "db").await?, "source")?;
-    assert_eq!(after.metadata.resource_version, source.metadata.resource_version);
+    assert_eq!(
+        after.metadata.resource_version,
+        source.metadata.resource_version
+    );
     assert_eq!(label(&after.metadata, "helmop.dev/managed-by"), None);
 
     // A source that an older release marked as its own copy, no longer wanted: never pruned.
@@ -412,7 +454,10 @@ async fn the_management_cluster_as_a_target_never_adopts_or_prunes_a_source()
     let r = row(&rows(&pruned), &format!("{}/self", f.ns), "db").clone();
     assert_eq!(r["state"], "Conflict", "{pruned:#}");
     assert!(
-        r["reason"].as_str().unwrap_or_default().contains("source itself"),
+        r["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("source itself"),
         "{pruned:#}"
     );
     let still = some(get_secret(&f.upstream, &f.ns, "db").await?, "the source")?;
@@ -447,16 +492,24 @@ async fn one_upstream_one_id_and_old_ids_are_migrated() -> anyhow::Result<()> {
     };
     f.helmop(&helmop_yaml("app", &spec(&apps))).await?;
 
-    let made = run_with(&direct, &["propagate", "app", "-n", &f.ns, "-o", "json"], &[])
-        .await?
-        .expect(0)
-        .json();
+    let made = run_with(
+        &direct,
+        &["propagate", "app", "-n", &f.ns, "-o", "json"],
+        &[],
+    )
+    .await?
+    .expect(0)
+    .json();
     let seen = run_with(&proxied, &["status", "app", "-n", &f.ns, "-o", "json"], &[])
         .await?
         .expect(0)
         .json();
     assert_eq!(made["upstreamId"], seen["upstreamId"], "{made:#}\n{seen:#}");
-    assert_eq!(states_of(&seen), BTreeSet::from(["Synced".to_string()]), "{seen:#}");
+    assert_eq!(
+        states_of(&seen),
+        BTreeSet::from(["Synced".to_string()]),
+        "{seen:#}"
+    );
 
     // Copies an older release made from the laptop (its id was derived from the proxy's URL).
     let legacy = legacy_url_id(&proxied_url);
@@ -465,7 +518,16 @@ async fn one_upstream_one_id_and_old_ids_are_migrated() -> anyhow::Result<()> {
     f.helmop(&helmop_yaml("app", &spec(&old))).await?;
     run_with(
         &direct,
-        &["propagate", "app", "-n", &f.ns, "--upstream-id", &legacy, "-o", "json"],
+        &[
+            "propagate",
+            "app",
+            "-n",
+            &f.ns,
+            "--upstream-id",
+            &legacy,
+            "-o",
+            "json",
+        ],
         &[],
     )
     .await?
@@ -480,10 +542,14 @@ async fn one_upstream_one_id_and_old_ids_are_migrated() -> anyhow::Result<()> {
         .expect(0)
         .json();
     assert_eq!(row_in(&status, &old, "db")["state"], "Stale", "{status:#}");
-    let out = run_with(&proxied, &["propagate", "app", "-n", &f.ns, "-o", "json"], &[])
-        .await?
-        .expect(0)
-        .json();
+    let out = run_with(
+        &proxied,
+        &["propagate", "app", "-n", &f.ns, "-o", "json"],
+        &[],
+    )
+    .await?
+    .expect(0)
+    .json();
     assert_eq!(row_in(&out, &old, "db")["state"], "Updated", "{out:#}");
     let after = some(get_secret(&f.down1, &old, "db").await?, "migrated copy")?;
     assert_eq!(after.metadata.uid, before.metadata.uid, "migrated in place");
@@ -505,7 +571,16 @@ async fn one_upstream_one_id_and_old_ids_are_migrated() -> anyhow::Result<()> {
     f.helmop(&helmop_yaml("app", &spec(&foreign))).await?;
     run_with(
         &direct,
-        &["propagate", "app", "-n", &f.ns, "--upstream-id", "elsewhere", "-o", "json"],
+        &[
+            "propagate",
+            "app",
+            "-n",
+            &f.ns,
+            "--upstream-id",
+            "elsewhere",
+            "-o",
+            "json",
+        ],
         &[],
     )
     .await?
@@ -514,6 +589,10 @@ async fn one_upstream_one_id_and_old_ids_are_migrated() -> anyhow::Result<()> {
         .await?
         .expect(0)
         .json();
-    assert_eq!(row_in(&status, &foreign, "db")["state"], "Conflict", "{status:#}");
+    assert_eq!(
+        row_in(&status, &foreign, "db")["state"],
+        "Conflict",
+        "{status:#}"
+    );
     Ok(())
 }
