@@ -335,7 +335,7 @@ async fn a_target_context_prune_keeps_what_a_fleet_cluster_of_the_same_cluster_w
         .filter(|r| r["state"] == "Pruned")
         .map(|r| r["namespace"].as_str().unwrap_or_default().to_string())
         .collect();
-    assert_eq!(pruned_rows, [ctx_ns.clone()], "{pruned:#}");
+    assert_eq!(pruned_rows, std::slice::from_ref(&ctx_ns), "{pruned:#}");
     assert!(
         get_secret(&f.down1, &fleet_ns, "db").await?.is_some(),
         "the Fleet Cluster's copy was pruned"
