@@ -83,17 +83,43 @@ async fn proxied_kubeconfig(
     Ok((path, url))
 }
 
-/// The merged kubeconfig of the control plane plus a context `alias` for the cluster of
-/// context `of`, written to `dir`.
-fn kubeconfig_with_context(dir: &Path, of: &str, alias: &str) -> anyhow::Result<PathBuf> {
+/// The merged kubeconfig of the control plane plus, per `(alias, server)`, a context `alias`
+/// for the cluster of context `of` (through `server` when given), written to `dir`.
+fn kubeconfig_with_contexts(
+    dir: &Path,
+    of: &str,
+    aliases: &[(&str, Option<&str>)],
+) -> anyhow::Result<PathBuf> {
     let mut kc = Kubeconfig::read_from(control_plane().merged_kubeconfig())?;
-    let mut ctx = some(
+    let ctx = some(
         kc.contexts.iter().find(|c| c.name == of).cloned(),
         "context in the merged kubeconfig",
     )?;
-    ctx.name = alias.to_string();
-    kc.contexts.push(ctx);
+    let cluster_name = some(
+        ctx.context.as_ref().map(|c| c.cluster.clone()),
+        "the context's cluster",
+    )?;
+    for (alias, server) in aliases {
+        let mut named = ctx.clone();
+        named.name = alias.to_string();
+        if let Some(server) = server {
+            let mut cluster = some(
+                kc.clusters.iter().find(|c| c.name == cluster_name).cloned(),
+                "the context's cluster entry",
+            )?;
+            cluster.name = alias.to_string();
+            if let Some(c) = cluster.cluster.as_mut() {
+                c.server = Some(server.to_string());
+            }
+            kc.clusters.push(cluster);
+            if let Some(c) = named.context.as_mut() {
+                c.cluster = alias.to_string();
+            }
+        }
+        kc.contexts.push(named);
+    }
     let path = dir.join("contexts.kubeconfig");
+    // JSON is YAML.
     std::fs::write(&path, serde_json::to_string(&kc)?)?;
     Ok(path)
 }
@@ -287,13 +313,77 @@ async fn one_cluster_behind_two_endpoints_is_planned_once_and_nothing_wanted_is_
     Ok(())
 }
 
+/// Item 18 with `--target-context`: two contexts reaching one cluster through two URLs, each
+/// copying into its own namespace (the target naming the context).
+#[tokio::test]
+async fn two_target_contexts_of_one_cluster_are_planned_once() -> anyhow::Result<()> {
+    let f = Fleet::new("id-ctx2").await?;
+    let dir = tempfile::tempdir()?;
+    let port = second_endpoint(&control_plane().cluster(DOWNSTREAM_1).server).await?;
+    let alias_url = format!("https://localhost:{port}");
+    let kubeconfig = kubeconfig_with_contexts(
+        dir.path(),
+        DOWNSTREAM_1,
+        &[("d1", None), ("d1-alias", Some(&alias_url))],
+    )?;
+    let (a, b) = (f.dest("a"), f.dest("b"));
+    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v")]).await?;
+    f.helmop(&helmop_yaml(
+        "app",
+        &format!(
+            "downstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterName: d1\n  namespace: {a}\n- clusterName: d1-alias\n  namespace: {b}\n"
+        ),
+    ))
+    .await?;
+    let ctx_args = [
+        "-n",
+        f.ns.as_str(),
+        "--context",
+        "upstream",
+        "--target-context",
+        "d1",
+        "--target-context",
+        "d1-alias",
+    ];
+    let run = |command: &'static str, extra: &'static [&'static str]| {
+        let mut args = vec![command];
+        args.extend(ctx_args);
+        args.extend(extra);
+        args.extend(["-o", "json"]);
+        let kubeconfig = kubeconfig.clone();
+        async move { run_with(&kubeconfig, &args, &[]).await }
+    };
+    let dry = run("propagate", &["--dry-run"]).await?.expect(0).json();
+    let out = run("propagate", &[]).await?.expect(0).json();
+    assert_eq!(outcome(&dry), outcome(&out), "{dry:#}\n{out:#}");
+    assert_eq!(rows(&out).len(), 2, "{out:#}");
+    assert_eq!(
+        copies_of(&f.down1, &f.ns).await?,
+        BTreeSet::from([place(&a, "Secret", "db"), place(&b, "Secret", "db")])
+    );
+    let status = run("status", &[]).await?.expect(0).json();
+    assert_eq!(
+        states_of(&status),
+        BTreeSet::from(["Synced".to_string()]),
+        "{status:#}"
+    );
+    assert_eq!(rows(&status).len(), 2, "{status:#}");
+    let pruned = prune_twice(&kubeconfig, &ctx_args, 0).await?;
+    assert!(!states_of(&pruned).contains("Pruned"), "{pruned:#}");
+    assert_eq!(
+        copies_of(&f.down1, &f.ns).await?,
+        BTreeSet::from([place(&a, "Secret", "db"), place(&b, "Secret", "db")])
+    );
+    Ok(())
+}
+
 /// Item 9: a `--target-context` prune keeps what a Fleet Cluster reaching the same cluster wants.
 #[tokio::test]
 async fn a_target_context_prune_keeps_what_a_fleet_cluster_of_the_same_cluster_wants()
 -> anyhow::Result<()> {
     let f = Fleet::new("id-ctx").await?;
     let dir = tempfile::tempdir()?;
-    let kubeconfig = kubeconfig_with_context(dir.path(), DOWNSTREAM_1, "laptop-d1")?;
+    let kubeconfig = kubeconfig_with_contexts(dir.path(), DOWNSTREAM_1, &[("laptop-d1", None)])?;
     let (fleet_ns, ctx_ns, ctx_ns2) = (f.dest("fleet"), f.dest("ctx"), f.dest("ctx2"));
     create_secret(&f.upstream, &f.ns, "db", &[("k", b"v")]).await?;
     // Fleet's Cluster down1 gets db in fleet_ns; the context (no target names it) gets the root
