@@ -377,6 +377,48 @@ async fn two_target_contexts_of_one_cluster_are_planned_once() -> anyhow::Result
     Ok(())
 }
 
+/// An entry that cannot be identified may be any cluster: prune keeps what it wants everywhere.
+#[tokio::test]
+async fn prune_keeps_what_an_unidentifiable_entry_wants() -> anyhow::Result<()> {
+    let f = Fleet::new("id-lost").await?;
+    let dir = tempfile::tempdir()?;
+    let alias = alias_of(control_plane().cluster(DOWNSTREAM_1), dir.path()).await?;
+    register_fleet_cluster(&f.upstream, &f.ns, "down1-alias", &[], &alias).await?;
+    let (a, b) = (f.dest("a"), f.dest("b"));
+    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v")]).await?;
+    f.helmop(&helmop_yaml(
+        "app",
+        &format!(
+            "downstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterName: down1\n  namespace: {a}\n- clusterName: down1-alias\n  namespace: {b}\n"
+        ),
+    ))
+    .await?;
+    helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    let both = BTreeSet::from([place(&a, "Secret", "db"), place(&b, "Secret", "db")]);
+    assert_eq!(copies_of(&f.down1, &f.ns).await?, both);
+
+    // The alias's credentials now lead nowhere: it cannot be identified.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = closed.local_addr()?.port();
+    drop(closed);
+    Api::<Secret>::namespaced(f.upstream.clone(), &f.ns)
+        .patch(
+            "down1-alias-kubeconfig",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"stringData": {"value": loopback_kubeconfig(port)}})),
+        )
+        .await?;
+    let kubeconfig = control_plane().upstream().kubeconfig.clone();
+    let pruned = prune_twice(&kubeconfig, &["-n", &f.ns], 2).await?;
+    let unreachable = row(&rows(&pruned), &format!("{}/down1-alias", f.ns), "").clone();
+    assert_eq!(unreachable["state"], "Unreachable", "{pruned:#}");
+    assert!(!states_of(&pruned).contains("Pruned"), "{pruned:#}");
+    assert_eq!(copies_of(&f.down1, &f.ns).await?, both);
+    Ok(())
+}
+
 /// Item 9: a `--target-context` prune keeps what a Fleet Cluster reaching the same cluster wants.
 #[tokio::test]
 async fn a_target_context_prune_keeps_what_a_fleet_cluster_of_the_same_cluster_wants()
