@@ -29,9 +29,9 @@ pub struct KubeArgs {
     pub request_timeout: Duration,
 
     /// Stable name of the upstream cluster, recorded in every copy's owners and source
-    /// annotations. Default: `up-` and 12 hex digits of a SHA-256 over the upstream API
-    /// server's CA certificates (over its URL when the kubeconfig names no CA), so a laptop and
-    /// an in-cluster propagator agree. Set it when two management clusters share a CA.
+    /// annotations. Default: `up-` and 12 hex digits of a SHA-256 over the UID of the upstream's
+    /// kube-system namespace, so a laptop (whatever proxy, URL or CA) and an in-cluster
+    /// propagator agree; copies marked with the id of earlier releases are migrated
     #[arg(long, value_name = "ID")]
     pub upstream_id: Option<String>,
 }

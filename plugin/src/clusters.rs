@@ -4,28 +4,39 @@
 //! A cluster whose credentials cannot be had (no Secret, no `value` key, not a kubeconfig) is
 //! still a cluster: it is `Unreachable`, and the run goes on with the others.
 //!
-//! Several Fleet Clusters may name the same API server (registered in two namespaces): they
-//! become one [`Downstream`], keyed by the server URL, so their copies are planned together and
-//! one HelmOp's prune can never release another's copy on the same cluster.
+//! A cluster is identified by what it is, not by how it is reached: the UID of its
+//! `kube-system` namespace ([`identity_key`]). Entries reaching one physical cluster (Fleet
+//! Clusters in two namespaces, two URLs of one API server, a context and a Cluster) become one
+//! [`Downstream`], so their copies are planned together with the union of what they want, and
+//! no entry's prune or status can take another entry's copy for an orphan. An entry whose
+//! cluster cannot be identified (no credentials, no answer, `kube-system` unreadable) is
+//! `Unreachable`: nothing is planned on a guess (docs/cluster-identity.md).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use futures::StreamExt;
 use helmop_core::model::Cluster;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::api_error;
 use crate::context::{Ctx, kubeconfig_error};
+use crate::runner::humanize;
 
 /// Data key of a Fleet kubeconfig Secret.
 pub const KUBECONFIG_DATA_KEY: &str = "value";
 
+/// The namespace whose UID identifies a cluster.
+const IDENTITY_NAMESPACE: &str = "kube-system";
+const IDENTITY_PREFIX: &str = "kube-system:";
+
 /// One downstream cluster.
 #[derive(Clone)]
 pub struct Downstream {
-    /// Identity in plans: the API server URL; `cluster:NS/NAME` or `context:NAME` when the
-    /// credentials could not be read.
+    /// Identity in plans: [`identity_key`] of the cluster; `cluster:NS/NAME` or
+    /// `context:NAME` when it could not be identified (then `config` is an error).
     pub key: String,
     /// What users call it: `NS/NAME` of each Fleet Cluster, or the context name.
     pub names: Vec<String>,
@@ -50,6 +61,74 @@ impl std::fmt::Debug for Downstream {
     }
 }
 
+/// How identities are read: as many clusters at once, each within its deadline, as the run
+/// itself (`--concurrency`, `--cluster-timeout`).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub concurrency: usize,
+    pub timeout: Duration,
+}
+
+/// The plan key of the cluster whose `kube-system` namespace has UID `uid`.
+pub fn identity_key(uid: &str) -> String {
+    format!("{IDENTITY_PREFIX}{uid}")
+}
+
+/// Whether a plan key is a cluster identity (not the name of an unidentified entry).
+pub fn is_identity_key(key: &str) -> bool {
+    key.starts_with(IDENTITY_PREFIX)
+}
+
+/// The UID of the cluster's `kube-system` namespace (`get namespaces/kube-system`).
+pub async fn kube_system_uid(client: &kube::Client) -> Result<Option<String>, kube::Error> {
+    let ns = Api::<Namespace>::all(client.clone())
+        .get(IDENTITY_NAMESPACE)
+        .await?;
+    Ok(ns.metadata.uid.filter(|u| !u.is_empty()))
+}
+
+/// The identity key of the cluster `config` reaches, or why it cannot be had.
+async fn identify(config: &kube::Config, timeout: Duration) -> Result<String, String> {
+    let client = kube::Client::try_from(config.clone())
+        .map_err(|e| format!("cannot build a client: {e}"))?;
+    match tokio::time::timeout(timeout, kube_system_uid(&client)).await {
+        Err(_) => Err(format!(
+            "no answer within --cluster-timeout {}",
+            humanize(timeout)
+        )),
+        Ok(Err(e)) => Err(format!(
+            "cannot identify the cluster (get namespace {IDENTITY_NAMESPACE}): {}",
+            api_error::describe(&e)
+        )),
+        Ok(Ok(None)) => Err(format!(
+            "cannot identify the cluster: namespace {IDENTITY_NAMESPACE} has no uid"
+        )),
+        Ok(Ok(Some(uid))) => Ok(identity_key(&uid)),
+    }
+}
+
+/// An entry with its credentials: its name, its key should it stay unidentified, its config.
+type Entry = (String, String, Result<kube::Config, String>);
+
+/// Identifies every entry (bounded, each within its deadline); returns `(key, name, config)`
+/// in the order given. An entry that cannot be identified keeps its own key and becomes
+/// unreachable with the reason.
+async fn identify_all(entries: Vec<Entry>, limits: Limits) -> Vec<Entry> {
+    futures::stream::iter(entries)
+        .map(|(name, own_key, config)| async move {
+            match config {
+                Err(e) => (own_key, name, Err(e)),
+                Ok(config) => match identify(&config, limits.timeout).await {
+                    Ok(key) => (key, name, Ok(config)),
+                    Err(why) => (own_key, name, Err(why)),
+                },
+            }
+        })
+        .buffered(limits.concurrency.max(1))
+        .collect()
+        .await
+}
+
 /// `NS/NAME` of a Fleet Cluster.
 pub fn cluster_name(c: &Cluster) -> String {
     format!(
@@ -61,9 +140,13 @@ pub fn cluster_name(c: &Cluster) -> String {
 
 /// Resolves Fleet Clusters to downstreams. Returns the downstreams and, per input Cluster (same
 /// order), the key of its downstream.
-pub async fn resolve_fleet(ctx: &Ctx, clusters: &[Cluster]) -> (Vec<Downstream>, Vec<String>) {
+pub async fn resolve_fleet(
+    ctx: &Ctx,
+    clusters: &[Cluster],
+    limits: Limits,
+) -> (Vec<Downstream>, Vec<String>) {
     let mut secrets: BTreeMap<(String, String), Result<Option<Secret>, String>> = BTreeMap::new();
-    let mut resolved = Vec::with_capacity(clusters.len());
+    let mut entries = Vec::with_capacity(clusters.len());
     for cluster in clusters {
         let name = cluster_name(cluster);
         let config = match cluster.kubeconfig_secret() {
@@ -92,40 +175,27 @@ pub async fn resolve_fleet(ctx: &Ctx, clusters: &[Cluster]) -> (Vec<Downstream>,
                 }
             }
         };
-        let key = match &config {
-            Ok(c) => server_key(c),
-            Err(_) => format!("cluster:{name}"),
-        };
-        resolved.push((key, name, config));
+        entries.push((name.clone(), format!("cluster:{name}"), config));
     }
+    let resolved = identify_all(entries, limits).await;
     let keys = resolved.iter().map(|(k, _, _)| k.clone()).collect();
     (merge(resolved), keys)
 }
 
-/// Resolves `--target-context` names to downstreams (in the order given, duplicates merged).
-pub async fn resolve_contexts(ctx: &Ctx, contexts: &[String]) -> Vec<Downstream> {
-    let mut resolved = Vec::new();
+/// Resolves `--target-context` names to downstreams (in the order given, entries reaching one
+/// cluster merged).
+pub async fn resolve_contexts(ctx: &Ctx, contexts: &[String], limits: Limits) -> Vec<Downstream> {
+    let mut entries = Vec::new();
     for name in contexts {
         let config = ctx.context_config(name).await;
-        let key = match &config {
-            Ok(c) => server_key(c),
-            Err(_) => format!("context:{name}"),
-        };
-        resolved.push((key, name.clone(), config));
+        entries.push((name.clone(), format!("context:{name}"), config));
     }
-    merge(resolved)
+    merge(identify_all(entries, limits).await)
 }
 
-/// The identity of a cluster: its API server URL, without a trailing `/`.
-pub fn server_key(config: &kube::Config) -> String {
-    config
-        .cluster_url
-        .to_string()
-        .trim_end_matches('/')
-        .to_string()
-}
-
-fn merge(resolved: Vec<(String, String, Result<kube::Config, String>)>) -> Vec<Downstream> {
+/// One downstream per key, in order of first appearance; the first reachable configuration
+/// of an entry is the one used.
+fn merge(resolved: Vec<Entry>) -> Vec<Downstream> {
     let mut out: Vec<Downstream> = Vec::new();
     for (key, name, config) in resolved {
         match out.iter_mut().find(|d| d.key == key) {
@@ -260,29 +330,23 @@ current-context: x
     }
 
     #[test]
-    fn same_server_merges() {
+    fn entries_of_one_identity_merge() {
         let cfg = |url: &str| kube::Config::new(url.parse().unwrap());
+        let a = identity_key("uid-a");
         let merged = merge(vec![
-            (
-                server_key(&cfg("https://a:6443")),
-                "ns1/a".into(),
-                Ok(cfg("https://a:6443")),
-            ),
+            (a.clone(), "ns1/a".into(), Ok(cfg("https://10.0.0.1:6443"))),
             (
                 "cluster:ns2/a".into(),
                 "ns2/a".into(),
                 Err("no secret".into()),
             ),
+            (a.clone(), "ns2/b".into(), Ok(cfg("https://localhost:6443"))),
             (
-                server_key(&cfg("https://a:6443/")),
-                "ns2/b".into(),
-                Ok(cfg("https://a:6443")),
-            ),
-            (
-                server_key(&cfg("https://b:6443")),
+                identity_key("uid-b"),
                 "ns1/b".into(),
                 Ok(cfg("https://b:6443")),
             ),
+            (a.clone(), "ns1/a".into(), Ok(cfg("https://10.0.0.1:6443"))),
         ]);
         let summary: Vec<(String, String, bool)> = merged
             .iter()
@@ -291,14 +355,43 @@ current-context: x
         assert_eq!(
             summary,
             [
-                (
-                    "https://a:6443".to_string(),
-                    "ns1/a,ns2/b".to_string(),
-                    true
-                ),
+                (a.clone(), "ns1/a,ns2/b".to_string(), true),
                 ("cluster:ns2/a".to_string(), "ns2/a".to_string(), false),
-                ("https://b:6443".to_string(), "ns1/b".to_string(), true),
+                (identity_key("uid-b"), "ns1/b".to_string(), true),
             ]
+        );
+        assert!(is_identity_key(&a));
+        assert!(!is_identity_key("cluster:ns2/a"));
+        assert!(!is_identity_key("context:kube-system:x"));
+    }
+
+    #[tokio::test]
+    async fn an_entry_that_cannot_be_identified_is_unreachable_with_the_reason() {
+        let limits = Limits {
+            concurrency: 2,
+            timeout: Duration::from_secs(5),
+        };
+        // Nothing listens on port 1 of the loopback address.
+        let entries = vec![
+            (
+                "ns/down".to_string(),
+                "cluster:ns/down".to_string(),
+                Ok(kube::Config::new("https://127.0.0.1:1".parse().unwrap())),
+            ),
+            (
+                "ns/nocreds".to_string(),
+                "cluster:ns/nocreds".to_string(),
+                Err("kubeconfig Secret ns/k not found".to_string()),
+            ),
+        ];
+        let out = identify_all(entries, limits).await;
+        assert_eq!(out[0].0, "cluster:ns/down");
+        let why = out[0].2.as_ref().err().cloned().unwrap_or_default();
+        assert!(why.starts_with("cannot identify the cluster"), "{why}");
+        assert_eq!(out[1].0, "cluster:ns/nocreds");
+        assert_eq!(
+            out[1].2.as_ref().err().map(String::as_str),
+            Some("kubeconfig Secret ns/k not found")
         );
     }
 }

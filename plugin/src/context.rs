@@ -16,15 +16,24 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::args::KubeArgs;
 use crate::error::PluginError;
-use crate::upstream_id;
+use crate::{api_error, clusters, upstream_id};
 
 /// Shared state of one command run (cheap to clone: clients and the counter are shared).
 #[derive(Clone)]
 pub struct Ctx {
     /// Client of the upstream (management) cluster.
     pub upstream: kube::Client,
-    /// `--upstream-id`, or derived from the upstream's CA (see [`crate::upstream_id`]).
+    /// `--upstream-id`, or derived from the upstream cluster's identity once [`Ctx::identified`]
+    /// ran (before: the legacy id from its CA or URL; see [`crate::upstream_id`]).
     pub upstream_id: String,
+    /// Earlier ids of this same upstream: copies marked with them are ours and get the current
+    /// id on their next write. The legacy id when the id was derived from the identity; empty
+    /// with `--upstream-id`.
+    pub upstream_aliases: Vec<String>,
+    /// The upstream cluster's identity ([`clusters::identity_key`]), or why it is unknown.
+    pub upstream_cluster: Result<String, String>,
+    /// `--upstream-id` was given.
+    explicit_id: bool,
     /// `-n`, else the kubeconfig context's namespace (in a pod: its own), else `default`.
     pub namespace: String,
     /// The local kubeconfig, merged from KUBECONFIG as kubectl does; `None` in a pod.
@@ -73,6 +82,7 @@ impl Ctx {
                 })?
             }
         };
+        let explicit_id = args.upstream_id.is_some();
         let upstream_id = match &args.upstream_id {
             Some(id) => {
                 validate_upstream_id(id).map_err(|e| PluginError::Usage(e.to_string()))?;
@@ -90,11 +100,61 @@ impl Ctx {
         Ok(Ctx {
             upstream,
             upstream_id,
+            upstream_aliases: Vec::new(),
+            upstream_cluster: Err("the upstream cluster was not identified".into()),
+            explicit_id,
             namespace,
             kubeconfig,
             request_timeout: args.request_timeout,
             writes: Arc::new(AtomicU64::new(0)),
         })
+    }
+
+    /// [`Ctx::connect`], then [`Ctx::identified`]: what `propagate`, `status` and `prune` use.
+    pub async fn connect_identified(args: &KubeArgs) -> Result<Ctx, PluginError> {
+        Ctx::connect(args).await?.identified().await
+    }
+
+    /// Reads the upstream cluster's identity (the UID of its `kube-system` namespace) and, unless
+    /// `--upstream-id` was given, derives the upstream id from it, keeping the legacy id as an
+    /// alias. When the namespace cannot be read (no permission), the legacy id stays in use
+    /// with a warning and the identity is unknown (`prune` then refuses to run); when the
+    /// cluster cannot be reached, that is the command's error.
+    pub async fn identified(mut self) -> Result<Ctx, PluginError> {
+        match clusters::kube_system_uid(&self.upstream).await {
+            Ok(Some(uid)) => {
+                if !self.explicit_id {
+                    let legacy = std::mem::replace(
+                        &mut self.upstream_id,
+                        upstream_id::derive_from_uid(&uid),
+                    );
+                    if legacy != self.upstream_id {
+                        self.upstream_aliases = vec![legacy];
+                    }
+                }
+                self.upstream_cluster = Ok(clusters::identity_key(&uid));
+            }
+            Err(e) if api_error::is_unavailable(&e) => {
+                return Err(api_error::upstream("reading namespace kube-system", &e));
+            }
+            other => {
+                let why = match other {
+                    Err(e) => format!(
+                        "cannot read namespace kube-system of the upstream cluster: {}",
+                        api_error::describe(&e)
+                    ),
+                    Ok(_) => "namespace kube-system of the upstream cluster has no uid".into(),
+                };
+                if !self.explicit_id {
+                    tracing::warn!(
+                        "{why}; using the legacy upstream id {} (set --upstream-id to be sure)",
+                        self.upstream_id
+                    );
+                }
+                self.upstream_cluster = Err(why);
+            }
+        }
+        Ok(self)
     }
 
     /// Counts one write request (create, apply, patch, delete) made to any cluster.

@@ -2,6 +2,11 @@
 //! copies each HelmOp wants where (core targeting). Any listing error is returned as an error, so
 //! nothing downstream is planned from a partial picture; a HelmOp whose targets cannot be
 //! evaluated (an invalid selector) is a [`Problem`] that marks the enumeration incomplete.
+//!
+//! Wants are never scoped (docs/cluster-identity.md): for `prune`, every HelmOp of the
+//! namespace is enumerated whatever HELMOP names (only the deletion set is scoped); with
+//! `--target-context`, the Fleet Clusters reaching the same clusters as the contexts add their
+//! wants too, since copies are planned per physical cluster, not per way of reaching it.
 
 use std::collections::BTreeSet;
 
@@ -14,7 +19,7 @@ use kube::api::ListParams;
 use serde::Serialize;
 
 use crate::api_error;
-use crate::clusters::{self, Downstream};
+use crate::clusters::{self, Downstream, Limits};
 use crate::context::Ctx;
 use crate::error::PluginError;
 
@@ -122,23 +127,53 @@ pub fn key_of(h: &HelmOp) -> Option<HelmOpKey> {
 }
 
 /// Lists the selected HelmOps and the clusters, and computes the desired copies.
-/// `missing_ok`: a named HelmOp that does not exist is no error (prune after a delete).
+/// `for_prune`: the wants of every HelmOp of the namespace count, whatever HELMOP names (and a
+/// named HelmOp that no longer exists is no error); with `--target-context`, failing to list
+/// the Fleet Clusters aborts instead of planning without their wants.
 pub async fn enumerate(
     ctx: &Ctx,
     selection: &Selection,
     target_contexts: &[String],
-    missing_ok: bool,
+    for_prune: bool,
+    limits: Limits,
 ) -> Result<Inventory, PluginError> {
-    let helmops = list_helmops(ctx, selection, missing_ok).await?;
+    let listing = match selection {
+        Selection::One { namespace, .. } if for_prune => Selection::Namespace(namespace.clone()),
+        other => other.clone(),
+    };
+    let helmops = list_helmops(ctx, &listing, for_prune).await?;
     let (downstreams, desired, problems) = if target_contexts.is_empty() {
-        let clusters: Vec<Cluster> = list(ctx, selection.namespace(), "Clusters").await?;
-        let groups: Vec<ClusterGroup> = list(ctx, selection.namespace(), "ClusterGroups").await?;
-        let (downstreams, keys) = clusters::resolve_fleet(ctx, &clusters).await;
+        let (clusters, groups) = list_fleet(ctx, selection.namespace(), false).await?;
+        let (downstreams, keys) = clusters::resolve_fleet(ctx, &clusters, limits).await;
         let (desired, problems) = desired_fleet(&helmops, &clusters, &keys, &groups);
         (downstreams, desired, problems)
     } else {
-        let downstreams = clusters::resolve_contexts(ctx, target_contexts).await;
-        let (desired, problems) = desired_contexts(&helmops, &downstreams);
+        let downstreams = clusters::resolve_contexts(ctx, target_contexts, limits).await;
+        let (mut desired, mut problems) = desired_contexts(&helmops, &downstreams);
+        let fleet = match list_fleet(ctx, selection.namespace(), true).await {
+            Ok(fleet) => Some(fleet),
+            Err(e) if !for_prune => {
+                tracing::warn!("{e}; planning without the wants of Fleet Clusters");
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some((clusters, groups)) = fleet {
+            let (_, keys) = clusters::resolve_fleet(ctx, &clusters, limits).await;
+            let (fleet_desired, fleet_problems) =
+                desired_fleet(&helmops, &clusters, &keys, &groups);
+            // Wants on the contexts' clusters, and those of Clusters that could not be
+            // identified (prune keeps what they want everywhere).
+            desired.extend(fleet_desired.into_iter().filter(|d| {
+                !clusters::is_identity_key(&d.cluster)
+                    || downstreams.iter().any(|ds| ds.key == d.cluster)
+            }));
+            for p in fleet_problems {
+                if !problems.iter().any(|q| q.helmop == p.helmop) {
+                    problems.push(p);
+                }
+            }
+        }
         (downstreams, desired, problems)
     };
     Ok(Inventory {
@@ -148,6 +183,39 @@ pub async fn enumerate(
         desired,
         problems,
     })
+}
+
+/// The Fleet Clusters and ClusterGroups of `namespace` (all for `None`). With `optional`
+/// (`--target-context`, where Fleet need not be installed) a kind that is not served means
+/// none.
+async fn list_fleet(
+    ctx: &Ctx,
+    namespace: Option<&str>,
+    optional: bool,
+) -> Result<(Vec<Cluster>, Vec<ClusterGroup>), PluginError> {
+    let clusters: Vec<Cluster> = match list(ctx, namespace, "Clusters").await {
+        Err(ListError::NoSuchKind(_)) if optional => return Ok((Vec::new(), Vec::new())),
+        other => other?,
+    };
+    let groups: Vec<ClusterGroup> = match list(ctx, namespace, "ClusterGroups").await {
+        Err(ListError::NoSuchKind(_)) if optional => Vec::new(),
+        other => other?,
+    };
+    Ok((clusters, groups))
+}
+
+/// A listing that failed: the kind is not served (its CRD is not installed), or otherwise.
+enum ListError {
+    NoSuchKind(PluginError),
+    Other(PluginError),
+}
+
+impl From<ListError> for PluginError {
+    fn from(e: ListError) -> PluginError {
+        match e {
+            ListError::NoSuchKind(e) | ListError::Other(e) => e,
+        }
+    }
 }
 
 async fn list_helmops(
@@ -169,12 +237,12 @@ async fn list_helmops(
                 ))),
             }
         }
-        _ => list(ctx, selection.namespace(), "HelmOps").await,
+        _ => Ok(list(ctx, selection.namespace(), "HelmOps").await?),
     }
 }
 
 /// Every object of a Fleet kind in `namespace` (all namespaces for `None`), page by page.
-async fn list<K>(ctx: &Ctx, namespace: Option<&str>, what: &str) -> Result<Vec<K>, PluginError>
+async fn list<K>(ctx: &Ctx, namespace: Option<&str>, what: &str) -> Result<Vec<K>, ListError>
 where
     K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -189,10 +257,14 @@ where
     let mut out = Vec::new();
     let mut params = ListParams::default().limit(500);
     loop {
-        let page = api
-            .list(&params)
-            .await
-            .map_err(|e| api_error::upstream(&format!("listing {what} {where_}"), &e))?;
+        let page = api.list(&params).await.map_err(|e| {
+            let error = api_error::upstream(&format!("listing {what} {where_}"), &e);
+            if api_error::is_not_found(&e) && out.is_empty() {
+                ListError::NoSuchKind(error)
+            } else {
+                ListError::Other(error)
+            }
+        })?;
         let token = page.metadata.continue_.clone().filter(|t| !t.is_empty());
         out.extend(page.items);
         match token {

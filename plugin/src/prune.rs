@@ -28,7 +28,9 @@ use std::collections::BTreeMap;
 use tokio::sync::Mutex;
 
 use helmop_core::names;
-use helmop_core::plan::{Action, ActionKind, HelmOpKey, SourceRef, UpdateReason};
+use helmop_core::plan::{
+    Action, ActionKind, ConflictReason, DesiredCopy, HelmOpKey, SourceRef, UpdateReason,
+};
 use helmop_core::resource::ResourceKind;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
@@ -36,7 +38,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use serde::Serialize;
 
 use crate::api_error;
-use crate::clusters::Downstream;
+use crate::clusters::{self, Downstream};
 use crate::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
 use crate::inventory::Inventory;
@@ -70,10 +72,13 @@ pub struct PruneReport {
 }
 
 impl PruneReport {
-    /// 2 when a cluster could not be read or a delete failed, else 0.
+    /// 2 when a cluster could not be read or a delete failed, else 1 when a source was found
+    /// where a copy is (`Conflict`), else 0.
     pub fn exit_status(&self) -> ExitStatus {
         if self.unreachable_clusters > 0 || self.summary.contains_key("Failed") {
             ExitStatus::Partial
+        } else if self.summary.contains_key("Conflict") {
+            ExitStatus::Invalid
         } else {
             ExitStatus::Ok
         }
@@ -83,7 +88,7 @@ impl PruneReport {
 /// Prunes; fails with nothing deleted when the enumeration upstream is incomplete.
 pub async fn prune(ctx: &Ctx, opts: &PruneOpts) -> Result<PruneReport, PluginError> {
     let writes_before = ctx.writes();
-    let inv = opts.scope.inventory(ctx, true).await?;
+    let mut inv = opts.scope.inventory(ctx, true).await?;
     if !inv.complete() {
         let problems: Vec<String> = inv
             .problems
@@ -95,6 +100,12 @@ pub async fn prune(ctx: &Ctx, opts: &PruneOpts) -> Result<PruneReport, PluginErr
             problems.join("; ")
         )));
     }
+    if let Err(why) = &ctx.upstream_cluster {
+        return Err(PluginError::Upstream(format!(
+            "prune aborted, nothing deleted: {why}; helmop never prunes without knowing which cluster holds the sources"
+        )));
+    }
+    protect_unidentified_wants(&mut inv);
     let sources = sources::fetch_metadata(ctx, &inv.desired).await?;
     let uids = SourceUids::default();
     let (mut rows, unreachable) = opts
@@ -132,6 +143,28 @@ pub async fn prune(ctx: &Ctx, opts: &PruneOpts) -> Result<PruneReport, PluginErr
         unreachable_clusters: unreachable,
         writes: ctx.writes() - writes_before,
     })
+}
+
+/// An entry whose cluster could not be identified (no credentials, no answer) may be any of
+/// the clusters: what it wants is treated as wanted on every cluster, so no copy it may want
+/// is pruned on a guess (it may still be released by HelmOps that let go).
+fn protect_unidentified_wants(inv: &mut Inventory) {
+    let unplaced: Vec<_> = inv
+        .desired
+        .iter()
+        .filter(|d| !clusters::is_identity_key(&d.cluster))
+        .cloned()
+        .collect();
+    for downstream in inv
+        .downstreams
+        .iter()
+        .filter(|d| clusters::is_identity_key(&d.key))
+    {
+        inv.desired.extend(unplaced.iter().map(|d| DesiredCopy {
+            cluster: downstream.key.clone(),
+            ..d.clone()
+        }));
+    }
 }
 
 async fn prune_cluster(
@@ -207,6 +240,9 @@ async fn prune_cluster(
             }
             ActionKind::Keep { rewrite: false, .. } => (action.clone(), "Kept", action.reason()),
             ActionKind::Orphaned(_) => (action.clone(), "Orphaned", action.reason()),
+            ActionKind::Conflict(ConflictReason::IsSource) => {
+                (action.clone(), "Conflict", action.reason())
+            }
             // A copy still wanted, whose owners include HelmOps that let go: only the ownership
             // part of the planned update is prune's (the content is propagate's).
             ActionKind::Update {
@@ -436,6 +472,60 @@ mod tests {
             ExitStatus::Partial
         );
         assert_eq!(report(&["Pruned"], 1).exit_status(), ExitStatus::Partial);
+        assert_eq!(
+            report(&["Pruned", "Conflict"], 0).exit_status(),
+            ExitStatus::Invalid
+        );
+    }
+
+    #[test]
+    fn wants_of_unidentified_entries_count_on_every_identified_cluster() {
+        use crate::inventory::Selection;
+        use helmop_core::resource::ResourceRef;
+        let want = |cluster: &str, helmop: &str| DesiredCopy {
+            cluster: cluster.into(),
+            namespace: "apps".into(),
+            helmop: HelmOpKey::new("team", helmop),
+            resource: ResourceRef::secret("db"),
+            keep: false,
+        };
+        let downstream = |key: &str, ok: bool| Downstream {
+            key: key.into(),
+            names: vec![key.into()],
+            config: if ok {
+                Ok(kube::Config::new("https://a.invalid".parse().unwrap()))
+            } else {
+                Err("no answer".into())
+            },
+        };
+        let a = clusters::identity_key("uid-a");
+        let b = clusters::identity_key("uid-b");
+        let mut inv = Inventory {
+            selection: Selection::All,
+            helmops: Vec::new(),
+            downstreams: vec![
+                downstream(&a, true),
+                downstream(&b, true),
+                downstream("cluster:team/down", false),
+            ],
+            desired: vec![want(&a, "x"), want("cluster:team/down", "y")],
+            problems: Vec::new(),
+        };
+        protect_unidentified_wants(&mut inv);
+        let got: Vec<(String, String)> = inv
+            .desired
+            .iter()
+            .map(|d| (d.cluster.clone(), d.helmop.name.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (a.clone(), "x".to_string()),
+                ("cluster:team/down".to_string(), "y".to_string()),
+                (a, "y".to_string()),
+                (b, "y".to_string()),
+            ]
+        );
     }
 
     #[test]

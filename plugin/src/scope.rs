@@ -6,7 +6,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::args::TargetArgs;
-use crate::clusters::Downstream;
+use crate::clusters::{Downstream, Limits};
 use crate::context::Ctx;
 use crate::error::PluginError;
 use crate::inventory::{self, Inventory, Selection};
@@ -42,9 +42,20 @@ impl Scope {
     }
 
     /// Enumerates the HelmOps, clusters and desired copies in scope (see
-    /// [`inventory::enumerate`] for `missing_ok`).
-    pub async fn inventory(&self, ctx: &Ctx, missing_ok: bool) -> Result<Inventory, PluginError> {
-        inventory::enumerate(ctx, &self.selection, &self.target_contexts, missing_ok).await
+    /// [`inventory::enumerate`] for `for_prune`).
+    pub async fn inventory(&self, ctx: &Ctx, for_prune: bool) -> Result<Inventory, PluginError> {
+        let limits = Limits {
+            concurrency: self.concurrency,
+            timeout: self.cluster_timeout,
+        };
+        inventory::enumerate(
+            ctx,
+            &self.selection,
+            &self.target_contexts,
+            for_prune,
+            limits,
+        )
+        .await
     }
 
     /// Runs `work` on every downstream cluster of `inv` (bounded, each under its deadline) and

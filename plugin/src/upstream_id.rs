@@ -1,20 +1,32 @@
 //! The default upstream id (DESIGN section 3): a stable short name for the management cluster,
-//! so copies made from two management clusters never collide.
+//! so copies made from two management clusters never collide (docs/cluster-identity.md).
 //!
-//! `up-` followed by the first 12 hex digits of SHA-256 over a domain tag and the API server's
-//! CA certificates (DER, each length-prefixed), in the order the kubeconfig lists them. The CA is
-//! what a laptop (`https://rancher.example.com/k8s/...`) and a pod in the cluster
-//! (`https://10.43.0.1:443`) have in common, where the URLs differ. Without a CA in the
-//! configuration (the system trust store, or `insecure-skip-tls-verify`) the URL is hashed
-//! instead, with its own tag. Two management clusters that share a CA must be told apart with
-//! `--upstream-id`.
+//! [`derive_from_uid`] (the default): `up-` followed by the first 12 hex digits of SHA-256 over
+//! a domain tag and the UID of the upstream's `kube-system` namespace. That UID is what the
+//! cluster is, whatever endpoint, proxy or CA a client goes through: a laptop behind a
+//! TLS-intercepting proxy and a pod in the cluster derive the same id.
+//!
+//! [`derive`] (the legacy id, v1): the same over the API server's CA certificates (DER, each
+//! length-prefixed, in the order the kubeconfig lists them), or over the URL without a CA.
+//! Earlier releases used it as the default; it is still computed as an alias, so a run
+//! recognises (and migrates) the copies it made under its old id. It is also the default when
+//! `kube-system` cannot be read.
 
 use sha2::{Digest, Sha256};
 
 const TAG_CA: &[u8] = b"helmop.dev/upstream-id/v1/ca\0";
 const TAG_URL: &[u8] = b"helmop.dev/upstream-id/v1/url\0";
+const TAG_UID: &[u8] = b"helmop.dev/upstream-id/v2/kube-system-uid\0";
 
-/// The default upstream id for a client configuration.
+/// The default upstream id from the UID of the upstream's `kube-system` namespace.
+pub fn derive_from_uid(uid: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(TAG_UID);
+    hasher.update(uid.as_bytes());
+    format!("up-{}", &hex::encode(hasher.finalize())[..12])
+}
+
+/// The legacy (v1) upstream id for a client configuration.
 pub fn derive(config: &kube::Config) -> String {
     derive_from(config.root_cert.as_deref(), &config.cluster_url.to_string())
 }
@@ -90,6 +102,21 @@ mod tests {
             derive_from(None, "https://h/k8s/A"),
             derive_from(None, "https://h/k8s/a")
         );
+    }
+
+    #[test]
+    fn the_uid_id_is_a_valid_id_distinct_from_the_legacy_ones() {
+        let uid = "5f3c1a0e-8d1b-4b5e-9a43-0c2f6d7e8a91";
+        let id = derive_from_uid(uid);
+        assert!(validate_upstream_id(&id).is_ok(), "{id}");
+        assert_eq!(id, derive_from_uid(uid));
+        assert_ne!(id, derive_from_uid("5f3c1a0e-8d1b-4b5e-9a43-0c2f6d7e8a92"));
+        // Another tag than the legacy derivations, even over the same bytes.
+        assert_ne!(id, derive_from(None, uid));
+        let mut h = Sha256::new();
+        h.update(b"helmop.dev/upstream-id/v2/kube-system-uid\0");
+        h.update(uid.as_bytes());
+        assert_eq!(id, format!("up-{}", &hex::encode(h.finalize())[..12]));
     }
 
     #[test]

@@ -15,11 +15,13 @@
 //!   whose source and source-uid match re-adopts a kept copy like any of its own: it adds itself
 //!   as owner, and the keep marker then follows the new owners' `keepResources`.
 
+mod identity;
 mod markers;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+pub use identity::{migrate_upstream_ids, take_sources};
 pub use markers::{
     CopyMeta, OwnerRef, SourceObject, SourceRef, UpstreamIdError, copy_meta, format_owners,
     parse_owners, validate_upstream_id,
@@ -169,6 +171,9 @@ pub enum ConflictReason {
     SourceUidMismatch { found: Option<String> },
     /// HelmOps in different namespaces copy different sources onto the same object.
     CompetingSources { sources: Vec<String> },
+    /// The place is a source itself (the cluster is the upstream cluster): never written,
+    /// adopted or pruned, whatever `--adopt` says.
+    IsSource,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -247,6 +252,9 @@ impl fmt::Display for ConflictReason {
                 f,
                 "HelmOps copy different sources onto this object ({}); give them distinct names or namespaces",
                 sources.join(", ")
+            ),
+            ConflictReason::IsSource => f.write_str(
+                "this is the source itself: the cluster is the management cluster and this namespace holds the HelmOp's sources; helmop never writes, adopts or prunes a source (target another namespace)",
             ),
         }
     }

@@ -63,7 +63,7 @@ pub async fn run(args: &PropagateArgs) -> Result<ExitStatus, PluginError> {
     if args.watch.watch {
         return crate::watch::run(args, &args.watch).await;
     }
-    let ctx = Ctx::connect(&args.kube).await?;
+    let ctx = Ctx::connect_identified(&args.kube).await?;
     let opts = args.opts(&ctx, Progress::Auto);
     let report = propagate_once(&ctx, &opts).await?;
     emit(&report, args.output)?;

@@ -37,7 +37,7 @@ pub struct PruneArgs {
 }
 
 pub async fn run(args: &PruneArgs) -> Result<ExitStatus, PluginError> {
-    let ctx = Ctx::connect(&args.kube).await?;
+    let ctx = Ctx::connect_identified(&args.kube).await?;
     let opts = PruneOpts {
         scope: Scope::from_args(
             &ctx,

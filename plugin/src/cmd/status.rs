@@ -32,7 +32,7 @@ pub struct StatusArgs {
 }
 
 pub async fn run(args: &StatusArgs) -> Result<ExitStatus, PluginError> {
-    let ctx = Ctx::connect(&args.kube).await?;
+    let ctx = Ctx::connect_identified(&args.kube).await?;
     let opts = StatusOpts {
         scope: Scope::from_args(
             &ctx,

@@ -18,7 +18,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use helmop_core::hash::HashKey;
 use helmop_core::names;
-use helmop_core::plan::{Action, ActionKind, PlanInput, UpdateReason, plan};
+use helmop_core::plan::{
+    Action, ActionKind, PlanInput, UpdateReason, migrate_upstream_ids, plan, take_sources,
+};
 use helmop_core::resource::ResourceRef;
 use serde::Serialize;
 
@@ -195,7 +197,9 @@ pub async fn observe_and_plan(
     client: &kube::Client,
     adopt: bool,
 ) -> Result<(Observation, Vec<Action>), String> {
-    let obs = observe_cluster(inv, cluster, client).await?;
+    let mut obs = observe_cluster(inv, cluster, client).await?;
+    // Copies marked with an earlier id of this upstream are ours (docs/cluster-identity.md).
+    migrate_upstream_ids(&mut obs.copies, &ctx.upstream_id, &ctx.upstream_aliases);
     let actions = plan_observed(ctx, inv, sources, cluster, &obs, adopt);
     Ok((obs, actions))
 }
@@ -211,7 +215,8 @@ pub async fn observe_cluster(
         .map_err(|e| format!("cannot list copies: {}", api_error::describe(&e)))
 }
 
-/// Plans one cluster with the core planner.
+/// Plans one cluster with the core planner. On the upstream cluster itself, places that hold
+/// sources are refused first (never written, adopted or pruned).
 pub fn plan_observed(
     ctx: &Ctx,
     inv: &Inventory,
@@ -220,7 +225,7 @@ pub fn plan_observed(
     obs: &Observation,
     adopt: bool,
 ) -> Vec<Action> {
-    let input = PlanInput {
+    let mut input = PlanInput {
         upstream_id: ctx.upstream_id.clone(),
         desired: inv
             .desired
@@ -234,7 +239,14 @@ pub fn plan_observed(
         complete: inv.complete(),
         adopt,
     };
-    plan(&input)
+    let refused = if ctx.upstream_cluster.as_deref() == Ok(cluster) {
+        take_sources(&mut input)
+    } else {
+        Vec::new()
+    };
+    let mut actions = plan(&input);
+    actions.extend(refused);
+    actions
 }
 
 /// A row for an action, in `state`.

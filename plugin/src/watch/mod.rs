@@ -87,7 +87,7 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
                 humanize(leader::MIN_LEASE_DURATION)
             ))
         })?;
-    let ctx = Ctx::connect(&args.kube).await?;
+    let ctx = Ctx::connect_identified(&args.kube).await?;
     let opts = args.opts(&ctx, Progress::Quiet);
     let events = Events::new(args.output);
 

@@ -5,6 +5,7 @@
 
 mod controlplane;
 mod faults;
+mod identity;
 mod images;
 mod images_cmd;
 mod plugin;

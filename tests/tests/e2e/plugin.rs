@@ -3,7 +3,7 @@
 //! namespace) and, for stopping an API server, a private one.
 
 mod conventions;
-mod support;
+pub mod support;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
