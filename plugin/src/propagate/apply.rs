@@ -1,13 +1,16 @@
-//! The writes of `propagate` on one cluster: server-side apply of a copy (field manager
-//! `kubectl-helmop`), creating its namespace, and restoring a copy's data to exactly the
-//! source's keys.
+//! The writes of `propagate` on one cluster: creating a new copy (POST: it never merges into an
+//! object that appeared meanwhile), server-side apply of a changed copy (field manager
+//! `kubectl-helmop`), deleting a copy that must be recreated (uid and resourceVersion
+//! preconditions), creating its namespace, and restoring a copy's data keys and labels to
+//! exactly the source's.
 
 use std::collections::BTreeMap;
 
 use helmop_core::names::MANAGER;
-use helmop_core::plan::CopyMeta;
+use helmop_core::plan::{CopyMeta, extra_labels};
+use helmop_core::resource::{ResourceKind, ResourceRef};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client};
 use serde_json::{Map, Value, json};
 
@@ -15,12 +18,28 @@ use crate::api_error;
 use crate::context::Ctx;
 use crate::sources::SourceData;
 
-/// Whether `namespace` exists (a read, for plans and before creating).
-pub async fn namespace_exists(client: &Client, namespace: &str) -> Result<bool, kube::Error> {
-    Ok(Api::<Namespace>::all(client.clone())
+/// A destination namespace as a write finds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NamespaceState {
+    Absent,
+    Active,
+    /// Being deleted: the API server refuses new objects in it.
+    Terminating,
+}
+
+/// The state of `namespace` (a read, for plans and before creating).
+pub async fn namespace_state(
+    client: &Client,
+    namespace: &str,
+) -> Result<NamespaceState, kube::Error> {
+    let found = Api::<Namespace>::all(client.clone())
         .get_metadata_opt(namespace)
-        .await?
-        .is_some())
+        .await?;
+    Ok(match found {
+        None => NamespaceState::Absent,
+        Some(ns) if ns.metadata.deletion_timestamp.is_some() => NamespaceState::Terminating,
+        Some(_) => NamespaceState::Active,
+    })
 }
 
 /// Creates `namespace`; someone else creating it first is fine.
@@ -60,10 +79,76 @@ pub struct Write<'a> {
     pub guard: Option<(&'a str, &'a str)>,
 }
 
-/// Applies the copy. A new copy is applied without force, so an object someone created in the
-/// meantime with other values makes the server report a conflict instead of being taken over;
-/// an existing copy (ours, or adopted) is applied with force. Keys in the copy that the source
-/// does not have (left by another field manager) are then removed. Returns the writes made.
+/// Creates a new copy with a POST (field manager `kubectl-helmop`). An object that appeared
+/// since the cluster was observed makes the server answer 409 AlreadyExists: it is left exactly
+/// as it is, and the caller reports a conflict.
+pub async fn create_copy(
+    ctx: &Ctx,
+    client: &Client,
+    source: &SourceData,
+    namespace: &str,
+    meta: &CopyMeta,
+) -> Result<(), kube::Error> {
+    let body = source.copy_body(namespace, meta, None);
+    let pp = PostParams {
+        field_manager: Some(MANAGER.into()),
+        ..PostParams::default()
+    };
+    match source {
+        SourceData::Secret(_) => {
+            let obj: Secret = serde_json::from_value(body).map_err(kube::Error::SerdeError)?;
+            Api::<Secret>::namespaced(client.clone(), namespace)
+                .create(&pp, &obj)
+                .await?;
+        }
+        SourceData::ConfigMap(_) => {
+            let obj: ConfigMap = serde_json::from_value(body).map_err(kube::Error::SerdeError)?;
+            Api::<ConfigMap>::namespaced(client.clone(), namespace)
+                .create(&pp, &obj)
+                .await?;
+        }
+    }
+    ctx.record_write();
+    Ok(())
+}
+
+/// Deletes helmop's copy so it can be created again, only if it is still the object planned
+/// against (uid and resourceVersion preconditions).
+pub async fn delete_copy(
+    ctx: &Ctx,
+    client: &Client,
+    namespace: &str,
+    resource: &ResourceRef,
+    uid: &str,
+    version: &str,
+) -> Result<(), kube::Error> {
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: Some(version.to_string()),
+        }),
+        ..DeleteParams::default()
+    };
+    let name = &resource.name;
+    match resource.kind {
+        ResourceKind::Secret => {
+            Api::<Secret>::namespaced(client.clone(), namespace)
+                .delete(name, &dp)
+                .await?;
+        }
+        ResourceKind::ConfigMap => {
+            Api::<ConfigMap>::namespaced(client.clone(), namespace)
+                .delete(name, &dp)
+                .await?;
+        }
+    }
+    ctx.record_write();
+    Ok(())
+}
+
+/// Applies the copy to the existing object (ours, or adopted) with force, guarded by uid and
+/// resourceVersion. Data keys and labels the copy has and the source does not (left by another
+/// field manager, or carried over from a creation) are then removed.
 pub async fn write_copy(ctx: &Ctx, client: &Client, w: &Write<'_>) -> Result<(), kube::Error> {
     let body = w.source.copy_body(w.namespace, w.meta, w.guard);
     let name = w.source.meta().name.clone().unwrap_or_default();
@@ -72,26 +157,20 @@ pub async fn write_copy(ctx: &Ctx, client: &Client, w: &Write<'_>) -> Result<(),
         params = params.force();
     }
     let (want_data, want_binary) = w.source.keys();
-    let (uid, version, data, binary) = match w.source {
+    let (meta, data, binary) = match w.source {
         SourceData::Secret(_) => {
             let api: Api<Secret> = Api::namespaced(client.clone(), w.namespace);
             let out = api.patch(&name, &params, &Patch::Apply(&body)).await?;
             ctx.record_write();
             let keys = out.data.unwrap_or_default().into_keys().collect::<Vec<_>>();
-            (
-                out.metadata.uid,
-                out.metadata.resource_version,
-                keys,
-                Vec::new(),
-            )
+            (out.metadata, keys, Vec::new())
         }
         SourceData::ConfigMap(_) => {
             let api: Api<ConfigMap> = Api::namespaced(client.clone(), w.namespace);
             let out = api.patch(&name, &params, &Patch::Apply(&body)).await?;
             ctx.record_write();
             (
-                out.metadata.uid,
-                out.metadata.resource_version,
+                out.metadata,
                 out.data.unwrap_or_default().into_keys().collect(),
                 out.binary_data.unwrap_or_default().into_keys().collect(),
             )
@@ -105,15 +184,20 @@ pub async fn write_copy(ctx: &Ctx, client: &Client, w: &Write<'_>) -> Result<(),
         .into_iter()
         .filter(|k| !want_binary.contains(k))
         .collect();
-    if extra_data.is_empty() && extra_binary.is_empty() {
+    let labels = extra_labels(&meta.labels.unwrap_or_default(), &w.meta.labels);
+    if extra_data.is_empty() && extra_binary.is_empty() && labels.is_empty() {
         return Ok(());
     }
-    let patch = remove_keys_patch(
-        uid.as_deref().unwrap_or_default(),
-        version.as_deref().unwrap_or_default(),
+    let mut patch = remove_keys_patch(
+        meta.uid.as_deref().unwrap_or_default(),
+        meta.resource_version.as_deref().unwrap_or_default(),
         &extra_data,
         &extra_binary,
     );
+    if !labels.is_empty() {
+        let nulls: Map<String, Value> = labels.into_iter().map(|k| (k, Value::Null)).collect();
+        patch["metadata"]["labels"] = Value::Object(nulls);
+    }
     let params = PatchParams {
         field_manager: Some(MANAGER.into()),
         ..PatchParams::default()
