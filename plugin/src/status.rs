@@ -261,7 +261,11 @@ mod tests {
             (ActionKind::Unchanged, "Synced"),
             (
                 ActionKind::Update {
-                    source: helmop_core::plan::SourceRef::new("u", "team", ResourceRef::secret("db")),
+                    source: helmop_core::plan::SourceRef::new(
+                        "u",
+                        "team",
+                        ResourceRef::secret("db"),
+                    ),
                     uid: "u".into(),
                     meta: Default::default(),
                     reasons: vec![UpdateReason::ContentChanged, UpdateReason::Drifted],

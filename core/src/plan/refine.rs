@@ -37,8 +37,7 @@ pub fn refine(action: Action, live: Option<&LiveFacts>, source_type: Option<&str
     };
     let secret_type = |t: Option<&str>| t.unwrap_or("Opaque").to_string();
     let is_secret = action.resource.kind == crate::resource::ResourceKind::Secret;
-    let type_changed =
-        is_secret && secret_type(live.type_.as_deref()) != secret_type(source_type);
+    let type_changed = is_secret && secret_type(live.type_.as_deref()) != secret_type(source_type);
     let new_content = meta.annotations.get(names::ANN_CONTENT_HASH);
     let data_changes = live.data_hash.is_none() || live.data_hash.as_ref() != new_content;
     let why = if type_changed {
@@ -101,7 +100,10 @@ mod tests {
 
     #[test]
     fn a_type_change_recreates_our_copy_with_preconditions() {
-        let a = update(ResourceRef::secret("db"), vec![UpdateReason::ContentChanged]);
+        let a = update(
+            ResourceRef::secret("db"),
+            vec![UpdateReason::ContentChanged],
+        );
         let out = refine(
             a,
             Some(&live(Some("Opaque"), false, Some("v1:old"))),
@@ -125,14 +127,20 @@ mod tests {
 
     #[test]
     fn an_absent_type_is_opaque() {
-        let a = update(ResourceRef::secret("db"), vec![UpdateReason::ContentChanged]);
+        let a = update(
+            ResourceRef::secret("db"),
+            vec![UpdateReason::ContentChanged],
+        );
         let out = refine(a.clone(), Some(&live(Some("Opaque"), false, None)), None);
         assert_eq!(out, a);
     }
 
     #[test]
     fn immutable_copies_are_recreated_only_when_their_data_changes() {
-        let a = update(ResourceRef::config_map("cfg"), vec![UpdateReason::ContentChanged]);
+        let a = update(
+            ResourceRef::config_map("cfg"),
+            vec![UpdateReason::ContentChanged],
+        );
         let out = refine(a.clone(), Some(&live(None, true, Some("v1:old"))), None);
         assert!(matches!(
             out.kind,
@@ -150,9 +158,16 @@ mod tests {
             Some(&live(None, true, Some("v1:new"))),
             None,
         );
-        assert_eq!(out, markers_only, "metadata of an immutable object can change");
+        assert_eq!(
+            out, markers_only,
+            "metadata of an immutable object can change"
+        );
         let unknown = refine(a, Some(&live(None, true, None)), None);
-        assert_eq!(unknown.kind.name(), "Recreate", "unknown content counts as a change");
+        assert_eq!(
+            unknown.kind.name(),
+            "Recreate",
+            "unknown content counts as a change"
+        );
     }
 
     #[test]
@@ -176,7 +191,10 @@ mod tests {
             refine(a.clone(), Some(&live(Some("x"), true, None)), None),
             a
         );
-        let u = update(ResourceRef::secret("db"), vec![UpdateReason::ContentChanged]);
+        let u = update(
+            ResourceRef::secret("db"),
+            vec![UpdateReason::ContentChanged],
+        );
         assert_eq!(refine(u.clone(), None, Some("x")), u);
     }
 }

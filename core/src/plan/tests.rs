@@ -121,19 +121,25 @@ fn unchanged_when_in_sync_writes_nothing() {
 }
 
 #[test]
-fn unrelated_labels_on_the_copy_do_not_cause_writes() {
+fn unrelated_annotations_on_the_copy_do_not_cause_writes_but_labels_do() {
     let mut observed = copy(&db_source(), &["up1/team/app"], false);
-    observed
-        .labels
-        .insert("added-by-someone".into(), "x".into());
     observed
         .annotations
         .insert("other.io/note".into(), "x".into());
     let a = only(plan(&input(
         vec![want("team", "app", db(), false)],
-        vec![observed],
+        vec![observed.clone()],
     )));
     assert_eq!(a.kind, ActionKind::Unchanged);
+    // Labels follow the source exactly (docs/copy-lifecycle.md).
+    observed
+        .labels
+        .insert("added-by-someone".into(), "x".into());
+    let a = only(plan(&input(
+        vec![want("team", "app", db(), false)],
+        vec![observed],
+    )));
+    assert_eq!(update_reasons(&a), [UpdateReason::MarkersChanged]);
 }
 
 #[test]
@@ -345,10 +351,8 @@ fn a_copy_of_an_earlier_source_not_owned_by_these_helmops_is_a_conflict_unless_a
     inp.adopt = true;
     let a = only(plan(&inp));
     assert_eq!(update_reasons(&a)[0], UpdateReason::Adopted);
-    assert_eq!(
-        written_owners(&a),
-        Some("up1/team/app,up1/team/other,up2/x/y")
-    );
+    // The unwanted owner of our upstream is released (enumeration is complete).
+    assert_eq!(written_owners(&a), Some("up1/team/app,up2/x/y"));
 }
 
 #[test]
@@ -385,7 +389,10 @@ fn labels_follow_the_source_exactly() {
 fn data_edited_downstream_is_drift() {
     let mut observed = copy(&db_source(), &["up1/team/app"], false);
     observed.data_hash = Some("v1:aa".into());
-    let inp = input(vec![want("team", "app", db(), false)], vec![observed.clone()]);
+    let inp = input(
+        vec![want("team", "app", db(), false)],
+        vec![observed.clone()],
+    );
     assert_eq!(only(plan(&inp)).kind, ActionKind::Unchanged);
     observed.data_hash = Some("v1:edited".into());
     let a = only(plan(&input(
@@ -760,7 +767,7 @@ fn arb_observed() -> impl Strategy<Value = ObservedCopy> {
                 uid: format!("uid-{name}"),
                 labels,
                 annotations,
-        data_hash: None,
+                data_hash: None,
             }
         })
 }

@@ -37,8 +37,8 @@ use crate::observe::{self, Observation};
 use crate::report::{self, Row};
 use crate::scope::Scope;
 use crate::sources::{self, SourceData, Sources};
-use apply::NamespaceState;
 use crate::workloads;
+use apply::NamespaceState;
 
 /// What to propagate and how.
 #[derive(Clone, Debug)]
@@ -500,10 +500,7 @@ impl ClusterRun<'_> {
                 self.create(data, action, meta, reason, hash).await
             }
             ActionKind::Update {
-                source,
-                uid,
-                meta,
-                ..
+                source, uid, meta, ..
             } => {
                 let hash = meta.annotations.get(names::ANN_CONTENT_HASH);
                 if dry {
@@ -539,8 +536,7 @@ impl ClusterRun<'_> {
                 };
                 // Deleting first and then finding the namespace refuses the new object would
                 // lose the copy: check before.
-                if let Err(reason) = self.prepare_namespace(&action.namespace, namespaces).await
-                {
+                if let Err(reason) = self.prepare_namespace(&action.namespace, namespaces).await {
                     return Outcome::failed(reason);
                 }
                 if dry {
@@ -600,7 +596,11 @@ impl ClusterRun<'_> {
 
     /// Restamps the opted-in workloads of `namespace` reading one of our copies whose restamp
     /// record (`helmop.dev/restamp`) does not list the content those copies have now.
-    async fn restamp(&self, namespace: &str, copies: &BTreeMap<ResourceRef, CopyState>) -> Vec<Row> {
+    async fn restamp(
+        &self,
+        namespace: &str,
+        copies: &BTreeMap<ResourceRef, CopyState>,
+    ) -> Vec<Row> {
         let base = |kind: &str, name: &str| Row {
             helmops: Vec::new(),
             cluster: self.downstream.display(),

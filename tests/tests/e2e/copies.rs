@@ -91,19 +91,25 @@ fn config_map_obj(ns: &str, name: &str, data: &[(&str, &str)]) -> ConfigMap {
 async fn terminating_namespace(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
-    namespaces.create(&PostParams::default(), &namespace).await?;
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await?;
     let mut hold = config_map_obj(ns, "hold", &[]);
     hold.metadata.finalizers = Some(vec!["helmop.dev/test-hold".into()]);
     Api::<ConfigMap>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &hold)
         .await?;
     namespaces.delete(ns, &DeleteParams::default()).await?;
-    wait_until("the namespace to be terminating", DEFAULT_TIMEOUT, || async {
-        Ok(namespaces
-            .get_opt(ns)
-            .await?
-            .is_some_and(|n| n.metadata.deletion_timestamp.is_some()))
-    })
+    wait_until(
+        "the namespace to be terminating",
+        DEFAULT_TIMEOUT,
+        || async {
+            Ok(namespaces
+                .get_opt(ns)
+                .await?
+                .is_some_and(|n| n.metadata.deletion_timestamp.is_some()))
+        },
+    )
     .await
 }
 
@@ -154,7 +160,14 @@ async fn dry_run_reports_exactly_what_the_real_run_then_does() -> anyhow::Result
         .await?;
     create(
         &f.upstream,
-        &secret_obj(&f.ns, "typed", "example.com/other", &[("k", b"v2")], &[], &[]),
+        &secret_obj(
+            &f.ns,
+            "typed",
+            "example.com/other",
+            &[("k", b"v2")],
+            &[],
+            &[],
+        ),
     )
     .await?;
     // Scenario 2: the copy was made immutable downstream, and the source changes.
@@ -232,8 +245,8 @@ async fn dry_run_reports_exactly_what_the_real_run_then_does() -> anyhow::Result
 }
 
 #[tokio::test]
-async fn a_recreated_source_keeps_its_copies_and_an_impostor_stays_a_conflict()
--> anyhow::Result<()> {
+async fn a_recreated_source_keeps_its_copies_and_an_impostor_stays_a_conflict() -> anyhow::Result<()>
+{
     let f = Fleet::new("cp-recreate").await?;
     let apps = f.dest("apps");
     let first = create_secret(&f.upstream, &f.ns, "db", &[("password", b"one")]).await?;
@@ -249,7 +262,10 @@ async fn a_recreated_source_keeps_its_copies_and_an_impostor_stays_a_conflict()
     // source-uid and owners that are not this HelmOp.
     let (code, report) = propagate(&f, "app", &["--dry-run"]).await?;
     assert_eq!(code, 0, "{report:#}");
-    let id = report["upstreamId"].as_str().unwrap_or_default().to_string();
+    let id = report["upstreamId"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let namespaces: Api<Namespace> = Api::all(f.down1.clone());
     namespaces
         .create(
@@ -546,8 +562,7 @@ async fn a_run_killed_between_copy_writes_and_restamps_is_repaired_by_the_next()
 }
 
 #[tokio::test]
-async fn a_copy_edited_downstream_is_drifted_until_the_next_run_repairs_it() -> anyhow::Result<()>
-{
+async fn a_copy_edited_downstream_is_drifted_until_the_next_run_repairs_it() -> anyhow::Result<()> {
     let f = Fleet::new("cp-drift").await?;
     let apps = f.dest("apps");
     create_secret(&f.upstream, &f.ns, "db", &[("password", b"right")]).await?;
@@ -575,7 +590,10 @@ async fn a_copy_edited_downstream_is_drifted_until_the_next_run_repairs_it() -> 
     let out = helmop(&["status", "app", "-n", &f.ns, "-o", "json"])
         .await?
         .expect(0);
-    assert!(!out.stdout.contains(&b64(b"wrong")), "no data in the report");
+    assert!(
+        !out.stdout.contains(&b64(b"wrong")),
+        "no data in the report"
+    );
     let st = states(&out.json());
     assert_eq!(st[&key], "Drifted", "{st:#?}");
 
@@ -678,10 +696,14 @@ async fn a_lost_hash_key_is_never_replaced_silently() -> anyhow::Result<()> {
     assert!(reason.contains("another hash key"), "{reason}");
 
     // propagate refuses to make a new key (dry and real alike) and writes nothing.
-    for args in [&["propagate", "app", "--dry-run"][..], &["propagate", "app"][..]] {
+    for args in [
+        &["propagate", "app", "--dry-run"][..],
+        &["propagate", "app"][..],
+    ] {
         let out = run(args).await?.expect(1);
         assert!(
-            out.stderr.contains("helmop-system/helmop-hash-key is missing")
+            out.stderr
+                .contains("helmop-system/helmop-hash-key is missing")
                 && out.stderr.contains("--new-hash-key"),
             "{}",
             out.stderr
