@@ -320,7 +320,7 @@ mod tests {
         // Never recorded (e.g. the run that changed the copy was killed before restamping).
         let due = restamp_due(&w, &copies).expect("due");
         assert_eq!(due.value, "secret/db=v1:new");
-        assert_eq!(due.copies, [db.clone()]);
+        assert_eq!(due.copies, std::slice::from_ref(&db));
         // Recorded for other content.
         w.restamp = Some("configmap/app=v1:a,secret/db=v1:old".into());
         let due = restamp_due(&w, &copies).expect("due");

@@ -184,8 +184,13 @@ pub async fn write_copy(ctx: &Ctx, client: &Client, w: &Write<'_>) -> Result<(),
         .into_iter()
         .filter(|k| !want_binary.contains(k))
         .collect();
+    let annotations = stale_annotations(&meta, w.meta);
     let labels = extra_labels(&meta.labels.unwrap_or_default(), &w.meta.labels);
-    if extra_data.is_empty() && extra_binary.is_empty() && labels.is_empty() {
+    if extra_data.is_empty()
+        && extra_binary.is_empty()
+        && labels.is_empty()
+        && annotations.is_empty()
+    {
         return Ok(());
     }
     let mut patch = remove_keys_patch(
@@ -194,9 +199,14 @@ pub async fn write_copy(ctx: &Ctx, client: &Client, w: &Write<'_>) -> Result<(),
         &extra_data,
         &extra_binary,
     );
+    let nulls = |keys: Vec<String>| -> Value {
+        Value::Object(keys.into_iter().map(|k| (k, Value::Null)).collect())
+    };
     if !labels.is_empty() {
-        let nulls: Map<String, Value> = labels.into_iter().map(|k| (k, Value::Null)).collect();
-        patch["metadata"]["labels"] = Value::Object(nulls);
+        patch["metadata"]["labels"] = nulls(labels);
+    }
+    if !annotations.is_empty() {
+        patch["metadata"]["annotations"] = nulls(annotations);
     }
     let params = PatchParams {
         field_manager: Some(MANAGER.into()),
@@ -216,6 +226,37 @@ pub async fn write_copy(ctx: &Ctx, client: &Client, w: &Write<'_>) -> Result<(),
     }
     ctx.record_write();
     Ok(())
+}
+
+/// Annotations on the copy that helmop no longer writes: any `helmop.dev/` key not in `want`
+/// (a stale keep marker, an owners list that became empty), and the keys helmop set when it
+/// created the copy with a POST (its field manager's `Update` entry) that it no longer sets
+/// (an annotation dropped from the source). Server-side apply removes only what the applier
+/// alone owns, so these would otherwise stay. Annotations others added are left alone.
+fn stale_annotations(meta: &ObjectMeta, want: &CopyMeta) -> Vec<String> {
+    let created: Vec<String> = meta
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|f| {
+            f.manager.as_deref() == Some(MANAGER) && f.operation.as_deref() == Some("Update")
+        })
+        .filter_map(|f| f.fields_v1.as_ref())
+        .filter_map(|f| f.0.pointer("/f:metadata/f:annotations")?.as_object())
+        .flat_map(|m| {
+            m.keys()
+                .filter_map(|k| k.strip_prefix("f:"))
+                .map(str::to_string)
+        })
+        .collect();
+    meta.annotations
+        .iter()
+        .flatten()
+        .map(|(k, _)| k)
+        .filter(|k| !want.annotations.contains_key(*k))
+        .filter(|k| k.starts_with(helmop_core::names::PREFIX) || created.contains(k))
+        .cloned()
+        .collect()
 }
 
 /// A JSON merge patch deleting keys, guarded by uid and resourceVersion.
@@ -247,6 +288,49 @@ pub fn annotations_patch(uid: &str, version: &str, set: &BTreeMap<&str, Option<S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stale_annotations_are_ours_only() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+        let entry = |manager: &str, op: &str, keys: &[&str]| ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some(op.into()),
+            fields_v1: Some(FieldsV1(json!({"f:metadata": {"f:annotations":
+                keys.iter().map(|k| (format!("f:{k}"), json!({}))).collect::<Map<String, Value>>()}}))),
+            ..ManagedFieldsEntry::default()
+        };
+        let meta = ObjectMeta {
+            annotations: Some(BTreeMap::from(
+                [
+                    "helmop.dev/keep",
+                    "helmop.dev/source",
+                    "from-source",
+                    "dropped",
+                    "theirs",
+                ]
+                .map(|k| (k.to_string(), "x".to_string())),
+            )),
+            managed_fields: Some(vec![
+                entry(
+                    MANAGER,
+                    "Update",
+                    &["helmop.dev/keep", "dropped", "from-source"],
+                ),
+                entry("someone", "Update", &["theirs"]),
+            ]),
+            ..ObjectMeta::default()
+        };
+        let want = CopyMeta {
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::from(
+                ["helmop.dev/source", "from-source"].map(|k| (k.to_string(), "x".to_string())),
+            ),
+        };
+        assert_eq!(
+            stale_annotations(&meta, &want),
+            ["dropped".to_string(), "helmop.dev/keep".to_string()]
+        );
+    }
 
     #[test]
     fn patches_are_guarded() {
