@@ -183,6 +183,36 @@ mod tests {
         assert!(out.reason().contains("delete it"), "{}", out.reason());
     }
 
+    proptest::proptest! {
+        // Whatever the live object looks like: only an Update ever changes, an object being
+        // adopted is never planned for deletion, and a Recreate carries the observed uid and
+        // resourceVersion as preconditions.
+        #[test]
+        fn refine_never_deletes_what_helmop_does_not_own(
+            adopted in proptest::bool::ANY,
+            secret in proptest::bool::ANY,
+            immutable in proptest::bool::ANY,
+            live_type in proptest::option::of("[a-z]{1,3}"),
+            source_type in proptest::option::of("[a-z]{1,3}"),
+            hash in proptest::option::of(proptest::sample::select(vec!["v1:new", "v1:old"])),
+        ) {
+            let resource = if secret { ResourceRef::secret("db") } else { ResourceRef::config_map("db") };
+            let reasons = if adopted { vec![UpdateReason::Adopted] } else { vec![UpdateReason::ContentChanged] };
+            let a = update(resource, reasons);
+            let facts = live(live_type.as_deref(), immutable, hash);
+            let out = refine(a.clone(), Some(&facts), source_type.as_deref());
+            match &out.kind {
+                ActionKind::Recreate { uid, resource_version, .. } => {
+                    proptest::prop_assert!(!adopted);
+                    proptest::prop_assert_eq!(uid.as_str(), "uid-1");
+                    proptest::prop_assert_eq!(resource_version.as_str(), "7");
+                }
+                ActionKind::Conflict(_) => proptest::prop_assert!(adopted),
+                _ => proptest::prop_assert_eq!(&out, &a),
+            }
+        }
+    }
+
     #[test]
     fn other_actions_pass_through() {
         let mut a = update(ResourceRef::secret("db"), vec![]);
