@@ -532,6 +532,7 @@ mod tests {
                 names::ANN_OWNERS.to_string(),
                 "up-1/team/gone,up-2/team/theirs,up-1/other/elsewhere".to_string(),
             )]),
+            data_hash: None,
         };
         assert_eq!(
             inv.scope("up-1", &[copy]),

@@ -23,6 +23,7 @@ mod runner;
 mod scope;
 mod sources;
 mod status;
+mod test_pause;
 mod upstream_id;
 mod watch;
 mod workload_ref;

@@ -1,11 +1,14 @@
-//! What is downstream: the metadata (never the data) of every copy helmop made on a cluster, and
-//! of every object standing where a copy is wanted.
+//! What is downstream: the metadata of every copy helmop made on a cluster, and of every object
+//! standing where a copy is wanted. Given the upstream hash key, the objects are read whole and
+//! their content hashed in memory (drift detection, `type`, `immutable`): the data itself is
+//! dropped right there, never kept, logged or printed.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use futures::{StreamExt, TryStreamExt};
+use helmop_core::hash::{HashKey, ObjectData, content_hash};
 use helmop_core::names;
-use helmop_core::plan::ObservedCopy;
+use helmop_core::plan::{LiveFacts, ObservedCopy};
 use helmop_core::resource::{ResourceKind, ResourceRef};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{ListParams, ObjectMeta};
@@ -17,6 +20,8 @@ pub struct Observation {
     pub copies: Vec<ObservedCopy>,
     /// `resourceVersion` per (namespace, resource), for write preconditions.
     pub versions: BTreeMap<(String, ResourceRef), String>,
+    /// What a write must know of the live objects (read only when a hash key was given).
+    pub live: BTreeMap<(String, ResourceRef), LiveFacts>,
 }
 
 impl Observation {
@@ -32,7 +37,11 @@ impl Observation {
             .map(String::as_str)
     }
 
-    fn add(&mut self, cluster: &str, kind: ResourceKind, meta: ObjectMeta) {
+    pub fn live(&self, namespace: &str, resource: &ResourceRef) -> Option<&LiveFacts> {
+        self.live.get(&(namespace.to_string(), resource.clone()))
+    }
+
+    fn add(&mut self, cluster: &str, kind: ResourceKind, meta: ObjectMeta, live: Option<Live>) {
         let (Some(name), Some(namespace)) = (meta.name, meta.namespace) else {
             return;
         };
@@ -41,8 +50,20 @@ impl Observation {
         if self.versions.contains_key(&key) {
             return;
         }
-        self.versions
-            .insert(key, meta.resource_version.unwrap_or_default());
+        let version = meta.resource_version.unwrap_or_default();
+        self.versions.insert(key.clone(), version.clone());
+        let data_hash = live.as_ref().map(|l| l.hash.clone());
+        if let Some(l) = live {
+            self.live.insert(
+                key,
+                LiveFacts {
+                    type_: l.type_,
+                    immutable: l.immutable,
+                    resource_version: version,
+                    data_hash: Some(l.hash),
+                },
+            );
+        }
         self.copies.push(ObservedCopy {
             cluster: cluster.to_string(),
             namespace,
@@ -50,48 +71,102 @@ impl Observation {
             uid: meta.uid.unwrap_or_default(),
             labels: meta.labels.unwrap_or_default(),
             annotations: meta.annotations.unwrap_or_default(),
+            data_hash,
         });
     }
 }
 
+/// What is kept of a live object read whole: never its data.
+struct Live {
+    hash: String,
+    type_: Option<String>,
+    immutable: bool,
+}
+
+fn secret_live(key: &HashKey, s: Secret) -> (ObjectMeta, Live) {
+    let live = Live {
+        hash: content_hash(key, ResourceKind::Secret, &ObjectData::from(&s)),
+        type_: s.type_.clone(),
+        immutable: s.immutable.unwrap_or(false),
+    };
+    (s.metadata, live)
+}
+
+fn config_map_live(key: &HashKey, c: ConfigMap) -> (ObjectMeta, Live) {
+    let live = Live {
+        hash: content_hash(key, ResourceKind::ConfigMap, &ObjectData::from(&c)),
+        type_: None,
+        immutable: c.immutable.unwrap_or(false),
+    };
+    (c.metadata, live)
+}
+
 /// Lists helmop's copies on the cluster (label `helmop.dev/managed-by`, all namespaces) and reads
-/// the metadata of whatever exists at each `wanted` place. `cluster` is the plan's key.
+/// whatever exists at each `wanted` place. `cluster` is the plan's key. With `key` the objects
+/// are read whole and hashed in memory ([`Observation::live`], [`ObservedCopy::data_hash`]);
+/// without, only their metadata is read.
 pub async fn observe(
     client: &Client,
     cluster: &str,
     wanted: &BTreeSet<(String, ResourceRef)>,
+    key: Option<&HashKey>,
 ) -> Result<Observation, kube::Error> {
     let mut obs = Observation::default();
     let selector = format!("{}={}", names::LABEL_MANAGED_BY, names::MANAGER);
-    for meta in list_metadata::<Secret>(client, &selector).await? {
-        obs.add(cluster, ResourceKind::Secret, meta);
-    }
-    for meta in list_metadata::<ConfigMap>(client, &selector).await? {
-        obs.add(cluster, ResourceKind::ConfigMap, meta);
+    if let Some(key) = key {
+        for s in list_full::<Secret>(client, &selector).await? {
+            let (meta, live) = secret_live(key, s);
+            obs.add(cluster, ResourceKind::Secret, meta, Some(live));
+        }
+        for c in list_full::<ConfigMap>(client, &selector).await? {
+            let (meta, live) = config_map_live(key, c);
+            obs.add(cluster, ResourceKind::ConfigMap, meta, Some(live));
+        }
+    } else {
+        for meta in list_metadata::<Secret>(client, &selector).await? {
+            obs.add(cluster, ResourceKind::Secret, meta, None);
+        }
+        for meta in list_metadata::<ConfigMap>(client, &selector).await? {
+            obs.add(cluster, ResourceKind::ConfigMap, meta, None);
+        }
     }
     let missing: Vec<&(String, ResourceRef)> = wanted
         .iter()
         .filter(|(ns, r)| obs.get(ns, r).is_none())
         .collect();
-    let found: Vec<Option<(ResourceKind, ObjectMeta)>> = futures::stream::iter(missing)
+    type Found = Option<(ResourceKind, ObjectMeta, Option<Live>)>;
+    let found: Vec<Found> = futures::stream::iter(missing)
         .map(|(ns, resource)| async move {
-            let meta = match resource.kind {
-                ResourceKind::Secret => Api::<Secret>::namespaced(client.clone(), ns)
-                    .get_metadata_opt(&resource.name)
+            let secrets = Api::<Secret>::namespaced(client.clone(), ns);
+            let config_maps = Api::<ConfigMap>::namespaced(client.clone(), ns);
+            let name = &resource.name;
+            let got = match (resource.kind, key) {
+                (ResourceKind::Secret, Some(key)) => secrets
+                    .get_opt(name)
                     .await?
-                    .map(|m| m.metadata),
-                ResourceKind::ConfigMap => Api::<ConfigMap>::namespaced(client.clone(), ns)
-                    .get_metadata_opt(&resource.name)
+                    .map(|s| secret_live(key, s))
+                    .map(|(m, l)| (m, Some(l))),
+                (ResourceKind::ConfigMap, Some(key)) => config_maps
+                    .get_opt(name)
                     .await?
-                    .map(|m| m.metadata),
+                    .map(|c| config_map_live(key, c))
+                    .map(|(m, l)| (m, Some(l))),
+                (ResourceKind::Secret, None) => secrets
+                    .get_metadata_opt(name)
+                    .await?
+                    .map(|m| (m.metadata, None)),
+                (ResourceKind::ConfigMap, None) => config_maps
+                    .get_metadata_opt(name)
+                    .await?
+                    .map(|m| (m.metadata, None)),
             };
-            Ok::<_, kube::Error>(meta.map(|m| (resource.kind, m)))
+            Ok::<_, kube::Error>(got.map(|(m, l)| (resource.kind, m, l)))
         })
         .buffer_unordered(8)
         .try_collect()
         .await?;
-    for (kind, meta) in found.into_iter().flatten() {
-        obs.add(cluster, kind, meta);
+    for (kind, meta, live) in found.into_iter().flatten() {
+        obs.add(cluster, kind, meta, live);
     }
     obs.copies.sort_by(|a, b| {
         (&a.namespace, a.resource.kind.lower(), &a.resource.name).cmp(&(
@@ -114,6 +189,24 @@ where
         let page = api.list_metadata(&params).await?;
         let token = page.metadata.continue_.clone().filter(|t| !t.is_empty());
         out.extend(page.items.into_iter().map(|m| m.metadata));
+        match token {
+            Some(t) => params = params.continue_token(&t),
+            None => return Ok(out),
+        }
+    }
+}
+
+async fn list_full<K>(client: &Client, selector: &str) -> Result<Vec<K>, kube::Error>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let api: Api<K> = Api::all(client.clone());
+    let mut params = ListParams::default().labels(selector).limit(500);
+    let mut out = Vec::new();
+    loop {
+        let page = api.list(&params).await?;
+        let token = page.metadata.continue_.clone().filter(|t| !t.is_empty());
+        out.extend(page.items);
         match token {
             Some(t) => params = params.continue_token(&t),
             None => return Ok(out),

@@ -86,12 +86,12 @@ pub fn colour_stdout() -> bool {
 /// or should happen, red when helmop could not or would not act.
 fn colour_of(state: &str) -> Option<&'static str> {
     match state {
-        "Synced" | "Unchanged" | "Created" | "Updated" | "Current" | "Kept" | "Pruned"
-        | "Released" | "Restamped" => Some("32"),
+        "Synced" | "Unchanged" | "Created" | "Updated" | "Recreated" | "Current" | "Kept"
+        | "Pruned" | "Released" | "Restamped" => Some("32"),
         "Outdated" | "Unpinned" => Some("33"),
         "Unresolvable" => Some("31"),
-        "Stale" | "Missing" | "Orphaned" | "RolloutPending" | "Create" | "Update" | "Prune"
-        | "Release" | "Restamp" | "FleetManaged" => Some("33"),
+        "Stale" | "Drifted" | "Missing" | "Orphaned" | "RolloutPending" | "Create" | "Update"
+        | "Recreate" | "Prune" | "Release" | "Restamp" | "FleetManaged" => Some("33"),
         "Conflict" | "SourceMissing" | "Unreachable" | "Failed" | "Invalid" => Some("31"),
         _ => None,
     }

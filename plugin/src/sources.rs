@@ -128,11 +128,22 @@ pub struct Sources {
     pub objects: BTreeMap<(String, ResourceRef), SourceData>,
     /// The same, as the planner reads them.
     pub plan: Vec<SourceObject>,
+    /// The upstream hash key the content hashes were made with; `None` for metadata only
+    /// ([`fetch_metadata`]). With it, observing a cluster also hashes the copies' live content.
+    pub key: Option<HashKey>,
 }
 
 impl Sources {
     pub fn get(&self, namespace: &str, resource: &ResourceRef) -> Option<&SourceData> {
         self.objects.get(&(namespace.to_string(), resource.clone()))
+    }
+
+    /// The source Secret's `type` (`None` for ConfigMaps and absent sources).
+    pub fn secret_type(&self, namespace: &str, resource: &ResourceRef) -> Option<&str> {
+        match self.get(namespace, resource)? {
+            SourceData::Secret(s) => s.type_.as_deref(),
+            SourceData::ConfigMap(_) => None,
+        }
     }
 }
 
@@ -167,7 +178,10 @@ pub async fn fetch(
         .buffer_unordered(16)
         .try_collect()
         .await?;
-    let mut sources = Sources::default();
+    let mut sources = Sources {
+        key: Some(key.clone()),
+        ..Sources::default()
+    };
     for ((ns, resource), data) in found.into_iter().flatten() {
         let meta = data.meta();
         sources.plan.push(SourceObject {
@@ -220,6 +234,7 @@ pub async fn fetch_metadata(ctx: &Ctx, desired: &[DesiredCopy]) -> Result<Source
     Ok(Sources {
         objects: BTreeMap::new(),
         plan: found.into_iter().flatten().collect(),
+        key: None,
     })
 }
 

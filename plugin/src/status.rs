@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use helmop_core::hash::{HashKey, ObjectData, content_hash};
 use helmop_core::names;
-use helmop_core::plan::{Action, ActionKind};
+use helmop_core::plan::{Action, ActionKind, UpdateReason};
 use helmop_core::resource::{ResourceKind, ResourceRef};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
@@ -20,7 +20,9 @@ use crate::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
 use crate::hash_key::KeyOrigin;
 use crate::inventory::{Inventory, Problem};
-use crate::propagate::{load_key, observe_and_plan, problem_rows, row, unreachable_rows};
+use crate::propagate::{
+    load_key, observe_and_plan, problem_rows, row, uncopyable_rows, unreachable_rows,
+};
 use crate::report::{self, Row};
 use crate::scope::Scope;
 use crate::sources::{self, Sources};
@@ -50,7 +52,7 @@ impl StatusReport {
     pub fn exit_status(&self) -> ExitStatus {
         if self.unreachable_clusters > 0 {
             ExitStatus::Partial
-        } else if !self.problems.is_empty() {
+        } else if !self.problems.is_empty() || self.summary.contains_key("Invalid") {
             ExitStatus::Invalid
         } else {
             ExitStatus::Ok
@@ -78,6 +80,7 @@ pub async fn status(ctx: &Ctx, opts: &StatusOpts) -> Result<StatusReport, Plugin
             )
             .await;
     rows.extend(problem_rows(&inv.problems));
+    rows.extend(uncopyable_rows(&inv));
     report::sort(&mut rows);
     Ok(StatusReport {
         upstream_id: ctx.upstream_id.clone(),
@@ -93,7 +96,12 @@ pub async fn status(ctx: &Ctx, opts: &StatusOpts) -> Result<StatusReport, Plugin
 pub fn state_of(action: &Action) -> &'static str {
     match &action.kind {
         ActionKind::Create { .. } => "Missing",
-        ActionKind::Update { .. } => "Stale",
+        ActionKind::Update { reasons, .. } | ActionKind::Recreate { reasons, .. }
+            if reasons.contains(&UpdateReason::Drifted) =>
+        {
+            "Drifted"
+        }
+        ActionKind::Update { .. } | ActionKind::Recreate { .. } => "Stale",
         ActionKind::Unchanged => "Synced",
         ActionKind::Conflict(_) => "Conflict",
         ActionKind::SkipFleetManaged => "FleetManaged",
@@ -124,7 +132,7 @@ async fn cluster_status(
         let state = state_of(action);
         let mut reason = match &action.kind {
             ActionKind::Create { .. } => "no copy yet; run `kubectl helmop propagate`".into(),
-            ActionKind::Update { .. } => {
+            ActionKind::Update { .. } | ActionKind::Recreate { .. } => {
                 format!("{}; run `kubectl helmop propagate`", action.reason())
             }
             ActionKind::Prune { .. } | ActionKind::RemoveOwner { .. } => {
@@ -132,7 +140,12 @@ async fn cluster_status(
             }
             _ => action.reason(),
         };
-        if origin == KeyOrigin::Ephemeral && matches!(action.kind, ActionKind::Update { .. }) {
+        if origin == KeyOrigin::Ephemeral
+            && matches!(
+                action.kind,
+                ActionKind::Update { .. } | ActionKind::Recreate { .. }
+            )
+        {
             reason.push_str(&format!(
                 " (the upstream has no hash key {}/{}, so no copy can be confirmed)",
                 names::SYSTEM_NAMESPACE,
@@ -145,7 +158,7 @@ async fn cluster_status(
             r.in_sync = in_sync;
             r.reason = format!("{}; {why}", r.reason);
         }
-        if matches!(state, "Synced" | "Stale")
+        if matches!(state, "Synced" | "Stale" | "Drifted")
             && let Some(hash) = obs
                 .get(&action.namespace, &action.resource)
                 .and_then(|o| o.annotations.get(names::ANN_CONTENT_HASH))
@@ -246,6 +259,19 @@ mod tests {
     fn states_follow_the_plan() {
         let cases = [
             (ActionKind::Unchanged, "Synced"),
+            (
+                ActionKind::Update {
+                    source: helmop_core::plan::SourceRef::new(
+                        "u",
+                        "team",
+                        ResourceRef::secret("db"),
+                    ),
+                    uid: "u".into(),
+                    meta: Default::default(),
+                    reasons: vec![UpdateReason::ContentChanged, UpdateReason::Drifted],
+                },
+                "Drifted",
+            ),
             (ActionKind::Conflict(ConflictReason::NotManaged), "Conflict"),
             (ActionKind::SkipFleetManaged, "FleetManaged"),
             (ActionKind::SourceMissing, "SourceMissing"),

@@ -15,6 +15,13 @@
 //!   webhook when the workload was last admitted, which `propagate` follows with a restamp
 //!   whenever it changes a copy.
 //!
+//! When `propagate` restamps (decided from state, never from what the current run wrote): a
+//! workload reading one of helmop's copies is due when its restamp value does not list that
+//! copy with the content hash the copy has now - the copy changed since the last restamp, or
+//! helmop never recorded it (a run killed between writing a copy and restamping, a workload
+//! admitted later, a value written by `rollout`). The restamp of a workload whose stamp is
+//! already current changes nothing in its pod template, so it does not roll.
+//!
 //! Kinds considered: Deployment, StatefulSet, DaemonSet, CronJob (where served). Jobs and bare
 //! ReplicaSets are left alone: a Job's template is immutable, and a ReplicaSet does not roll.
 
@@ -98,6 +105,50 @@ pub fn parse_restamp(value: &str) -> BTreeMap<String, String> {
         .filter(|(r, h)| r.contains('/') && !h.is_empty())
         .map(|(r, h)| (r.to_string(), h.to_string()))
         .collect()
+}
+
+/// A restamp `propagate` must write on a workload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Due {
+    /// The new `helmop.dev/restamp` value.
+    pub value: String,
+    /// The copies whose current content the old value did not list.
+    pub copies: Vec<ResourceRef>,
+    pub reason: String,
+}
+
+/// Whether `w` must be restamped, given the content hash each of helmop's copies in its
+/// namespace has now (`copies`). Entries of the old value for copies not in `copies` (e.g. one
+/// whose write failed) are kept as they were.
+pub fn restamp_due(w: &Workload, copies: &BTreeMap<ResourceRef, String>) -> Option<Due> {
+    let listed = w.restamp.as_deref().map(parse_restamp).unwrap_or_default();
+    let stale: Vec<ResourceRef> = w
+        .reads
+        .iter()
+        .filter(|r| {
+            copies
+                .get(*r)
+                .is_some_and(|h| listed.get(&r.to_string()) != Some(h))
+        })
+        .cloned()
+        .collect();
+    if stale.is_empty() {
+        return None;
+    }
+    let value: BTreeMap<String, String> = w
+        .reads
+        .iter()
+        .filter_map(|r| {
+            let key = r.to_string();
+            let hash = copies.get(r).or_else(|| listed.get(&key))?;
+            Some((key, hash.clone()))
+        })
+        .collect();
+    Some(Due {
+        value: restamp_value(&value),
+        copies: stale,
+        reason: "its restamp record does not list the copy's current content".into(),
+    })
 }
 
 /// Whether `w`'s stamp is current for `copy` whose content hash is now `copy_hash`, and why.
@@ -252,6 +303,38 @@ mod tests {
         assert_eq!(parse_restamp(&v), copies);
         assert!(parse_restamp("2026-11-29T16:00:00Z").is_empty());
         assert!(parse_restamp("").is_empty());
+    }
+
+    #[test]
+    fn restamps_are_due_from_state() {
+        let (db, app) = (ResourceRef::secret("db"), ResourceRef::config_map("app"));
+        let mut w = Workload {
+            kind: WorkloadKind::Deployment,
+            namespace: "apps".into(),
+            name: "web".into(),
+            reads: BTreeSet::from([db.clone(), app.clone()]),
+            restamp: None,
+            config_hash: Some("v1:stamp".into()),
+        };
+        let copies = BTreeMap::from([(db.clone(), "v1:new".to_string())]);
+        // Never recorded (e.g. the run that changed the copy was killed before restamping).
+        let due = restamp_due(&w, &copies).expect("due");
+        assert_eq!(due.value, "secret/db=v1:new");
+        assert_eq!(due.copies, std::slice::from_ref(&db));
+        // Recorded for other content.
+        w.restamp = Some("configmap/app=v1:a,secret/db=v1:old".into());
+        let due = restamp_due(&w, &copies).expect("due");
+        assert_eq!(
+            due.value, "configmap/app=v1:a,secret/db=v1:new",
+            "entries of copies not known now are kept"
+        );
+        // Recorded for this content: nothing to do.
+        w.restamp = Some(due.value);
+        assert_eq!(restamp_due(&w, &copies), None);
+        // A workload reading none of our copies is never touched.
+        w.reads = BTreeSet::from([ResourceRef::secret("other")]);
+        w.restamp = None;
+        assert_eq!(restamp_due(&w, &copies), None);
     }
 
     #[test]

@@ -189,6 +189,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            data_hash: None,
         }
     }
 

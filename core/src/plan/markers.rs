@@ -139,7 +139,7 @@ pub struct CopyMeta {
     pub annotations: BTreeMap<String, String>,
 }
 
-fn reserved(key: &str) -> bool {
+pub(crate) fn reserved(key: &str) -> bool {
     names::RESERVED_PREFIXES.iter().any(|p| key.starts_with(p))
 }
 

@@ -17,11 +17,14 @@
 
 mod identity;
 mod markers;
+mod refine;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 pub use identity::{migrate_upstream_ids, take_sources};
+pub use refine::{LiveFacts, refine};
+
 pub use markers::{
     CopyMeta, OwnerRef, SourceObject, SourceRef, UpstreamIdError, copy_meta, format_owners,
     parse_owners, validate_upstream_id,
@@ -75,6 +78,11 @@ pub struct ObservedCopy {
     pub uid: String,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
+    /// [`crate::hash::content_hash`] of the object's live content (`type`, `data`,
+    /// `binaryData`) with the upstream key, computed in memory by the caller; `None` when only
+    /// metadata was read. A helmop copy whose value differs from its own
+    /// `helmop.dev/content-hash` was edited downstream (drift).
+    pub data_hash: Option<String>,
 }
 
 /// Whose ownership this run may release.
@@ -126,6 +134,17 @@ pub enum ActionKind {
         meta: CopyMeta,
         reasons: Vec<UpdateReason>,
     },
+    /// The copy cannot be changed in place (its `type` differs from the source's, or it was made
+    /// `immutable`): delete it with a precondition on `uid` and `resource_version`, then create
+    /// it anew. Only ever planned for helmop's own copies ([`refine`]).
+    Recreate {
+        source: SourceRef,
+        uid: String,
+        resource_version: String,
+        meta: CopyMeta,
+        reasons: Vec<UpdateReason>,
+        why: RecreateReason,
+    },
     Unchanged,
     Conflict(ConflictReason),
     /// Fleet copies this object itself; helmop neither writes nor prunes it.
@@ -159,6 +178,25 @@ pub enum UpdateReason {
     MarkersChanged,
     /// Taken over with `--adopt`.
     Adopted,
+    /// The source was deleted and created again (new uid); the copy is helmop's for these
+    /// owners, so it follows the new source.
+    SourceRecreated,
+    /// The copy's data was edited downstream (its live content no longer matches its
+    /// `helmop.dev/content-hash`).
+    Drifted,
+    /// The copy's live content equals the source's, but its `helmop.dev/content-hash` differs:
+    /// it was made with another hash key (the upstream key was replaced). Only the annotation
+    /// is rewritten.
+    HashOutdated,
+}
+
+/// Why a copy must be deleted and created again instead of updated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecreateReason {
+    /// Kubernetes does not allow changing a Secret's `type`.
+    TypeChanged,
+    /// The copy was made `immutable` downstream.
+    Immutable,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -174,6 +212,9 @@ pub enum ConflictReason {
     /// The place is a source itself (the cluster is the upstream cluster): never written,
     /// adopted or pruned, whatever `--adopt` says.
     IsSource,
+    /// An object helmop does not own (being adopted) cannot be updated in place, and helmop
+    /// never deletes what it does not own.
+    CannotUpdate { why: RecreateReason },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,6 +231,7 @@ impl ActionKind {
         match self {
             ActionKind::Create { .. } => "Create",
             ActionKind::Update { .. } => "Update",
+            ActionKind::Recreate { .. } => "Recreate",
             ActionKind::Unchanged => "Unchanged",
             ActionKind::Conflict(_) => "Conflict",
             ActionKind::SkipFleetManaged => "FleetManaged",
@@ -206,6 +248,7 @@ impl ActionKind {
         match self {
             ActionKind::Create { .. }
             | ActionKind::Update { .. }
+            | ActionKind::Recreate { .. }
             | ActionKind::Prune { .. }
             | ActionKind::RemoveOwner { .. } => true,
             ActionKind::Keep { rewrite, .. } => *rewrite,
@@ -229,7 +272,27 @@ impl fmt::Display for UpdateReason {
             UpdateReason::OwnersRemoved(k) => write!(f, "owners removed: {}", list(k)),
             UpdateReason::MarkersChanged => f.write_str("labels or annotations differ"),
             UpdateReason::Adopted => f.write_str("adopted (--adopt)"),
+            UpdateReason::SourceRecreated => {
+                f.write_str("the source was recreated; the copy follows it")
+            }
+            UpdateReason::Drifted => f.write_str("the copy's data was edited downstream"),
+            UpdateReason::HashOutdated => f.write_str(
+                "the content matches the source, but the copy's hash was made with another hash key",
+            ),
         }
+    }
+}
+
+impl fmt::Display for RecreateReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RecreateReason::TypeChanged => {
+                "the Secret type changed, which Kubernetes cannot update in place; the copy is deleted and created again"
+            }
+            RecreateReason::Immutable => {
+                "the copy is immutable; it is deleted and created again"
+            }
+        })
     }
 }
 
@@ -256,6 +319,14 @@ impl fmt::Display for ConflictReason {
             ConflictReason::IsSource => f.write_str(
                 "this is the source itself: the cluster is the management cluster and this namespace holds the HelmOp's sources; helmop never writes, adopts or prunes a source (target another namespace)",
             ),
+            ConflictReason::CannotUpdate { why } => write!(
+                f,
+                "the object cannot be updated in place ({}) and helmop does not own it; delete it by hand, then run propagate again",
+                match why {
+                    RecreateReason::TypeChanged => "its Secret type differs from the source's",
+                    RecreateReason::Immutable => "it is immutable",
+                }
+            ),
         }
     }
 }
@@ -281,6 +352,12 @@ impl Action {
             ActionKind::Update { reasons, .. } => reasons
                 .iter()
                 .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
+            ActionKind::Recreate { reasons, why, .. } => reasons
+                .iter()
+                .map(ToString::to_string)
+                .chain([why.to_string()])
                 .collect::<Vec<_>>()
                 .join("; "),
             ActionKind::Unchanged => "in sync".into(),
@@ -346,7 +423,10 @@ fn owners_of(o: &ObservedCopy) -> BTreeSet<String> {
 }
 
 /// Every label and annotation we would write is there with our value, and no `helmop.dev/`
-/// key is there that we would not write (e.g. a stale keep marker).
+/// key is there that we would not write (e.g. a stale keep marker). Labels follow the source
+/// exactly: a label the copy has and we would not write is a difference too (a label removed
+/// from the source, or added downstream), except the reserved prefixes helmop never copies
+/// (`kubectl.kubernetes.io/`, Fleet's), which are left to their writers.
 fn meta_matches(o: &ObservedCopy, meta: &CopyMeta) -> bool {
     let covers = |have: &BTreeMap<String, String>, want: &BTreeMap<String, String>| {
         want.iter().all(|(k, v)| have.get(k) == Some(v))
@@ -355,7 +435,31 @@ fn meta_matches(o: &ObservedCopy, meta: &CopyMeta) -> bool {
                 .filter(|k| k.starts_with(names::PREFIX))
                 .all(|k| want.contains_key(k))
     };
-    covers(&o.labels, &meta.labels) && covers(&o.annotations, &meta.annotations)
+    covers(&o.labels, &meta.labels)
+        && extra_labels(&o.labels, &meta.labels).is_empty()
+        && covers(&o.annotations, &meta.annotations)
+}
+
+/// Labels of a copy that helmop would not write and that are not under a reserved prefix:
+/// those a write removes so the copy's labels follow the source exactly.
+pub fn extra_labels(
+    have: &BTreeMap<String, String>,
+    want: &BTreeMap<String, String>,
+) -> Vec<String> {
+    have.keys()
+        .filter(|k| !want.contains_key(*k) && !markers::reserved(k))
+        .cloned()
+        .collect()
+}
+
+/// The copy was edited downstream: its live content hash is known and differs from the hash
+/// helmop recorded when it wrote the copy.
+fn drifted(o: &ObservedCopy) -> bool {
+    match (&o.data_hash, o.annotations.get(names::ANN_CONTENT_HASH)) {
+        (Some(live), Some(recorded)) => live != recorded,
+        (Some(_), None) => true,
+        _ => false,
+    }
 }
 
 struct Planner<'a> {
@@ -524,7 +628,13 @@ impl<'a> Planner<'a> {
             BTreeSet::new()
         } else {
             let found_uid = o.annotations.get(names::ANN_SOURCE_UID);
-            if found_uid != Some(&source.uid) {
+            // A copy listing one of these HelmOps (of our upstream) as owner is ours: the source
+            // was deleted and recreated (external secret tools do that), so follow it. A copy
+            // listing none of them stays a conflict: it may be an impostor.
+            let ours = owners_of(o).iter().any(|e| wanted.contains(e));
+            if found_uid != Some(&source.uid) && ours {
+                reasons.push(UpdateReason::SourceRecreated);
+            } else if found_uid != Some(&source.uid) {
                 if !adopt {
                     let found = found_uid.cloned();
                     push(
@@ -558,8 +668,20 @@ impl<'a> Planner<'a> {
         let keep = keep || (is_kept(o) && others_remain);
         let meta = copy_meta(upstream, source, &owners, keep);
 
-        if o.annotations.get(names::ANN_CONTENT_HASH) != Some(&source.content_hash) {
-            reasons.push(UpdateReason::ContentChanged);
+        // The live content hash (when read) tells a source change from a replaced hash key
+        // and from an edit downstream; see [`ObservedCopy::data_hash`].
+        let recorded = o.annotations.get(names::ANN_CONTENT_HASH);
+        let live_matches = o.data_hash.as_ref() == Some(&source.content_hash);
+        let ours = !reasons.contains(&UpdateReason::Adopted);
+        if recorded != Some(&source.content_hash) {
+            reasons.push(if ours && live_matches {
+                UpdateReason::HashOutdated
+            } else {
+                UpdateReason::ContentChanged
+            });
+        }
+        if ours && drifted(o) && !live_matches {
+            reasons.push(UpdateReason::Drifted);
         }
         let added: Vec<HelmOpKey> = helmops
             .iter()

@@ -44,6 +44,7 @@ fn copy(src: &SourceObject, owners: &[&str], keep: bool) -> ObservedCopy {
         uid: "uid-copy".into(),
         labels: meta.labels,
         annotations: meta.annotations,
+        data_hash: None,
     }
 }
 
@@ -120,19 +121,25 @@ fn unchanged_when_in_sync_writes_nothing() {
 }
 
 #[test]
-fn unrelated_labels_on_the_copy_do_not_cause_writes() {
+fn unrelated_annotations_on_the_copy_do_not_cause_writes_but_labels_do() {
     let mut observed = copy(&db_source(), &["up1/team/app"], false);
-    observed
-        .labels
-        .insert("added-by-someone".into(), "x".into());
     observed
         .annotations
         .insert("other.io/note".into(), "x".into());
     let a = only(plan(&input(
         vec![want("team", "app", db(), false)],
-        vec![observed],
+        vec![observed.clone()],
     )));
     assert_eq!(a.kind, ActionKind::Unchanged);
+    // Labels follow the source exactly (docs/copy-lifecycle.md).
+    observed
+        .labels
+        .insert("added-by-someone".into(), "x".into());
+    let a = only(plan(&input(
+        vec![want("team", "app", db(), false)],
+        vec![observed],
+    )));
+    assert_eq!(update_reasons(&a), [UpdateReason::MarkersChanged]);
 }
 
 #[test]
@@ -240,6 +247,7 @@ fn conflict_on_unmanaged_object_unless_adopt() {
         uid: "uid-theirs".into(),
         labels: BTreeMap::new(),
         annotations: BTreeMap::from([(names::ANN_OWNERS.into(), "up1/other/x".into())]),
+        data_hash: None,
     };
     let mut inp = input(
         vec![want("team", "app", db(), false)],
@@ -309,10 +317,29 @@ fn conflict_on_another_source_unless_adopt() {
 }
 
 #[test]
-fn conflict_on_recreated_source_unless_adopt() {
+fn a_recreated_source_is_followed_by_the_copies_of_its_owners() {
     let mut old = db_source();
     old.uid = "uid-before".into();
     let observed = copy(&old, &["up1/team/app", "up2/x/y"], false);
+    let a = only(plan(&input(
+        vec![want("team", "app", db(), false)],
+        vec![observed],
+    )));
+    assert_eq!(update_reasons(&a), [UpdateReason::SourceRecreated]);
+    // Same source, so its other owners stay owners.
+    assert_eq!(written_owners(&a), Some("up1/team/app,up2/x/y"));
+    let ActionKind::Update { meta, .. } = &a.kind else {
+        unreachable!()
+    };
+    assert_eq!(meta.annotations[names::ANN_SOURCE_UID], "uid-src");
+}
+
+#[test]
+fn a_copy_of_an_earlier_source_not_owned_by_these_helmops_is_a_conflict_unless_adopt() {
+    let mut old = db_source();
+    old.uid = "uid-before".into();
+    // An impostor (or another HelmOp's copy): right source name, none of the wanting owners.
+    let observed = copy(&old, &["up1/team/other", "up2/x/y"], false);
     let mut inp = input(vec![want("team", "app", db(), false)], vec![observed]);
     let a = only(plan(&inp));
     assert_eq!(
@@ -324,12 +351,89 @@ fn conflict_on_recreated_source_unless_adopt() {
     inp.adopt = true;
     let a = only(plan(&inp));
     assert_eq!(update_reasons(&a)[0], UpdateReason::Adopted);
-    // Same source, so its other owners stay owners.
+    // The unwanted owner of our upstream is released (enumeration is complete).
     assert_eq!(written_owners(&a), Some("up1/team/app,up2/x/y"));
+}
+
+#[test]
+fn labels_follow_the_source_exactly() {
+    let mut old = db_source();
+    old.labels.insert("tier".into(), "gone".into());
+    let mut observed = copy(&old, &["up1/team/app"], false);
+    let a = only(plan(&input(
+        vec![want("team", "app", db(), false)],
+        vec![observed.clone()],
+    )));
+    assert_eq!(update_reasons(&a), [UpdateReason::MarkersChanged]);
     let ActionKind::Update { meta, .. } = &a.kind else {
         unreachable!()
     };
-    assert_eq!(meta.annotations[names::ANN_SOURCE_UID], "uid-src");
+    assert!(!meta.labels.contains_key("tier"));
+    assert_eq!(
+        extra_labels(&observed.labels, &meta.labels),
+        ["tier".to_string()]
+    );
+    // Labels under reserved prefixes belong to their writers and are no difference.
+    observed.labels.remove("tier");
+    observed
+        .labels
+        .insert("kubectl.kubernetes.io/x".into(), "y".into());
+    let a = only(plan(&input(
+        vec![want("team", "app", db(), false)],
+        vec![observed],
+    )));
+    assert_eq!(a.kind, ActionKind::Unchanged);
+}
+
+#[test]
+fn data_edited_downstream_is_drift() {
+    let mut observed = copy(&db_source(), &["up1/team/app"], false);
+    observed.data_hash = Some("v1:aa".into());
+    let inp = input(
+        vec![want("team", "app", db(), false)],
+        vec![observed.clone()],
+    );
+    assert_eq!(only(plan(&inp)).kind, ActionKind::Unchanged);
+    observed.data_hash = Some("v1:edited".into());
+    let a = only(plan(&input(
+        vec![want("team", "app", db(), false)],
+        vec![observed],
+    )));
+    assert_eq!(update_reasons(&a), [UpdateReason::Drifted]);
+    assert_eq!(a.reason(), "the copy's data was edited downstream");
+}
+
+#[test]
+fn live_content_tells_a_source_change_from_a_replaced_key() {
+    let mut old = db_source();
+    old.content_hash = "v1:old".into();
+    // Source changed; the copy is as helmop wrote it.
+    let mut observed = copy(&old, &["up1/team/app"], false);
+    observed.data_hash = Some("v1:old".into());
+    let a = only(plan(&input(
+        vec![want("team", "app", db(), false)],
+        vec![observed.clone()],
+    )));
+    assert_eq!(update_reasons(&a), [UpdateReason::ContentChanged]);
+    // The hash key was replaced: the live content, hashed with the current key, equals the
+    // source's; only the annotation is outdated (and this is no drift).
+    observed.data_hash = Some("v1:aa".into());
+    let a = only(plan(&input(
+        vec![want("team", "app", db(), false)],
+        vec![observed.clone()],
+    )));
+    assert_eq!(update_reasons(&a), [UpdateReason::HashOutdated]);
+    assert!(a.reason().contains("another hash key"), "{}", a.reason());
+    // Source changed and the copy was edited too.
+    observed.data_hash = Some("v1:edited".into());
+    let a = only(plan(&input(
+        vec![want("team", "app", db(), false)],
+        vec![observed],
+    )));
+    assert_eq!(
+        update_reasons(&a),
+        [UpdateReason::ContentChanged, UpdateReason::Drifted]
+    );
 }
 
 #[test]
@@ -511,6 +615,7 @@ fn unmanaged_objects_that_nobody_wants_are_ignored() {
         uid: "u".into(),
         labels: BTreeMap::from([(names::LABEL_MANAGED_BY.into(), names::MANAGER.into())]),
         annotations: BTreeMap::from([(names::ANN_OWNERS.into(), "up1/team/app".into())]),
+        data_hash: None,
     };
     assert!(plan(&input(vec![], vec![stranger])).is_empty());
     // Copies from another upstream, not listing us.
@@ -662,6 +767,7 @@ fn arb_observed() -> impl Strategy<Value = ObservedCopy> {
                 uid: format!("uid-{name}"),
                 labels,
                 annotations,
+                data_hash: None,
             }
         })
 }

@@ -28,6 +28,11 @@ pub struct PropagateArgs {
     #[arg(long)]
     pub adopt: bool,
 
+    /// Create a new upstream hash key although copies hashed with the missing one exist
+    /// (rewrites every such copy's hash annotation)
+    #[arg(long)]
+    pub new_hash_key: bool,
+
     /// Output format
     #[arg(short = 'o', long, value_enum, default_value_t = ReportFormat::Table)]
     pub output: ReportFormat,
@@ -55,6 +60,7 @@ impl PropagateArgs {
             ),
             adopt: self.adopt,
             dry_run: self.dry_run,
+            new_hash_key: self.new_hash_key,
         }
     }
 }

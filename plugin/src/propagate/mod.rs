@@ -2,10 +2,13 @@
 //!
 //! One run ([`propagate_once`]): read (or create) the upstream hash key, enumerate HelmOps,
 //! Clusters and targets, read the sources, then per downstream cluster (bounded concurrency,
-//! per-cluster deadline) observe the copies' metadata, plan with `helmop_core::plan`, and execute:
-//! server-side apply of new and changed copies, nothing at all for unchanged ones, and a
-//! `helmop.dev/restamp` on every opted-in workload reading a copy whose content changed.
-//! Deleting is `prune`'s job: copies no longer wanted are only reported here.
+//! per-cluster deadline) observe the copies (content hashed in memory, for drift), plan with
+//! `helmop_core::plan`, and execute: a POST for a new copy, server-side apply of a changed one,
+//! delete-then-create for one Kubernetes cannot change in place, nothing at all for unchanged
+//! ones, and a `helmop.dev/restamp` on every opted-in workload whose restamp record does not
+//! list the content its copies have now (decided from state, so a killed run is repaired by
+//! the next). Deleting unwanted copies is `prune`'s job: they are only reported here. Rules:
+//! docs/copy-lifecycle.md.
 //!
 //! For `--watch` (a loop around this): build the [`Ctx`] once, call [`propagate_once`] with
 //! [`crate::runner::Progress::Quiet`] whenever something changed; [`Report::namespaces`] says which namespaces
@@ -19,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use helmop_core::hash::HashKey;
 use helmop_core::names;
 use helmop_core::plan::{
-    Action, ActionKind, PlanInput, UpdateReason, migrate_upstream_ids, plan, take_sources,
+    Action, ActionKind, PlanInput, migrate_upstream_ids, plan, refine, take_sources,
 };
 use helmop_core::resource::ResourceRef;
 use serde::Serialize;
@@ -35,8 +38,9 @@ use crate::inventory::{Inventory, Problem};
 use crate::observe::{self, Observation};
 use crate::report::{self, Row};
 use crate::scope::Scope;
-use crate::sources::{self, Sources};
+use crate::sources::{self, SourceData, Sources};
 use crate::workloads;
+use apply::NamespaceState;
 
 /// What to propagate and how.
 #[derive(Clone, Debug)]
@@ -46,6 +50,9 @@ pub struct PropagateOpts {
     pub adopt: bool,
     /// `--dry-run`: plan and report, write nothing (not even the hash key).
     pub dry_run: bool,
+    /// `--new-hash-key`: create a new upstream hash key even though copies hashed with a
+    /// lost one exist (every such copy's hash annotation is then rewritten).
+    pub new_hash_key: bool,
 }
 
 /// The outcome of one run.
@@ -80,12 +87,17 @@ pub struct Summary {
 
 impl Report {
     /// 2 when a cluster was unreachable or a write failed, else 1 when a copy was refused
-    /// (Conflict), a source is missing or a HelmOp's targets are invalid, else 0.
+    /// (Conflict), a source is missing, a HelmOp's targets are invalid or it lists a kind
+    /// helmop cannot copy, else 0.
     pub fn exit_status(&self) -> ExitStatus {
         let has = |s: &str| self.summary.states.contains_key(s);
         if self.summary.unreachable_clusters > 0 || has("Failed") {
             ExitStatus::Partial
-        } else if has("Conflict") || has("SourceMissing") || !self.problems.is_empty() {
+        } else if has("Conflict")
+            || has("SourceMissing")
+            || has("Invalid")
+            || !self.problems.is_empty()
+        {
             ExitStatus::Invalid
         } else {
             ExitStatus::Ok
@@ -96,8 +108,17 @@ impl Report {
 /// One propagation run; see the module documentation.
 pub async fn propagate_once(ctx: &Ctx, opts: &PropagateOpts) -> Result<Report, PluginError> {
     let writes_before = ctx.writes();
-    let (key, origin) = hash_key::load(&ctx.upstream, !opts.dry_run, || ctx.record_write()).await?;
     let inv = opts.scope.inventory(ctx, false).await?;
+    let (mut key, mut origin) = load_key(ctx, false).await?;
+    if origin == KeyOrigin::Ephemeral {
+        // The dry run refuses exactly as the real run does.
+        if !opts.new_hash_key {
+            refuse_replacing_the_key(ctx, opts, &inv).await?;
+        }
+        if !opts.dry_run {
+            (key, origin) = load_key(ctx, true).await?;
+        }
+    }
     let sources = sources::fetch(ctx, &inv.desired, &key).await?;
     let (mut rows, unreachable) = opts
         .scope
@@ -122,6 +143,7 @@ pub async fn propagate_once(ctx: &Ctx, opts: &PropagateOpts) -> Result<Report, P
         )
         .await;
     rows.extend(problem_rows(&inv.problems));
+    rows.extend(uncopyable_rows(&inv));
     report::sort(&mut rows);
     Ok(Report {
         upstream_id: ctx.upstream_id.clone(),
@@ -138,6 +160,70 @@ pub async fn propagate_once(ctx: &Ctx, opts: &PropagateOpts) -> Result<Report, P
         problems: inv.problems.clone(),
         namespaces: inv.helmop_namespaces(),
     })
+}
+
+/// The upstream hash key is missing. Creating a new one would silently rewrite the hash of
+/// every copy of this upstream (and restamp their readers), so it is refused while any
+/// reachable targeted cluster holds such a copy: the user restores the key, or says
+/// `--new-hash-key`. (A cluster that cannot be reached now is not known to hold any; its copies
+/// are then reported `HashOutdated` when it is back.)
+async fn refuse_replacing_the_key(
+    ctx: &Ctx,
+    opts: &PropagateOpts,
+    inv: &Inventory,
+) -> Result<(), PluginError> {
+    let (found, _) = opts
+        .scope
+        .rows_per_cluster(
+            inv,
+            "checking for copies",
+            |downstream, client| async move {
+                let obs = observe_cluster(inv, &downstream.key, &client, None).await?;
+                Ok(obs
+                    .copies
+                    .iter()
+                    .filter(|o| hashed_copy_of(&ctx.upstream_id, o))
+                    .map(|o| Row {
+                        helmops: Vec::new(),
+                        cluster: downstream.display(),
+                        namespace: o.namespace.clone(),
+                        kind: o.resource.kind.as_str().into(),
+                        name: o.resource.name.clone(),
+                        workload: None,
+                        state: String::new(),
+                        reason: String::new(),
+                        in_sync: None,
+                    })
+                    .collect())
+            },
+            |_, _| Vec::new(),
+        )
+        .await;
+    if found.is_empty() {
+        return Ok(());
+    }
+    let clusters: BTreeSet<&str> = found.iter().map(|r| r.cluster.as_str()).collect();
+    Err(PluginError::Upstream(format!(
+        "the hash key Secret {}/{} is missing, but {} copies hashed with it exist on {} cluster(s) ({}); \
+         restore the Secret from a backup (the copies then stay valid), or run propagate with \
+         --new-hash-key to hash every copy anew (rewrites each copy's hash annotation and restamps \
+         the workloads reading it)",
+        names::SYSTEM_NAMESPACE,
+        names::HASH_KEY_SECRET,
+        found.len(),
+        clusters.len(),
+        clusters.into_iter().collect::<Vec<_>>().join(", ")
+    )))
+}
+
+/// A copy of this upstream carrying a content hash (made with some upstream hash key).
+fn hashed_copy_of(upstream_id: &str, o: &helmop_core::plan::ObservedCopy) -> bool {
+    o.labels.get(names::LABEL_MANAGED_BY).map(String::as_str) == Some(names::MANAGER)
+        && o.annotations.contains_key(names::ANN_CONTENT_HASH)
+        && o.annotations
+            .get(names::ANN_SOURCE)
+            .and_then(|s| helmop_core::plan::SourceRef::parse(s))
+            .is_some_and(|s| s.upstream_id == upstream_id)
 }
 
 /// Rows for the copies wanted on a cluster that could not be worked on (one row for the
@@ -197,26 +283,30 @@ pub async fn observe_and_plan(
     client: &kube::Client,
     adopt: bool,
 ) -> Result<(Observation, Vec<Action>), String> {
-    let mut obs = observe_cluster(inv, cluster, client).await?;
+    let mut obs = observe_cluster(inv, cluster, client, sources.key.as_ref()).await?;
     // Copies marked with an earlier id of this upstream are ours (docs/cluster-identity.md).
     migrate_upstream_ids(&mut obs.copies, &ctx.upstream_id, &ctx.upstream_aliases);
     let actions = plan_observed(ctx, inv, sources, cluster, &obs, adopt);
     Ok((obs, actions))
 }
 
-/// Lists what is on a cluster where copies are or may be.
+/// Lists what is on a cluster where copies are or may be; with the upstream key, also hashes
+/// the live content in memory (drift, [`observe::observe`]).
 pub async fn observe_cluster(
     inv: &Inventory,
     cluster: &str,
     client: &kube::Client,
+    key: Option<&HashKey>,
 ) -> Result<Observation, String> {
-    observe::observe(client, cluster, &wanted_places(inv, cluster))
+    observe::observe(client, cluster, &wanted_places(inv, cluster), key)
         .await
         .map_err(|e| format!("cannot list copies: {}", api_error::describe(&e)))
 }
 
-/// Plans one cluster with the core planner. On the upstream cluster itself, places that hold
-/// sources are refused first (never written, adopted or pruned).
+/// Plans one cluster with the core planner, then decides how each write can really be done
+/// (`refine`: an update Kubernetes refuses becomes a recreate or a conflict), so `--dry-run`
+/// and the real run agree. On the upstream cluster itself, places that hold sources are refused
+/// first (never written, adopted or pruned).
 pub fn plan_observed(
     ctx: &Ctx,
     inv: &Inventory,
@@ -244,7 +334,19 @@ pub fn plan_observed(
     } else {
         Vec::new()
     };
-    let mut actions = plan(&input);
+    let mut actions: Vec<Action> = plan(&input)
+        .into_iter()
+        .map(|a| {
+            let source_type = match &a.kind {
+                ActionKind::Update { source, .. } => {
+                    sources.secret_type(&source.namespace, &source.resource)
+                }
+                _ => None,
+            };
+            let live = obs.live(&a.namespace, &a.resource);
+            refine(a, live, source_type)
+        })
+        .collect();
     actions.extend(refused);
     actions
 }
@@ -273,9 +375,33 @@ struct ClusterRun<'a> {
     client: kube::Client,
 }
 
-/// A copy whose content this run wrote, and who wants it.
-struct Changed {
-    helmops: BTreeSet<String>,
+/// One of our copies as it stands after the run (or, dry, would stand): its content hash and
+/// the HelmOps wanting it.
+struct CopyState {
+    hash: String,
+    helmops: Vec<String>,
+}
+
+/// The outcome of one action: the row's state and reason, and the content hash the copy has
+/// afterwards (`None` when there is no copy of ours there, or its content is unknown).
+struct Outcome {
+    state: &'static str,
+    reason: String,
+    hash: Option<String>,
+}
+
+impl Outcome {
+    fn new(state: &'static str, reason: String, hash: Option<&String>) -> Outcome {
+        Outcome {
+            state,
+            reason,
+            hash: hash.cloned(),
+        }
+    }
+
+    fn failed(reason: String) -> Outcome {
+        Outcome::new("Failed", reason, None)
+    }
 }
 
 impl ClusterRun<'_> {
@@ -289,119 +415,111 @@ impl ClusterRun<'_> {
             self.opts.adopt,
         )
         .await?;
+        crate::test_pause::pause("after-plan", &self.downstream.display()).await;
         let mut rows = Vec::new();
-        let mut known_namespaces: BTreeMap<String, bool> = BTreeMap::new();
-        let mut changed: BTreeMap<String, BTreeMap<ResourceRef, Changed>> = BTreeMap::new();
-        // Content hash of every copy of ours on this cluster after the run, per namespace.
-        let mut hashes: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        let mut namespaces: BTreeMap<String, NamespaceState> = BTreeMap::new();
+        // Every copy of ours on this cluster after the run, per namespace: restamps are decided
+        // from this state (not from what this run wrote), so a run killed between its copy
+        // writes and its restamps is repaired by the next one.
+        let mut copies: BTreeMap<String, BTreeMap<ResourceRef, CopyState>> = BTreeMap::new();
         for action in &actions {
-            let (state, reason, wrote_content) = self
-                .execute(action, &obs, &mut known_namespaces, &mut hashes)
-                .await;
-            if wrote_content {
-                changed.entry(action.namespace.clone()).or_default().insert(
+            let out = self.execute(action, &obs, &mut namespaces).await;
+            if let Some(hash) = out.hash {
+                copies.entry(action.namespace.clone()).or_default().insert(
                     action.resource.clone(),
-                    Changed {
+                    CopyState {
+                        hash,
                         helmops: action.helmops.iter().map(ToString::to_string).collect(),
                     },
                 );
             }
-            rows.push(row(self.downstream, action, state, reason));
+            rows.push(row(self.downstream, action, out.state, out.reason));
         }
-        for (namespace, copies) in &changed {
-            rows.extend(self.restamp(namespace, copies, hashes.get(namespace)).await);
+        crate::test_pause::pause("before-restamp", &self.downstream.display()).await;
+        for (namespace, copies) in &copies {
+            rows.extend(self.restamp(namespace, copies).await);
         }
         Ok(rows)
     }
 
-    /// Carries out one action; returns the row's state and reason, and whether a copy's
-    /// content was (or, dry, would be) written.
+    /// The destination namespace's state, read once per run and cluster.
+    async fn namespace(
+        &self,
+        namespace: &str,
+        known: &mut BTreeMap<String, NamespaceState>,
+    ) -> Result<NamespaceState, String> {
+        if let Some(s) = known.get(namespace) {
+            return Ok(*s);
+        }
+        let s = apply::namespace_state(&self.client, namespace)
+            .await
+            .map_err(|e| write_error("reading the namespace", &e))?;
+        known.insert(namespace.to_string(), s);
+        Ok(s)
+    }
+
+    /// Makes sure a new object can be created in `namespace`: creates the namespace when
+    /// absent (not when dry), refuses a terminating one. Returns the note for the reason.
+    async fn prepare_namespace(
+        &self,
+        namespace: &str,
+        known: &mut BTreeMap<String, NamespaceState>,
+    ) -> Result<Option<String>, String> {
+        match self.namespace(namespace, known).await? {
+            NamespaceState::Active => Ok(None),
+            NamespaceState::Terminating => Err(format!(
+                "namespace {namespace} is being deleted and cannot hold new objects; run again once it is gone"
+            )),
+            NamespaceState::Absent => {
+                if !self.opts.dry_run {
+                    apply::create_namespace(self.ctx, &self.client, namespace)
+                        .await
+                        .map_err(|e| write_error("creating the namespace", &e))?;
+                    known.insert(namespace.to_string(), NamespaceState::Active);
+                }
+                Ok(Some(format!("creates namespace {namespace}")))
+            }
+        }
+    }
+
+    /// Carries out one action. A dry run decides exactly as the real run does (the same
+    /// checks, the same reasons) and only skips the writes; its states are the real ones in
+    /// the future tense (`Create` for `Created`).
     async fn execute(
         &self,
         action: &Action,
         obs: &Observation,
-        known_namespaces: &mut BTreeMap<String, bool>,
-        hashes: &mut BTreeMap<String, BTreeMap<String, String>>,
-    ) -> (&'static str, String, bool) {
+        namespaces: &mut BTreeMap<String, NamespaceState>,
+    ) -> Outcome {
         let dry = self.opts.dry_run;
-        let mut remember = |hash: Option<&String>| {
-            if let Some(h) = hash {
-                hashes
-                    .entry(action.namespace.clone())
-                    .or_default()
-                    .insert(action.resource.to_string(), h.clone());
-            }
-        };
+        let observed_hash = obs
+            .get(&action.namespace, &action.resource)
+            .and_then(|o| o.annotations.get(names::ANN_CONTENT_HASH));
         match &action.kind {
             ActionKind::Create { source, meta } => {
-                remember(meta.annotations.get(names::ANN_CONTENT_HASH));
+                let hash = meta.annotations.get(names::ANN_CONTENT_HASH);
                 let Some(data) = self.sources.get(&source.namespace, &source.resource) else {
-                    return ("Failed", "source vanished while planning".into(), false);
+                    return Outcome::failed("source vanished while planning".into());
                 };
-                let exists = match known_namespaces.get(&action.namespace) {
-                    Some(e) => *e,
-                    None => match apply::namespace_exists(&self.client, &action.namespace).await {
-                        Ok(e) => {
-                            known_namespaces.insert(action.namespace.clone(), e);
-                            e
-                        }
-                        Err(e) => {
-                            return ("Failed", write_error("reading the namespace", &e), false);
-                        }
-                    },
+                let note = match self.prepare_namespace(&action.namespace, namespaces).await {
+                    Ok(n) => n,
+                    Err(reason) => return Outcome::failed(reason),
                 };
-                let mut reason = action.reason();
-                if !exists {
-                    reason.push_str(&format!("; namespace {} created", action.namespace));
-                }
+                let reason = with_note(action.reason(), note);
                 if dry {
-                    if !exists {
-                        reason = reason.replace(" created", " will be created");
-                    }
-                    return ("Create", reason, true);
+                    return Outcome::new("Create", reason, hash);
                 }
-                if !exists {
-                    if let Err(e) =
-                        apply::create_namespace(self.ctx, &self.client, &action.namespace).await
-                    {
-                        return ("Failed", write_error("creating the namespace", &e), false);
-                    }
-                    known_namespaces.insert(action.namespace.clone(), true);
-                }
-                let w = apply::Write {
-                    source: data,
-                    namespace: &action.namespace,
-                    meta,
-                    guard: None,
-                };
-                match apply::write_copy(self.ctx, &self.client, &w).await {
-                    Ok(()) => ("Created", reason, true),
-                    Err(e) if api_error::is_conflict(&e) => (
-                        "Conflict",
-                        format!(
-                            "an object of this name appeared while copying and differs: {}",
-                            api_error::describe(&e)
-                        ),
-                        false,
-                    ),
-                    Err(e) => ("Failed", write_error("applying the copy", &e), false),
-                }
+                self.create(data, action, meta, reason, hash).await
             }
             ActionKind::Update {
-                source,
-                uid,
-                meta,
-                reasons,
+                source, uid, meta, ..
             } => {
-                remember(meta.annotations.get(names::ANN_CONTENT_HASH));
-                let content = reasons
-                    .iter()
-                    .any(|r| matches!(r, UpdateReason::ContentChanged | UpdateReason::Adopted));
+                let hash = meta.annotations.get(names::ANN_CONTENT_HASH);
                 if dry {
-                    return ("Update", action.reason(), content);
+                    return Outcome::new("Update", action.reason(), hash);
                 }
                 let Some(data) = self.sources.get(&source.namespace, &source.resource) else {
-                    return ("Failed", "source vanished while planning".into(), false);
+                    return Outcome::failed("source vanished while planning".into());
                 };
                 let version = obs
                     .version(&action.namespace, &action.resource)
@@ -413,36 +531,87 @@ impl ClusterRun<'_> {
                     guard: Some((uid, version)),
                 };
                 match apply::write_copy(self.ctx, &self.client, &w).await {
-                    Ok(()) => ("Updated", action.reason(), content),
-                    Err(e) => ("Failed", write_error("applying the copy", &e), false),
+                    Ok(()) => Outcome::new("Updated", action.reason(), hash),
+                    Err(e) => Outcome::failed(write_error("applying the copy", &e)),
                 }
             }
-            ActionKind::Unchanged => {
-                let hash = obs
-                    .get(&action.namespace, &action.resource)
-                    .and_then(|o| o.annotations.get(names::ANN_CONTENT_HASH));
-                remember(hash);
-                ("Unchanged", action.reason(), false)
+            ActionKind::Recreate {
+                source,
+                uid,
+                resource_version,
+                meta,
+                ..
+            } => {
+                let hash = meta.annotations.get(names::ANN_CONTENT_HASH);
+                let Some(data) = self.sources.get(&source.namespace, &source.resource) else {
+                    return Outcome::failed("source vanished while planning".into());
+                };
+                // Deleting first and then finding the namespace refuses the new object would
+                // lose the copy: check before.
+                if let Err(reason) = self.prepare_namespace(&action.namespace, namespaces).await {
+                    return Outcome::failed(reason);
+                }
+                if dry {
+                    return Outcome::new("Recreate", action.reason(), hash);
+                }
+                if let Err(e) = apply::delete_copy(
+                    self.ctx,
+                    &self.client,
+                    &action.namespace,
+                    &action.resource,
+                    uid,
+                    resource_version,
+                )
+                .await
+                {
+                    return Outcome::failed(write_error("deleting the copy to recreate it", &e));
+                }
+                let out = self.create(data, action, meta, action.reason(), hash).await;
+                match out.state {
+                    "Created" => Outcome::new("Recreated", out.reason, hash),
+                    _ => out,
+                }
             }
-            ActionKind::Conflict(_) => ("Conflict", action.reason(), false),
-            ActionKind::SkipFleetManaged => ("FleetManaged", action.reason(), false),
-            ActionKind::SourceMissing => ("SourceMissing", action.reason(), false),
-            ActionKind::Prune { .. } | ActionKind::RemoveOwner { .. } => (
+            ActionKind::Unchanged => Outcome::new("Unchanged", action.reason(), observed_hash),
+            ActionKind::Conflict(_) => Outcome::new("Conflict", action.reason(), None),
+            ActionKind::SkipFleetManaged => Outcome::new("FleetManaged", action.reason(), None),
+            ActionKind::SourceMissing => Outcome::new("SourceMissing", action.reason(), None),
+            ActionKind::Prune { .. } | ActionKind::RemoveOwner { .. } => Outcome::new(
                 "Orphaned",
                 format!("{}; `kubectl helmop prune` removes it", action.reason()),
-                false,
+                None,
             ),
-            ActionKind::Keep { .. } => ("Kept", action.reason(), false),
-            ActionKind::Orphaned(_) => ("Orphaned", action.reason(), false),
+            ActionKind::Keep { .. } => Outcome::new("Kept", action.reason(), None),
+            ActionKind::Orphaned(_) => Outcome::new("Orphaned", action.reason(), None),
         }
     }
 
-    /// Restamps the opted-in workloads of `namespace` that read a copy whose content changed.
+    /// Creates a copy (POST). An object that appeared since observation is left untouched.
+    async fn create(
+        &self,
+        data: &SourceData,
+        action: &Action,
+        meta: &helmop_core::plan::CopyMeta,
+        reason: String,
+        hash: Option<&String>,
+    ) -> Outcome {
+        match apply::create_copy(self.ctx, &self.client, data, &action.namespace, meta).await {
+            Ok(()) => Outcome::new("Created", reason, hash),
+            Err(e) if api_error::is_conflict(&e) => Outcome::new(
+                "Conflict",
+                "an object of this name appeared after the cluster was read; it was left untouched, run again to see whose it is".into(),
+                None,
+            ),
+            Err(e) => Outcome::failed(write_error("creating the copy", &e)),
+        }
+    }
+
+    /// Restamps the opted-in workloads of `namespace` reading one of our copies whose restamp
+    /// record (`helmop.dev/restamp`) does not list the content those copies have now.
     async fn restamp(
         &self,
         namespace: &str,
-        changed: &BTreeMap<ResourceRef, Changed>,
-        hashes: Option<&BTreeMap<String, String>>,
+        copies: &BTreeMap<ResourceRef, CopyState>,
     ) -> Vec<Row> {
         let base = |kind: &str, name: &str| Row {
             helmops: Vec::new(),
@@ -467,31 +636,19 @@ impl ClusterRun<'_> {
                 return vec![r];
             }
         };
-        let empty = BTreeMap::new();
-        let hashes = hashes.unwrap_or(&empty);
+        let hashes: BTreeMap<ResourceRef, String> = copies
+            .iter()
+            .map(|(r, c)| (r.clone(), c.hash.clone()))
+            .collect();
         let mut rows = Vec::new();
         for w in found {
-            let reads_changed: Vec<&ResourceRef> = w
-                .reads
-                .iter()
-                .filter(|r| changed.contains_key(*r))
-                .collect();
-            if reads_changed.is_empty() {
+            let Some(due) = workloads::restamp_due(&w, &hashes) else {
                 continue;
-            }
-            let copies: BTreeMap<String, String> = w
-                .reads
-                .iter()
-                .filter_map(|r| Some((r.to_string(), hashes.get(&r.to_string())?.clone())))
-                .collect();
-            let value = workloads::restamp_value(&copies);
-            if w.restamp.as_deref() == Some(value.as_str()) {
-                continue;
-            }
+            };
             let (state, reason) = if self.opts.dry_run {
-                ("Restamp", "reads a copy whose content changes".to_string())
+                ("Restamp", due.reason.clone())
             } else {
-                match workloads::restamp(&self.client, &w, &value).await {
+                match workloads::restamp(&self.client, &w, &due.value).await {
                     Ok(after) => {
                         self.ctx.record_write();
                         let stamp = if after.is_none() {
@@ -509,11 +666,11 @@ impl ClusterRun<'_> {
                     Err(e) => ("Failed", write_error("restamping", &e)),
                 }
             };
-            for resource in reads_changed {
+            for resource in &due.copies {
                 let mut r = base(resource.kind.as_str(), &resource.name);
-                r.helmops = changed
+                r.helmops = copies
                     .get(resource)
-                    .map(|c| c.helmops.iter().cloned().collect())
+                    .map(|c| c.helmops.clone())
                     .unwrap_or_default();
                 r.workload = Some(w.display());
                 r.state = state.into();
@@ -522,6 +679,14 @@ impl ClusterRun<'_> {
             }
         }
         rows
+    }
+}
+
+/// `reason` with a note appended (`; note`).
+fn with_note(reason: String, note: Option<String>) -> String {
+    match note {
+        Some(n) => format!("{reason}; {n}"),
+        None => reason,
     }
 }
 
@@ -539,6 +704,44 @@ fn write_error(what: &str, e: &kube::Error) -> String {
 /// The key in use, for callers that hash (status).
 pub async fn load_key(ctx: &Ctx, create: bool) -> Result<(HashKey, KeyOrigin), PluginError> {
     hash_key::load(&ctx.upstream, create, || ctx.record_write()).await
+}
+
+/// One `Invalid` row per `downstreamResources` entry (root or target) whose kind helmop cannot
+/// copy (only Secret and ConfigMap, any case): the entry is skipped, never silently. Fleet's
+/// agent fails the whole copy on such an entry.
+pub fn uncopyable_rows(inv: &Inventory) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for helmop in &inv.helmops {
+        let Some(key) = crate::inventory::key_of(helmop) else {
+            continue;
+        };
+        let spec = &helmop.spec;
+        let entries = spec
+            .downstream_resources()
+            .iter()
+            .chain(spec.targets().iter().flat_map(|t| t.downstream_resources()));
+        let mut seen = BTreeSet::new();
+        for e in entries.filter(|e| e.to_ref().is_none()) {
+            if !seen.insert((e.kind.to_ascii_lowercase(), e.name.clone())) {
+                continue;
+            }
+            rows.push(Row {
+                helmops: vec![key.to_string()],
+                cluster: "-".into(),
+                namespace: String::new(),
+                kind: e.kind.clone(),
+                name: e.name.clone(),
+                workload: None,
+                state: "Invalid".into(),
+                reason: format!(
+                    "downstreamResources entry {{kind: {:?}, name: {:?}}} is skipped: only Secret and ConfigMap can be copied",
+                    e.kind, e.name
+                ),
+                in_sync: None,
+            });
+        }
+    }
+    rows
 }
 
 /// Rows for HelmOps whose targets cannot be evaluated.
@@ -609,6 +812,46 @@ mod tests {
             ExitStatus::Partial
         );
         assert_eq!(report(&["Failed"], 0, 0).exit_status(), ExitStatus::Partial);
+    }
+
+    #[test]
+    fn uncopyable_kinds_get_a_row_each() {
+        use helmop_core::model::{BundleTarget, DownstreamResource, HelmOp, HelmOpSpec};
+        let spec = HelmOpSpec {
+            downstream_resources: Some(vec![
+                DownstreamResource::new("Service", "web"),
+                DownstreamResource::new("secret", "db"),
+            ]),
+            targets: Some(vec![BundleTarget {
+                downstream_resources: Some(vec![
+                    DownstreamResource::new("service", "web"),
+                    DownstreamResource::new("", "blank"),
+                ]),
+                ..BundleTarget::default()
+            }]),
+            ..HelmOpSpec::default()
+        };
+        let inv = Inventory {
+            selection: Selection::All,
+            helmops: vec![HelmOp::new("team", "app", spec)],
+            downstreams: Vec::new(),
+            desired: Vec::new(),
+            problems: Vec::new(),
+        };
+        let rows = uncopyable_rows(&inv);
+        let got: Vec<(&str, &str, &str)> = rows
+            .iter()
+            .map(|r| (r.kind.as_str(), r.name.as_str(), r.state.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [("Service", "web", "Invalid"), ("", "blank", "Invalid")]
+        );
+        assert_eq!(rows[0].helmops, ["team/app"]);
+        assert!(rows[0].reason.contains("only Secret and ConfigMap"));
+        let mut r = report(&["Created", "Invalid"], 0, 0);
+        r.rows = rows;
+        assert_eq!(r.exit_status(), ExitStatus::Invalid);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! `tests/controlplane/cp build`; see tests/controlplane/README.md.
 
 mod controlplane;
+mod copies;
 mod faults;
 mod identity;
 mod images;
