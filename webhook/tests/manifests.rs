@@ -484,6 +484,7 @@ fn self_signed_overlay_bootstraps_the_secret_the_deployment_mounts() {
             helmop_webhook::cli::BootstrapCommand::Tls {
                 secret,
                 ca_secret,
+                client_secret,
                 service,
                 webhook_configuration,
                 ..
@@ -500,7 +501,8 @@ fn self_signed_overlay_bootstraps_the_secret_the_deployment_mounts() {
                     .collect();
                 assert!(
                     names.contains(&secret.name.as_str())
-                        && names.contains(&ca_secret.name.as_str()),
+                        && names.contains(&ca_secret.name.as_str())
+                        && names.contains(&client_secret.name.as_str()),
                     "{names:?}"
                 );
             }
