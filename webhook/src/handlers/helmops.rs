@@ -49,6 +49,9 @@ pub(super) async fn validate(state: &AppState, req: &AdmissionRequest<DynamicObj
         .unwrap_or_default();
     let findings = validate_helmop_in(&value, Some(&namespace));
     let refs = downstream_refs(&value);
+    if let Some(deny) = crate::caps::helmop_references(&name, refs.len()) {
+        return deny;
+    }
     let missing = match find_missing(state, &namespace, &refs).await {
         Ok(missing) => missing,
         Err((r, error)) => {
