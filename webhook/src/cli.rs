@@ -85,7 +85,7 @@ pub struct Cli {
 
     /// Request-body bytes held at once across all admission requests; a body that does not fit is answered
     /// 429. At least the 7 MiB body limit.
-    #[arg(long, value_name = "BYTES", default_value_t = 32 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(7 * 1024 * 1024..=1 << 40))]
+    #[arg(long, value_name = "BYTES", default_value_t = 16 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(7 * 1024 * 1024..=1 << 40))]
     pub max_in_flight_bytes: u64,
 
     /// How often the certificate and key files are checked for changes, in milliseconds.

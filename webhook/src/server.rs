@@ -113,7 +113,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_in_flight: 64,
-            max_body_bytes_in_flight: 32 * 1024 * 1024,
+            max_body_bytes_in_flight: 16 * 1024 * 1024,
         }
     }
 }
