@@ -78,8 +78,8 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub client_ca: Option<PathBuf>,
 
-    /// Admission requests read or decided at once; more are answered 429 at once (the API server then applies
-    /// the webhook's failurePolicy).
+    /// Admission requests decided at once; more are answered 429 at once (the API server then applies the
+    /// webhook's failurePolicy).
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub max_in_flight: u64,
 

@@ -100,9 +100,12 @@ pub trait Handlers: Send + Sync + 'static {
 /// What the admission port holds at once. Past either bound a request is answered 429 at once (the API
 /// server then applies the webhook's `failurePolicy`), instead of queueing until everything is slow or
 /// memory runs out.
+///
+/// A slow sender holds the bytes it has sent, up to the request deadline; keeping other callers off the port
+/// is the job of `--client-ca` and the NetworkPolicy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Admission requests being read or decided at once.
+    /// Admission requests being decided at once (decoded and past their body).
     pub max_in_flight: usize,
     /// Request-body bytes held at once, across all requests (a body's share is held until it is answered,
     /// since the decoded review is about as large).
@@ -337,15 +340,6 @@ fn busy(metrics: &Metrics, webhook: Webhook, started: Instant) -> Response {
 async fn answer(shared: Shared, webhook: Webhook, request: Request, started: Instant) -> Response {
     let metrics = &shared.metrics;
     let deadline = tokio::time::Instant::from_std(started + shared.request_timeout);
-    let Ok(_slot) = shared.in_flight.clone().try_acquire_owned() else {
-        drain(
-            request.into_body().into_data_stream(),
-            MAX_BODY_BYTES as u64,
-            deadline,
-        )
-        .await;
-        return busy(metrics, webhook, started);
-    };
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -426,6 +420,11 @@ async fn answer(shared: Shared, webhook: Webhook, request: Request, started: Ins
                 started,
             );
         }
+    };
+    // Taken once the body is in, so a slow sender holds only the bytes it sent (from the body budget), never a
+    // decision slot.
+    let Ok(_slot) = shared.in_flight.clone().try_acquire_owned() else {
+        return busy(metrics, webhook, started);
     };
     // The body's share of the budget stays taken until the answer: the decoded review is about as large.
     let ReadBody {
