@@ -594,6 +594,28 @@ mod tests {
             RegistrySettings::parse("insecur: [a]").is_err(),
             "a typo must not be ignored"
         );
+        // The allow-list, extra realm hosts, and which authorities the config names (trusted at any address).
+        let p = RegistrySettings::parse(
+            "insecure: [\"127.0.0.1:5000\", reg.local]\nmirrors: {index.docker.io: [\"10.0.0.1:5000\"]}\n\
+             registries: [Docker.io, ghcr.io]\nrealms: [Auth.Example.com]\n",
+        )
+        .unwrap();
+        assert!(p.permits("docker.io") && p.permits("ghcr.io") && !p.permits("quay.io"));
+        assert!(RegistrySettings::default().permits("anything.io"));
+        assert_eq!(p.realms, ["auth.example.com"]);
+        let mut listed = p.listed_authorities();
+        listed.sort();
+        assert_eq!(
+            listed,
+            [
+                "10.0.0.1:5000",
+                "127.0.0.1:5000",
+                "ghcr.io:443",
+                "reg.local:80",
+                "registry-1.docker.io:443",
+                "registry-1.docker.io:443"
+            ]
+        );
         assert!(RegistrySettings::load(Path::new("/nonexistent/registries.yaml")).is_err());
     }
 

@@ -306,6 +306,39 @@ mod tests {
     }
 
     #[test]
+    fn client_ca_and_limits_reach_the_serve_options() {
+        let cli = Cli::try_parse_from(REQUIRED).unwrap();
+        let defaults = cli.serve_options();
+        assert_eq!(
+            defaults.client_ca, None,
+            "client certificates stay optional"
+        );
+        assert_eq!(defaults.limits, crate::server::Limits::default());
+        let mut args = REQUIRED.to_vec();
+        args.extend([
+            "--client-ca",
+            "/tls/ca.crt",
+            "--max-in-flight",
+            "8",
+            "--max-in-flight-bytes",
+            "8388608",
+        ]);
+        let options = Cli::try_parse_from(args).unwrap().serve_options();
+        assert_eq!(options.client_ca, Some(PathBuf::from("/tls/ca.crt")));
+        assert_eq!(options.limits.max_in_flight, 8);
+        assert_eq!(options.limits.max_body_bytes_in_flight, 8 << 20);
+        for bad in [
+            ["--max-in-flight", "0"],
+            // Below the 7 MiB body limit: no body could ever be read.
+            ["--max-in-flight-bytes", "1048576"],
+        ] {
+            let mut args = REQUIRED.to_vec();
+            args.extend(bad);
+            assert!(Cli::try_parse_from(args).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
     fn rejects_bad_values() {
         for bad in [
             ["--guard", "off"],
