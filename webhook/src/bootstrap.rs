@@ -642,6 +642,47 @@ mod tests {
         assert!(connector.connect(other, b).await.is_err());
     }
 
+    /// `--client-ca` with the bootstrap's CA lets the API server's client certificate through and refuses the
+    /// serving certificate used as a client one (server-auth usage only).
+    #[tokio::test]
+    async fn only_the_client_certificate_passes_the_client_ca() {
+        use rustls::pki_types::PrivateKeyDer;
+        use rustls::pki_types::pem::PemObject;
+        let now = unix_now();
+        let ca = generate_ca(now).unwrap();
+        let serving = issue_serving_cert(&ca, &names(), now, 365).unwrap();
+        let client = issue_client_cert(&ca, API_SERVER_CLIENT_NAME, now, 365).unwrap();
+        let key = crate::tls::load_certified_key(serving.cert.as_bytes(), serving.key.as_bytes())
+            .unwrap();
+        let resolver = std::sync::Arc::new(crate::tls::CertResolver::new(key));
+        let roots = crate::tls::load_client_ca(ca.cert.as_bytes()).unwrap();
+        let server = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(
+            crate::tls::server_config(resolver, Some(roots.clone())).unwrap(),
+        ));
+        for (who, leaf, accepted) in [("client", &client, true), ("serving", &serving, false)] {
+            let chain = rustls::pki_types::CertificateDer::pem_slice_iter(leaf.cert.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            let key = PrivateKeyDer::from_pem_slice(leaf.key.as_bytes()).unwrap();
+            let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+                .with_protocol_versions(&[&rustls::version::TLS12])
+                .unwrap()
+                .with_root_certificates(roots.clone())
+                .with_client_auth_cert(chain, key)
+                .unwrap();
+            let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+            let (a, b) = tokio::io::duplex(64 * 1024);
+            let accept = tokio::spawn({
+                let server = server.clone();
+                async move { server.accept(a).await.map(|_| ()) }
+            });
+            let name = rustls::pki_types::ServerName::try_from("helmop-webhook.helmop-system.svc")
+                .unwrap();
+            let _client = connector.connect(name, b).await;
+            assert_eq!(accept.await.unwrap().is_ok(), accepted, "{who} certificate");
+        }
+    }
+
     #[test]
     fn renewal_keeps_a_good_certificate_and_renews_otherwise() {
         let ca = generate_ca(NOW).unwrap();
