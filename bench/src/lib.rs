@@ -4,6 +4,7 @@
 pub mod baseline;
 pub mod fixtures;
 pub mod hash;
+pub mod hostile;
 pub mod load;
 pub mod machine;
 pub mod memory;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use helmop_bench::hostile::{self, HostileSettings};
 use helmop_bench::memory::{self, MemorySettings};
 use helmop_bench::propagate::{self, PropagateSettings};
 use helmop_bench::soak::{self, SoakSettings};
@@ -79,6 +80,25 @@ enum Command {
         connections: usize,
         #[arg(long, default_value_t = 15)]
         rotate_every_seconds: u64,
+    },
+    /// Webhook process RSS under hostile input: concurrent 7 MiB bodies, then HelmOps with 1 MiB of values.
+    Hostile {
+        /// `helmop-webhook` to run (default: next to this binary).
+        #[arg(long)]
+        webhook_bin: Option<PathBuf>,
+        #[arg(long, default_value_t = 50)]
+        bodies: usize,
+        #[arg(long, default_value_t = 7 * 1024 * 1024)]
+        body_bytes: usize,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        #[arg(long, default_value_t = 50)]
+        helmops: usize,
+        #[arg(long, default_value_t = 1024 * 1024)]
+        values_bytes: usize,
+        /// Extra flag for the webhook, e.g. `--webhook-arg=--max-in-flight-bytes=1099511627776` (repeatable).
+        #[arg(long = "webhook-arg", allow_hyphen_values = true)]
+        webhook_args: Vec<String>,
     },
     /// The in-process soak (real server, stub decisions, certificate rotations); `--check` fails on any error.
     Soak {
@@ -177,6 +197,27 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             };
             let report = memory::run(&settings).await?;
             println!("{}", memory::table(&report, &settings));
+        }
+        Command::Hostile {
+            webhook_bin,
+            bodies,
+            body_bytes,
+            rounds,
+            helmops,
+            values_bytes,
+            webhook_args,
+        } => {
+            let settings = HostileSettings {
+                webhook_bin: webhook_bin.unwrap_or_else(|| sibling("helmop-webhook")),
+                bodies,
+                body_bytes,
+                rounds,
+                helmops,
+                values_bytes,
+                webhook_args,
+            };
+            let report = hostile::run(&settings).await?;
+            println!("{}", hostile::table(&report, &settings));
         }
         Command::Soak {
             seconds,

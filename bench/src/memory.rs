@@ -45,7 +45,7 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 /// `GET path` on the plain-HTTP admin port: (status line, body).
-async fn admin_get(port: u16, path: &str) -> anyhow::Result<(String, String)> {
+pub async fn admin_get(port: u16, path: &str) -> anyhow::Result<(String, String)> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).await?;
     stream
         .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
@@ -59,7 +59,7 @@ async fn admin_get(port: u16, path: &str) -> anyhow::Result<(String, String)> {
     ))
 }
 
-fn cache_objects(metrics: &str, cache: &str) -> Option<u64> {
+pub fn cache_objects(metrics: &str, cache: &str) -> Option<u64> {
     let prefix = format!("helmop_webhook_cache_objects{{cache=\"{cache}\"}} ");
     metrics
         .lines()
@@ -67,7 +67,7 @@ fn cache_objects(metrics: &str, cache: &str) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-async fn poll<T>(
+pub async fn poll<T>(
     what: &str,
     timeout: Duration,
     mut f: impl AsyncFnMut() -> Option<T>,
@@ -81,6 +81,69 @@ async fn poll<T>(
             bail!("timed out after {timeout:?} waiting for {what}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The real `helmop-webhook` against `cluster`, serving the certificate of `volume` on loopback, ready.
+pub struct WebhookProcess {
+    pub child: tokio::process::Child,
+    pub pid: String,
+    pub port: u16,
+    pub admin_port: u16,
+}
+
+impl WebhookProcess {
+    pub async fn start(
+        bin: &std::path::Path,
+        cluster: &fixtures::Cluster,
+        volume: &SecretVolume,
+        extra: &[&str],
+    ) -> anyhow::Result<WebhookProcess> {
+        let (port, admin_port) = (free_port()?, free_port()?);
+        let log_path = volume.path().join("..webhook.log");
+        let log = std::fs::File::create(&log_path)?;
+        let child = tokio::process::Command::new(bin)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--admin-listen")
+            .arg(format!("127.0.0.1:{admin_port}"))
+            .arg("--tls-cert")
+            .arg(volume.cert())
+            .arg("--tls-key")
+            .arg(volume.key())
+            .arg("--cert-poll-ms")
+            .arg("200")
+            .arg("--image-mode")
+            .arg("off")
+            .args(extra)
+            .env("KUBECONFIG", &cluster.info().kubeconfig)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let pid = child
+            .id()
+            .context("the webhook exited at once")?
+            .to_string();
+        poll(
+            "the webhook to be ready",
+            Duration::from_secs(60),
+            async || {
+                let (status, _) = admin_get(admin_port, "/readyz").await.ok()?;
+                status.contains(" 200").then_some(())
+            },
+        )
+        .await
+        .with_context(|| format!("webhook log: {}", log_path.display()))?;
+        Ok(WebhookProcess {
+            child,
+            pid,
+            port,
+            admin_port,
+        })
     }
 }
 
@@ -98,45 +161,9 @@ pub async fn run(settings: &MemorySettings) -> anyhow::Result<MemoryReport> {
 
     let pki = Pki::new()?;
     let mut volume = SecretVolume::new(&pki.leaf("helmop-webhook-0")?)?;
-    let (port, admin_port) = (free_port()?, free_port()?);
-    let log_path = volume.path().join("..webhook.log");
-    let log = std::fs::File::create(&log_path)?;
-    let mut child = tokio::process::Command::new(&settings.webhook_bin)
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--admin-listen")
-        .arg(format!("127.0.0.1:{admin_port}"))
-        .arg("--tls-cert")
-        .arg(volume.cert())
-        .arg("--tls-key")
-        .arg(volume.key())
-        .arg("--cert-poll-ms")
-        .arg("200")
-        .arg("--image-mode")
-        .arg("off")
-        .env("KUBECONFIG", &cluster.info().kubeconfig)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {}", settings.webhook_bin.display()))?;
-    let pid = child
-        .id()
-        .context("the webhook exited at once")?
-        .to_string();
-
-    poll(
-        "the webhook to be ready",
-        Duration::from_secs(60),
-        async || {
-            let (status, _) = admin_get(admin_port, "/readyz").await.ok()?;
-            status.contains(" 200").then_some(())
-        },
-    )
-    .await
-    .with_context(|| format!("webhook log: {}", log_path.display()))?;
+    let process = WebhookProcess::start(&settings.webhook_bin, &cluster, &volume, &[]).await?;
+    let (port, admin_port, pid) = (process.port, process.admin_port, process.pid.clone());
+    let mut child = process.child;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let idle_kib = rss_kib(&pid).context("cannot read the webhook's RSS")?;
     eprintln!(

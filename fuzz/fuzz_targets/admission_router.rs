@@ -34,6 +34,7 @@ fn app() -> &'static Router {
             Arc::new(CoreHandlers),
             Metrics::new(),
             Duration::from_secs(4),
+            helmop_webhook::server::Limits::default(),
         )
     })
 }

@@ -5,19 +5,26 @@
 //! platform's manifest), read from `Docker-Content-Digest`; a `GET` and the SHA-256 of the body when the
 //! header is missing or HEAD is not served. Authentication follows the registry's `WWW-Authenticate`
 //! challenge: Basic with the pull secret's credential, or a Bearer token from the challenge's realm.
+//!
+//! Where requests may go is [`crate::policy`]'s decision: listed registries through `trusted`, everything else
+//! through `open`, whose DNS resolver drops every non-public address at connect time (so a name cannot be
+//! re-pointed between a check and the connection).
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::header::{ACCEPT, AUTHORIZATION, HeaderValue, WWW_AUTHENTICATE};
-use reqwest::{Method, StatusCode};
+use reqwest::{Method, StatusCode, Url};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::auth::{Challenge, Credential, parse_challenge};
 use crate::cache::{RegistryLimiter, TtlCache};
-use crate::reference::{ImageRef, normalise_registry, valid_digest};
+use crate::policy;
+use crate::reference::{ImageRef, api_host, normalise_registry, valid_digest};
 
 /// Media types of everything a tag can point at: OCI manifest and index, Docker v2 manifest and list.
 pub const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.index.v1+json, \
@@ -33,6 +40,9 @@ const TOKEN_CACHE_ENTRIES: usize = 1024;
 
 /// `--registry-config FILE`: YAML (or JSON) such as
 /// `{insecure: ["127.0.0.1:5000"], mirrors: {"docker.io": ["mirror.example.com"]}}`.
+///
+/// A registry named anywhere here is trusted at whatever address it resolves to (private and loopback
+/// included); others only at public addresses (see [`crate::policy`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RegistrySettings {
@@ -42,6 +52,12 @@ pub struct RegistrySettings {
     /// Registry host -> mirrors tried in order before it.
     #[serde(default)]
     pub mirrors: BTreeMap<String, Vec<String>>,
+    /// Optional allow-list: when not empty, images of other registries are not resolved.
+    #[serde(default)]
+    pub registries: Vec<String>,
+    /// Hosts (`host` or `host:port`) besides a registry's own that may serve its token realm.
+    #[serde(default)]
+    pub realms: Vec<String>,
 }
 
 impl RegistrySettings {
@@ -52,6 +68,16 @@ impl RegistrySettings {
         let raw: RegistrySettings = serde_saphyr::from_str(text).map_err(|e| e.to_string())?;
         Ok(RegistrySettings {
             insecure: raw.insecure.iter().map(|h| normalise_registry(h)).collect(),
+            registries: raw
+                .registries
+                .iter()
+                .map(|h| normalise_registry(h))
+                .collect(),
+            realms: raw
+                .realms
+                .iter()
+                .map(|h| h.trim().to_ascii_lowercase())
+                .collect(),
             mirrors: raw
                 .mirrors
                 .into_iter()
@@ -79,6 +105,24 @@ impl RegistrySettings {
         }
     }
 
+    /// Whether images of `registry` may be resolved at all (the optional allow-list).
+    pub fn permits(&self, registry: &str) -> bool {
+        self.registries.is_empty() || self.registries.iter().any(|r| r == registry)
+    }
+
+    /// The `host:port` of every registry the config names: these may resolve to non-public addresses.
+    fn listed_authorities(&self) -> Vec<String> {
+        let names = self
+            .insecure
+            .iter()
+            .chain(&self.registries)
+            .chain(self.mirrors.keys())
+            .chain(self.mirrors.values().flatten());
+        names
+            .filter_map(|name| policy::registry_authority(api_host(name), self.scheme(name)))
+            .collect()
+    }
+
     /// Registry names to try for `registry`, mirrors first.
     fn endpoints<'a>(&'a self, registry: &'a str) -> impl Iterator<Item = &'a str> {
         self.mirrors
@@ -90,17 +134,23 @@ impl RegistrySettings {
     }
 }
 
-/// Why a tag could not be resolved. Messages never contain credentials or tokens.
+/// Why a tag could not be resolved. Messages never contain credentials or tokens, and (being shown to whoever
+/// applied the workload) no status codes, addresses or connection errors that would turn the resolver into a
+/// port scanner: those are in [`ResolveError::detail`], for the operator's log.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ResolveError {
     #[error("manifest unknown (no such repository or tag)")]
     NotFound,
+    /// The detail is one of a few fixed phrases, safe to show.
     #[error("authentication failed ({0})")]
     Unauthorized(String),
-    #[error("registry unreachable ({0})")]
+    #[error("registry unreachable")]
     Unreachable(String),
-    #[error("registry answered {0}")]
+    #[error("unexpected answer from the registry")]
     Protocol(String),
+    /// The registry policy forbids the request (allow-list, address, redirect or token realm).
+    #[error("not allowed by the registry policy")]
+    Refused(String),
     #[error("time budget exhausted")]
     Timeout,
 }
@@ -113,7 +163,18 @@ impl ResolveError {
             ResolveError::Unauthorized(_) => "unauthorized",
             ResolveError::Unreachable(_) => "unreachable",
             ResolveError::Protocol(_) => "error",
+            ResolveError::Refused(_) => "refused",
             ResolveError::Timeout => "timeout",
+        }
+    }
+
+    /// The message with what happened on the wire, for logs only.
+    pub fn detail(&self) -> String {
+        match self {
+            ResolveError::Unreachable(d) | ResolveError::Protocol(d) | ResolveError::Refused(d) => {
+                format!("{self}: {d}")
+            }
+            _ => self.to_string(),
         }
     }
 }
@@ -135,9 +196,35 @@ struct TokenResponse {
     expires_in: Option<u64>,
 }
 
+/// Resolves names for requests to registries the config does not list: public addresses only, checked on
+/// the addresses actually connected to.
+struct PublicOnly;
+
+impl reqwest::dns::Resolve for PublicOnly {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
+                .await?
+                .filter(|a| policy::is_public(a.ip()))
+                .collect();
+            if addrs.is_empty() {
+                return Err("no public address (non-public ones need the registry listed in the registry config)".into());
+            }
+            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
 /// Talks to registries; one per process, shared by all its resolutions.
 pub struct RegistryClient {
-    http: reqwest::Client,
+    /// For registries the config lists (any address).
+    trusted: reqwest::Client,
+    /// For everything else (public addresses only, no proxy: a proxy would resolve names where the
+    /// address rule cannot see them).
+    open: reqwest::Client,
+    listed: Vec<String>,
+    insecure: Vec<String>,
     settings: RegistrySettings,
     tokens: TtlCache<TokenKey, String>,
     limiter: RegistryLimiter,
@@ -146,15 +233,41 @@ pub struct RegistryClient {
 impl RegistryClient {
     /// `product` names the program in the `User-Agent` (`helmop-webhook`, `kubectl-helmop`).
     pub fn new(settings: RegistrySettings, product: &str) -> Result<RegistryClient, String> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(2))
-            // A backstop: callers bound a whole resolution by their own budget.
-            .timeout(Duration::from_secs(10))
-            .user_agent(format!("{product}/{}", env!("CARGO_PKG_VERSION")))
+        let builder = || {
+            reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(2))
+                // A backstop: callers bound a whole resolution by their own budget.
+                .timeout(Duration::from_secs(10))
+                .user_agent(format!("{product}/{}", env!("CARGO_PKG_VERSION")))
+                .redirect(reqwest::redirect::Policy::custom(|attempt| {
+                    let same_host = attempt
+                        .previous()
+                        .last()
+                        .is_some_and(|from| policy::redirect_allowed(from, attempt.url()));
+                    if same_host && attempt.previous().len() < 5 {
+                        attempt.follow()
+                    } else {
+                        attempt.stop()
+                    }
+                }))
+        };
+        let build_error = |e: reqwest::Error| format!("cannot build the registry client: {e}");
+        let trusted = builder().build().map_err(build_error)?;
+        let open = builder()
+            .no_proxy()
+            .dns_resolver(Arc::new(PublicOnly))
             .build()
-            .map_err(|e| format!("cannot build the registry client: {e}"))?;
+            .map_err(build_error)?;
+        let insecure = settings
+            .insecure
+            .iter()
+            .filter_map(|h| policy::registry_authority(h, "http"))
+            .collect();
         Ok(RegistryClient {
-            http,
+            trusted,
+            open,
+            listed: settings.listed_authorities(),
+            insecure,
             settings,
             tokens: TtlCache::new(TOKEN_CACHE_ENTRIES),
             limiter: RegistryLimiter::new(PER_REGISTRY_CONCURRENCY),
@@ -168,13 +281,18 @@ impl RegistryClient {
         image: &ImageRef,
         credential: impl Fn(&str) -> Option<Credential>,
     ) -> Result<String, ResolveError> {
+        if !self.settings.permits(&image.registry) {
+            return Err(ResolveError::Refused(
+                "registry not in the allow-list".into(),
+            ));
+        }
         let mut last = ResolveError::Unreachable("no endpoint".into());
         for endpoint in self.settings.endpoints(&image.registry) {
             let cred = credential(endpoint);
             match self.resolve_at(endpoint, image, cred.as_ref()).await {
                 Ok(digest) => return Ok(digest),
                 Err(error) => {
-                    tracing::debug!(registry = endpoint, image = %image, %error, "registry endpoint failed");
+                    tracing::debug!(registry = endpoint, image = %image, error = %error.detail(), "registry endpoint failed");
                     last = error;
                 }
             }
@@ -190,12 +308,13 @@ impl RegistryClient {
     ) -> Result<String, ResolveError> {
         let host = crate::reference::api_host(registry);
         let _permit = self.limiter.acquire(host).await;
-        let url = format!(
+        let url = Url::parse(&format!(
             "{}://{host}/v2/{}/manifests/{}",
             self.settings.scheme(registry),
             image.repository,
             image.effective_tag()
-        );
+        ))
+        .map_err(|_| ResolveError::Refused("not a valid registry URL".into()))?;
         let scope = format!("repository:{}:pull", image.repository);
         let token_key = TokenKey {
             host: host.to_owned(),
@@ -229,7 +348,7 @@ impl RegistryClient {
                 }) => {
                     let scope = challenge_scope.unwrap_or(scope);
                     let (token, ttl) = self
-                        .token(&realm, service.as_deref(), &scope, credential)
+                        .token(&realm, &url, service.as_deref(), &scope, credential)
                         .await?;
                     self.tokens.insert(token_key, token.clone(), ttl);
                     format!("Bearer {token}")
@@ -262,7 +381,11 @@ impl RegistryClient {
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
                 return Err(unauthorized(response.status()));
             }
-            status => return Err(ResolveError::Protocol(status.to_string())),
+            status => {
+                return Err(ResolveError::Protocol(format!(
+                    "registry answered {status}"
+                )));
+            }
         }
         if let Some(digest) = header_digest(&response) {
             return Ok(digest);
@@ -271,15 +394,39 @@ impl RegistryClient {
         Ok(format!("sha256:{}", hex::encode(Sha256::digest(&body))))
     }
 
+    /// The client allowed to request `url`: the trusted one for a listed registry, the public-only one for
+    /// a name, none for a non-public address literal the config does not list.
+    fn client_for(&self, url: &Url) -> Result<&reqwest::Client, ResolveError> {
+        if policy::authority(url).is_some_and(|a| self.listed.contains(&a)) {
+            return Ok(&self.trusted);
+        }
+        let Some(host) = url.host_str() else {
+            return Err(ResolveError::Refused("a URL without a host".into()));
+        };
+        // An address literal is connected to without the resolver: judged here.
+        let literal = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .ok();
+        if literal.is_some_and(|ip| !policy::is_public(ip)) {
+            return Err(ResolveError::Refused(format!(
+                "{} is not a public address and not listed in the registry config",
+                url.host_str().unwrap_or_default()
+            )));
+        }
+        Ok(&self.open)
+    }
+
     async fn send(
         &self,
         method: Method,
-        url: &str,
+        url: &Url,
         auth: Option<&str>,
     ) -> Result<reqwest::Response, ResolveError> {
         let mut request = self
-            .http
-            .request(method, url)
+            .client_for(url)?
+            .request(method, url.clone())
             .header(ACCEPT, HeaderValue::from_static(MANIFEST_ACCEPT));
         if let Some(auth) = auth {
             let mut value = HeaderValue::from_str(auth).map_err(|_| {
@@ -288,7 +435,8 @@ impl RegistryClient {
             value.set_sensitive(true);
             request = request.header(AUTHORIZATION, value);
         }
-        request.send().await.map_err(transport_error)
+        let response = request.send().await.map_err(transport_error)?;
+        refuse_redirect(response)
     }
 
     /// A Bearer token from `realm` (the token endpoint), with the credential as Basic auth when there is
@@ -296,16 +444,19 @@ impl RegistryClient {
     async fn token(
         &self,
         realm: &str,
+        registry_url: &Url,
         service: Option<&str>,
         scope: &str,
         credential: Option<&Credential>,
     ) -> Result<(String, Duration), ResolveError> {
-        let mut url = reqwest::Url::parse(realm)
+        let mut url = Url::parse(realm)
             .map_err(|_| ResolveError::Protocol("a token realm that is not a URL".into()))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(ResolveError::Protocol(
-                "a token realm that is not HTTP(S)".into(),
-            ));
+        // The realm receives the pull secret's credential: only the registry's own host or a configured one.
+        if !policy::realm_allowed(&url, registry_url, &self.settings.realms, &self.insecure) {
+            return Err(ResolveError::Refused(format!(
+                "token realm {} is not https on the registry's host or a listed realm host",
+                policy::authority(&url).unwrap_or_default()
+            )));
         }
         {
             let mut query = url.query_pairs_mut();
@@ -314,18 +465,17 @@ impl RegistryClient {
             }
             query.append_pair("scope", scope);
         }
-        let mut request = self.http.get(url);
+        let mut request = self.client_for(&url)?.get(url);
         if let Some(c) = credential {
             request = request.basic_auth(&c.username, Some(&c.password));
         }
-        let response = request.send().await.map_err(transport_error)?;
+        let response = refuse_redirect(request.send().await.map_err(transport_error)?)?;
         match response.status() {
             StatusCode::OK => {}
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
-                return Err(ResolveError::Unauthorized(format!(
-                    "token endpoint answered {}",
-                    response.status()
-                )));
+                return Err(ResolveError::Unauthorized(
+                    "the token endpoint refused the credentials".into(),
+                ));
             }
             status => {
                 return Err(ResolveError::Protocol(format!(
@@ -357,7 +507,24 @@ fn basic(c: &Credential) -> String {
 }
 
 fn unauthorized(status: StatusCode) -> ResolveError {
-    ResolveError::Unauthorized(format!("registry answered {status}"))
+    ResolveError::Unauthorized(
+        if status == StatusCode::FORBIDDEN {
+            "access denied"
+        } else {
+            "the registry refused the credentials"
+        }
+        .into(),
+    )
+}
+
+/// A redirect the policy did not follow (another host, or too many) ends the request.
+fn refuse_redirect(response: reqwest::Response) -> Result<reqwest::Response, ResolveError> {
+    if response.status().is_redirection() {
+        return Err(ResolveError::Refused(
+            "a redirect to another host, or too many redirects".into(),
+        ));
+    }
+    Ok(response)
 }
 
 fn header_digest(response: &reqwest::Response) -> Option<String> {
@@ -427,6 +594,28 @@ mod tests {
             RegistrySettings::parse("insecur: [a]").is_err(),
             "a typo must not be ignored"
         );
+        // The allow-list, extra realm hosts, and which authorities the config names (trusted at any address).
+        let p = RegistrySettings::parse(
+            "insecure: [\"127.0.0.1:5000\", reg.local]\nmirrors: {index.docker.io: [\"10.0.0.1:5000\"]}\n\
+             registries: [Docker.io, ghcr.io]\nrealms: [Auth.Example.com]\n",
+        )
+        .unwrap();
+        assert!(p.permits("docker.io") && p.permits("ghcr.io") && !p.permits("quay.io"));
+        assert!(RegistrySettings::default().permits("anything.io"));
+        assert_eq!(p.realms, ["auth.example.com"]);
+        let mut listed = p.listed_authorities();
+        listed.sort();
+        assert_eq!(
+            listed,
+            [
+                "10.0.0.1:5000",
+                "127.0.0.1:5000",
+                "ghcr.io:443",
+                "reg.local:80",
+                "registry-1.docker.io:443",
+                "registry-1.docker.io:443"
+            ]
+        );
         assert!(RegistrySettings::load(Path::new("/nonexistent/registries.yaml")).is_err());
     }
 
@@ -437,6 +626,7 @@ mod tests {
             ResolveError::Unauthorized(String::new()),
             ResolveError::Unreachable(String::new()),
             ResolveError::Protocol(String::new()),
+            ResolveError::Refused(String::new()),
             ResolveError::Timeout,
         ];
         let labels: Vec<_> = all.iter().map(ResolveError::outcome).collect();
@@ -447,6 +637,7 @@ mod tests {
                 "unauthorized",
                 "unreachable",
                 "error",
+                "refused",
                 "timeout"
             ]
         );

@@ -1,4 +1,7 @@
-//! Throwaway certificates for test servers the API server calls (webhooks).
+//! Throwaway certificates for test servers the API server calls (webhooks), and the client certificate the
+//! test API servers present to them.
+
+use std::sync::OnceLock;
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -53,4 +56,46 @@ pub fn test_certs_for(names: &[&str]) -> TestCerts {
         cert_pem: cert.pem(),
         key_pem: key.serialize_pem(),
     }
+}
+
+/// The client certificate every kube-apiserver the harness starts presents to admission webhooks (its
+/// admission `kubeConfigFile`), and the CA a webhook verifies it with (`--client-ca`). One per test process,
+/// so a webhook on loopback accepts the calls of any control plane this process started.
+#[derive(Debug, Clone)]
+pub struct WebhookClientPki {
+    /// The CA webhooks trust for client certificates.
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+pub fn webhook_client_pki() -> &'static WebhookClientPki {
+    static PKI: OnceLock<WebhookClientPki> = OnceLock::new();
+    PKI.get_or_init(|| {
+        // Only fixed, valid inputs reach rcgen here, so a failure is a bug in this function.
+        let ca_key = KeyPair::generate().expect("generate CA key");
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "helmop-tests webhook client CA");
+        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca_cert = ca_params.self_signed(&ca_key).expect("self-sign CA");
+        let issuer = Issuer::new(ca_params, ca_key);
+        let key = KeyPair::generate().expect("generate client key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("client params");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "kube-apiserver-webhook-client");
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.use_authority_key_identifier_extension = true;
+        let cert = params.signed_by(&key, &issuer).expect("sign client cert");
+        WebhookClientPki {
+            ca_pem: ca_cert.pem(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        }
+    })
 }

@@ -199,6 +199,20 @@ impl ControlPlane {
             .tempdir()
             .context("cannot create a directory for the control plane")?
             .keep();
+        // Every API server presents the process's webhook client certificate (see `webhook_client_pki`).
+        let pki = crate::certs::webhook_client_pki();
+        let (client_cert, client_key) = (
+            dir.join("webhook-client.crt"),
+            dir.join("webhook-client.key"),
+        );
+        std::fs::write(&client_cert, &pki.cert_pem)
+            .and_then(|()| std::fs::write(&client_key, &pki.key_pem))
+            .with_context(|| {
+                format!(
+                    "cannot write the webhook client certificate to {}",
+                    dir.display()
+                )
+            })?;
         let log_path = dir.join("harness.log");
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("cannot create {}", log_path.display()))?;
@@ -208,7 +222,11 @@ impl ControlPlane {
             .arg("--names")
             .arg(names.join(","))
             .arg("--dir")
-            .arg(&dir);
+            .arg(&dir)
+            .arg("--webhook-client-cert")
+            .arg(&client_cert)
+            .arg("--webhook-client-key")
+            .arg(&client_key);
         if std::env::var_os("HELMOP_KEEP_CLUSTER_DIR").is_none() {
             cmd.arg("--remove-dir");
         }

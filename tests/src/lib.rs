@@ -29,7 +29,7 @@ mod webhook_server;
 mod webhooks;
 
 pub use binaries::{PluginProcess, plugin_binary, run_plugin, workspace_binary};
-pub use certs::{TestCerts, test_certs, test_certs_for};
+pub use certs::{TestCerts, WebhookClientPki, test_certs, test_certs_for, webhook_client_pki};
 pub use controlplane::{
     ClusterInfo, ControlPlane, DOWNSTREAM_1, DOWNSTREAM_2, UPSTREAM, client_from_kubeconfig,
     control_plane, cp_script,

@@ -1,5 +1,7 @@
 //! The real admission webhook (serving stack and decision logic) run in-process on 127.0.0.1
-//! with the throwaway test certificate, for suites that register it on a test cluster.
+//! with the throwaway test certificate, for suites that register it on a test cluster. It requires
+//! the client certificate the harness's API servers present (`--client-ca`), so every suite using it
+//! exercises that authentication too.
 
 use std::sync::Arc;
 
@@ -41,12 +43,16 @@ impl LocalWebhook {
         let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
         std::fs::write(&cert, &certs.cert_pem)?;
         std::fs::write(&key, &certs.key_pem)?;
+        // Only the test API servers may call it, as in production with `--client-ca`.
+        let client_ca = dir.path().join("client-ca.crt");
+        std::fs::write(&client_ca, &crate::certs::webhook_client_pki().ca_pem)?;
         let state = AppState::start_with(client, config, &metrics, options).await?;
         let serve = ServeOptions {
             listen: "127.0.0.1:0".parse()?,
             admin_listen: "127.0.0.1:0".parse()?,
             tls_cert: cert,
             tls_key: key,
+            client_ca: Some(client_ca),
             ..ServeOptions::default()
         };
         let server = Server::bind(serve, Arc::new(state.clone()), metrics.clone()).await?;

@@ -5,7 +5,9 @@
 //! - `tls`: for clusters without cert-manager, keeps a CA (its own Secret) and a serving certificate for the
 //!   webhook Service (Secret `kubernetes.io/tls`, mounted by the Deployment), renews the certificate when it
 //!   nears expiry (the pods reload it from the volume), and writes the CA into the webhook configurations'
-//!   `caBundle`. Idempotent: run it again any time; a CronJob does, daily.
+//!   `caBundle`. Idempotent: run it again any time; a CronJob does, daily. It also keeps a client certificate
+//!   for the API server from the same CA (Secret `helmop-apiserver-client`): installed in the API server's
+//!   admission `kubeConfigFile`, it is what the webhook's `--client-ca /tls/ca.crt` lets through.
 
 use std::time::Duration;
 
@@ -31,6 +33,8 @@ pub const DNS_NAMES: &str = "helmop.dev/dns-names";
 const HASH_KEY_BYTES: usize = 32;
 const CA_COMMON_NAME: &str = "helmop-webhook-ca";
 const CA_VALIDITY_DAYS: u32 = 3650;
+/// Subject of the API server's client certificate (also its identity in the Secret's annotation).
+pub const API_SERVER_CLIENT_NAME: &str = "kube-apiserver-helmop-webhook-client";
 
 fn bootstrap_error(msg: impl Into<String>) -> Error {
     Error::Bootstrap(msg.into())
@@ -170,12 +174,41 @@ pub fn generate_ca(now: i64) -> Result<Pem> {
 
 /// A serving certificate for `dns_names`, signed by the CA made by [`generate_ca`].
 pub fn issue_serving_cert(ca: &Pem, dns_names: &[String], now: i64, days: u32) -> Result<Pem> {
-    let ca_key =
-        rcgen::KeyPair::from_pem(&ca.key).map_err(|e| bootstrap_error(format!("CA key: {e}")))?;
-    // The issuer is rebuilt from the same parameters as the CA: same subject, and the authority key id is
-    // derived from the CA key, so no X.509 parsing is needed.
-    let issuer = rcgen::Issuer::new(ca_params()?, ca_key);
-    let key = rcgen::KeyPair::generate().map_err(|e| bootstrap_error(e.to_string()))?;
+    issue(
+        ca,
+        dns_names,
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        now,
+        days,
+    )
+}
+
+/// A client certificate (for the API server) named `common_name`, signed by the CA made by [`generate_ca`]. Its
+/// extended key usage is client authentication only, and the serving certificate's is server authentication
+/// only, so neither passes for the other.
+pub fn issue_client_cert(ca: &Pem, common_name: &str, now: i64, days: u32) -> Result<Pem> {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())
+        .map_err(|e| bootstrap_error(e.to_string()))?;
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, common_name);
+    sign(
+        ca,
+        params,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        now,
+        days,
+    )
+}
+
+fn issue(
+    ca: &Pem,
+    dns_names: &[String],
+    usage: rcgen::ExtendedKeyUsagePurpose,
+    now: i64,
+    days: u32,
+) -> Result<Pem> {
     let mut params = rcgen::CertificateParams::new(dns_names.to_vec())
         .map_err(|e| bootstrap_error(e.to_string()))?;
     params.distinguished_name = rcgen::DistinguishedName::new();
@@ -183,8 +216,24 @@ pub fn issue_serving_cert(ca: &Pem, dns_names: &[String], now: i64, days: u32) -
         rcgen::DnType::CommonName,
         dns_names.first().map_or("helmop-webhook", |s| s),
     );
+    sign(ca, params, usage, now, days)
+}
+
+fn sign(
+    ca: &Pem,
+    mut params: rcgen::CertificateParams,
+    usage: rcgen::ExtendedKeyUsagePurpose,
+    now: i64,
+    days: u32,
+) -> Result<Pem> {
+    let ca_key =
+        rcgen::KeyPair::from_pem(&ca.key).map_err(|e| bootstrap_error(format!("CA key: {e}")))?;
+    // The issuer is rebuilt from the same parameters as the CA: same subject, and the authority key id is
+    // derived from the CA key, so no X.509 parsing is needed.
+    let issuer = rcgen::Issuer::new(ca_params()?, ca_key);
+    let key = rcgen::KeyPair::generate().map_err(|e| bootstrap_error(e.to_string()))?;
     params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    params.extended_key_usages = vec![usage];
     let not_after = validity(&mut params, now, days)?;
     let cert = params
         .signed_by(&key, &issuer)
@@ -311,6 +360,8 @@ pub struct TlsTarget {
     pub secret: SecretRef,
     /// The CA Secret (certificate and key), kept so renewals keep the same `caBundle`.
     pub ca_secret: SecretRef,
+    /// The API server's client certificate Secret (`kubernetes.io/tls` with `ca.crt`).
+    pub client_secret: SecretRef,
     /// The webhook Service name (in `secret.namespace`).
     pub service: String,
     /// Name of the Validating- and MutatingWebhookConfiguration to inject the CA into.
@@ -325,6 +376,8 @@ pub struct TlsOutcome {
     pub ca_created: bool,
     /// Why the serving certificate was issued, `None` when kept.
     pub issued: Option<&'static str>,
+    /// Why the API server's client certificate was issued, `None` when kept.
+    pub client_issued: Option<&'static str>,
     pub validating_patched: bool,
     pub mutating_patched: bool,
 }
@@ -368,41 +421,73 @@ async fn ensure_ca(api: &Api<Secret>, at: &SecretRef, now: i64) -> Result<(Pem, 
     }
 }
 
-/// Ensures CA, serving certificate and `caBundle`s; see the module documentation.
-pub async fn bootstrap_tls(client: Client, target: &TlsTarget) -> Result<TlsOutcome> {
+/// Issues the certificate of Secret `at` (for `names`) when [`renewal_reason`] says so; the reason, or `None`
+/// when kept.
+async fn ensure_leaf(
+    client: &Client,
+    at: &SecretRef,
+    ca: &Pem,
+    names: &[String],
+    target: &TlsTarget,
+    issue: impl Fn(&Pem, i64, u32) -> Result<Pem>,
+) -> Result<Option<&'static str>> {
     let now = unix_now();
-    let ca_api: Api<Secret> = Api::namespaced(client.clone(), &target.ca_secret.namespace);
-    let (ca, ca_created) = ensure_ca(&ca_api, &target.ca_secret, now).await?;
-
-    let api: Api<Secret> = Api::namespaced(client.clone(), &target.secret.namespace);
-    let dns_names = service_dns_names(&target.service, &target.secret.namespace);
-    let existing = api.get_opt(&target.secret.name).await?;
+    let api: Api<Secret> = Api::namespaced(client.clone(), &at.namespace);
+    let existing = api.get_opt(&at.name).await?;
     let reason = match &existing {
         Some(s) if !is_managed(s) => {
             return Err(bootstrap_error(format!(
-                "secret {} is not managed by helmop-bootstrap; not touching it",
-                target.secret
+                "secret {at} is not managed by helmop-bootstrap; not touching it"
             )));
         }
-        Some(s) => renewal_reason(s, &ca.cert, &dns_names, now, target.renew_before),
+        Some(s) => renewal_reason(s, &ca.cert, names, now, target.renew_before),
         None => Some("no certificate yet"),
     };
     if let Some(reason) = reason {
-        let pem = issue_serving_cert(&ca, &dns_names, now, target.validity_days)?;
-        let mut secret = tls_secret(&target.secret.name, &pem, &ca.cert, &dns_names);
+        let pem = issue(ca, now, target.validity_days)?;
+        let mut secret = tls_secret(&at.name, &pem, &ca.cert, names);
         match existing {
             // Replace with the read resourceVersion: a concurrent run makes this fail instead of interleaving.
             Some(old) => {
                 secret.metadata.resource_version = old.metadata.resource_version;
-                api.replace(&target.secret.name, &PostParams::default(), &secret)
+                api.replace(&at.name, &PostParams::default(), &secret)
                     .await?;
             }
             None => {
                 api.create(&PostParams::default(), &secret).await?;
             }
         }
-        tracing::info!(secret = %target.secret, reason, not_after = pem.not_after, "serving certificate issued");
+        tracing::info!(secret = %at, reason, not_after = pem.not_after, "certificate issued");
     }
+    Ok(reason)
+}
+
+/// Ensures CA, serving certificate and `caBundle`s; see the module documentation.
+pub async fn bootstrap_tls(client: Client, target: &TlsTarget) -> Result<TlsOutcome> {
+    let now = unix_now();
+    let ca_api: Api<Secret> = Api::namespaced(client.clone(), &target.ca_secret.namespace);
+    let (ca, ca_created) = ensure_ca(&ca_api, &target.ca_secret, now).await?;
+
+    let dns_names = service_dns_names(&target.service, &target.secret.namespace);
+    let reason = ensure_leaf(
+        &client,
+        &target.secret,
+        &ca,
+        &dns_names,
+        target,
+        |ca, now, days| issue_serving_cert(ca, &dns_names, now, days),
+    )
+    .await?;
+    let client_names = [API_SERVER_CLIENT_NAME.to_owned()];
+    let client_issued = ensure_leaf(
+        &client,
+        &target.client_secret,
+        &ca,
+        &client_names,
+        target,
+        |ca, now, days| issue_client_cert(ca, API_SERVER_CLIENT_NAME, now, days),
+    )
+    .await?;
 
     let validating_patched = inject::<ValidatingWebhookConfiguration>(
         &client,
@@ -433,6 +518,7 @@ pub async fn bootstrap_tls(client: Client, target: &TlsTarget) -> Result<TlsOutc
     Ok(TlsOutcome {
         ca_created,
         issued: reason,
+        client_issued,
         validating_patched,
         mutating_patched,
     })
@@ -516,7 +602,7 @@ mod tests {
             crate::tls::load_certified_key(leaf.cert.as_bytes(), leaf.key.as_bytes()).unwrap();
         let resolver = std::sync::Arc::new(crate::tls::CertResolver::new(key));
         let server = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(
-            crate::tls::server_config(resolver).unwrap(),
+            crate::tls::server_config(resolver, None).unwrap(),
         ));
 
         let mut roots = rustls::RootCertStore::empty();
@@ -554,6 +640,47 @@ mod tests {
         });
         let other = rustls::pki_types::ServerName::try_from("evil.example.com").unwrap();
         assert!(connector.connect(other, b).await.is_err());
+    }
+
+    /// `--client-ca` with the bootstrap's CA lets the API server's client certificate through and refuses the
+    /// serving certificate used as a client one (server-auth usage only).
+    #[tokio::test]
+    async fn only_the_client_certificate_passes_the_client_ca() {
+        use rustls::pki_types::PrivateKeyDer;
+        use rustls::pki_types::pem::PemObject;
+        let now = unix_now();
+        let ca = generate_ca(now).unwrap();
+        let serving = issue_serving_cert(&ca, &names(), now, 365).unwrap();
+        let client = issue_client_cert(&ca, API_SERVER_CLIENT_NAME, now, 365).unwrap();
+        let key = crate::tls::load_certified_key(serving.cert.as_bytes(), serving.key.as_bytes())
+            .unwrap();
+        let resolver = std::sync::Arc::new(crate::tls::CertResolver::new(key));
+        let roots = crate::tls::load_client_ca(ca.cert.as_bytes()).unwrap();
+        let server = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(
+            crate::tls::server_config(resolver, Some(roots.clone())).unwrap(),
+        ));
+        for (who, leaf, accepted) in [("client", &client, true), ("serving", &serving, false)] {
+            let chain = rustls::pki_types::CertificateDer::pem_slice_iter(leaf.cert.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            let key = PrivateKeyDer::from_pem_slice(leaf.key.as_bytes()).unwrap();
+            let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+                .with_protocol_versions(&[&rustls::version::TLS12])
+                .unwrap()
+                .with_root_certificates(roots.clone())
+                .with_client_auth_cert(chain, key)
+                .unwrap();
+            let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+            let (a, b) = tokio::io::duplex(64 * 1024);
+            let accept = tokio::spawn({
+                let server = server.clone();
+                async move { server.accept(a).await.map(|_| ()) }
+            });
+            let name = rustls::pki_types::ServerName::try_from("helmop-webhook.helmop-system.svc")
+                .unwrap();
+            let _client = connector.connect(name, b).await;
+            assert_eq!(accept.await.unwrap().is_ok(), accepted, "{who} certificate");
+        }
     }
 
     #[test]

@@ -73,6 +73,21 @@ pub struct Cli {
     #[arg(long, value_name = "SECONDS", default_value_t = 0)]
     pub shutdown_delay_seconds: u64,
 
+    /// PEM CA file: when set, only clients presenting a certificate it signed may connect to --listen (the API
+    /// server, configured with a client certificate through its admission `kubeConfigFile`). Read at start.
+    #[arg(long, value_name = "FILE")]
+    pub client_ca: Option<PathBuf>,
+
+    /// Admission requests decided at once; more are answered 429 at once (the API server then applies the
+    /// webhook's failurePolicy).
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub max_in_flight: u64,
+
+    /// Request-body bytes held at once across all admission requests; a body that does not fit is answered
+    /// 429. At least the 7 MiB body limit.
+    #[arg(long, value_name = "BYTES", default_value_t = 16 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(7 * 1024 * 1024..=1 << 40))]
+    pub max_in_flight_bytes: u64,
+
     /// How often the certificate and key files are checked for changes, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     pub cert_poll_ms: u64,
@@ -178,6 +193,12 @@ impl Cli {
             request_timeout: Duration::from_millis(self.request_timeout_ms),
             cert_poll_interval: Duration::from_millis(self.cert_poll_ms),
             shutdown_delay: Duration::from_secs(self.shutdown_delay_seconds),
+            client_ca: self.client_ca.clone(),
+            limits: crate::server::Limits {
+                max_in_flight: usize::try_from(self.max_in_flight).unwrap_or(usize::MAX),
+                max_body_bytes_in_flight: usize::try_from(self.max_in_flight_bytes)
+                    .unwrap_or(usize::MAX),
+            },
             ..crate::server::ServeOptions::default()
         }
     }
@@ -211,6 +232,10 @@ pub enum BootstrapCommand {
         /// CA Secret, kept so renewals keep the same caBundle.
         #[arg(long, value_name = "NS/NAME", default_value = "helmop-system/helmop-webhook-ca", value_parser = parse_secret_ref)]
         ca_secret: SecretRef,
+        /// Client certificate Secret for the API server's admission kubeConfigFile (same CA, which the
+        /// webhook trusts with `--client-ca /tls/ca.crt`).
+        #[arg(long, value_name = "NS/NAME", default_value = "helmop-system/helmop-apiserver-client", value_parser = parse_secret_ref)]
+        client_secret: SecretRef,
         /// The webhook Service, in the namespace of --secret.
         #[arg(long, default_value = "helmop-webhook")]
         service: String,
@@ -278,6 +303,39 @@ mod tests {
             }
         );
         assert_eq!(config.mutable_tags, ["main", "dev-*"]);
+    }
+
+    #[test]
+    fn client_ca_and_limits_reach_the_serve_options() {
+        let cli = Cli::try_parse_from(REQUIRED).unwrap();
+        let defaults = cli.serve_options();
+        assert_eq!(
+            defaults.client_ca, None,
+            "client certificates stay optional"
+        );
+        assert_eq!(defaults.limits, crate::server::Limits::default());
+        let mut args = REQUIRED.to_vec();
+        args.extend([
+            "--client-ca",
+            "/tls/ca.crt",
+            "--max-in-flight",
+            "8",
+            "--max-in-flight-bytes",
+            "8388608",
+        ]);
+        let options = Cli::try_parse_from(args).unwrap().serve_options();
+        assert_eq!(options.client_ca, Some(PathBuf::from("/tls/ca.crt")));
+        assert_eq!(options.limits.max_in_flight, 8);
+        assert_eq!(options.limits.max_body_bytes_in_flight, 8 << 20);
+        for bad in [
+            ["--max-in-flight", "0"],
+            // Below the 7 MiB body limit: no body could ever be read.
+            ["--max-in-flight-bytes", "1048576"],
+        ] {
+            let mut args = REQUIRED.to_vec();
+            args.extend(bad);
+            assert!(Cli::try_parse_from(args).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod admission;
 pub mod app;
 pub mod bootstrap;
+pub mod caps;
 pub mod cli;
 pub mod error;
 pub mod handlers;

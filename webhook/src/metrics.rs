@@ -53,6 +53,8 @@ pub enum Outcome {
     TooLarge,
     /// Answered 408: the body did not arrive in time.
     Timeout,
+    /// Answered 429: the in-flight limits were reached.
+    Busy,
     /// A handler panicked; the panic was caught and answered.
     Panic,
 }
@@ -67,6 +69,7 @@ impl Outcome {
             Outcome::BadRequest => "bad_request",
             Outcome::TooLarge => "too_large",
             Outcome::Timeout => "timeout",
+            Outcome::Busy => "busy",
             Outcome::Panic => "panic",
         }
     }

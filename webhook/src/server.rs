@@ -21,7 +21,7 @@ use futures::{FutureExt, StreamExt};
 use kube::core::DynamicObject;
 use kube::core::admission::AdmissionRequest;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::admission::{self, MAX_BODY_BYTES};
 use crate::error::{Error, Result};
@@ -97,19 +97,58 @@ pub trait Handlers: Send + Sync + 'static {
     fn ready(&self) -> bool;
 }
 
+/// What the admission port holds at once. Past either bound a request is answered 429 at once (the API
+/// server then applies the webhook's `failurePolicy`), instead of queueing until everything is slow or
+/// memory runs out.
+///
+/// A slow sender holds the bytes it has sent, up to the request deadline; keeping other callers off the port
+/// is the job of `--client-ca` and the NetworkPolicy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Admission requests being decided at once (decoded and past their body).
+    pub max_in_flight: usize,
+    /// Request-body bytes held at once, across all requests (a body's share is held until it is answered,
+    /// since the decoded review is about as large).
+    pub max_body_bytes_in_flight: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_in_flight: 64,
+            max_body_bytes_in_flight: 16 * 1024 * 1024,
+        }
+    }
+}
+
 #[derive(Clone)]
 struct Shared {
     handlers: Arc<dyn Handlers>,
     metrics: Metrics,
     request_timeout: Duration,
+    in_flight: Arc<Semaphore>,
+    body_bytes: Arc<Semaphore>,
 }
 
 /// The admission router: the three `POST` endpoints; unknown paths get 404, other methods 405.
-pub fn router(handlers: Arc<dyn Handlers>, metrics: Metrics, request_timeout: Duration) -> Router {
+pub fn router(
+    handlers: Arc<dyn Handlers>,
+    metrics: Metrics,
+    request_timeout: Duration,
+    limits: Limits,
+) -> Router {
     let shared = Shared {
         handlers,
         metrics,
         request_timeout,
+        in_flight: Arc::new(Semaphore::new(
+            limits.max_in_flight.clamp(1, Semaphore::MAX_PERMITS),
+        )),
+        body_bytes: Arc::new(Semaphore::new(
+            limits
+                .max_body_bytes_in_flight
+                .clamp(MAX_BODY_BYTES, Semaphore::MAX_PERMITS),
+        )),
     };
     let mut router = Router::new();
     for webhook in Webhook::ALL {
@@ -176,19 +215,93 @@ fn plain(status: StatusCode, body: String) -> Response {
 enum BodyError {
     TooLarge,
     Unreadable,
+    /// The body-bytes budget is used up by other requests.
+    Busy,
 }
 
-async fn read_body(body: Body, limit: usize, size_hint: usize) -> Result<Vec<u8>, BodyError> {
-    let mut buf = Vec::with_capacity(size_hint.min(limit));
+/// How much of an oversized body is read and thrown away so that its sender gets the 413 (see [`drain`]).
+pub const MAX_DRAIN_BYTES: u64 = 64 * 1024 * 1024;
+
+/// A body and its share of the body-bytes budget, returned when dropped.
+struct ReadBody {
+    bytes: Vec<u8>,
+    _share: Option<OwnedSemaphorePermit>,
+}
+
+/// Reads the body up to `limit`, taking the bytes received from `budget` as they arrive; on failure, hands back
+/// the rest of the stream so it can be drained.
+async fn read_body(
+    body: Body,
+    limit: usize,
+    size_hint: usize,
+    budget: &Arc<Semaphore>,
+) -> Result<ReadBody, (BodyError, Option<axum::body::BodyDataStream>)> {
     let mut stream = body.into_data_stream();
+    // The first allocation is sized by the hint, so the hint is taken up front.
+    let mut reserved = size_hint.min(limit);
+    let mut share = match take(budget, reserved) {
+        Ok(share) => share,
+        Err(()) => return Err((BodyError::Busy, Some(stream))),
+    };
+    let mut buf = Vec::with_capacity(reserved);
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|_| BodyError::Unreadable)?;
-        if buf.len() + chunk.len() > limit {
-            return Err(BodyError::TooLarge);
+        let chunk = chunk.map_err(|_| (BodyError::Unreadable, None))?;
+        let len = buf.len() + chunk.len();
+        if len > limit {
+            return Err((BodyError::TooLarge, Some(stream)));
+        }
+        if len > reserved {
+            match take(budget, len - reserved) {
+                Ok(more) => merge(&mut share, more),
+                Err(()) => return Err((BodyError::Busy, Some(stream))),
+            }
+            reserved = len;
         }
         buf.extend_from_slice(&chunk);
     }
-    Ok(buf)
+    Ok(ReadBody {
+        bytes: buf,
+        _share: share,
+    })
+}
+
+fn take(budget: &Arc<Semaphore>, bytes: usize) -> Result<Option<OwnedSemaphorePermit>, ()> {
+    if bytes == 0 {
+        return Ok(None);
+    }
+    let n = u32::try_from(bytes).map_err(|_| ())?;
+    budget
+        .clone()
+        .try_acquire_many_owned(n)
+        .map(Some)
+        .map_err(|_| ())
+}
+
+fn merge(share: &mut Option<OwnedSemaphorePermit>, more: Option<OwnedSemaphorePermit>) {
+    match (share.as_mut(), more) {
+        (Some(held), Some(more)) => held.merge(more),
+        (None, more) => *share = more,
+        (_, None) => {}
+    }
+}
+
+/// Reads and discards what is left of a refused body, up to `cap` bytes and the request deadline.
+///
+/// Why: an ordinary client writes its whole body before it reads. Answered early, the server closes (HTTP/1.1)
+/// or resets the stream (HTTP/2) with the body still arriving, and a TCP close with unread data is a reset
+/// that throws away the 413 before the client reads it. Draining costs bandwidth, not memory (chunks are
+/// dropped as they come); a sender of more than the drain cap gets the answer and the close.
+async fn drain(mut stream: axum::body::BodyDataStream, cap: u64, deadline: tokio::time::Instant) {
+    let mut drained = 0u64;
+    let _ = tokio::time::timeout_at(deadline, async {
+        while drained <= cap {
+            match stream.next().await {
+                Some(Ok(chunk)) => drained += chunk.len() as u64,
+                _ => return,
+            }
+        }
+    })
+    .await;
 }
 
 fn reject(
@@ -212,6 +325,18 @@ fn reject(
     plain(status, format!("{reason}\n"))
 }
 
+/// The fast answer when the in-flight limits are reached.
+fn busy(metrics: &Metrics, webhook: Webhook, started: Instant) -> Response {
+    reject(
+        metrics,
+        webhook,
+        Outcome::Busy,
+        StatusCode::TOO_MANY_REQUESTS,
+        "too many admission requests in flight; retry".to_owned(),
+        started,
+    )
+}
+
 async fn answer(shared: Shared, webhook: Webhook, request: Request, started: Instant) -> Response {
     let metrics = &shared.metrics;
     let deadline = tokio::time::Instant::from_std(started + shared.request_timeout);
@@ -222,6 +347,14 @@ async fn answer(shared: Shared, webhook: Webhook, request: Request, started: Ins
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
         let reason = format!("request body above the {MAX_BODY_BYTES} byte limit");
+        if declared.is_some_and(|len| len <= MAX_BODY_BYTES as u64 + MAX_DRAIN_BYTES) {
+            drain(
+                request.into_body().into_data_stream(),
+                MAX_DRAIN_BYTES,
+                deadline,
+            )
+            .await;
+        }
         return reject(
             metrics,
             webhook,
@@ -235,13 +368,21 @@ async fn answer(shared: Shared, webhook: Webhook, request: Request, started: Ins
     let size_hint = declared.map_or(16 * 1024, |len| (len as usize).min(256 * 1024));
     let body = match tokio::time::timeout_at(
         deadline,
-        read_body(request.into_body(), MAX_BODY_BYTES, size_hint),
+        read_body(
+            request.into_body(),
+            MAX_BODY_BYTES,
+            size_hint,
+            &shared.body_bytes,
+        ),
     )
     .await
     {
         Ok(Ok(body)) => body,
-        Ok(Err(BodyError::TooLarge)) => {
+        Ok(Err((BodyError::TooLarge, rest))) => {
             let reason = format!("request body above the {MAX_BODY_BYTES} byte limit");
+            if let Some(rest) = rest {
+                drain(rest, MAX_DRAIN_BYTES, deadline).await;
+            }
             return reject(
                 metrics,
                 webhook,
@@ -251,7 +392,13 @@ async fn answer(shared: Shared, webhook: Webhook, request: Request, started: Ins
                 started,
             );
         }
-        Ok(Err(BodyError::Unreadable)) => {
+        Ok(Err((BodyError::Busy, rest))) => {
+            if let Some(rest) = rest {
+                drain(rest, MAX_BODY_BYTES as u64, deadline).await;
+            }
+            return busy(metrics, webhook, started);
+        }
+        Ok(Err((BodyError::Unreadable, _))) => {
             let reason = "request body could not be read".to_owned();
             return reject(
                 metrics,
@@ -274,6 +421,16 @@ async fn answer(shared: Shared, webhook: Webhook, request: Request, started: Ins
             );
         }
     };
+    // Taken once the body is in, so a slow sender holds only the bytes it sent (from the body budget), never a
+    // decision slot.
+    let Ok(_slot) = shared.in_flight.clone().try_acquire_owned() else {
+        return busy(metrics, webhook, started);
+    };
+    // The body's share of the budget stays taken until the answer: the decoded review is about as large.
+    let ReadBody {
+        bytes: body,
+        _share: _body_share,
+    } = body;
     let req = match admission::decode(&body) {
         Ok(req) => req,
         Err(e) => {
@@ -432,6 +589,9 @@ pub struct ServeOptions {
     pub handshake_timeout: Duration,
     /// HTTP/1 deadline for a request head, also closing keep-alive connections idle that long.
     pub header_read_timeout: Duration,
+    /// PEM CA that client certificates must chain to; `None` serves any client.
+    pub client_ca: Option<PathBuf>,
+    pub limits: Limits,
 }
 
 impl Default for ServeOptions {
@@ -447,6 +607,8 @@ impl Default for ServeOptions {
             drain_timeout: Duration::from_secs(15),
             handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(60),
+            client_ca: None,
+            limits: Limits::default(),
         }
     }
 }
@@ -459,6 +621,7 @@ pub struct Server {
     webhook_addr: SocketAddr,
     admin_addr: SocketAddr,
     reloader: CertReloader,
+    client_ca: Option<rustls::RootCertStore>,
     handlers: Arc<dyn Handlers>,
     metrics: Metrics,
 }
@@ -482,6 +645,11 @@ impl Server {
     ) -> Result<Server> {
         let reloader =
             CertReloader::start(&options.tls_cert, &options.tls_key, metrics.clone()).await?;
+        let client_ca = options
+            .client_ca
+            .as_deref()
+            .map(tls::read_client_ca)
+            .transpose()?;
         let (webhook_listener, webhook_addr) = bind(options.listen).await?;
         let (admin_listener, admin_addr) = bind(options.admin_listen).await?;
         Ok(Server {
@@ -491,6 +659,7 @@ impl Server {
             webhook_addr,
             admin_addr,
             reloader,
+            client_ca,
             handlers,
             metrics,
         })
@@ -514,10 +683,12 @@ impl Server {
             webhook_addr,
             admin_addr,
             reloader,
+            client_ca,
             handlers,
             metrics,
         } = self;
-        let tls_config = tls::server_config(reloader.resolver())?;
+        let client_auth = client_ca.is_some();
+        let tls_config = tls::server_config(reloader.resolver(), client_ca)?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let stopped = move || {
             let mut rx = stop_rx.clone();
@@ -554,9 +725,9 @@ impl Server {
             .http2()
             .timer(hyper_util::rt::TokioTimer::new())
             .keep_alive_interval(Duration::from_secs(30));
-        let app = router(handlers, metrics, options.request_timeout);
+        let app = router(handlers, metrics, options.request_timeout, options.limits);
         let mut webhook_task = tokio::spawn(server.serve(app.into_make_service()));
-        tracing::info!(listen = %webhook_addr, admin_listen = %admin_addr, "serving");
+        tracing::info!(listen = %webhook_addr, admin_listen = %admin_addr, client_auth, "serving");
 
         let early_exit = tokio::select! {
             _ = shutdown => None,

@@ -8,6 +8,9 @@
 //!
 //! A pair that fails to load is retried on the next poll before it is reported: cert and key are often written
 //! one after the other, and the half-written moment in between is not an error worth an alert.
+//!
+//! With a client CA (`--client-ca`), every connection must present a certificate that CA signed, checked in
+//! the handshake: a caller without one never gets to send a request. The CA is read once at start.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -16,9 +19,9 @@ use std::time::Duration;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
-use rustls::{ServerConfig, version};
+use rustls::{RootCertStore, ServerConfig, version};
 
 use crate::error::Error;
 use crate::metrics::Metrics;
@@ -72,13 +75,48 @@ impl ResolvesServerCert for CertResolver {
     }
 }
 
-/// The rustls server configuration of the admission port.
-pub fn server_config(resolver: Arc<CertResolver>) -> Result<ServerConfig, Error> {
-    let mut config = ServerConfig::builder_with_provider(provider())
+/// Parses the PEM certificates that client certificates must chain to.
+pub fn load_client_ca(pem: &[u8]) -> Result<RootCertStore, String> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("client CA file: {e}"))?;
+    if certs.is_empty() {
+        return Err("client CA file: no CERTIFICATE block".into());
+    }
+    let mut roots = RootCertStore::empty();
+    for cert in certs {
+        roots
+            .add(cert)
+            .map_err(|e| format!("client CA file: {e}"))?;
+    }
+    Ok(roots)
+}
+
+/// Reads `--client-ca`.
+pub fn read_client_ca(path: &Path) -> Result<RootCertStore, Error> {
+    let pem = std::fs::read(path)
+        .map_err(|e| Error::Tls(format!("cannot read {}: {e}", path.display())))?;
+    load_client_ca(&pem).map_err(|e| Error::Tls(format!("{}: {e}", path.display())))
+}
+
+/// The rustls server configuration of the admission port; `client_ca` makes a client certificate it signed
+/// mandatory.
+pub fn server_config(
+    resolver: Arc<CertResolver>,
+    client_ca: Option<RootCertStore>,
+) -> Result<ServerConfig, Error> {
+    let builder = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&version::TLS13, &version::TLS12])
-        .map_err(|e| Error::Tls(e.to_string()))?
-        .with_no_client_auth()
-        .with_cert_resolver(resolver);
+        .map_err(|e| Error::Tls(e.to_string()))?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(roots) => builder.with_client_cert_verifier(
+            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                .build()
+                .map_err(|e| Error::Tls(format!("client CA: {e}")))?,
+        ),
+    };
+    let mut config = builder.with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }

@@ -490,6 +490,7 @@ fn self_signed_overlay_bootstraps_the_secret_the_deployment_mounts() {
             helmop_webhook::cli::BootstrapCommand::Tls {
                 secret,
                 ca_secret,
+                client_secret,
                 service,
                 webhook_configuration,
                 ..
@@ -506,7 +507,8 @@ fn self_signed_overlay_bootstraps_the_secret_the_deployment_mounts() {
                     .collect();
                 assert!(
                     names.contains(&secret.name.as_str())
-                        && names.contains(&ca_secret.name.as_str()),
+                        && names.contains(&ca_secret.name.as_str())
+                        && names.contains(&client_secret.name.as_str()),
                     "{names:?}"
                 );
             }
@@ -521,4 +523,85 @@ fn self_signed_overlay_bootstraps_the_secret_the_deployment_mounts() {
             "{rule}"
         );
     }
+}
+
+#[test]
+fn network_policy_admits_the_admission_port_only_from_outside_the_pod_network() {
+    for dir in kustomizations() {
+        let docs = render(&dir);
+        if of_kind(&docs, "Deployment")
+            .iter()
+            .all(|d| d["metadata"]["name"] != "helmop-webhook")
+        {
+            continue;
+        }
+        let policy = named(&docs, "NetworkPolicy", "helmop-webhook");
+        assert_eq!(
+            policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
+            "helmop-webhook",
+            "{}",
+            dir.display()
+        );
+        assert_eq!(strings(&policy["spec"]["policyTypes"]), ["Ingress"]);
+        let admission: Vec<&Value> = policy["spec"]["ingress"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|rule| {
+                rule["ports"]
+                    .as_array()
+                    .is_some_and(|ports| ports.iter().any(|p| p["port"] == 8443))
+            })
+            .collect();
+        assert_eq!(admission.len(), 1, "{}", dir.display());
+        let from = admission[0]["from"]
+            .as_array()
+            .expect("a source restriction");
+        assert!(!from.is_empty());
+        for source in from {
+            // Addresses only, each with the pod network excepted: no pod or namespace selector admits pods.
+            assert!(
+                source.get("podSelector").is_none() && source.get("namespaceSelector").is_none()
+            );
+            assert!(
+                !strings(&source["ipBlock"]["except"]).is_empty(),
+                "{source}"
+            );
+        }
+    }
+}
+
+#[test]
+fn client_auth_overlay_requires_the_ca_of_the_mounted_secret() {
+    let docs = render(&manifests_dir().join("client-auth"));
+    let deployment = named(&docs, "Deployment", "helmop-webhook");
+    let container = &pod_spec(deployment)["containers"][0];
+    let mut argv = vec!["helmop-webhook"];
+    argv.extend(strings(&container["args"]));
+    let cli = Cli::try_parse_from(&argv).unwrap();
+    assert_eq!(
+        cli.client_ca.as_deref(),
+        Some(Path::new("/tls/ca.crt")),
+        "{argv:?}"
+    );
+    // /tls is the serving Secret, which the bootstrap writes with ca.crt (the CA of the client certificate).
+    let mounts = container["volumeMounts"].as_array().unwrap();
+    assert!(mounts.iter().any(|m| m["mountPath"] == "/tls"));
+    // The bootstrap may manage the client certificate Secret.
+    let role = named(&docs, "Role", "helmop-tls-bootstrap");
+    assert!(
+        role["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| strings(&r["resourceNames"]).contains(&"helmop-apiserver-client"))
+    );
+    // Without the overlay, client certificates stay optional.
+    let plain = render(&manifests_dir().join("self-signed"));
+    let args =
+        strings(&pod_spec(named(&plain, "Deployment", "helmop-webhook"))["containers"][0]["args"]);
+    assert!(
+        !args.iter().any(|a| a.starts_with("--client-ca")),
+        "{args:?}"
+    );
 }

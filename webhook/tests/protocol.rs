@@ -193,6 +193,182 @@ async fn body_limit_is_7_mib() {
     assert_eq!(s.server.metrics.requests("workloads", Outcome::TooLarge), 1);
 }
 
+/// As a new user tries it: an ordinary client writes the whole 8 MiB body before it reads, so the 413 must still
+/// be there when it does (an answer followed by a close with unread data becomes a reset that discards it).
+#[tokio::test]
+async fn an_ordinary_client_sending_8_mib_reads_its_413() {
+    let handlers = FakeHandlers::allowing();
+    let s = setup(handlers.clone()).await;
+    let body = review_of_size("u-8mib", 8 * MIB);
+
+    let mut conn = H1::connect(s.server.webhook, &s.pki).await;
+    let reply = conn
+        .send("POST", "/validate/helmops", body.clone())
+        .await
+        .expect("HTTP/1.1: a response, not a dropped connection");
+    assert_eq!(reply.status, 413, "{}", reply.text());
+    assert!(
+        reply.text().contains("7340032 byte limit"),
+        "{}",
+        reply.text()
+    );
+    // The whole body was taken, so the connection stays usable.
+    let small = serde_json::to_vec(&review("u-after", Webhook::Helmops, false)).unwrap();
+    let reply = conn.send("POST", "/validate/helmops", small).await.unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+
+    let (_, reply) = h2_send(s.server.webhook, &s.pki, "/mutate/workloads", body).await;
+    assert_eq!(reply.status, 413, "HTTP/2: {}", reply.text());
+    assert!(
+        reply.text().contains("7340032 byte limit"),
+        "{}",
+        reply.text()
+    );
+
+    assert_eq!(s.server.metrics.requests("helmops", Outcome::TooLarge), 1);
+    assert_eq!(s.server.metrics.requests("workloads", Outcome::TooLarge), 1);
+}
+
+/// The same with curl, as a new user tries it: `--data-binary @file` over HTTP/1.1 and HTTP/2 prints the 413 and
+/// its reason, not a connection error.
+#[tokio::test]
+async fn curl_posting_8_mib_prints_the_413() {
+    let s = setup(FakeHandlers::allowing()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (body, ca) = (dir.path().join("review.json"), dir.path().join("ca.crt"));
+    std::fs::write(&body, review_of_size("u-curl", 8 * MIB)).unwrap();
+    std::fs::write(&ca, &s.pki.ca_pem).unwrap();
+    for version in ["--http1.1", "--http2"] {
+        let out = tokio::process::Command::new("curl")
+            .args(["-sS", version, "--cacert"])
+            .arg(&ca)
+            .args(["-H", "content-type: application/json", "--data-binary"])
+            .arg(format!("@{}", body.display()))
+            .args(["-w", "\n%{http_code}"])
+            .arg(format!(
+                "https://localhost:{}/validate/helmops",
+                s.server.webhook.port()
+            ))
+            .output()
+            .await
+            .expect("curl must be on PATH");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{version}: curl failed: {}{stdout}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.ends_with("\n413"), "{version}: {stdout}");
+        assert!(stdout.contains("7340032 byte limit"), "{version}: {stdout}");
+    }
+}
+
+/// Handlers that park every request until `gate` gets permits.
+fn parking(gate: Arc<tokio::sync::Semaphore>) -> Arc<FakeHandlers> {
+    FakeHandlers::new(Arc::new(move |_, _| {
+        let gate = gate.clone();
+        Box::pin(async move {
+            let _ = gate.acquire().await;
+            Verdict::allow()
+        })
+    }))
+}
+
+/// Sends `body` on a fresh connection in the background.
+fn send_later(s: &Setup, body: Vec<u8>) -> tokio::task::JoinHandle<Result<Reply, hyper::Error>> {
+    let addr = s.server.webhook;
+    let config = client_config(&s.pki, &[&rustls::version::TLS13], &[b"http/1.1"]);
+    tokio::spawn(async move {
+        let mut conn = H1::connect_with(addr, config).await.unwrap();
+        conn.send("POST", "/validate/helmops", body).await
+    })
+}
+
+/// Past the in-flight limits (requests, and body bytes held) the answer is a fast 429 with its reason, the
+/// requests already in flight are unaffected, and the webhook serves again once they finish.
+#[tokio::test]
+async fn past_the_in_flight_limits_requests_get_a_fast_429() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let handlers = parking(gate.clone());
+    let pki = Pki::new();
+    let volume = SecretVolume::new(&pki.leaf("webhook"));
+    let mut opts = options(&volume);
+    opts.limits = helmop_webhook::server::Limits {
+        max_in_flight: 2,
+        max_body_bytes_in_flight: 10 * MIB,
+    };
+    let s = Setup {
+        server: start(opts, handlers.clone()).await,
+        pki,
+        _volume: volume,
+    };
+    let small = || serde_json::to_vec(&review("u-small", Webhook::Helmops, false)).unwrap();
+
+    // Two requests decided at once: the third is refused at once.
+    let parked: Vec<_> = (0..2).map(|_| send_later(&s, small())).collect();
+    eventually(Duration::from_secs(10), "two parked requests", || async {
+        handlers.calls.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    let started = std::time::Instant::now();
+    let mut conn = H1::connect(s.server.webhook, &s.pki).await;
+    let reply = conn
+        .send("POST", "/validate/helmops", small())
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 429, "{}", reply.text());
+    assert!(
+        reply
+            .text()
+            .contains("too many admission requests in flight"),
+        "{}",
+        reply.text()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    gate.add_permits(1_000);
+    for p in parked {
+        assert_eq!(p.await.unwrap().unwrap().status, 200);
+    }
+    let reply = conn
+        .send("POST", "/validate/helmops", small())
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 200, "served again: {}", reply.text());
+
+    // Body bytes: one 6 MiB review held in a handler leaves no room for a second one.
+    gate.forget_permits(1_000);
+    let calls = handlers.calls.load(Ordering::SeqCst);
+    let first = send_later(&s, review_of_size("u-6a", 6 * MIB));
+    eventually(
+        Duration::from_secs(10),
+        "the first big review parked",
+        || async { handlers.calls.load(Ordering::SeqCst) == calls + 1 },
+    )
+    .await;
+    let reply = conn
+        .send("POST", "/validate/helmops", review_of_size("u-6b", 6 * MIB))
+        .await
+        .expect("the refused body is drained, so its 429 arrives");
+    assert_eq!(reply.status, 429, "{}", reply.text());
+    gate.add_permits(1_000);
+    assert_eq!(first.await.unwrap().unwrap().status, 200);
+    let reply = conn
+        .send("POST", "/validate/helmops", review_of_size("u-6c", 6 * MIB))
+        .await
+        .unwrap();
+    assert_eq!(
+        reply.status,
+        200,
+        "the budget was returned: {}",
+        reply.text()
+    );
+    assert_eq!(s.server.metrics.requests("helmops", Outcome::Busy), 2);
+}
+
 #[tokio::test]
 async fn malformed_and_wrong_version_reviews_get_400_with_a_reason() {
     let handlers = FakeHandlers::allowing();

@@ -132,6 +132,78 @@ async fn plaintext_http_gets_no_http_answer() {
     assert!(!String::from_utf8_lossy(&reply).contains("AdmissionReview"));
 }
 
+/// `--client-ca`: the API server's client certificate gets answers; a caller without one, or with one from
+/// another CA, is refused in the handshake and a forged review (a kube-system Secret DELETE) gets nothing.
+#[tokio::test]
+async fn with_a_client_ca_only_its_certificates_get_an_answer() {
+    let pki = Pki::new();
+    let api_servers = Pki::new();
+    let strangers = Pki::new();
+    let volume = SecretVolume::new(&pki.leaf("webhook"));
+    let ca_dir = tempfile::tempdir().unwrap();
+    let ca_file = ca_dir.path().join("client-ca.crt");
+    std::fs::write(&ca_file, &api_servers.ca_pem).unwrap();
+    let handlers = FakeHandlers::allowing();
+    let mut opts = options(&volume);
+    opts.client_ca = Some(ca_file);
+    let server = start(opts, handlers.clone()).await;
+
+    let mut forged = review("forged", Webhook::References, false);
+    forged["request"]["namespace"] = "kube-system".into();
+    forged["request"]["oldObject"]["metadata"]["namespace"] = "kube-system".into();
+    let forged = serde_json::to_vec(&forged).unwrap();
+
+    let api_server = api_servers.leaf("kube-apiserver");
+    let mut conn = H1::connect_with(server.webhook, client_config_with_cert(&pki, &api_server))
+        .await
+        .unwrap();
+    let reply = conn
+        .send("POST", "/validate/references", forged.clone())
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let answered = handlers.calls.load(Ordering::SeqCst);
+
+    let stranger = strangers.leaf("kube-apiserver");
+    for (who, config) in [
+        (
+            "no certificate, TLS 1.3",
+            client_config(&pki, &[&rustls::version::TLS13], &[b"http/1.1"]),
+        ),
+        (
+            "no certificate, TLS 1.2",
+            client_config(&pki, &[&rustls::version::TLS12], &[b"http/1.1"]),
+        ),
+        (
+            "another CA's certificate",
+            client_config_with_cert(&pki, &stranger),
+        ),
+    ] {
+        // TLS 1.2 fails the handshake itself; under TLS 1.3 the client's side completes first and the
+        // server's refusal arrives as an alert on the first read. Either way: no HTTP answer.
+        let result = match H1::connect_with(server.webhook, config).await {
+            Err(e) => Err(e),
+            Ok(mut conn) => conn
+                .send("POST", "/validate/references", forged.clone())
+                .await
+                .map(|reply| reply.status)
+                .map_err(|e| e.to_string()),
+        };
+        assert!(result.is_err(), "{who}: answered {result:?}");
+    }
+    assert_eq!(
+        handlers.calls.load(Ordering::SeqCst),
+        answered,
+        "a refused caller reached a handler"
+    );
+    assert_eq!(
+        server
+            .metrics
+            .requests("references", helmop_webhook::metrics::Outcome::Allowed),
+        1
+    );
+}
+
 #[tokio::test]
 async fn a_stalled_handshake_is_dropped() {
     let (_pki, _volume, server) = setup().await; // handshake timeout 2 s in the test options

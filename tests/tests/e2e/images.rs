@@ -23,7 +23,7 @@ const IMAGE_DIGESTS: &str = "helmop.dev/image-digests";
 
 /// The webhook on loopback with the registry resolver; stopped when dropped.
 pub(crate) struct Webhook {
-    resolver: Arc<RegistryResolver>,
+    pub(crate) resolver: Arc<RegistryResolver>,
     server: LocalWebhook,
     _registry_config: tempfile::TempDir,
 }
@@ -35,9 +35,18 @@ impl Webhook {
         insecure: &[&str],
         budget: Duration,
     ) -> anyhow::Result<Webhook> {
+        Self::start_with_registry_config(client, json!({"insecure": insecure}), budget).await
+    }
+
+    /// [`Webhook::start`] with a whole `--registry-config` document.
+    pub(crate) async fn start_with_registry_config(
+        client: Client,
+        registry_config: Value,
+        budget: Duration,
+    ) -> anyhow::Result<Webhook> {
         let dir = tempfile::tempdir()?;
         let registries = dir.path().join("registries.yaml");
-        std::fs::write(&registries, json!({"insecure": insecure}).to_string())?;
+        std::fs::write(&registries, registry_config.to_string())?;
         let config = Config {
             image_budget: budget,
             registry_config: Some(registries),
@@ -179,7 +188,7 @@ pub(crate) async fn replica_sets_settled(
     .await
 }
 
-fn stderr(out: &Output) -> String {
+pub(crate) fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 

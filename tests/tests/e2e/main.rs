@@ -12,6 +12,7 @@ mod images_cmd;
 mod plugin;
 mod plugin_rollout;
 mod plugin_watch;
+mod safety;
 mod security;
 mod stamping;
 mod validate;

@@ -16,6 +16,7 @@ async fn run(cli: BootstrapCli) -> helmop_webhook::Result<()> {
         BootstrapCommand::Tls {
             secret,
             ca_secret,
+            client_secret,
             service,
             webhook_configuration,
             validity_days,
@@ -24,6 +25,7 @@ async fn run(cli: BootstrapCli) -> helmop_webhook::Result<()> {
             let target = TlsTarget {
                 secret,
                 ca_secret,
+                client_secret,
                 service,
                 webhook_configuration,
                 validity_days,
@@ -33,6 +35,7 @@ async fn run(cli: BootstrapCli) -> helmop_webhook::Result<()> {
             tracing::info!(
                 ca_created = outcome.ca_created,
                 issued = outcome.issued.unwrap_or("kept"),
+                client_issued = outcome.client_issued.unwrap_or("kept"),
                 validating_patched = outcome.validating_patched,
                 mutating_patched = outcome.mutating_patched,
                 "webhook tls"

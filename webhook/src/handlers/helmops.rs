@@ -57,6 +57,20 @@ pub(super) async fn validate(state: &AppState, req: &AdmissionRequest<DynamicObj
             .as_ref()
             .is_some_and(|old| old.data.get("spec") == object.data.get("spec"));
     let mut warnings = Vec::new();
+    if let Some(deny) = crate::caps::helmop_references(&name, refs.len()) {
+        if !spec_unchanged {
+            return deny;
+        }
+        // Over the cap but unchanged (e.g. Fleet adding its finalizer to a HelmOp admitted before the cap):
+        // admitted without any lookup, as every spec-unchanged update is.
+        tracing::warn!(helmop = %name, references = refs.len(), "over the reference cap; spec unchanged, admitted unchecked");
+        return Verdict::allow_with_warnings(vec![format!(
+            "HelmOp {name} references {} Secrets and ConfigMaps, more than the {} one admission may check; \
+             not checked (this update leaves spec unchanged)",
+            refs.len(),
+            crate::caps::MAX_REFERENCES
+        )]);
+    }
     let missing = match find_missing(state, &namespace, &refs).await {
         Ok(missing) => missing,
         Err((r, error)) if spec_unchanged => {

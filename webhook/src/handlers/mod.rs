@@ -196,6 +196,38 @@ mod tests {
         }
 
         #[tokio::test]
+        async fn an_unchanged_spec_over_the_reference_cap_passes_and_a_new_one_is_denied() {
+            let state = state().await;
+            let mut big = helmop();
+            let entries: Vec<_> = (0..=crate::caps::MAX_REFERENCES)
+                .map(|i| json!({"kind": "Secret", "name": format!("s{i}")}))
+                .collect();
+            big["spec"]["downstreamResources"] = json!(entries);
+            let mut finalized = big.clone();
+            finalized["metadata"]["finalizers"] = json!(["fleet.cattle.io/helmop-finalizer"]);
+            let req = update(
+                HELMOP,
+                "helmops",
+                "UPDATE",
+                Some(finalized),
+                Some(big.clone()),
+            );
+            let Verdict::Allow { warnings, .. } = validate_helmop(&state, &req).await else {
+                panic!("a finalizer-only update over the cap was denied");
+            };
+            assert!(
+                warnings[0].contains("more than the 256")
+                    && warnings[0].ends_with("(this update leaves spec unchanged)"),
+                "{warnings:?}"
+            );
+            let req = update(HELMOP, "helmops", "CREATE", Some(big), None);
+            let Verdict::Deny { code, message, .. } = validate_helmop(&state, &req).await else {
+                panic!("a HelmOp over the cap was admitted");
+            };
+            assert!(code < 500 && message.contains("257"), "{code} {message}");
+        }
+
+        #[tokio::test]
         async fn an_update_keeps_the_stored_stamp_when_none_can_be_computed() {
             let state = state().await;
             let labelled = deployment(json!({"helmop.dev/rollout-on-change": "true"}));

@@ -339,6 +339,7 @@ async fn config_ops(
         );
         return Ok((ops, Vec::new()));
     }
+    crate::caps::workload_references(refs.len())?;
     let (key, generation) = match state.hash_key() {
         HashKeyState::Loaded { key, generation } => (key, generation),
         other => {

@@ -87,7 +87,7 @@ impl RegistryResolver {
         let outcomes = Family::<OutcomeLabel, Counter>::default();
         metrics.registry().register(
             "helmop_webhook_image_resolutions",
-            "Image tag resolutions, by outcome (resolved, cached, not_found, unauthorized, unreachable, timeout, error)",
+            "Image tag resolutions, by outcome (resolved, cached, not_found, unauthorized, unreachable, refused, timeout, error)",
             outcomes.clone(),
         );
         Ok(RegistryResolver {
@@ -189,7 +189,9 @@ impl RegistryResolver {
         });
         match &result {
             Ok(digest) => tracing::debug!(image = %image, digest, "image tag resolved"),
-            Err(error) => tracing::info!(image = %image, %error, "image tag not resolved"),
+            Err(error) => {
+                tracing::info!(image = %image, error = %error.detail(), "image tag not resolved")
+            }
         }
         result
     }

@@ -276,13 +276,12 @@ fn strip_namespace(ns: &mut PartialObjectMeta<Namespace>) {
     meta.owner_references = None;
 }
 
-// The guard reads `spec` and the deletion timestamp; status and the last-applied copy of the spec are dropped.
+// The guard reads the downstreamResources (root and per target) and the deletion timestamp; everything else
+// (status, the last-applied copy, `helm.values`, which can be megabytes) is dropped: see `trim_helmop_spec`.
 fn strip_helmop(h: &mut DynamicObject) {
     h.metadata.annotations = None;
     h.metadata.managed_fields = None;
-    if let Some(obj) = h.data.as_object_mut() {
-        obj.remove("status");
-    }
+    crate::state::trim::trim_helmop(&mut h.data);
 }
 
 fn spawn_reflector<K>(

@@ -4,6 +4,7 @@
 mod bounded;
 pub mod cache;
 mod hash_key;
+pub mod trim;
 
 use std::sync::Arc;
 

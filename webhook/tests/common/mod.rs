@@ -217,6 +217,8 @@ pub fn options(volume: &SecretVolume) -> ServeOptions {
         drain_timeout: Duration::from_secs(5),
         handshake_timeout: Duration::from_secs(2),
         header_read_timeout: Duration::from_secs(10),
+        client_ca: None,
+        limits: helmop_webhook::server::Limits::default(),
     }
 }
 
@@ -254,6 +256,24 @@ pub fn client_config(
     .with_root_certificates(roots)
     .with_no_client_auth();
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(config)
+}
+
+/// [`client_config`] (TLS 1.2 and 1.3, http/1.1) presenting `leaf` as the client certificate.
+pub fn client_config_with_cert(pki: &Pki, leaf: &Leaf) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(pki.ca_der.clone()).unwrap();
+    use rustls::pki_types::pem::PemObject;
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_client_auth_cert(vec![leaf.der.clone()], key)
+    .unwrap();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Arc::new(config)
 }
 
@@ -300,17 +320,25 @@ impl Reply {
 
 impl H1 {
     pub async fn connect(addr: SocketAddr, pki: &Pki) -> H1 {
-        let stream = tls_connect(
+        Self::connect_with(
             addr,
             client_config(pki, &[&rustls::version::TLS13], &[b"http/1.1"]),
         )
         .await
-        .unwrap();
+        .unwrap()
+    }
+
+    /// A connection with `config`; the handshake's outcome as the error.
+    pub async fn connect_with(
+        addr: SocketAddr,
+        config: Arc<rustls::ClientConfig>,
+    ) -> Result<H1, String> {
+        let stream = tls_connect(addr, config).await.map_err(|e| e.to_string())?;
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
-            .unwrap();
+            .map_err(|e| e.to_string())?;
         tokio::spawn(conn);
-        H1 { sender }
+        Ok(H1 { sender })
     }
 
     pub async fn send(

@@ -1,0 +1,327 @@
+//! Where the registry client may go: the rules that keep image resolution from being a way to reach the
+//! webhook's network (SSRF). Pure decisions here; the client applies them at the edges (a DNS resolver that
+//! drops non-public addresses, a redirect policy, a check of every URL before it is requested).
+//!
+//! - Registries listed in the registry config (`insecure`, `mirrors` keys and values, `registries`) are trusted
+//!   by exact `host:port`; everything else may only be reached at public addresses.
+//! - With a non-empty `registries` allow-list, only those registries (and their mirrors) are resolved.
+//! - Redirects are followed only to the same scheme, host and port.
+//! - A token realm is accepted only over https (http only for a realm that is itself listed `insecure`), on the
+//!   registry's own host and port or on a host listed in `realms` (Docker Hub's `auth.docker.io` built in).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use reqwest::Url;
+
+/// Token realms accepted for every registry besides its own host: Docker Hub's, since `docker.io` images are
+/// the default and its registry host issues no tokens itself.
+pub const BUILTIN_REALM_HOSTS: &[&str] = &["auth.docker.io"];
+
+/// True for an address anyone on the internet could also reach: not loopback, private, link-local (the cloud
+/// metadata service at 169.254.169.254 included), carrier-grade NAT, unique-local, multicast, documentation,
+/// benchmarking or unspecified. IPv4 inside IPv6 (mapped, compatible, NAT64, 6to4) is judged by its IPv4 part.
+pub fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => is_public_v4(v4),
+        IpAddr::V6(v6) => is_public_v6(v6),
+    }
+}
+
+fn is_public_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, c, _] = ip.octets();
+    !(ip.is_unspecified()
+        || ip.is_loopback()
+        || ip.is_private()
+        || ip.is_link_local()
+        || ip.is_multicast()
+        || ip.is_broadcast()
+        || ip.is_documentation()
+        || a == 0 // "this network"
+        || (a == 100 && (64..128).contains(&b)) // carrier-grade NAT, 100.64.0.0/10
+        || (a == 192 && b == 0 && c == 0) // IETF protocol assignments
+        || (a == 198 && (18..20).contains(&b)) // benchmarking, 198.18.0.0/15
+        || a >= 240) // reserved
+}
+
+fn is_public_v6(ip: Ipv6Addr) -> bool {
+    if let Some(v4) = embedded_v4(ip) {
+        return is_public_v4(v4);
+    }
+    let first = ip.segments()[0];
+    !(ip.is_unspecified()
+        || ip.is_loopback()
+        || ip.is_multicast()
+        || (first & 0xfe00) == 0xfc00 // unique local, fc00::/7
+        || (first & 0xffc0) == 0xfe80 // link-local, fe80::/10
+        || (first & 0xffc0) == 0xfec0 // site-local (deprecated), fec0::/10
+        || (first == 0x2001 && ip.segments()[1] == 0x0db8)) // documentation
+}
+
+/// The IPv4 address an IPv6 address stands for, where it stands for one.
+fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = ip.segments();
+    let octets = ip.octets();
+    let tail = Ipv4Addr::new(octets[12], octets[13], octets[14], octets[15]);
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        return Some(v4);
+    }
+    // IPv4-compatible (deprecated) ::a.b.c.d, but not :: and ::1 themselves.
+    if s[..6] == [0; 6] && !(ip.is_unspecified() || ip.is_loopback()) {
+        return Some(tail);
+    }
+    // NAT64 well-known prefix 64:ff9b::/96.
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        return Some(tail);
+    }
+    // 6to4, 2002:AABB:CCDD::/48.
+    if s[0] == 0x2002 {
+        let [a, b] = s[1].to_be_bytes();
+        let [c, d] = s[2].to_be_bytes();
+        return Some(Ipv4Addr::new(a, b, c, d));
+    }
+    None
+}
+
+/// `host:port` of a URL, lowercased, with the scheme's default port made explicit; `None` without a host.
+pub fn authority(url: &Url) -> Option<String> {
+    let host = url.host_str()?.to_ascii_lowercase();
+    let port = url.port_or_known_default()?;
+    Some(format!("{host}:{port}"))
+}
+
+/// A registry name from the config or an image (`host` or `host:port`) as the authority its API is served
+/// on, given its scheme.
+pub fn registry_authority(registry: &str, scheme: &str) -> Option<String> {
+    authority(&Url::parse(&format!("{scheme}://{registry}/")).ok()?)
+}
+
+/// Whether a redirect from `from` to `to` may be followed: same scheme, host and port only, so a registry can
+/// neither send the client (and its credentials) to another host nor downgrade it to plain HTTP.
+pub fn redirect_allowed(from: &Url, to: &Url) -> bool {
+    from.scheme() == to.scheme() && authority(from).is_some() && authority(from) == authority(to)
+}
+
+/// Whether a token realm may be asked for a token (with the pull secret's credential) for a registry whose API
+/// is at `registry_url`. `realm_hosts` are the configured extra realm hosts (`host` or `host:port`);
+/// `insecure` the authorities configured for plain HTTP.
+pub fn realm_allowed(
+    realm: &Url,
+    registry_url: &Url,
+    realm_hosts: &[String],
+    insecure: &[String],
+) -> bool {
+    let Some(realm_authority) = authority(realm) else {
+        return false;
+    };
+    let scheme_ok = match realm.scheme() {
+        "https" => true,
+        "http" => insecure.contains(&realm_authority),
+        _ => false,
+    };
+    if !scheme_ok || !realm.username().is_empty() || realm.password().is_some() {
+        return false;
+    }
+    let host = realm.host_str().unwrap_or_default().to_ascii_lowercase();
+    authority(registry_url).as_deref() == Some(realm_authority.as_str())
+        || BUILTIN_REALM_HOSTS.contains(&host.as_str())
+        || realm_hosts
+            .iter()
+            .any(|h| *h == realm_authority || *h == host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn url(s: &str) -> Url {
+        Url::parse(s).unwrap()
+    }
+
+    #[test]
+    fn non_public_addresses() {
+        for ip in [
+            "127.0.0.1",
+            "127.1.2.3",
+            "10.0.0.1",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.168.1.1",
+            "169.254.169.254",
+            "169.254.0.1",
+            "100.64.0.1",
+            "0.0.0.0",
+            "0.1.2.3",
+            "255.255.255.255",
+            "224.0.0.1",
+            "192.0.2.1",
+            "198.18.0.1",
+            "240.0.0.1",
+            "::1",
+            "::",
+            "fe80::1",
+            "fd00::1",
+            "fc00::1",
+            "ff02::1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "::127.0.0.1",
+            "64:ff9b::10.0.0.1",
+            "2002:7f00:0001::",
+            "2001:db8::1",
+        ] {
+            assert!(!is_public(ip.parse().unwrap()), "{ip} counted as public");
+        }
+        for ip in [
+            "8.8.8.8",
+            "1.1.1.1",
+            "172.32.0.1",
+            "100.128.0.1",
+            "169.255.0.1",
+            "2606:4700::1111",
+            "::ffff:8.8.8.8",
+            "64:ff9b::808:808",
+        ] {
+            assert!(is_public(ip.parse().unwrap()), "{ip} counted as private");
+        }
+    }
+
+    proptest! {
+        /// An IPv4 address and its IPv4-mapped IPv6 form always get the same answer.
+        #[test]
+        fn mapped_addresses_agree(bits in any::<u32>()) {
+            let v4 = Ipv4Addr::from(bits);
+            prop_assert_eq!(is_public(IpAddr::V4(v4)), is_public(IpAddr::V6(v4.to_ipv6_mapped())));
+        }
+
+        /// Every address in 127/8, 10/8 and 169.254/16 is refused.
+        #[test]
+        fn private_ranges_are_never_public(low in any::<u16>(), mid in any::<u8>()) {
+            let [c, d] = low.to_be_bytes();
+            prop_assert!(!is_public(IpAddr::V4(Ipv4Addr::new(127, mid, c, d))));
+            prop_assert!(!is_public(IpAddr::V4(Ipv4Addr::new(10, mid, c, d))));
+            prop_assert!(!is_public(IpAddr::V4(Ipv4Addr::new(169, 254, c, d))));
+        }
+    }
+
+    #[test]
+    fn authorities() {
+        assert_eq!(
+            authority(&url("https://Reg.IO/v2/")).as_deref(),
+            Some("reg.io:443")
+        );
+        assert_eq!(
+            authority(&url("http://127.0.0.1:5000/x")).as_deref(),
+            Some("127.0.0.1:5000")
+        );
+        assert_eq!(
+            registry_authority("127.0.0.1:5000", "http").as_deref(),
+            Some("127.0.0.1:5000")
+        );
+        assert_eq!(
+            registry_authority("ghcr.io", "https").as_deref(),
+            Some("ghcr.io:443")
+        );
+        assert_eq!(
+            registry_authority("[::1]:5000", "http").as_deref(),
+            Some("[::1]:5000")
+        );
+    }
+
+    #[test]
+    fn redirects_stay_on_the_same_authority() {
+        let from = url("https://reg.io/v2/a/manifests/latest");
+        assert!(redirect_allowed(&from, &url("https://reg.io/v2/b")));
+        assert!(redirect_allowed(&from, &url("https://REG.io:443/v2/b")));
+        assert!(!redirect_allowed(&from, &url("https://other.io/v2/b")));
+        assert!(!redirect_allowed(&from, &url("https://reg.io:8443/v2/b")));
+        assert!(!redirect_allowed(&from, &url("http://reg.io/v2/b")));
+        let local = url("http://127.0.0.1:5000/v2/");
+        assert!(!redirect_allowed(&local, &url("http://127.0.0.1:5001/v2/")));
+        assert!(!redirect_allowed(&local, &url("http://169.254.169.254/")));
+    }
+
+    #[test]
+    fn realms() {
+        let reg = url("https://ghcr.io/v2/a/manifests/latest");
+        let none: &[String] = &[];
+        assert!(realm_allowed(
+            &url("https://ghcr.io/token"),
+            &reg,
+            none,
+            none
+        ));
+        assert!(!realm_allowed(
+            &url("http://ghcr.io/token"),
+            &reg,
+            none,
+            none
+        ));
+        assert!(!realm_allowed(
+            &url("https://evil.io/token"),
+            &reg,
+            none,
+            none
+        ));
+        assert!(!realm_allowed(
+            &url("https://ghcr.io:444/token"),
+            &reg,
+            none,
+            none
+        ));
+        assert!(!realm_allowed(
+            &url("https://u:p@ghcr.io/token"),
+            &reg,
+            none,
+            none
+        ));
+        assert!(!realm_allowed(
+            &url("ftp://ghcr.io/token"),
+            &reg,
+            none,
+            none
+        ));
+        // Docker Hub's token service is built in; others are configured.
+        let hub = url("https://registry-1.docker.io/v2/library/nginx/manifests/latest");
+        assert!(realm_allowed(
+            &url("https://auth.docker.io/token"),
+            &hub,
+            none,
+            none
+        ));
+        let listed = ["auth.example.com".to_owned()];
+        assert!(realm_allowed(
+            &url("https://auth.example.com/t"),
+            &reg,
+            &listed,
+            none
+        ));
+        assert!(!realm_allowed(
+            &url("http://auth.example.com/t"),
+            &reg,
+            &listed,
+            none
+        ));
+        // Plain HTTP only for a realm that is itself listed insecure, on the registry's own host and port.
+        let local = url("http://127.0.0.1:5000/v2/a/manifests/latest");
+        let insecure = ["127.0.0.1:5000".to_owned()];
+        assert!(realm_allowed(
+            &url("http://127.0.0.1:5000/token"),
+            &local,
+            none,
+            &insecure
+        ));
+        assert!(!realm_allowed(
+            &url("http://127.0.0.1:5001/token"),
+            &local,
+            none,
+            &insecure
+        ));
+        assert!(!realm_allowed(
+            &url("https://127.0.0.1:5001/token"),
+            &local,
+            none,
+            &insecure
+        ));
+    }
+}
