@@ -195,7 +195,9 @@ impl RegistryResolver {
     }
 
     async fn run(&self, request: ImageRequest<'_>) -> ImageOutcome {
-        let deadline = Instant::now() + self.budget;
+        // The budget never outlasts the admission: past the request deadline nobody would see the answer.
+        let budget = Instant::now() + self.budget;
+        let deadline = request.deadline.map_or(budget, |d| d.min(budget));
         let object = request.object;
         let Some(spec) = object.pointer(request.template_spec_pointer) else {
             return ImageOutcome::default();
@@ -468,6 +470,7 @@ mod tests {
             template_metadata_pointer: "/spec/template/metadata",
             template_spec_pointer: "/spec/template/spec",
             mode,
+            deadline: None,
         }
     }
 
