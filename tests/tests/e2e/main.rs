@@ -7,6 +7,7 @@ mod controlplane;
 mod faults;
 mod images;
 mod images_cmd;
+mod isolation;
 mod plugin;
 mod plugin_rollout;
 mod plugin_watch;
