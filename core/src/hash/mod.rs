@@ -15,8 +15,8 @@ mod refs;
 use std::collections::BTreeMap;
 
 pub use encoding::{
-    ObjectData, ObjectDigest, VERSION, VERSION_V2, content_hash, encode_content, encode_object, encode_reads,
-    object_digest, reads_digest,
+    ObjectData, ObjectDigest, VERSION, VERSION_V2, content_hash, encode_content, encode_object,
+    encode_reads, object_digest, reads_digest,
 };
 pub use key::{HashKey, HashKeyError, NAMESPACE_KEY_TAG};
 pub use refs::{

@@ -676,7 +676,12 @@ proptest! {
 
 /// The README's worked example: key 00..1f; ConfigMap `app` through `envFrom`, key `password` of
 /// Secret `db`, optional Secret `tls` absent.
-fn worked_example() -> (HashKey, Vec<PodRef>, ObjectData<'static>, ObjectData<'static>) {
+fn worked_example() -> (
+    HashKey,
+    Vec<PodRef>,
+    ObjectData<'static>,
+    ObjectData<'static>,
+) {
     let bytes: Vec<u8> = (0u8..32).collect();
     let refs = vec![
         cm_ref("app", Keys::All, false),
@@ -705,8 +710,7 @@ fn worked_lookup<'a>(
 const WORKED_V1: &str = "v1:35b763016dd14bae083bebe673e1302dda4a8404d980b5cb2c66bde81e41cb61";
 /// `HMAC(key, "helmop.dev/v2/namespace" 00 "team")`, the subkey of namespace `team`.
 const TEAM_SUBKEY: &str = "8bfc981f3c4cf456268d455227877a4b4364516ffece859ab991134a8c4398e4";
-const WORKED_V2_TEAM: &str =
-    "v2:986bf888ad65352ef0ba4b9b48950c179d29ae38e52b719521cf930ced7e8172";
+const WORKED_V2_TEAM: &str = "v2:986bf888ad65352ef0ba4b9b48950c179d29ae38e52b719521cf930ced7e8172";
 
 #[test]
 fn v2_test_vectors_match_an_independent_hmac() {
@@ -769,10 +773,12 @@ fn migration_keeps_a_verified_v1_stamp_and_writes_v2_otherwise() {
     let v2 = config_stamp_v2(&k, "team", &refs, worked_lookup(&app, &db));
     let migrate = |previous: Option<&str>, db: &ObjectData<'_>| {
         let db = db.clone();
-        migrated_stamp(&k, "team", &refs, previous, |r| match r.resource.name.as_str() {
-            "app" => Observed::Data(app.clone()),
-            "db" => Observed::Data(db.clone()),
-            _ => Observed::Absent,
+        migrated_stamp(&k, "team", &refs, previous, |r| {
+            match r.resource.name.as_str() {
+                "app" => Observed::Data(app.clone()),
+                "db" => Observed::Data(db.clone()),
+                _ => Observed::Absent,
+            }
         })
     };
     // Unchanged content: the stored v1 stamp stays, nothing rolls.
@@ -782,7 +788,11 @@ fn migration_keeps_a_verified_v1_stamp_and_writes_v2_otherwise() {
     // Changed content: the rollout happens anyway, and it writes v2.
     let changed = obj(&[("password", "hunter3"), ("user", "admin")], &[]);
     let moved = migrate(Some(WORKED_V1), &changed);
-    assert!(moved.config_hash.starts_with("v2:"), "{}", moved.config_hash);
+    assert!(
+        moved.config_hash.starts_with("v2:"),
+        "{}",
+        moved.config_hash
+    );
     assert_eq!(
         moved,
         config_stamp_v2(&k, "team", &refs, |r| match r.resource.name.as_str() {
@@ -803,7 +813,13 @@ fn migration_keeps_a_verified_v1_stamp_and_writes_v2_otherwise() {
     }
     // A v1 stamp is only ever kept, never written: another namespace's v1 value is not accepted
     // for this one unless it is this content's own v1 stamp.
-    let elsewhere = migrated_stamp(&k, "other", &refs, Some(WORKED_V1), worked_lookup(&app, &db));
+    let elsewhere = migrated_stamp(
+        &k,
+        "other",
+        &refs,
+        Some(WORKED_V1),
+        worked_lookup(&app, &db),
+    );
     assert_eq!(elsewhere.config_hash, WORKED_V1);
 }
 

@@ -159,10 +159,20 @@ async fn stamps_bind_the_namespace_and_v1_moves_to_v2_only_with_a_change() -> an
         )
         .await?;
     }
-    let in_a = stamp_of(&client, &ns_a, "web").await?.context("a: no stamp")?;
-    let in_b = stamp_of(&client, &ns_b, "web").await?.context("b: no stamp")?;
-    assert!(in_a.starts_with("v2:") && in_b.starts_with("v2:"), "{in_a} {in_b}");
-    assert_ne!(in_a, in_b, "the same content stamps alike in two namespaces");
+    let in_a = stamp_of(&client, &ns_a, "web")
+        .await?
+        .context("a: no stamp")?;
+    let in_b = stamp_of(&client, &ns_b, "web")
+        .await?
+        .context("b: no stamp")?;
+    assert!(
+        in_a.starts_with("v2:") && in_b.starts_with("v2:"),
+        "{in_a} {in_b}"
+    );
+    assert_ne!(
+        in_a, in_b,
+        "the same content stamps alike in two namespaces"
+    );
 
     // A workload stamped by the previous version: created in a namespace the webhook does not see
     // yet, with the v1 stamp of what it reads.
@@ -195,7 +205,11 @@ async fn stamps_bind_the_namespace_and_v1_moves_to_v2_only_with_a_change() -> an
         Some(v1.config_hash.as_str()),
         "the upgrade restamped a workload whose content did not change"
     );
-    assert_eq!(rollouts(&client, &ns_old, "legacy").await?, 1, "the upgrade rolled it");
+    assert_eq!(
+        rollouts(&client, &ns_old, "legacy").await?,
+        1,
+        "the upgrade rolled it"
+    );
 
     // The content changes: the rollout that follows writes v2, once.
     Api::<ConfigMap>::namespaced(client.clone(), &ns_old)
