@@ -38,6 +38,19 @@ use crate::verdict::Verdict;
 /// rather than letting the deadline answer without any patch.
 const ANSWER_RESERVE: Duration = Duration::from_millis(250);
 
+/// When the stamping and image stages must be done for an admission due at `request`: the answer
+/// reserve earlier, but never before `now` (a late request still gets its stages tried at once, each
+/// then falling back to what is stored).
+fn stages_deadline(
+    request: tokio::time::Instant,
+    now: tokio::time::Instant,
+) -> tokio::time::Instant {
+    request
+        .checked_sub(ANSWER_RESERVE)
+        .unwrap_or(request)
+        .max(now)
+}
+
 /// Why a workload is, or is not, stamped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OptIn {
@@ -229,11 +242,8 @@ pub(super) async fn mutate(state: &AppState, req: &AdmissionRequest<DynamicObjec
         return Verdict::allow();
     };
 
-    let stages_deadline = request_deadline().map(|d| {
-        d.checked_sub(ANSWER_RESERVE)
-            .unwrap_or(d)
-            .max(tokio::time::Instant::now())
-    });
+    let stages_deadline =
+        request_deadline().map(|d| stages_deadline(d, tokio::time::Instant::now()));
     // On UPDATE, the stored stamp: a v1 stamp is kept while what the pods read is unchanged.
     let previous = if req.operation == Operation::Update {
         req.old_object
@@ -555,6 +565,17 @@ mod tests {
         desired: &[(&str, Option<&str>)],
     ) -> Vec<PatchOperation> {
         stamp_ops(&pod_template(kind, obj).unwrap(), desired)
+    }
+
+    #[test]
+    fn stages_end_before_the_request_deadline_but_not_before_now() {
+        let now = tokio::time::Instant::now();
+        let request = now + Duration::from_secs(4);
+        assert_eq!(stages_deadline(request, now), request - ANSWER_RESERVE);
+        // Less left than the reserve: the stages get nothing more, and never a deadline in the past.
+        let late = now + ANSWER_RESERVE / 2;
+        assert_eq!(stages_deadline(late, now), now);
+        assert_eq!(stages_deadline(now, now), now);
     }
 
     #[test]

@@ -195,9 +195,7 @@ impl RegistryResolver {
     }
 
     async fn run(&self, request: ImageRequest<'_>) -> ImageOutcome {
-        // The budget never outlasts the admission: past the request deadline nobody would see the answer.
-        let budget = Instant::now() + self.budget;
-        let deadline = request.deadline.map_or(budget, |d| d.min(budget));
+        let deadline = image_deadline(Instant::now(), self.budget, request.deadline);
         let object = request.object;
         let Some(spec) = object.pointer(request.template_spec_pointer) else {
             return ImageOutcome::default();
@@ -288,6 +286,13 @@ impl ImageResolver for RegistryResolver {
     fn resolve<'a>(&'a self, request: ImageRequest<'a>) -> BoxFuture<'a, ImageOutcome> {
         Box::pin(self.run(request))
     }
+}
+
+/// The end of the image stage: its own budget from `now`, but never past the admission's deadline
+/// (`stage_end`): past it nobody would see the answer, and the deadline's own answer carries no patch.
+fn image_deadline(now: Instant, budget: Duration, stage_end: Option<Instant>) -> Instant {
+    let own = now + budget;
+    stage_end.map_or(own, |end| end.min(own))
 }
 
 /// A container whose image is to be resolved; `image` carries no digest.
@@ -476,6 +481,17 @@ mod tests {
 
     fn names(c: &[Candidate<'_>]) -> Vec<String> {
         c.iter().map(|c| c.slot.name.clone()).collect()
+    }
+
+    #[test]
+    fn the_image_budget_is_the_smaller_of_its_own_and_what_is_left() {
+        let now = Instant::now();
+        let budget = Duration::from_secs(2);
+        assert_eq!(image_deadline(now, budget, None), now + budget);
+        let soon = now + Duration::from_millis(500);
+        assert_eq!(image_deadline(now, budget, Some(soon)), soon);
+        let later = now + Duration::from_secs(30);
+        assert_eq!(image_deadline(now, budget, Some(later)), now + budget);
     }
 
     #[test]
