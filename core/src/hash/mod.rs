@@ -2,8 +2,9 @@
 //!
 //! Three hashes, one key per cluster:
 //! - [`object_digest`]: what a pod can observe of one object (cacheable per object);
-//! - [`config_stamp`]: the pod template's `config-hash` over every object it reads, plus the
-//!   human-readable `config-refs`;
+//! - [`config_stamp_v2`]: the pod template's `config-hash` over every object it reads, bound to
+//!   the namespace, plus the human-readable `config-refs` ([`config_stamp`] is the v1 form, and
+//!   [`migrated_stamp`] decides between them on an UPDATE);
 //! - [`content_hash`]: a copy's `content-hash` over the whole source.
 //!
 //! Only keyed hashes leave this module: nothing here produces an unkeyed hash of secret data.
