@@ -29,6 +29,18 @@ use crate::metrics::{Metrics, Outcome};
 use crate::tls::{self, CertReloader};
 use crate::verdict::Verdict;
 
+tokio::task_local! {
+    /// The deadline of the admission being decided, so handlers can fit their own stages into it.
+    static DEADLINE: tokio::time::Instant;
+}
+
+/// The deadline of the admission request the calling task is deciding (`None` outside one, e.g. in
+/// unit tests that call a handler directly). A handler that finishes by then answers itself instead
+/// of leaving the answer to [`Webhook::undecided`].
+pub fn request_deadline() -> Option<tokio::time::Instant> {
+    DEADLINE.try_with(|d| *d).ok()
+}
+
 /// The three admission endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Webhook {
@@ -446,7 +458,9 @@ async fn answer(shared: Shared, webhook: Webhook, request: Request, started: Ins
     };
     drop(body);
 
-    let decision = AssertUnwindSafe(shared.handlers.review(webhook, &req)).catch_unwind();
+    let decision =
+        AssertUnwindSafe(DEADLINE.scope(deadline, shared.handlers.review(webhook, &req)))
+            .catch_unwind();
     let (verdict, failure) = match tokio::time::timeout_at(deadline, decision).await {
         Ok(Ok(verdict)) => (verdict, None),
         Ok(Err(_)) => (webhook.undecided("internal error"), Some(Outcome::Panic)),

@@ -18,12 +18,15 @@ use super::key::{HashKey, HmacSha256};
 use crate::podrefs::{Keys, PodRef, Reads};
 use crate::resource::ResourceKind;
 
-/// Version prefix of every hash string helmop writes (`v1:<hex>`).
+/// Version prefix of the v1 hash strings (`v1:<hex>`): content hashes, and config hashes kept from before v2.
 pub const VERSION: &str = "v1";
+/// Version prefix of namespace-bound config hashes (`v2:<hex>`, see [`super::config_stamp_v2`]).
+pub const VERSION_V2: &str = "v2";
 
 pub(crate) const TAG_OBJECT: &str = "helmop.dev/v1/object";
 pub(crate) const TAG_CONTENT: &str = "helmop.dev/v1/content";
 pub(crate) const TAG_CONFIG: &str = "helmop.dev/v1/config";
+pub(crate) const TAG_CONFIG_V2: &str = "helmop.dev/v2/config";
 
 /// The readable content of a ConfigMap or Secret, borrowed from wherever it lives.
 ///
@@ -214,9 +217,10 @@ pub(crate) fn write_content(s: &mut impl Sink, kind: ResourceKind, obj: &ObjectD
     put_entries(s, obj.binary_data.iter().map(|(k, v)| (*k, *v)));
 }
 
-/// `refs` must already be normalized: sorted by (lower-case kind, name), one per object.
-pub(crate) fn write_config(s: &mut impl Sink, refs: &[(PodRef, Option<ObjectDigest>)]) {
-    put_bytes(s, TAG_CONFIG.as_bytes());
+/// `refs` must already be normalized: sorted by (lower-case kind, name), one per object. `tag` is
+/// [`TAG_CONFIG`] (v1) or [`TAG_CONFIG_V2`]: the body is the same in both formats.
+pub(crate) fn write_config(s: &mut impl Sink, tag: &str, refs: &[(PodRef, Option<ObjectDigest>)]) {
+    put_bytes(s, tag.as_bytes());
     put_count(s, refs.len());
     for (r, digest) in refs {
         put_bytes(s, r.resource.kind.as_str().as_bytes());
@@ -281,8 +285,19 @@ pub fn content_hash(key: &HashKey, kind: ResourceKind, obj: &ObjectData<'_>) -> 
 
 pub(crate) fn config_hash(key: &HashKey, refs: &[(PodRef, Option<ObjectDigest>)]) -> String {
     let mut mac = key.mac();
-    write_config(&mut mac, refs);
+    write_config(&mut mac, TAG_CONFIG, refs);
     versioned(&finish(mac))
+}
+
+/// The v2 config hash: keyed with the namespace's subkey ([`HashKey::namespace_key`]), so the same
+/// content read the same way in two namespaces hashes differently.
+pub(crate) fn config_hash_v2(
+    namespace_key: &HashKey,
+    refs: &[(PodRef, Option<ObjectDigest>)],
+) -> String {
+    let mut mac = namespace_key.mac();
+    write_config(&mut mac, TAG_CONFIG_V2, refs);
+    format!("{VERSION_V2}:{}", hex::encode(finish(mac)))
 }
 
 /// The exact bytes [`object_digest`] feeds the HMAC.

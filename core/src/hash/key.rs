@@ -10,6 +10,9 @@ use crate::names;
 
 pub(crate) type HmacSha256 = Hmac<Sha256>;
 
+/// Domain tag of the per-namespace subkey ([`HashKey::namespace_key`]).
+pub const NAMESPACE_KEY_TAG: &str = "helmop.dev/v2/namespace";
+
 /// Why a hash key was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum HashKeyError {
@@ -52,6 +55,25 @@ impl HashKey {
             .and_then(|d| d.get(names::HASH_KEY_DATA_KEY))
             .ok_or(HashKeyError::MissingDataKey)?;
         HashKey::new(&bytes.0)
+    }
+
+    /// The namespace's subkey, which keys v2 config hashes:
+    /// `HMAC-SHA256(key, "helmop.dev/v2/namespace" || 0x00 || namespace)`. The tag separates it from
+    /// every other use of the key (each hash encoding starts with a length prefix, never with this
+    /// tag's bytes), and the NUL ends the tag: a namespace name never holds one.
+    pub fn namespace_key(&self, namespace: &str) -> HashKey {
+        let mut mac = self.mac();
+        mac.update(NAMESPACE_KEY_TAG.as_bytes());
+        mac.update(&[0]);
+        mac.update(namespace.as_bytes());
+        let sub = mac.finalize().into_bytes();
+        // HMAC pads a key shorter than its 64-byte block with zeros (RFC 2104), so keying with the
+        // padded block is HMAC keyed with the 32-byte subkey, without a fallible constructor.
+        let mut block = hmac::digest::generic_array::GenericArray::default();
+        block[..sub.len()].copy_from_slice(&sub);
+        HashKey {
+            mac: <HmacSha256 as hmac::digest::KeyInit>::new(&block),
+        }
     }
 
     pub(crate) fn mac(&self) -> HmacSha256 {

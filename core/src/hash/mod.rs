@@ -2,8 +2,9 @@
 //!
 //! Three hashes, one key per cluster:
 //! - [`object_digest`]: what a pod can observe of one object (cacheable per object);
-//! - [`config_stamp`]: the pod template's `config-hash` over every object it reads, plus the
-//!   human-readable `config-refs`;
+//! - [`config_stamp_v2`]: the pod template's `config-hash` over every object it reads, bound to
+//!   the namespace, plus the human-readable `config-refs` ([`config_stamp`] is the v1 form, and
+//!   [`migrated_stamp`] decides between them on an UPDATE);
 //! - [`content_hash`]: a copy's `content-hash` over the whole source.
 //!
 //! Only keyed hashes leave this module: nothing here produces an unkeyed hash of secret data.
@@ -15,10 +16,10 @@ mod refs;
 use std::collections::BTreeMap;
 
 pub use encoding::{
-    ObjectData, ObjectDigest, VERSION, content_hash, encode_content, encode_object, encode_reads,
-    object_digest, reads_digest,
+    ObjectData, ObjectDigest, VERSION, VERSION_V2, content_hash, encode_content, encode_object,
+    encode_reads, object_digest, reads_digest,
 };
-pub use key::{HashKey, HashKeyError};
+pub use key::{HashKey, HashKeyError, NAMESPACE_KEY_TAG};
 pub use refs::{
     ANNOTATIONS_LIMIT, CONFIG_REFS_LIMIT, ConfigRef, ConfigRefsError, MIN_CONFIG_REFS_BUDGET,
     RefState, bounded_config_refs, config_refs_budget, format_config_refs, parse_config_refs,
@@ -42,7 +43,7 @@ pub enum Observed<'a> {
 /// The stamp for a pod template.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stamp {
-    /// `helmop.dev/config-hash`: `v1:` and 64 hex digits.
+    /// `helmop.dev/config-hash`: `v2:` (or, kept from before, `v1:`) and 64 hex digits.
     pub config_hash: String,
     /// `helmop.dev/config-refs` in full, see [`format_config_refs`]; the webhook writes
     /// [`bounded_config_refs`] of `refs`.
@@ -66,15 +67,68 @@ fn normalize(refs: &[PodRef]) -> Vec<PodRef> {
     merged.into_values().collect()
 }
 
-/// Stamps a pod template that reads `refs`; `lookup` supplies each object (called once per
-/// object, in output order). The hash covers each object's kind, name, observed keys,
-/// optionality and, when present, its [`object_digest`]; so pointing a pod at another object
-/// with identical content still changes the hash.
+/// Stamps a pod template that reads `refs` with a v1 config hash (not bound to a namespace; see
+/// [`config_stamp_v2`]); `lookup` supplies each object (called once per object, in output order).
+/// The hash covers each object's kind, name, observed keys, optionality and, when present, its
+/// [`object_digest`]; so pointing a pod at another object with identical content still changes the
+/// hash.
 pub fn config_stamp<'a>(
     key: &HashKey,
     refs: &[PodRef],
-    mut lookup: impl FnMut(&PodRef) -> Observed<'a>,
+    lookup: impl FnMut(&PodRef) -> Observed<'a>,
 ) -> Stamp {
+    let (entries, mut stamp) = observe(key, refs, lookup);
+    stamp.config_hash = encoding::config_hash(key, &entries);
+    stamp
+}
+
+/// Stamps a pod template of `namespace` with a v2 config hash: the v1 encoding under the tag
+/// `helmop.dev/v2/config`, keyed with the namespace's subkey ([`HashKey::namespace_key`]). The same
+/// content read the same way in two namespaces stamps differently, so a stamp says nothing about
+/// another namespace's objects.
+pub fn config_stamp_v2<'a>(
+    key: &HashKey,
+    namespace: &str,
+    refs: &[PodRef],
+    lookup: impl FnMut(&PodRef) -> Observed<'a>,
+) -> Stamp {
+    let (entries, mut stamp) = observe(key, refs, lookup);
+    stamp.config_hash = encoding::config_hash_v2(&key.namespace_key(namespace), &entries);
+    stamp
+}
+
+/// The stamp to write on an UPDATE whose stored template carries `previous`: the v1 stamp
+/// `previous` when it is exactly the v1 stamp of what the pods read now (nothing they read has
+/// changed, so rewriting it as v2 would roll the workload for nothing), else the v2 stamp. So the
+/// move to v2 rides on rollouts that happen anyway, and a v1 stamp is never written anew: a
+/// CREATE, or a stored template without a v1 stamp, gets v2.
+pub fn migrated_stamp<'a>(
+    key: &HashKey,
+    namespace: &str,
+    refs: &[PodRef],
+    previous: Option<&str>,
+    lookup: impl FnMut(&PodRef) -> Observed<'a>,
+) -> Stamp {
+    let (entries, mut stamp) = observe(key, refs, lookup);
+    let v1_prefix = format!("{VERSION}:");
+    if let Some(previous) = previous.filter(|p| p.starts_with(&v1_prefix)) {
+        let v1 = encoding::config_hash(key, &entries);
+        if v1 == previous {
+            stamp.config_hash = v1;
+            return stamp;
+        }
+    }
+    stamp.config_hash = encoding::config_hash_v2(&key.namespace_key(namespace), &entries);
+    stamp
+}
+
+/// Looks every normalized reference up once: the entries the config hash covers, and the stamp
+/// without its hash.
+fn observe<'a>(
+    key: &HashKey,
+    refs: &[PodRef],
+    mut lookup: impl FnMut(&PodRef) -> Observed<'a>,
+) -> (Vec<(PodRef, Option<ObjectDigest>)>, Stamp) {
     let mut entries = Vec::new();
     let mut shown = Vec::new();
     let mut missing = Vec::new();
@@ -99,17 +153,28 @@ pub fn config_stamp<'a>(
         });
         entries.push((r, digest));
     }
-    Stamp {
-        config_hash: encoding::config_hash(key, &entries),
+    let stamp = Stamp {
+        config_hash: String::new(),
         config_refs: format_config_refs(&shown),
         refs: shown,
         missing,
-    }
+    };
+    (entries, stamp)
 }
 
 /// The exact bytes [`config_stamp`] feeds the HMAC for `refs` and their digests (`None` =
 /// absent), after the same normalization.
 pub fn encode_config(refs: &[(PodRef, Option<ObjectDigest>)]) -> Vec<u8> {
+    encode_config_tagged(encoding::TAG_CONFIG, refs)
+}
+
+/// The exact bytes [`config_stamp_v2`] feeds the HMAC keyed with the namespace's subkey: the same
+/// as [`encode_config`] under the tag `helmop.dev/v2/config`.
+pub fn encode_config_v2(refs: &[(PodRef, Option<ObjectDigest>)]) -> Vec<u8> {
+    encode_config_tagged(encoding::TAG_CONFIG_V2, refs)
+}
+
+fn encode_config_tagged(tag: &str, refs: &[(PodRef, Option<ObjectDigest>)]) -> Vec<u8> {
     let digests: BTreeMap<&ResourceRef, Option<ObjectDigest>> =
         refs.iter().map(|(r, d)| (&r.resource, *d)).collect();
     let pod_refs: Vec<PodRef> = refs.iter().map(|(r, _)| r.clone()).collect();
@@ -121,7 +186,7 @@ pub fn encode_config(refs: &[(PodRef, Option<ObjectDigest>)]) -> Vec<u8> {
         })
         .collect();
     let mut buf = Vec::new();
-    encoding::write_config(&mut buf, &entries);
+    encoding::write_config(&mut buf, tag, &entries);
     buf
 }
 

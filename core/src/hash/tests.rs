@@ -671,3 +671,172 @@ proptest! {
         }
     }
 }
+
+// ---- v2: namespace-bound config hashes and the migration from v1 ----
+
+/// The README's worked example: key 00..1f; ConfigMap `app` through `envFrom`, key `password` of
+/// Secret `db`, optional Secret `tls` absent.
+fn worked_example() -> (
+    HashKey,
+    Vec<PodRef>,
+    ObjectData<'static>,
+    ObjectData<'static>,
+) {
+    let bytes: Vec<u8> = (0u8..32).collect();
+    let refs = vec![
+        cm_ref("app", Keys::All, false),
+        secret_ref("db", some(&["password"]), false),
+        secret_ref("tls", Keys::All, true),
+    ];
+    (
+        HashKey::new(&bytes).unwrap(),
+        refs,
+        obj(&[("LOG_LEVEL", "debug")], &[]),
+        obj(&[("password", "hunter2"), ("user", "admin")], &[]),
+    )
+}
+
+fn worked_lookup<'a>(
+    app: &'a ObjectData<'a>,
+    db: &'a ObjectData<'a>,
+) -> impl FnMut(&PodRef) -> Observed<'a> {
+    move |r| match r.resource.name.as_str() {
+        "app" => Observed::Data(app.clone()),
+        "db" => Observed::Data(db.clone()),
+        _ => Observed::Absent,
+    }
+}
+
+const WORKED_V1: &str = "v1:35b763016dd14bae083bebe673e1302dda4a8404d980b5cb2c66bde81e41cb61";
+/// `HMAC(key, "helmop.dev/v2/namespace" 00 "team")`, the subkey of namespace `team`.
+const TEAM_SUBKEY: &str = "8bfc981f3c4cf456268d455227877a4b4364516ffece859ab991134a8c4398e4";
+const WORKED_V2_TEAM: &str = "v2:986bf888ad65352ef0ba4b9b48950c179d29ae38e52b719521cf930ced7e8172";
+
+#[test]
+fn v2_test_vectors_match_an_independent_hmac() {
+    let (k, refs, app, db) = worked_example();
+    let key_bytes: Vec<u8> = (0u8..32).collect();
+    let subkey = raw_hmac(&key_bytes, b"helmop.dev/v2/namespace\0team");
+    assert_eq!(hex::encode(subkey), TEAM_SUBKEY);
+    let v1 = config_stamp(&k, &refs, worked_lookup(&app, &db));
+    assert_eq!(v1.config_hash, WORKED_V1, "the v1 vector still holds");
+    let v2 = config_stamp_v2(&k, "team", &refs, worked_lookup(&app, &db));
+    assert_eq!(v2.config_hash, WORKED_V2_TEAM);
+    assert_eq!(v2.config_refs, v1.config_refs);
+    // The same bytes as v1 but for the tag, keyed with the subkey.
+    let digests: Vec<(PodRef, Option<ObjectDigest>)> = refs
+        .iter()
+        .map(|r| {
+            let d = match r.resource.name.as_str() {
+                "app" => Some(reads_digest(&k, &app, &r.reads)),
+                "db" => Some(reads_digest(&k, &db, &r.reads)),
+                _ => None,
+            };
+            (r.clone(), d)
+        })
+        .collect();
+    let bytes = encode_config_v2(&digests);
+    assert_eq!(&bytes[8..28], b"helmop.dev/v2/config");
+    assert_eq!(bytes[28..], encode_config(&digests)[28..]);
+    assert_eq!(
+        v2.config_hash,
+        format!("v2:{}", hex::encode(raw_hmac(&subkey, &bytes)))
+    );
+}
+
+#[test]
+fn v2_binds_the_namespace() {
+    let (k, refs, app, db) = worked_example();
+    let team = config_stamp_v2(&k, "team", &refs, worked_lookup(&app, &db));
+    let other = config_stamp_v2(&k, "other", &refs, worked_lookup(&app, &db));
+    assert_ne!(team.config_hash, other.config_hash);
+    assert!(team.config_hash.starts_with("v2:") && team.config_hash.len() == 67);
+    // The NUL ends the tag: no namespace can be mistaken for another through the tag's bytes.
+    assert_ne!(
+        config_stamp_v2(&k, "", &refs, worked_lookup(&app, &db)).config_hash,
+        team.config_hash
+    );
+    // Deterministic, and still keyed: another cluster key gives another stamp.
+    assert_eq!(
+        config_stamp_v2(&k, "team", &refs, worked_lookup(&app, &db)),
+        team
+    );
+    assert_ne!(
+        config_stamp_v2(&key(9), "team", &refs, worked_lookup(&app, &db)).config_hash,
+        team.config_hash
+    );
+}
+
+#[test]
+fn migration_keeps_a_verified_v1_stamp_and_writes_v2_otherwise() {
+    let (k, refs, app, db) = worked_example();
+    let v2 = config_stamp_v2(&k, "team", &refs, worked_lookup(&app, &db));
+    let migrate = |previous: Option<&str>, db: &ObjectData<'_>| {
+        let db = db.clone();
+        migrated_stamp(&k, "team", &refs, previous, |r| {
+            match r.resource.name.as_str() {
+                "app" => Observed::Data(app.clone()),
+                "db" => Observed::Data(db.clone()),
+                _ => Observed::Absent,
+            }
+        })
+    };
+    // Unchanged content: the stored v1 stamp stays, nothing rolls.
+    let kept = migrate(Some(WORKED_V1), &db);
+    assert_eq!(kept.config_hash, WORKED_V1);
+    assert_eq!(kept.config_refs, v2.config_refs);
+    // Changed content: the rollout happens anyway, and it writes v2.
+    let changed = obj(&[("password", "hunter3"), ("user", "admin")], &[]);
+    let moved = migrate(Some(WORKED_V1), &changed);
+    assert!(
+        moved.config_hash.starts_with("v2:"),
+        "{}",
+        moved.config_hash
+    );
+    assert_eq!(
+        moved,
+        config_stamp_v2(&k, "team", &refs, |r| match r.resource.name.as_str() {
+            "app" => Observed::Data(app.clone()),
+            "db" => Observed::Data(changed.clone()),
+            _ => Observed::Absent,
+        })
+    );
+    // A CREATE, a v2 or foreign stored stamp, or a v1 value that is not this content's: v2.
+    for previous in [
+        None,
+        Some(v2.config_hash.as_str()),
+        Some("v1:00"),
+        Some("something else"),
+        Some(&WORKED_V1[..20]),
+    ] {
+        assert_eq!(migrate(previous, &db), v2, "{previous:?}");
+    }
+    // A v1 stamp is only ever kept, never written: another namespace's v1 value is not accepted
+    // for this one unless it is this content's own v1 stamp.
+    let elsewhere = migrated_stamp(
+        &k,
+        "other",
+        &refs,
+        Some(WORKED_V1),
+        worked_lookup(&app, &db),
+    );
+    assert_eq!(elsewhere.config_hash, WORKED_V1);
+}
+
+proptest! {
+    #[test]
+    fn v2_differs_across_namespaces_and_from_v1(
+        a in "[a-z0-9-]{1,20}", b in "[a-z0-9-]{1,20}", value in tricky(),
+    ) {
+        let o = obj(&[("k", value.as_str())], &[]);
+        let refs = vec![cm_ref("c", Keys::All, false)];
+        let in_a = config_stamp_v2(&key(1), &a, &refs, |_| Observed::Data(o.clone()));
+        let in_b = config_stamp_v2(&key(1), &b, &refs, |_| Observed::Data(o.clone()));
+        prop_assert_eq!(in_a.config_hash == in_b.config_hash, a == b);
+        let v1 = config_stamp(&key(1), &refs, |_| Observed::Data(o.clone()));
+        prop_assert_ne!(&in_a.config_hash[3..], &v1.config_hash[3..]);
+        // Migration: the v1 stamp of unchanged content is kept in any namespace.
+        let kept = migrated_stamp(&key(1), &a, &refs, Some(&v1.config_hash), |_| Observed::Data(o.clone()));
+        prop_assert_eq!(kept, v1);
+    }
+}

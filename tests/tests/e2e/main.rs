@@ -9,6 +9,7 @@ mod faults;
 mod identity;
 mod images;
 mod images_cmd;
+mod isolation;
 mod plugin;
 mod plugin_rollout;
 mod plugin_watch;

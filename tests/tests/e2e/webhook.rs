@@ -384,7 +384,7 @@ async fn opted_in_deployments_are_stamped_and_roll_when_what_they_read_changes()
     apply_ok(&web, &[]).await?;
     let stored = deployments.get("web").await?;
     let first = template_annotation(&stored, CONFIG_HASH).context("no config-hash stamped")?;
-    assert!(first.starts_with("v1:") && first.len() == 3 + 64, "{first}");
+    assert!(first.starts_with("v2:") && first.len() == 3 + 64, "{first}");
     assert_eq!(
         template_annotation(&stored, CONFIG_REFS).as_deref(),
         Some("configmap/app[greeting]")

@@ -9,6 +9,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use futures::future::join_all;
 use json_patch::jsonptr::{PointerBuf, Token};
@@ -18,7 +19,7 @@ use kube::core::admission::{AdmissionRequest, Operation};
 use serde_json::{Map, Value};
 
 use helmop_core::hash::{
-    ANNOTATIONS_LIMIT, Observed, bounded_config_refs, config_refs_budget, config_stamp,
+    ANNOTATIONS_LIMIT, Observed, bounded_config_refs, config_refs_budget, migrated_stamp,
 };
 use helmop_core::names::{
     ANN_CONFIG_HASH, ANN_CONFIG_REFS, ANN_IMAGE_DIGESTS, LABEL_ROLLOUT_ON_CHANGE,
@@ -28,8 +29,27 @@ use helmop_core::resource::ResourceRef;
 use helmop_core::workload::{PodTemplate, WorkloadKind, pod_template};
 
 use crate::images::ImageRequest;
+use crate::server::request_deadline;
 use crate::state::{AppState, HashKeyState, ImageMode};
 use crate::verdict::Verdict;
+
+/// Time kept back from the admission's deadline for assembling and sending the answer: the stages
+/// stop this much earlier, so the handler answers itself (keeping what it could not recompute)
+/// rather than letting the deadline answer without any patch.
+const ANSWER_RESERVE: Duration = Duration::from_millis(250);
+
+/// When the stamping and image stages must be done for an admission due at `request`: the answer
+/// reserve earlier, but never before `now` (a late request still gets its stages tried at once, each
+/// then falling back to what is stored).
+fn stages_deadline(
+    request: tokio::time::Instant,
+    now: tokio::time::Instant,
+) -> tokio::time::Instant {
+    request
+        .checked_sub(ANSWER_RESERVE)
+        .unwrap_or(request)
+        .max(now)
+}
 
 /// Why a workload is, or is not, stamped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -222,7 +242,30 @@ pub(super) async fn mutate(state: &AppState, req: &AdmissionRequest<DynamicObjec
         return Verdict::allow();
     };
 
-    let (mut ops, mut warnings) = match config_ops(state, &namespace, &template).await {
+    let stages_deadline =
+        request_deadline().map(|d| stages_deadline(d, tokio::time::Instant::now()));
+    // On UPDATE, the stored stamp: a v1 stamp is kept while what the pods read is unchanged.
+    let previous = if req.operation == Operation::Update {
+        req.old_object
+            .as_ref()
+            .and_then(|o| serde_json::to_value(o).ok())
+            .and_then(|old| {
+                pod_template(kind, &old)
+                    .and_then(|t| t.annotation(ANN_CONFIG_HASH).map(str::to_owned))
+            })
+    } else {
+        None
+    };
+    let computed = config_ops(state, &namespace, &template, previous.as_deref());
+    let computed = match stages_deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, computed)
+            .await
+            .unwrap_or_else(|_| {
+                Err("the config stamp was not computed before the request deadline".to_owned())
+            }),
+        None => computed.await,
+    };
+    let (mut ops, mut warnings) = match computed {
         Ok(result) => result,
         Err(warning) => {
             tracing::warn!(workload = %name, reason = %warning, "config stamp skipped");
@@ -266,6 +309,7 @@ pub(super) async fn mutate(state: &AppState, req: &AdmissionRequest<DynamicObjec
             template_metadata_pointer: &metadata_pointer,
             template_spec_pointer: &spec_pointer,
             mode: state.config().image_mode,
+            deadline: stages_deadline,
         })
         .await;
     ops.extend(images.ops);
@@ -329,6 +373,7 @@ async fn config_ops(
     state: &AppState,
     namespace: &str,
     template: &PodTemplate<'_>,
+    previous: Option<&str>,
 ) -> Result<(Vec<PatchOperation>, Vec<String>), String> {
     let refs = pod_refs_from_value(template.spec).map_err(|e| e.to_string())?;
     if refs.is_empty() {
@@ -365,9 +410,11 @@ async fn config_ops(
             }
         }
     }
-    let stamp = config_stamp(&key, &refs, |r| match observed.get(&r.resource) {
-        Some(Some(observation)) => Observed::Digest(observation.digest),
-        _ => Observed::Absent,
+    let stamp = migrated_stamp(&key, namespace, &refs, previous, |r| {
+        match observed.get(&r.resource) {
+            Some(Some(observation)) => Observed::Digest(observation.digest),
+            _ => Observed::Absent,
+        }
     });
     tracing::debug!(namespace, refs = %stamp.config_refs, hash = %stamp.config_hash, "config stamp computed");
     let mut warnings: Vec<String> = stamp
@@ -519,6 +566,17 @@ mod tests {
         desired: &[(&str, Option<&str>)],
     ) -> Vec<PatchOperation> {
         stamp_ops(&pod_template(kind, obj).unwrap(), desired)
+    }
+
+    #[test]
+    fn stages_end_before_the_request_deadline_but_not_before_now() {
+        let now = tokio::time::Instant::now();
+        let request = now + Duration::from_secs(4);
+        assert_eq!(stages_deadline(request, now), request - ANSWER_RESERVE);
+        // Less left than the reserve: the stages get nothing more, and never a deadline in the past.
+        let late = now + ANSWER_RESERVE / 2;
+        assert_eq!(stages_deadline(late, now), now);
+        assert_eq!(stages_deadline(now, now), now);
     }
 
     #[test]

@@ -37,6 +37,9 @@ pub struct ImageRequest<'a> {
     pub template_spec_pointer: &'a str,
     /// The configured mode; a per-namespace/workload override is the resolver's to read from `object`.
     pub mode: ImageMode,
+    /// When the image stage must be done at the latest (what is left of the admission's deadline);
+    /// the resolver stops at the earlier of this and its own budget.
+    pub deadline: Option<tokio::time::Instant>,
 }
 
 /// JSONPatch operations (applied after the config stamp's) and warnings for the response.

@@ -197,7 +197,7 @@ impl RegistryResolver {
     }
 
     async fn run(&self, request: ImageRequest<'_>) -> ImageOutcome {
-        let deadline = Instant::now() + self.budget;
+        let deadline = image_deadline(Instant::now(), self.budget, request.deadline);
         let object = request.object;
         let Some(spec) = object.pointer(request.template_spec_pointer) else {
             return ImageOutcome::default();
@@ -290,6 +290,13 @@ impl ImageResolver for RegistryResolver {
     }
 }
 
+/// The end of the image stage: its own budget from `now`, but never past the admission's deadline
+/// (`stage_end`): past it nobody would see the answer, and the deadline's own answer carries no patch.
+fn image_deadline(now: Instant, budget: Duration, stage_end: Option<Instant>) -> Instant {
+    let own = now + budget;
+    stage_end.map_or(own, |end| end.min(own))
+}
+
 /// A container whose image is to be resolved; `image` carries no digest.
 #[derive(Debug)]
 struct Candidate<'a> {
@@ -363,6 +370,15 @@ fn assemble(
             let recorded = template_annotation(metadata, ANN_IMAGE_DIGESTS)
                 .map(parse_digests)
                 .unwrap_or_default();
+            // On UPDATE, what the stored template recorded: a replace of a manifest without the
+            // annotation must not drop a digest the registry cannot confirm right now.
+            let stored = request
+                .old_object
+                .and_then(|old| old.pointer(request.template_metadata_pointer))
+                .and_then(Value::as_object);
+            let stored = template_annotation(stored, ANN_IMAGE_DIGESTS)
+                .map(parse_digests)
+                .unwrap_or_default();
             let mut entries: Vec<(String, String)> = Vec::new();
             for (c, result) in candidates.iter().zip(results) {
                 let digest = match result {
@@ -371,6 +387,11 @@ fn assemble(
                         let previous = recorded
                             .iter()
                             .find(|(name, _)| *name == c.slot.name)
+                            .or_else(|| {
+                                stored_runs_same_tag(old_slots, c)
+                                    .then(|| stored.iter().find(|(name, _)| *name == c.slot.name))
+                                    .flatten()
+                            })
                             .map(|(_, d)| d.clone());
                         let action = if previous.is_some() {
                             "kept the recorded digest"
@@ -415,6 +436,16 @@ fn previous_pin(old_slots: &[Slot], c: &Candidate<'_>) -> Option<String> {
     let parsed = ImageRef::parse(&old.image).ok()?;
     (parsed.digest.is_some() && parsed.name == c.image.name && same_tag(&parsed, &c.image))
         .then(|| old.image.clone())
+}
+
+/// Whether the stored template ran the same image tag in the candidate's container, so a digest it
+/// recorded for that container still describes it.
+fn stored_runs_same_tag(old_slots: &[Slot], c: &Candidate<'_>) -> bool {
+    old_slots
+        .iter()
+        .find(|s| s.list == c.slot.list && s.name == c.slot.name)
+        .and_then(|old| ImageRef::parse(&old.image).ok())
+        .is_some_and(|old| old.name == c.image.name && same_tag(&old, &c.image))
 }
 
 fn unresolved(c: &Candidate<'_>, error: &ResolveError, action: &str) -> String {
@@ -470,11 +501,23 @@ mod tests {
             template_metadata_pointer: "/spec/template/metadata",
             template_spec_pointer: "/spec/template/spec",
             mode,
+            deadline: None,
         }
     }
 
     fn names(c: &[Candidate<'_>]) -> Vec<String> {
         c.iter().map(|c| c.slot.name.clone()).collect()
+    }
+
+    #[test]
+    fn the_image_budget_is_the_smaller_of_its_own_and_what_is_left() {
+        let now = Instant::now();
+        let budget = Duration::from_secs(2);
+        assert_eq!(image_deadline(now, budget, None), now + budget);
+        let soon = now + Duration::from_millis(500);
+        assert_eq!(image_deadline(now, budget, Some(soon)), soon);
+        let later = now + Duration::from_secs(30);
+        assert_eq!(image_deadline(now, budget, Some(later)), now + budget);
     }
 
     #[test]
@@ -576,6 +619,54 @@ mod tests {
         assert_eq!(
             previous_pin(&slots(&other["spec"]["template"]["spec"]), &c[0]),
             None
+        );
+    }
+
+    #[test]
+    fn annotate_keeps_the_stored_digest_when_a_replace_drops_the_annotation() {
+        let mut old = object(
+            &[("app", "reg.io/app:latest"), ("side", "reg.io/side:1")],
+            None,
+        );
+        old["spec"]["template"]["metadata"] =
+            json!({"annotations": {ANN_IMAGE_DIGESTS: format!("app={D2},side={D2}")}});
+        // The replaced manifest has no annotation, and `side` now runs another tag.
+        let obj = object(
+            &[("app", "reg.io/app:latest"), ("side", "reg.io/side:2")],
+            None,
+        );
+        let tags = MutableTags::new(&["1".to_owned(), "2".to_owned()]);
+        let s = slots(&obj["spec"]["template"]["spec"]);
+        let c = candidates(&s, &tags, false);
+        assert_eq!(names(&c), ["app", "side"]);
+        let old_slots = slots(&old["spec"]["template"]["spec"]);
+        let results = [Err(ResolveError::Timeout), Err(ResolveError::Timeout)];
+        let out = assemble(
+            ImageMode::Annotate,
+            &request(&obj, Some(&old), ImageMode::Annotate),
+            obj["spec"]["template"]
+                .get("metadata")
+                .and_then(Value::as_object),
+            &c,
+            &results,
+            &old_slots,
+        );
+        let mut patched = obj.clone();
+        json_patch::patch(&mut patched, &out.ops).unwrap();
+        assert_eq!(
+            patched["spec"]["template"]["metadata"]["annotations"][ANN_IMAGE_DIGESTS],
+            format!("app={D2}"),
+            "kept for the same tag only"
+        );
+        assert!(
+            out.warnings[0].contains("kept the recorded digest"),
+            "{:?}",
+            out.warnings
+        );
+        assert!(
+            out.warnings[1].contains("not recorded"),
+            "{:?}",
+            out.warnings
         );
     }
 
