@@ -183,17 +183,15 @@ where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let api: Api<K> = Api::all(client.clone());
-    let mut params = ListParams::default().labels(selector).limit(500);
-    let mut out = Vec::new();
-    loop {
-        let page = api.list_metadata(&params).await?;
-        let token = page.metadata.continue_.clone().filter(|t| !t.is_empty());
-        out.extend(page.items.into_iter().map(|m| m.metadata));
-        match token {
-            Some(t) => params = params.continue_token(&t),
-            None => return Ok(out),
+    paged(selector, |params| {
+        let api = api.clone();
+        async move {
+            let page = api.list_metadata(&params).await?;
+            let items = page.items.into_iter().map(|m| m.metadata).collect();
+            Ok((items, page.metadata.continue_))
         }
-    }
+    })
+    .await
 }
 
 async fn list_full<K>(client: &Client, selector: &str) -> Result<Vec<K>, kube::Error>
@@ -201,13 +199,29 @@ where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let api: Api<K> = Api::all(client.clone());
+    paged(selector, |params| {
+        let api = api.clone();
+        async move {
+            let page = api.list(&params).await?;
+            Ok((page.items, page.metadata.continue_))
+        }
+    })
+    .await
+}
+
+/// Every item of a labelled list, 500 per page, following continue tokens (a large cluster's list
+/// must never be cut at the first page: what is not seen cannot be judged).
+async fn paged<T, F, Fut>(selector: &str, mut page: F) -> Result<Vec<T>, kube::Error>
+where
+    F: FnMut(ListParams) -> Fut,
+    Fut: std::future::Future<Output = Result<(Vec<T>, Option<String>), kube::Error>>,
+{
     let mut params = ListParams::default().labels(selector).limit(500);
     let mut out = Vec::new();
     loop {
-        let page = api.list(&params).await?;
-        let token = page.metadata.continue_.clone().filter(|t| !t.is_empty());
-        out.extend(page.items);
-        match token {
+        let (items, token) = page(params.clone()).await?;
+        out.extend(items);
+        match token.filter(|t| !t.is_empty()) {
             Some(t) => params = params.continue_token(&t),
             None => return Ok(out),
         }

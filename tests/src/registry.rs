@@ -275,6 +275,34 @@ fn tar_with_one_file(name: &str, data: &[u8]) -> Vec<u8> {
     out
 }
 
+/// A loopback TCP listener that accepts connections and never answers (a hung registry): only a
+/// client's own deadline ends its wait. The connections are held until the value is dropped.
+pub struct BlackHole {
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl BlackHole {
+    pub async fn start() -> anyhow::Result<BlackHole> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?.to_string();
+        let task = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                open.push(socket);
+            }
+        });
+        Ok(BlackHole { addr, task })
+    }
+}
+
+impl Drop for BlackHole {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -37,16 +37,7 @@ fn outcomes(report: &Value) -> BTreeMap<String, (String, String)> {
     rows(report)
         .iter()
         .map(|r| {
-            let mut key = format!(
-                "{} {} {}/{}",
-                r["cluster"].as_str().unwrap_or_default(),
-                r["namespace"].as_str().unwrap_or_default(),
-                r["kind"].as_str().unwrap_or_default(),
-                r["name"].as_str().unwrap_or_default()
-            );
-            if let Some(w) = r["workload"].as_str() {
-                key.push_str(&format!(" {w}"));
-            }
+            let key = row_key(r);
             let state = tense(r["state"].as_str().unwrap_or_default());
             let reason = r["reason"].as_str().unwrap_or_default().to_string();
             (key, (state, reason))

@@ -383,14 +383,8 @@ async fn registry_down_admits_unchanged_within_the_budget() -> anyhow::Result<()
     let ns = fresh_namespace(&client, "img-down").await?;
     let mut registry = TestRegistry::start().await?;
     // A registry that accepts connections and never answers: only the budget ends the wait.
-    let black_hole = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let hole = black_hole.local_addr()?.to_string();
-    let held = tokio::spawn(async move {
-        let mut open = Vec::new();
-        while let Ok((socket, _)) = black_hole.accept().await {
-            open.push(socket);
-        }
-    });
+    let black_hole = helmop_tests::registry::BlackHole::start().await?;
+    let hole = black_hole.addr.clone();
     let budget = Duration::from_millis(1500);
     let webhook = Webhook::start(client.clone(), &[registry.host(), &hole], budget).await?;
     let registration = webhook.register(&client, &ns).await?;
@@ -449,7 +443,7 @@ async fn registry_down_admits_unchanged_within_the_budget() -> anyhow::Result<()
         "the budget did not bound the admission: {elapsed:?}"
     );
     assert!(webhook.resolver.resolutions("timeout") >= 1);
-    held.abort();
+    drop(black_hole);
     unregister_webhook(&client, WebhookKind::Mutating, &registration).await?;
     Ok(())
 }

@@ -74,14 +74,8 @@ async fn the_image_budget_ends_with_the_request_deadline_and_pins_and_stamp_stay
     ensure_hash_key(&client).await?;
     let ns = fresh_namespace(&client, "iso-deadline").await?;
     // A registry that accepts connections and never answers.
-    let black_hole = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let hole = black_hole.local_addr()?.to_string();
-    let held = tokio::spawn(async move {
-        let mut open = Vec::new();
-        while let Ok((socket, _)) = black_hole.accept().await {
-            open.push(socket);
-        }
-    });
+    let black_hole = helmop_tests::registry::BlackHole::start().await?;
+    let hole = black_hole.addr.clone();
     // An image budget far beyond the request deadline (4 s by default) and the registration's 10 s.
     let webhook = Webhook::start(client.clone(), &[&hole], Duration::from_secs(60)).await?;
     let registration = webhook.register(&client, &ns).await?;
@@ -125,7 +119,7 @@ async fn the_image_budget_ends_with_the_request_deadline_and_pins_and_stamp_stay
     assert_eq!(rollouts(&client, &ns, "web").await?, 1, "it rolled");
     // Answered by the request deadline (4 s), not by the API server's timeout (10 s).
     assert!(elapsed < Duration::from_secs(9), "took {elapsed:?}");
-    held.abort();
+    drop(black_hole);
     unregister_webhook(&client, WebhookKind::Mutating, &registration).await?;
     Ok(())
 }

@@ -286,22 +286,30 @@ pub fn rows(report: &Value) -> Vec<Value> {
     report["rows"].as_array().cloned().unwrap_or_default()
 }
 
+/// `cluster namespace kind/name [workload]` of one JSON report row.
+pub fn row_key(r: &Value) -> String {
+    let mut key = format!(
+        "{} {} {}/{}",
+        r["cluster"].as_str().unwrap_or_default(),
+        r["namespace"].as_str().unwrap_or_default(),
+        r["kind"].as_str().unwrap_or_default(),
+        r["name"].as_str().unwrap_or_default()
+    );
+    if let Some(w) = r["workload"].as_str() {
+        key.push_str(&format!(" {w}"));
+    }
+    key
+}
+
 /// `cluster namespace kind/name [workload] -> state` of a JSON report.
 pub fn states(report: &Value) -> BTreeMap<String, String> {
     rows(report)
         .iter()
         .map(|r| {
-            let mut key = format!(
-                "{} {} {}/{}",
-                r["cluster"].as_str().unwrap_or_default(),
-                r["namespace"].as_str().unwrap_or_default(),
-                r["kind"].as_str().unwrap_or_default(),
-                r["name"].as_str().unwrap_or_default()
-            );
-            if let Some(w) = r["workload"].as_str() {
-                key.push_str(&format!(" {w}"));
-            }
-            (key, r["state"].as_str().unwrap_or_default().to_string())
+            (
+                row_key(r),
+                r["state"].as_str().unwrap_or_default().to_string(),
+            )
         })
         .collect()
 }
