@@ -298,7 +298,10 @@ fn expressions(selector: &Value) -> Vec<(String, String, Vec<String>)> {
             (
                 e["key"].as_str().unwrap().to_owned(),
                 e["operator"].as_str().unwrap().to_owned(),
-                strings(&e["values"]).into_iter().map(String::from).collect(),
+                strings(&e["values"])
+                    .into_iter()
+                    .map(String::from)
+                    .collect(),
             )
         })
         .collect()
@@ -374,8 +377,11 @@ fn the_delete_guard_only_sees_labelled_namespaces() {
             .find(|w| w["name"] == "references.validate.helmop.dev")
             .unwrap_or_else(|| panic!("{dir}: no delete guard"));
         assert!(
-            expressions(&guard["namespaceSelector"])
-                .contains(&expr("helmop.dev/guard", "In", &["enabled"])),
+            expressions(&guard["namespaceSelector"]).contains(&expr(
+                "helmop.dev/guard",
+                "In",
+                &["enabled"]
+            )),
             "{dir}: {}",
             guard["namespaceSelector"]
         );

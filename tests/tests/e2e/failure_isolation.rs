@@ -89,7 +89,10 @@ fn rendered_configurations(name: &str, base_url: &str, ca_pem: &str) -> anyhow::
         configs.push(doc);
     }
     if configs.len() != 2 {
-        bail!("expected 2 webhook configurations in manifests/base, got {}", configs.len());
+        bail!(
+            "expected 2 webhook configurations in manifests/base, got {}",
+            configs.len()
+        );
     }
     Ok(configs)
 }
@@ -179,13 +182,13 @@ async fn scenario(
     let refusal = wait_for(
         "the delete guard to refuse a delete in a guarded namespace",
         Duration::from_secs(90),
-        || {
-            async move {
-                create_config_map(client, guarded, "probe", &[("k", "v")]).await?;
-                Ok(kubectl(&["-n", guarded, "delete", "configmap", "probe"], None)
+        || async move {
+            create_config_map(client, guarded, "probe", &[("k", "v")]).await?;
+            Ok(
+                kubectl(&["-n", guarded, "delete", "configmap", "probe"], None)
                     .await?
-                    .err())
-            }
+                    .err(),
+            )
         },
     )
     .await?;
@@ -201,8 +204,13 @@ async fn scenario(
         create_config_map(client, &plain, &format!("cm-{i}"), &[("k", "v")]).await?;
     }
     kubectl_ok(&["-n", &plain, "delete", "configmap", "cm-0"], None).await?;
-    kubectl_ok(&["apply", "-f", "-"], Some(&deployment(&plain, "unrelated"))).await?;
-    let opted_out_ns = fresh_namespace_with_labels(client, "iso-optout", &[NAMESPACE_OPT_IN]).await?;
+    kubectl_ok(
+        &["apply", "-f", "-"],
+        Some(&deployment(&plain, "unrelated")),
+    )
+    .await?;
+    let opted_out_ns =
+        fresh_namespace_with_labels(client, "iso-optout", &[NAMESPACE_OPT_IN]).await?;
     let opted_out = deployment_manifest(
         &opted_out_ns,
         "opted-out",
@@ -212,16 +220,24 @@ async fn scenario(
     kubectl_ok(&["apply", "-f", "-"], Some(&opted_out.to_string())).await?;
     // The namespace controller deletes every ConfigMap (kube-root-ca.crt included) on its own.
     kubectl_ok(&["delete", "namespace", &plain, "--wait=false"], None).await?;
-    wait_until("the namespace full of ConfigMaps to be gone", Duration::from_secs(90), || {
-        let plain = plain.clone();
-        async move { namespace_gone(client, &plain).await }
-    })
+    wait_until(
+        "the namespace full of ConfigMaps to be gone",
+        Duration::from_secs(90),
+        || {
+            let plain = plain.clone();
+            async move { namespace_gone(client, &plain).await }
+        },
+    )
     .await?;
     assert_eq!(count(), before, "unrelated requests reached the webhook");
 
     // Opted in, fail open: a Deployment in an opted-in namespace and one labelled "true" still apply.
     let opted = fresh_namespace_with_labels(client, "iso-opted", &[NAMESPACE_OPT_IN]).await?;
-    kubectl_ok(&["apply", "-f", "-"], Some(&deployment(&opted, "by-namespace"))).await?;
+    kubectl_ok(
+        &["apply", "-f", "-"],
+        Some(&deployment(&opted, "by-namespace")),
+    )
+    .await?;
     let unlabelled = fresh_namespace(client, "iso-labelled").await?;
     let labelled = deployment_manifest(
         &unlabelled,
@@ -231,7 +247,10 @@ async fn scenario(
     );
     kubectl_ok(&["apply", "-f", "-"], Some(&labelled.to_string())).await?;
     if let (Some(before), Some(after)) = (before, count()) {
-        assert!(after >= before + 2, "opted-in workloads were sent: {before} -> {after}");
+        assert!(
+            after >= before + 2,
+            "opted-in workloads were sent: {before} -> {after}"
+        );
     }
     Ok(())
 }
@@ -254,19 +273,24 @@ async fn webhook_hung_blocks_nothing_unrelated() -> anyhow::Result<()> {
 async fn restore_helmop_crd(client: &Client) -> anyhow::Result<()> {
     let shared = std::env::var("HELMOP_SHARED").unwrap_or_else(|_| "/work/shared".into());
     let file = format!("{shared}/fleet-crds/helmops.fleet.cattle.io.yaml");
-    if let Err(stderr) = kubectl(&["create", "--validate=false", "-f", &file], None).await? {
-        if !stderr.contains("AlreadyExists") {
-            bail!("re-creating the HelmOp CRD: {stderr}");
-        }
+    if let Err(stderr) = kubectl(&["create", "--validate=false", "-f", &file], None).await?
+        && !stderr.contains("AlreadyExists")
+    {
+        bail!("re-creating the HelmOp CRD: {stderr}");
     }
-    wait_until("down2 to serve HelmOps again", Duration::from_secs(60), || async {
-        helmops_served(client).await
-    })
+    wait_until(
+        "down2 to serve HelmOps again",
+        Duration::from_secs(60),
+        || async { helmops_served(client).await },
+    )
     .await
 }
 
 async fn helmops_served(client: &Client) -> anyhow::Result<bool> {
-    match client.list_api_group_resources("fleet.cattle.io/v1alpha1").await {
+    match client
+        .list_api_group_resources("fleet.cattle.io/v1alpha1")
+        .await
+    {
         Ok(list) => Ok(list.resources.iter().any(|r| r.name == "helmops")),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
         Err(e) => Err(e.into()),
@@ -280,7 +304,11 @@ async fn helmops_served(client: &Client) -> anyhow::Result<bool> {
 async fn ready_without_the_helmop_crd_and_guards_once_it_appears() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let client = cluster().client().await;
-    kubectl_ok(&["delete", "crd", "helmops.fleet.cattle.io", "--wait=true"], None).await?;
+    kubectl_ok(
+        &["delete", "crd", "helmops.fleet.cattle.io", "--wait=true"],
+        None,
+    )
+    .await?;
     let outcome = without_the_crd(&client).await;
     let restored = restore_helmop_crd(&client).await;
     outcome?;
@@ -358,11 +386,18 @@ async fn guarded_once_the_crd_appears(
         "the guard to refuse deleting a ConfigMap the new HelmOp lists",
         DEFAULT_TIMEOUT,
         || async {
-            create_config_map(client, ns, "db", &[("k", "v")]).await.ok();
-            Ok(kubectl(&["-n", ns, "delete", "configmap", "db"], None).await?.err())
+            create_config_map(client, ns, "db", &[("k", "v")])
+                .await
+                .ok();
+            Ok(kubectl(&["-n", ns, "delete", "configmap", "db"], None)
+                .await?
+                .err())
         },
     )
     .await?;
-    assert!(refusal.contains("app"), "the refusal names the HelmOp: {refusal}");
+    assert!(
+        refusal.contains("app"),
+        "the refusal names the HelmOp: {refusal}"
+    );
     Ok(())
 }

@@ -136,10 +136,9 @@ impl Caches {
     /// True once every watch has delivered its initial list (the HelmOp one counts as delivered
     /// while the API server serves no HelmOps).
     pub fn synced(&self) -> bool {
-        self.synced
-            .iter()
-            .enumerate()
-            .all(|(i, s)| s.load(Ordering::Acquire) || (i == SYNCED_HELMOPS && self.helmops_absent()))
+        self.synced.iter().enumerate().all(|(i, s)| {
+            s.load(Ordering::Acquire) || (i == SYNCED_HELMOPS && self.helmops_absent())
+        })
     }
 
     /// True once the HelmOp cache is complete (the delete guard needs only that one): its watch has
@@ -151,6 +150,16 @@ impl Caches {
     /// True while the last discovery found no HelmOp resource (and its watch has not started).
     pub fn helmops_absent(&self) -> bool {
         self.helmops_absent.load(Ordering::Acquire)
+    }
+
+    /// Live discovery confirms there are still no HelmOps: the guard asks before allowing on an absent
+    /// CRD, so a CRD created since the last periodic check (and a HelmOp in it) is never missed. A
+    /// failed discovery is no confirmation.
+    pub async fn helmops_still_absent(&self) -> bool {
+        matches!(
+            served(&self.client, &helmop_api_resource()).await,
+            Ok(false)
+        )
     }
 
     /// Whether `r` exists in `namespace`: the metadata cache, else a live GET.
