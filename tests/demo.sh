@@ -247,6 +247,8 @@ done
 
 section "Upstream: sources, Fleet Clusters and a ClusterGroup in namespace $FLEET_NS"
 kubectl create namespace "$FLEET_NS" >/dev/null
+# A Fleet workspace: the shipped delete guard only sees namespaces labelled like this (manifests/README.md).
+kubectl label namespace "$FLEET_NS" helmop.dev/guard=enabled >/dev/null
 run kubectl -n "$FLEET_NS" create secret generic db-credentials --from-literal=password=hunter2 --from-literal=user=web
 run kubectl -n "$FLEET_NS" create configmap app-config --from-literal=LOG_LEVEL=info --from-literal=FEATURE_X=on
 for cluster in down1:prod down2:staging; do

@@ -249,34 +249,7 @@ fn webhook_configurations_match_the_server() {
         assert_eq!(paths.len(), 2);
 
         let mutating = named(&docs, "MutatingWebhookConfiguration", "helmop-webhook");
-        let hooks = mutating["webhooks"].as_array().unwrap();
-        assert_eq!(hooks.len(), 1);
-        let w = &hooks[0];
-        let who = format!("{dir}: {}", w["name"]);
-        check_webhook(&who, w, &ports);
-        assert_eq!(w["failurePolicy"], "Ignore", "{who}");
-        assert_eq!(w["reinvocationPolicy"], "IfNeeded", "{who}");
-        assert_eq!(
-            w["clientConfig"]["service"]["path"], "/mutate/workloads",
-            "{who}"
-        );
-        let resources: BTreeSet<String> = w["rules"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|r| {
-                let group = strings(&r["apiGroups"]).join(",");
-                assert_eq!(strings(&r["operations"]), ["CREATE", "UPDATE"], "{who}");
-                let versions = strings(&r["apiVersions"]);
-                strings(&r["resources"])
-                    .into_iter()
-                    .flat_map(|res| {
-                        let group = group.clone();
-                        versions.iter().map(move |v| format!("{group}/{v}/{res}"))
-                    })
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let resources = check_mutating(dir, mutating);
         // Every kind the handler decodes, in every version it decodes: a version missing here is a
         // workload the API server never sends (batch/v1beta1 CronJobs on Kubernetes 1.20).
         let expected: BTreeSet<String> = WorkloadKind::ALL
@@ -289,8 +262,152 @@ fn webhook_configurations_match_the_server() {
             })
             .collect();
         assert!(expected.contains("batch/v1beta1/cronjobs"));
-        assert_eq!(resources, expected, "{who}");
+        assert_eq!(resources, expected, "{dir}");
     }
+}
+
+/// `group/version/resource` of every rule of a webhook entry.
+fn rule_resources(who: &str, w: &Value) -> BTreeSet<String> {
+    w["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| {
+            let group = strings(&r["apiGroups"]).join(",");
+            assert_eq!(strings(&r["operations"]), ["CREATE", "UPDATE"], "{who}");
+            let versions = strings(&r["apiVersions"]);
+            strings(&r["resources"])
+                .into_iter()
+                .flat_map(|res| {
+                    let group = group.clone();
+                    versions.iter().map(move |v| format!("{group}/{v}/{res}"))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// `(key, operator, values)` of each match expression of a selector.
+fn expressions(selector: &Value) -> Vec<(String, String, Vec<String>)> {
+    selector["matchExpressions"]
+        .as_array()
+        .map(|a| a.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|e| {
+            (
+                e["key"].as_str().unwrap().to_owned(),
+                e["operator"].as_str().unwrap().to_owned(),
+                strings(&e["values"])
+                    .into_iter()
+                    .map(String::from)
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+fn expr(key: &str, operator: &str, values: &[&str]) -> (String, String, Vec<String>) {
+    (
+        key.to_owned(),
+        operator.to_owned(),
+        values.iter().map(|v| v.to_string()).collect(),
+    )
+}
+
+/// The mutating configuration only ever sees opted-in workloads (docs/webhook-safety.md, "Failure
+/// isolation"): one entry for namespaces labelled `enabled` (never ReplicaSets or Jobs, mostly
+/// controllers' copies there), one for workloads labelled `"true"`, which never both match one object.
+/// Returns the union of the kinds they send.
+fn check_mutating(dir: &str, mutating: &Value) -> BTreeSet<String> {
+    let hooks = mutating["webhooks"].as_array().unwrap();
+    assert_eq!(hooks.len(), 2, "{dir}");
+    let mut union = BTreeSet::new();
+    for w in hooks {
+        let who = format!("{dir}: {}", w["name"]);
+        let ports = [443];
+        check_webhook(&who, w, &ports);
+        assert_eq!(w["failurePolicy"], "Ignore", "{who}");
+        assert_eq!(w["reinvocationPolicy"], "IfNeeded", "{who}");
+        assert_eq!(
+            w["clientConfig"]["service"]["path"], "/mutate/workloads",
+            "{who}"
+        );
+        let resources = rule_resources(&who, w);
+        let namespaces = expressions(&w["namespaceSelector"]);
+        let objects = expressions(&w["objectSelector"]);
+        match w["name"].as_str().unwrap() {
+            "workloads.mutate.helmop.dev" => {
+                assert!(
+                    namespaces.contains(&expr(LABEL, "In", &["enabled"])),
+                    "{who}: {namespaces:?}"
+                );
+                assert_eq!(objects, [expr(LABEL, "NotIn", &["false", "true"])], "{who}");
+                for copy in ["apps/v1/replicasets", "batch/v1/jobs"] {
+                    assert!(!resources.contains(copy), "{who}: sends {copy}");
+                }
+            }
+            "opted-in.workloads.mutate.helmop.dev" => {
+                assert!(
+                    !namespaces.iter().any(|(k, ..)| k == LABEL),
+                    "{who}: {namespaces:?}"
+                );
+                assert_eq!(objects, [expr(LABEL, "In", &["true"])], "{who}");
+            }
+            other => panic!("{who}: unexpected webhook {other}"),
+        }
+        union.extend(resources);
+    }
+    union
+}
+
+const LABEL: &str = "helmop.dev/rollout-on-change";
+
+/// The delete guard sees only namespaces labelled `helmop.dev/guard=enabled` (Fleet's workspaces), so
+/// a webhook outage never blocks deletes, or namespace deletion, anywhere else.
+#[test]
+fn the_delete_guard_only_sees_labelled_namespaces() {
+    for dir in ["base", "cert-manager", "self-signed", "client-auth"] {
+        let docs = render(&manifests_dir().join(dir));
+        let validating = named(&docs, "ValidatingWebhookConfiguration", "helmop-webhook");
+        let guard = validating["webhooks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["name"] == "references.validate.helmop.dev")
+            .unwrap_or_else(|| panic!("{dir}: no delete guard"));
+        assert!(
+            expressions(&guard["namespaceSelector"]).contains(&expr(
+                "helmop.dev/guard",
+                "In",
+                &["enabled"]
+            )),
+            "{dir}: {}",
+            guard["namespaceSelector"]
+        );
+    }
+}
+
+/// The downstream overlay: the stamping webhook as everywhere, no validation and no delete guard, and
+/// the self-signed bootstrap still finds both configurations to inject its CA into.
+#[test]
+fn stamping_only_overlay_has_only_the_mutating_webhook() {
+    let docs = render(&manifests_dir().join("stamping-only"));
+    let validating = named(&docs, "ValidatingWebhookConfiguration", "helmop-webhook");
+    assert_eq!(
+        validating["webhooks"].as_array().map(Vec::len),
+        Some(0),
+        "{validating}"
+    );
+    let mutating = named(&docs, "MutatingWebhookConfiguration", "helmop-webhook");
+    let full = render(&manifests_dir().join("self-signed"));
+    assert_eq!(
+        mutating,
+        named(&full, "MutatingWebhookConfiguration", "helmop-webhook")
+    );
+    check_mutating("stamping-only", mutating);
+    named(&docs, "Job", "helmop-tls-bootstrap");
+    named(&docs, "Deployment", "helmop-webhook");
 }
 
 fn pod_spec(workload: &Value) -> &Value {

@@ -5,6 +5,7 @@
 
 mod controlplane;
 mod copies;
+mod failure_isolation;
 mod faults;
 mod identity;
 mod images;

@@ -24,7 +24,9 @@ pub(super) async fn guard(state: &AppState, req: &AdmissionRequest<DynamicObject
     };
     let target = ResourceRef::new(kind, req.name.as_str());
     let caches = state.caches();
-    if !caches.helmops_synced() {
+    // Absent HelmOps (no CRD) are confirmed live: the periodic discovery may not have seen a new CRD yet.
+    if !caches.helmops_synced() || (caches.helmops_absent() && !caches.helmops_still_absent().await)
+    {
         return Verdict::Deny {
             message: format!(
                 "helmop webhook: the HelmOp cache is not loaded yet, so it cannot tell whether a HelmOp lists \

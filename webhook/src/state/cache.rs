@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::hash::Hash;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
@@ -39,6 +40,9 @@ pub fn helmop_api_resource() -> ApiResource {
     )
 }
 
+/// How often the webhook asks the API server again whether it serves HelmOps, while it does not.
+pub const HELMOP_DISCOVERY_PERIOD: Duration = Duration::from_secs(10);
+
 /// `uid` and `resourceVersion` of an object: together they name one version of its content.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Version {
@@ -70,6 +74,9 @@ pub struct Caches {
     namespaces: Store<PartialObjectMeta<Namespace>>,
     helmops: Store<DynamicObject>,
     synced: Arc<[AtomicBool; 4]>,
+    /// True while discovery says the API server serves no HelmOps (no Fleet CRD): then there are no
+    /// HelmOps, so the empty HelmOp cache is complete and the delete guard has nothing to protect.
+    helmops_absent: Arc<AtomicBool>,
 }
 
 impl Caches {
@@ -102,14 +109,19 @@ impl Caches {
             (synced.clone(), SYNCED_NAMESPACES),
         );
         let ar = helmop_api_resource();
-        let helmops = spawn_reflector(
-            Api::<DynamicObject>::all_with(client.clone(), &ar),
-            reflector::store::Writer::new(ar.clone()),
-            strip_helmop,
-            CACHE_HELMOPS,
+        let helmops_absent = Arc::new(AtomicBool::new(false));
+        let writer = reflector::store::Writer::new(ar.clone());
+        let helmops = writer.as_reader();
+        // The HelmOp watch starts only once the API server serves HelmOps: on a cluster without Fleet's
+        // CRD (every downstream cluster) a watch would fail forever and readiness would wait for it.
+        tokio::spawn(watch_helmops_when_served(
+            client.clone(),
+            ar,
+            writer,
             metrics.clone(),
-            (synced.clone(), SYNCED_HELMOPS),
-        );
+            synced.clone(),
+            helmops_absent.clone(),
+        ));
         Caches {
             client,
             secrets,
@@ -117,17 +129,37 @@ impl Caches {
             namespaces,
             helmops,
             synced,
+            helmops_absent,
         }
     }
 
-    /// True once every watch has delivered its initial list.
+    /// True once every watch has delivered its initial list (the HelmOp one counts as delivered
+    /// while the API server serves no HelmOps).
     pub fn synced(&self) -> bool {
-        self.synced.iter().all(|s| s.load(Ordering::Acquire))
+        self.synced.iter().enumerate().all(|(i, s)| {
+            s.load(Ordering::Acquire) || (i == SYNCED_HELMOPS && self.helmops_absent())
+        })
     }
 
-    /// True once the HelmOp watch has delivered its initial list (the delete guard needs only that one).
+    /// True once the HelmOp cache is complete (the delete guard needs only that one): its watch has
+    /// delivered its initial list, or the API server serves no HelmOps at all.
     pub fn helmops_synced(&self) -> bool {
-        self.synced[SYNCED_HELMOPS].load(Ordering::Acquire)
+        self.synced[SYNCED_HELMOPS].load(Ordering::Acquire) || self.helmops_absent()
+    }
+
+    /// True while the last discovery found no HelmOp resource (and its watch has not started).
+    pub fn helmops_absent(&self) -> bool {
+        self.helmops_absent.load(Ordering::Acquire)
+    }
+
+    /// Live discovery confirms there are still no HelmOps: the guard asks before allowing on an absent
+    /// CRD, so a CRD created since the last periodic check (and a HelmOp in it) is never missed. A
+    /// failed discovery is no confirmation.
+    pub async fn helmops_still_absent(&self) -> bool {
+        matches!(
+            served(&self.client, &helmop_api_resource()).await,
+            Ok(false)
+        )
     }
 
     /// Whether `r` exists in `namespace`: the metadata cache, else a live GET.
@@ -282,6 +314,61 @@ fn strip_helmop(h: &mut DynamicObject) {
     h.metadata.annotations = None;
     h.metadata.managed_fields = None;
     crate::state::trim::trim_helmop(&mut h.data);
+}
+
+/// Whether the API server serves `ar`: `Ok(false)` only when its group version is not served
+/// (404) or does not list the resource; any other error is returned, so a flaky API server never
+/// makes the webhook conclude that there are no HelmOps.
+async fn served(client: &Client, ar: &ApiResource) -> Result<bool, kube::Error> {
+    match client.list_api_group_resources(&ar.api_version).await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == ar.plural)),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Asks discovery every [`HELMOP_DISCOVERY_PERIOD`] until HelmOps are served, marking them absent
+/// meanwhile, then starts their watch (which marks the cache synced after its initial list). Absent
+/// is cleared before the watch starts, so from then on the guard waits for the real list.
+async fn watch_helmops_when_served(
+    client: Client,
+    ar: ApiResource,
+    writer: reflector::store::Writer<DynamicObject>,
+    metrics: Metrics,
+    synced: Arc<[AtomicBool; 4]>,
+    absent: Arc<AtomicBool>,
+) {
+    loop {
+        match served(&client, &ar).await {
+            Ok(true) => break,
+            Ok(false) => {
+                if !absent.swap(true, Ordering::AcqRel) {
+                    tracing::info!(
+                        cache = CACHE_HELMOPS,
+                        "the API server serves no HelmOps (no Fleet CRD): nothing to guard until it does"
+                    );
+                }
+            }
+            Err(error) => {
+                tracing::warn!(cache = CACHE_HELMOPS, %error, "HelmOp discovery failed, retrying")
+            }
+        }
+        tokio::time::sleep(HELMOP_DISCOVERY_PERIOD).await;
+    }
+    if absent.swap(false, Ordering::AcqRel) {
+        tracing::info!(
+            cache = CACHE_HELMOPS,
+            "the API server serves HelmOps now: starting their watch"
+        );
+    }
+    spawn_reflector(
+        Api::<DynamicObject>::all_with(client, &ar),
+        writer,
+        strip_helmop,
+        CACHE_HELMOPS,
+        metrics,
+        (synced, SYNCED_HELMOPS),
+    );
 }
 
 fn spawn_reflector<K>(
