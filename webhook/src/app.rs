@@ -78,6 +78,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Arc::new(RegistryResolver::new(client.clone(), &config, &metrics).map_err(Error::Startup)?);
     let options = Options {
         digest_cache_entries: cli.digest_cache_entries,
+        max_live_gets: usize::try_from(cli.max_live_gets).unwrap_or(usize::MAX),
         images,
     };
     let state = AppState::start_with(client, config, &metrics, options).await?;

@@ -88,6 +88,11 @@ pub struct Cli {
     #[arg(long, value_name = "BYTES", default_value_t = 16 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(7 * 1024 * 1024..=1 << 40))]
     pub max_in_flight_bytes: u64,
 
+    /// Live GETs (an object's version or content, a namespace missing from the cache) sent to the API server
+    /// at once; more wait their turn. Concurrent GETs of one object share a single request.
+    #[arg(long, value_name = "N", default_value_t = crate::state::DEFAULT_MAX_LIVE_GETS as u64, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub max_live_gets: u64,
+
     /// How often the certificate and key files are checked for changes, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     pub cert_poll_ms: u64,
@@ -276,6 +281,7 @@ mod tests {
             cli.digest_cache_entries,
             crate::state::DEFAULT_DIGEST_CACHE_ENTRIES
         );
+        assert_eq!(cli.max_live_gets, 32);
         assert_eq!(cli.log_format, LogFormat::Json);
     }
 
@@ -329,6 +335,7 @@ mod tests {
         assert_eq!(options.limits.max_body_bytes_in_flight, 8 << 20);
         for bad in [
             ["--max-in-flight", "0"],
+            ["--max-live-gets", "0"],
             // Below the 7 MiB body limit: no body could ever be read.
             ["--max-in-flight-bytes", "1048576"],
         ] {

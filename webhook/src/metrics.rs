@@ -36,6 +36,13 @@ pub struct CacheLabel {
     pub cache: &'static str,
 }
 
+/// Labels of `helmop_webhook_live_gets_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// `secrets`, `configmaps`, `namespaces`.
+    pub kind: &'static str,
+}
+
 /// How one HTTP request to a webhook endpoint ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -82,6 +89,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     duration: Family<WebhookLabel, Histogram, fn() -> Histogram>,
     cache_objects: Family<CacheLabel, Gauge>,
+    live_gets: Family<KindLabel, Counter>,
     cert_reloads: Counter,
     cert_reload_failures: Counter,
     panics: Counter,
@@ -121,6 +129,12 @@ impl Metrics {
             "Objects held in each watch-backed cache",
             cache_objects.clone(),
         );
+        let live_gets = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "helmop_webhook_live_gets",
+            "Live GETs sent to the API server, after coalescing concurrent GETs of one object",
+            live_gets.clone(),
+        );
         let cert_reloads = Counter::default();
         registry.register(
             "helmop_webhook_cert_reloads",
@@ -144,6 +158,7 @@ impl Metrics {
             requests,
             duration,
             cache_objects,
+            live_gets,
             cert_reloads,
             cert_reload_failures,
             panics,
@@ -186,6 +201,17 @@ impl Metrics {
         self.cache_objects
             .get_or_create(&CacheLabel { cache })
             .set(objects);
+    }
+
+    pub(crate) fn live_get_sent(&self, kind: &'static str) {
+        self.live_gets.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    /// Live GETs of this kind sent so far; for tests and the benchmark.
+    pub fn live_gets(&self, kind: &'static str) -> u64 {
+        self.live_gets
+            .get(&KindLabel { kind })
+            .map_or(0, |c| c.get())
     }
 
     pub(crate) fn cert_reloaded(&self) {

@@ -3,7 +3,8 @@
 //!   against `--client-ca`);
 //! - the image resolver is not an SSRF tool. Everything listens on loopback: scripted registries that
 //!   redirect or name a token realm elsewhere, and a "victim" port that must never be contacted however the
-//!   webhook is asked to resolve an image.
+//!   webhook is asked to resolve an image;
+//! - concurrent admissions reading the same ConfigMap share live GETs (bounded, coalesced).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,8 +12,8 @@ use std::time::Duration;
 
 use base64::Engine;
 use helmop_tests::*;
-use helmop_webhook::metrics::Outcome;
-use helmop_webhook::state::Config;
+use helmop_webhook::metrics::{Metrics, Outcome};
+use helmop_webhook::state::{Config, Options};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -487,6 +488,107 @@ async fn references_per_admission_are_capped() -> anyhow::Result<()> {
         "no stamp above the cap"
     );
     unregister_webhook(&client, WebhookKind::Validating, &helmops).await?;
+    unregister_webhook(&client, WebhookKind::Mutating, &workloads).await?;
+    Ok(())
+}
+
+/// Concurrent admissions of Deployments reading the same ConfigMap share live GETs of it: with one live GET
+/// allowed at a time (`--max-live-gets 1`), admissions arriving while one is queued join it, so the webhook
+/// sends fewer GETs of the ConfigMap than it answers admissions (each admission reads its version live), and
+/// every Deployment still gets the same stamp.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_admissions_share_live_gets() -> anyhow::Result<()> {
+    const DEPLOYMENTS: usize = 40;
+    let client = control_plane().upstream().client().await;
+    ensure_hash_key(&client).await?;
+    let ns = fresh_namespace(&client, "safe-coalesce").await?;
+    let options = Options {
+        max_live_gets: 1,
+        ..Options::default()
+    };
+    let webhook =
+        LocalWebhook::start_with(client.clone(), Config::default(), Metrics::new(), options)
+            .await?;
+    let workloads = format!("{ns}-workloads");
+    WebhookRegistration::new(
+        WebhookKind::Mutating,
+        &workloads,
+        &format!("{}/mutate/workloads", webhook.url),
+        &webhook.ca_pem,
+    )
+    .rule(WebhookRule::new(
+        &["CREATE", "UPDATE"],
+        "apps",
+        "v1",
+        &["deployments"],
+    ))
+    .only_namespace(&ns)
+    .register(&client)
+    .await?;
+    create_config_map(&client, &ns, "shared", &[("mode", "fast")]).await?;
+    let manifest = |name: &str| {
+        deployment(
+            &ns,
+            name,
+            "registry.example.com/app:1.0",
+            json!({}),
+            json!({}),
+        )
+    };
+    let with_env = |name: &str| {
+        let mut d = manifest(name);
+        d["spec"]["template"]["spec"]["containers"][0]["envFrom"] =
+            json!([{"configMapRef": {"name": "shared"}}]);
+        d
+    };
+    let deployments =
+        kube::Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), &ns);
+    // The registration is picked up asynchronously: wait until a Deployment is stamped.
+    let probe = AtomicUsize::new(0);
+    let stamp = wait_for("the workload webhook to stamp", DEFAULT_TIMEOUT, || {
+        let name = format!("probe-{}", probe.fetch_add(1, Ordering::SeqCst));
+        let (deployments, doc) = (deployments.clone(), with_env(&name));
+        async move {
+            let d = deployments
+                .create(&Default::default(), &serde_json::from_value(doc)?)
+                .await?;
+            Ok(template_annotation(&d, "helmop.dev/config-hash"))
+        }
+    })
+    .await?;
+
+    let answered = |m: &Metrics| {
+        m.requests("workloads", Outcome::Patched) + m.requests("workloads", Outcome::Allowed)
+    };
+    let (gets_before, answered_before) = (
+        webhook.metrics.live_gets("configmaps"),
+        answered(&webhook.metrics),
+    );
+    let mut creating = tokio::task::JoinSet::new();
+    for i in 0..DEPLOYMENTS {
+        let (deployments, doc) = (deployments.clone(), with_env(&format!("app-{i}")));
+        creating.spawn(async move {
+            anyhow::Ok(
+                deployments
+                    .create(&Default::default(), &serde_json::from_value(doc)?)
+                    .await?,
+            )
+        });
+    }
+    while let Some(created) = creating.join_next().await {
+        assert_eq!(
+            template_annotation(&created??, "helmop.dev/config-hash").as_ref(),
+            Some(&stamp),
+            "every Deployment is stamped from the same ConfigMap content"
+        );
+    }
+    let gets = webhook.metrics.live_gets("configmaps") - gets_before;
+    let admissions = answered(&webhook.metrics) - answered_before;
+    assert!(admissions >= DEPLOYMENTS as u64, "{admissions} admissions");
+    assert!(
+        gets < admissions,
+        "{gets} live GETs of the ConfigMap for {admissions} admissions"
+    );
     unregister_webhook(&client, WebhookKind::Mutating, &workloads).await?;
     Ok(())
 }

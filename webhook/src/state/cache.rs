@@ -1,7 +1,8 @@
 //! Watch-backed lookups. Existence checks, namespace labels and the delete guard are answered from
 //! reflector stores filled by long-running watches (metadata-only for Secrets, ConfigMaps and
 //! Namespaces); a miss falls back to one live GET, so an object created a moment ago is still found.
-//! Nothing here ever lists per request.
+//! Nothing here ever lists per request. Every live GET goes through [`LiveGets`]: bounded in number and
+//! shared by concurrent callers asking for the same object (see [`super::coalesce`]).
 
 use std::collections::BTreeMap;
 use std::hash::Hash;
@@ -22,6 +23,7 @@ use helmop_core::hash::ObjectData;
 use helmop_core::names::PREFIX;
 use helmop_core::resource::{ResourceKind, ResourceRef};
 
+use super::coalesce::Coalescer;
 use crate::metrics::Metrics;
 
 /// Label values of `helmop_webhook_cache_objects`.
@@ -73,6 +75,7 @@ pub struct Caches {
     config_maps: Store<PartialObjectMeta<ConfigMap>>,
     namespaces: Store<PartialObjectMeta<Namespace>>,
     helmops: Store<DynamicObject>,
+    live: LiveGets,
     synced: Arc<[AtomicBool; 4]>,
     /// True while discovery says the API server serves no HelmOps (no Fleet CRD): then there are no
     /// HelmOps, so the empty HelmOp cache is complete and the delete guard has nothing to protect.
@@ -81,7 +84,8 @@ pub struct Caches {
 
 impl Caches {
     /// Starts the four watches on the runtime; they run (and retry with backoff) until the process ends.
-    pub fn start(client: Client, metrics: &Metrics) -> Caches {
+    /// At most `max_live_gets` live GETs are in flight at once.
+    pub fn start(client: Client, metrics: &Metrics, max_live_gets: usize) -> Caches {
         let synced: Arc<[AtomicBool; 4]> = Arc::new(Default::default());
 
         let secrets = spawn_reflector(
@@ -128,6 +132,7 @@ impl Caches {
             config_maps,
             namespaces,
             helmops,
+            live: LiveGets::new(max_live_gets, metrics),
             synced,
             helmops_absent,
         }
@@ -187,17 +192,32 @@ impl Caches {
         namespace: &str,
         r: &ResourceRef,
     ) -> Result<Option<Version>, kube::Error> {
-        let meta = match r.kind {
-            ResourceKind::Secret => Api::<Secret>::namespaced(self.client.clone(), namespace)
-                .get_metadata_opt(&r.name)
-                .await?
-                .map(|m| m.metadata),
-            ResourceKind::ConfigMap => Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
-                .get_metadata_opt(&r.name)
-                .await?
-                .map(|m| m.metadata),
-        };
-        Ok(meta.as_ref().and_then(Version::of))
+        let (client, ns, name, metrics) = (
+            self.client.clone(),
+            namespace.to_string(),
+            r.name.clone(),
+            self.live.metrics.clone(),
+        );
+        let kind = r.kind;
+        let key = (kind, namespace.to_string(), r.name.clone());
+        self.live
+            .versions
+            .run(key, move || async move {
+                metrics.live_get_sent(kind_label(kind));
+                let meta = match kind {
+                    ResourceKind::Secret => Api::<Secret>::namespaced(client, &ns)
+                        .get_metadata_opt(&name)
+                        .await?
+                        .map(|m| m.metadata),
+                    ResourceKind::ConfigMap => Api::<ConfigMap>::namespaced(client, &ns)
+                        .get_metadata_opt(&name)
+                        .await?
+                        .map(|m| m.metadata),
+                };
+                Ok(meta.as_ref().and_then(Version::of))
+            })
+            .await
+            .map_err(unshare)
     }
 
     /// The whole object `r`, read live (content is never cached, only its digest); `None` when absent.
@@ -205,17 +225,32 @@ impl Caches {
         &self,
         namespace: &str,
         r: &ResourceRef,
-    ) -> Result<Option<Fetched>, kube::Error> {
-        Ok(match r.kind {
-            ResourceKind::Secret => Api::<Secret>::namespaced(self.client.clone(), namespace)
-                .get_opt(&r.name)
-                .await?
-                .map(Fetched::Secret),
-            ResourceKind::ConfigMap => Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
-                .get_opt(&r.name)
-                .await?
-                .map(Fetched::ConfigMap),
-        })
+    ) -> Result<Option<Arc<Fetched>>, kube::Error> {
+        let (client, ns, name, metrics) = (
+            self.client.clone(),
+            namespace.to_string(),
+            r.name.clone(),
+            self.live.metrics.clone(),
+        );
+        let kind = r.kind;
+        let key = (kind, namespace.to_string(), r.name.clone());
+        self.live
+            .objects
+            .run(key, move || async move {
+                metrics.live_get_sent(kind_label(kind));
+                Ok(match kind {
+                    ResourceKind::Secret => Api::<Secret>::namespaced(client, &ns)
+                        .get_opt(&name)
+                        .await?
+                        .map(|s| Arc::new(Fetched::Secret(s))),
+                    ResourceKind::ConfigMap => Api::<ConfigMap>::namespaced(client, &ns)
+                        .get_opt(&name)
+                        .await?
+                        .map(|c| Arc::new(Fetched::ConfigMap(c))),
+                })
+            })
+            .await
+            .map_err(unshare)
     }
 
     /// Labels of a namespace and whether it is being deleted: the cache, else a live GET.
@@ -224,10 +259,22 @@ impl Caches {
         if let Some(ns) = self.namespaces.get(&ObjectRef::new(name)) {
             return Ok(Some(NamespaceInfo::of(&ns.metadata)));
         }
-        let live = Api::<Namespace>::all(self.client.clone())
-            .get_metadata_opt(name)
-            .await?;
-        Ok(live.map(|ns| NamespaceInfo::of(&ns.metadata)))
+        let (client, owned, metrics) = (
+            self.client.clone(),
+            name.to_string(),
+            self.live.metrics.clone(),
+        );
+        self.live
+            .namespaces
+            .run(name.to_string(), move || async move {
+                metrics.live_get_sent(CACHE_NAMESPACES);
+                let live = Api::<Namespace>::all(client)
+                    .get_metadata_opt(&owned)
+                    .await?;
+                Ok(live.map(|ns| NamespaceInfo::of(&ns.metadata)))
+            })
+            .await
+            .map_err(unshare)
     }
 
     /// HelmOps of `namespace` that are not being deleted, from the watch cache.
@@ -236,6 +283,54 @@ impl Caches {
             h.metadata.namespace.as_deref() == Some(namespace)
                 && h.metadata.deletion_timestamp.is_none()
         })
+    }
+}
+
+/// A live GET's error, shared by every caller of a coalesced GET.
+type SharedError = Arc<kube::Error>;
+
+/// One object's live GETs: (kind, namespace, name).
+type ObjectKey = (ResourceKind, String, String);
+
+/// The coalescers of every live GET, sharing one bound.
+#[derive(Clone)]
+struct LiveGets {
+    versions: Coalescer<ObjectKey, Result<Option<Version>, SharedError>>,
+    objects: Coalescer<ObjectKey, Result<Option<Arc<Fetched>>, SharedError>>,
+    namespaces: Coalescer<String, Result<Option<NamespaceInfo>, SharedError>>,
+    metrics: Metrics,
+}
+
+impl LiveGets {
+    fn new(max: usize, metrics: &Metrics) -> LiveGets {
+        let permits = Arc::new(tokio::sync::Semaphore::new(
+            max.clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
+        ));
+        LiveGets {
+            versions: Coalescer::new(permits.clone()),
+            objects: Coalescer::new(permits.clone()),
+            namespaces: Coalescer::new(permits),
+            metrics: metrics.clone(),
+        }
+    }
+}
+
+fn kind_label(kind: ResourceKind) -> &'static str {
+    match kind {
+        ResourceKind::Secret => CACHE_SECRETS,
+        ResourceKind::ConfigMap => CACHE_CONFIGMAPS,
+    }
+}
+
+/// The error of a shared GET, for one caller: the API server's status is kept as is (callers tell "not
+/// found" and "forbidden" apart by it); anything else becomes its message.
+fn unshare(e: SharedError) -> kube::Error {
+    match Arc::try_unwrap(e) {
+        Ok(e) => e,
+        Err(shared) => match &*shared {
+            kube::Error::Api(status) => kube::Error::Api(status.clone()),
+            other => kube::Error::Service(other.to_string().into()),
+        },
     }
 }
 
@@ -267,7 +362,7 @@ fn helmop_annotations(meta: &kube::api::ObjectMeta) -> BTreeMap<String, String> 
         .collect()
 }
 
-/// A ConfigMap or Secret read live, to be digested and dropped.
+/// A ConfigMap or Secret read live, to be digested and dropped (shared by the callers of one coalesced GET).
 pub enum Fetched {
     Secret(Secret),
     ConfigMap(ConfigMap),

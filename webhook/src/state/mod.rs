@@ -3,6 +3,7 @@
 
 mod bounded;
 pub mod cache;
+pub mod coalesce;
 mod hash_key;
 pub mod trim;
 
@@ -17,6 +18,7 @@ use crate::error::Error;
 use crate::images::{ImageResolver, NoImages};
 use crate::metrics::Metrics;
 
+pub use self::coalesce::DEFAULT_MAX_LIVE_GETS;
 pub use self::hash_key::{HashKeyState, KeyStore};
 pub use crate::cli::{Config, GuardMode, ImageMode, SecretRef};
 
@@ -28,6 +30,8 @@ pub const DEFAULT_DIGEST_CACHE_ENTRIES: usize = 4096;
 pub struct Options {
     /// Bound of the content-digest cache, in entries.
     pub digest_cache_entries: usize,
+    /// Live GETs to the API server in flight at once (`--max-live-gets`).
+    pub max_live_gets: usize,
     /// The image-digest stage run after the config stamp (issue 6); [`NoImages`] until it exists.
     pub images: Arc<dyn ImageResolver>,
 }
@@ -36,6 +40,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             digest_cache_entries: DEFAULT_DIGEST_CACHE_ENTRIES,
+            max_live_gets: DEFAULT_MAX_LIVE_GETS,
             images: Arc::new(NoImages),
         }
     }
@@ -92,7 +97,7 @@ impl AppState {
         metrics: &Metrics,
         options: Options,
     ) -> Result<Self, Error> {
-        let caches = Caches::start(client.clone(), metrics);
+        let caches = Caches::start(client.clone(), metrics, options.max_live_gets);
         let digests = BoundedCache::new(options.digest_cache_entries);
         metrics.set_cache_objects(CACHE_DIGESTS, 0);
         let hash_key = KeyStore::default();
