@@ -131,10 +131,10 @@ where
             let _permit = permits.acquire_owned().await.ok();
             {
                 let mut slots = lock(&slots_ref);
-                if let Some(slot) = slots.get_mut(&key_owned) {
-                    if slot.queued.as_ref().is_some_and(|(q, _)| *q == id) {
-                        slot.sent = slot.queued.take();
-                    }
+                if let Some(slot) = slots.get_mut(&key_owned)
+                    && slot.queued.as_ref().is_some_and(|(q, _)| *q == id)
+                {
+                    slot.sent = slot.queued.take();
                 }
             }
             let value = fut.await;
