@@ -722,3 +722,51 @@ fn client_auth_overlay_requires_the_ca_of_the_mounted_secret() {
         "{args:?}"
     );
 }
+
+#[test]
+fn propagator_serves_metrics_and_probes_where_the_manifests_look() {
+    let docs = render(&manifests_dir().join("propagator"));
+    let deployment = named(&docs, "Deployment", "helmop-propagator");
+    let pod = pod_spec(deployment);
+    let c = &pod["containers"][0];
+    let args = strings(&c["args"]);
+    assert!(args.contains(&"--watch"), "{args:?}");
+    let port = c["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "metrics")
+        .expect("a container port named metrics");
+    let number = port["containerPort"].as_i64().unwrap();
+    assert!(
+        args.contains(&format!("--metrics-addr=:{number}").as_str()),
+        "the listener must be on the declared port {number}: {args:?}"
+    );
+    for (probe, path) in [("livenessProbe", "/livez"), ("readinessProbe", "/readyz")] {
+        assert_eq!(c[probe]["httpGet"]["path"], path, "{probe}");
+        assert_eq!(c[probe]["httpGet"]["port"], "metrics", "{probe}");
+    }
+    let annotations = &deployment["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(annotations["prometheus.io/scrape"], "true");
+    assert_eq!(annotations["prometheus.io/port"], number.to_string());
+    assert_eq!(annotations["prometheus.io/path"], "/metrics");
+
+    let service = named(&docs, "Service", "helmop-propagator-metrics");
+    assert_eq!(
+        service["spec"]["selector"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "metrics");
+
+    // Events on HelmOps: create only, in the events.k8s.io group the propagator uses.
+    let role = named(&docs, "ClusterRole", "helmop-propagator");
+    let events: Vec<&Value> = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| strings(&r["resources"]).contains(&"events"))
+        .collect();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(strings(&events[0]["apiGroups"]), ["events.k8s.io"]);
+    assert_eq!(strings(&events[0]["verbs"]), ["create"]);
+}

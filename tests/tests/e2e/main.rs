@@ -14,6 +14,7 @@ mod isolation;
 mod plugin;
 mod plugin_rollout;
 mod plugin_watch;
+mod propagator_service;
 mod safety;
 mod security;
 mod stamping;
