@@ -11,6 +11,7 @@ mod identity;
 mod images;
 mod images_cmd;
 mod isolation;
+mod node;
 mod plugin;
 mod plugin_rollout;
 mod plugin_watch;
