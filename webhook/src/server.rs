@@ -739,7 +739,9 @@ impl Server {
             .http2()
             .timer(hyper_util::rt::TokioTimer::new())
             .keep_alive_interval(Duration::from_secs(30));
-        let app = router(handlers, metrics, options.request_timeout, options.limits);
+        let app = router(handlers, metrics, options.request_timeout, options.limits).layer(
+            axum::middleware::from_fn_with_state(shutting_down.clone(), close_when_shutting_down),
+        );
         let mut webhook_task = tokio::spawn(server.serve(app.into_make_service()));
         tracing::info!(listen = %webhook_addr, admin_listen = %admin_addr, client_auth, "serving");
 
@@ -804,6 +806,25 @@ impl Server {
             }),
         }
     }
+}
+
+/// While shutting down, HTTP/1.1 responses carry `Connection: close`, so the API server closes each kept-alive
+/// connection after its answer. Without it, draining closes idle connections under the client: a request the
+/// API server writes onto one at that moment fails with `EOF` (Go does not retry a POST on a reused
+/// connection), which a rolling update turned into a failed admission now and then. HTTP/2 has GOAWAY for this.
+async fn close_when_shutting_down(
+    State(shutting_down): State<Arc<AtomicBool>>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let http1 = request.version() <= axum::http::Version::HTTP_11;
+    let mut response = next.run(request).await;
+    if http1 && shutting_down.load(Ordering::Relaxed) {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -615,3 +615,59 @@ async fn graceful_shutdown_finishes_in_flight_requests_and_fails_readiness() {
         .unwrap()
         .unwrap();
 }
+
+/// While the shutdown delay runs, kept-alive HTTP/1.1 connections are handed back by the server after their
+/// next answer (`Connection: close`), instead of being closed idle under the client when draining starts:
+/// the race that made the API server fail an admission with `EOF` during a rolling update.
+#[tokio::test]
+async fn shutdown_delay_closes_kept_alive_http1_connections_after_their_next_answer() {
+    let handlers = FakeHandlers::new(Arc::new(|_, _| Box::pin(async { Verdict::allow() })));
+    let pki = Pki::new();
+    let volume = SecretVolume::new(&pki.leaf("webhook"));
+    let mut opts = options(&volume);
+    // Long enough that the test's requests all land inside the delay.
+    opts.shutdown_delay = Duration::from_secs(30);
+    let mut server = start(opts, handlers.clone()).await;
+    let addr = server.webhook;
+    let body = || serde_json::to_vec(&review("u-keepalive", Webhook::Helmops, false)).unwrap();
+
+    let mut conn = H1::connect(addr, &pki).await;
+    let before = conn
+        .send("POST", "/validate/helmops", body())
+        .await
+        .unwrap();
+    assert_eq!(before.status, 200);
+    assert_eq!(before.connection, None, "keep-alive before shutdown");
+
+    server.shutdown();
+    eventually(Duration::from_secs(5), "readyz to fail", || async {
+        admin_get(server.admin, "/readyz").await.status == 503
+    })
+    .await;
+    // Still serving during the delay, on the kept-alive connection, and telling the client to let it go.
+    let during = conn
+        .send("POST", "/validate/helmops", body())
+        .await
+        .unwrap();
+    assert_eq!(during.status, 200);
+    assert_eq!(during.json()["response"]["allowed"], true);
+    assert_eq!(during.connection.as_deref(), Some("close"));
+    // The server closed that connection after the answer: a further request on it cannot be sent.
+    assert!(
+        conn.send("POST", "/validate/helmops", body())
+            .await
+            .is_err()
+    );
+    // New connections during the delay are served the same way.
+    let mut fresh = H1::connect(addr, &pki).await;
+    let reply = fresh
+        .send("POST", "/validate/helmops", body())
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.connection.as_deref(), Some("close"));
+    // HTTP/2 has no Connection header (GOAWAY does this job) and is still answered normally.
+    let (alpn, h2) = h2_send(addr, &pki, "/validate/helmops", body()).await;
+    assert_eq!(alpn, "h2");
+    assert_eq!(h2.status, 200);
+}

@@ -305,6 +305,8 @@ pub struct H1 {
 pub struct Reply {
     pub status: u16,
     pub body: Vec<u8>,
+    /// The `Connection` header of an HTTP/1.1 answer (`None` when absent, and for every other protocol).
+    pub connection: Option<String>,
 }
 
 impl Reply {
@@ -357,8 +359,17 @@ impl H1 {
             .unwrap();
         let response = self.sender.send_request(request).await?;
         let status = response.status().as_u16();
+        let connection = response
+            .headers()
+            .get("connection")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let body = response.into_body().collect().await?.to_bytes().to_vec();
-        Ok(Reply { status, body })
+        Ok(Reply {
+            status,
+            body,
+            connection,
+        })
     }
 }
 
@@ -392,7 +403,14 @@ pub async fn h2_send(addr: SocketAddr, pki: &Pki, path: &str, body: Vec<u8>) -> 
         .unwrap()
         .to_bytes()
         .to_vec();
-    (alpn, Reply { status, body })
+    (
+        alpn,
+        Reply {
+            status,
+            body,
+            connection: None,
+        },
+    )
 }
 
 /// Sends a request written by hand (for framing the hyper client would not produce, and for responses that come
@@ -448,6 +466,7 @@ pub async fn raw_exchange(
                 break Reply {
                     status,
                     body: buf[end + 4..end + 4 + length].to_vec(),
+                    connection: None,
                 };
             }
         }
@@ -491,7 +510,11 @@ pub async fn admin_get(addr: SocketAddr, path: &str) -> Reply {
         .unwrap()
         .to_bytes()
         .to_vec();
-    Reply { status, body }
+    Reply {
+        status,
+        body,
+        connection: None,
+    }
 }
 
 /// An AdmissionReview v1 as the API server sends it.
