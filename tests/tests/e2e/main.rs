@@ -11,6 +11,8 @@ mod identity;
 mod images;
 mod images_cmd;
 mod isolation;
+mod node_env;
+mod node_flows;
 mod plugin;
 mod plugin_rollout;
 mod plugin_watch;
