@@ -132,8 +132,29 @@ pub struct ControlPlane {
     pub dir: PathBuf,
     /// The clusters, in the order they were named.
     pub clusters: Vec<ClusterInfo>,
+    /// The node of the first cluster, when started with [`ControlPlaneOptions::node`].
+    pub node: Option<crate::node::NodeInfo>,
     merged_kubeconfig: PathBuf,
     harness: Mutex<Option<Harness>>,
+}
+
+/// What `cp up` starts besides the API servers.
+#[derive(Debug, Clone, Default)]
+pub struct ControlPlaneOptions {
+    /// Give the first cluster a real node (containerd, CNI bridge, kubelet, kube-scheduler).
+    pub node: bool,
+    /// Registries (`HOST:PORT`) the node's containerd pulls from over plain http.
+    pub registries: Vec<String>,
+}
+
+impl ControlPlaneOptions {
+    /// Options for a control plane whose first cluster has a node.
+    pub fn with_node() -> ControlPlaneOptions {
+        ControlPlaneOptions {
+            node: true,
+            registries: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -150,6 +171,8 @@ struct Summary {
     dir: PathBuf,
     kubeconfig: PathBuf,
     clusters: Vec<ClusterInfo>,
+    #[serde(default)]
+    node: Option<crate::node::NodeInfo>,
 }
 
 static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
@@ -194,6 +217,14 @@ impl ControlPlane {
     /// context of the merged kubeconfig). It is torn down when dropped. Use this for tests
     /// that stop clusters or otherwise disturb them; everything else shares [`control_plane`].
     pub fn start(names: &[&str]) -> anyhow::Result<ControlPlane> {
+        Self::start_with(names, &ControlPlaneOptions::default())
+    }
+
+    /// [`ControlPlane::start`] with options, e.g. a node for the first cluster.
+    pub fn start_with(
+        names: &[&str],
+        options: &ControlPlaneOptions,
+    ) -> anyhow::Result<ControlPlane> {
         let dir = tempfile::Builder::new()
             .prefix("helmop-cp-")
             .tempdir()
@@ -227,6 +258,12 @@ impl ControlPlane {
             .arg(&client_cert)
             .arg("--webhook-client-key")
             .arg(&client_key);
+        if options.node {
+            cmd.arg("--node");
+        }
+        for registry in &options.registries {
+            cmd.arg("--registry").arg(registry);
+        }
         if std::env::var_os("HELMOP_KEEP_CLUSTER_DIR").is_none() {
             cmd.arg("--remove-dir");
         }
@@ -262,6 +299,7 @@ impl ControlPlane {
         Ok(ControlPlane {
             dir: summary.dir,
             clusters: summary.clusters,
+            node: summary.node,
             merged_kubeconfig: summary.kubeconfig,
             harness: Mutex::new(Some(Harness {
                 child,
@@ -280,6 +318,13 @@ impl ControlPlane {
                 panic!("no cluster {name:?} in the control plane (have {names:?})")
             }
         }
+    }
+
+    /// The node, for a control plane started with one; an error otherwise.
+    pub fn node(&self) -> anyhow::Result<&crate::node::NodeInfo> {
+        self.node
+            .as_ref()
+            .with_context(|| format!("the control plane in {} has no node", self.dir.display()))
     }
 
     /// The upstream (management) cluster.

@@ -22,6 +22,7 @@ mod controlplane;
 mod endpoints;
 mod fleet;
 mod namespaces;
+mod node;
 mod objects;
 pub mod registry;
 mod wait;
@@ -31,8 +32,8 @@ mod webhooks;
 pub use binaries::{PluginProcess, plugin_binary, run_plugin, workspace_binary};
 pub use certs::{TestCerts, WebhookClientPki, test_certs, test_certs_for, webhook_client_pki};
 pub use controlplane::{
-    ClusterInfo, ControlPlane, DOWNSTREAM_1, DOWNSTREAM_2, UPSTREAM, client_from_kubeconfig,
-    control_plane, cp_script,
+    ClusterInfo, ControlPlane, ControlPlaneOptions, DOWNSTREAM_1, DOWNSTREAM_2, UPSTREAM,
+    client_from_kubeconfig, control_plane, cp_script,
 };
 pub use endpoints::{
     Registered, deployment_manifest, kubectl_apply, random_key, replica_sets, restamp,
@@ -43,6 +44,7 @@ pub use fleet::{
     register_fleet_cluster,
 };
 pub use namespaces::{TEST_NAMESPACE_LABEL, fresh_namespace, fresh_namespace_with_labels};
+pub use node::{BusyboxImage, NODE_CLUSTER, NodeInfo, build_busybox_image, node_control_plane};
 pub use objects::{create_config_map, create_secret, ensure_hash_key, template_annotation};
 pub use wait::{DEFAULT_TIMEOUT, wait_for, wait_until};
 pub use webhook_server::LocalWebhook;

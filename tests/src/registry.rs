@@ -23,8 +23,9 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("registry/serve")
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+fn free_port(addr: &str) -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind((addr, 0))
+        .with_context(|| format!("cannot bind a port on {addr}"))?;
     Ok(listener.local_addr()?.port())
 }
 
@@ -39,19 +40,30 @@ pub struct TestRegistry {
 impl TestRegistry {
     /// An open registry (anyone may pull and push).
     pub async fn start() -> anyhow::Result<TestRegistry> {
-        Self::start_inner(None).await
+        Self::start_inner("127.0.0.1", None).await
+    }
+
+    /// An open registry listening on `addr` instead of loopback, e.g. a node's `host_address`,
+    /// which both the node's containerd and its pods reach.
+    pub async fn start_on(addr: &str) -> anyhow::Result<TestRegistry> {
+        Self::start_inner(addr, None).await
     }
 
     /// A registry requiring HTTP basic auth with this user and password.
     pub async fn start_with_basic_auth(user: &str, password: &str) -> anyhow::Result<TestRegistry> {
-        Self::start_inner(Some((user.to_owned(), password.to_owned()))).await
+        Self::start_inner("127.0.0.1", Some((user.to_owned(), password.to_owned()))).await
     }
 
-    async fn start_inner(credentials: Option<(String, String)>) -> anyhow::Result<TestRegistry> {
+    async fn start_inner(
+        addr: &str,
+        credentials: Option<(String, String)>,
+    ) -> anyhow::Result<TestRegistry> {
         let dir = tempfile::tempdir()?;
-        let port = free_port()?;
+        let port = free_port(addr)?;
         let mut cmd = Command::new(script());
-        cmd.arg(dir.path()).arg(port.to_string());
+        cmd.arg(dir.path())
+            .arg(port.to_string())
+            .env("HELMOP_REGISTRY_ADDR", addr);
         if let Some((user, password)) = &credentials {
             cmd.arg(user).arg(password);
         }
@@ -66,7 +78,7 @@ impl TestRegistry {
             .with_context(|| format!("running {}", script().display()))?;
         let mut registry = TestRegistry {
             child: Some(child),
-            host: format!("127.0.0.1:{port}"),
+            host: format!("{addr}:{port}"),
             credentials,
             _dir: dir,
         };
@@ -93,12 +105,12 @@ impl TestRegistry {
         Ok(registry)
     }
 
-    /// `127.0.0.1:PORT`.
+    /// `ADDR:PORT` (`127.0.0.1:PORT` unless started with [`TestRegistry::start_on`]).
     pub fn host(&self) -> &str {
         &self.host
     }
 
-    /// `127.0.0.1:PORT/REPO`.
+    /// `HOST/REPO`.
     pub fn repository(&self, repo: &str) -> String {
         format!("{}/{repo}", self.host)
     }

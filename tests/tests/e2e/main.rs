@@ -11,6 +11,7 @@ mod identity;
 mod images;
 mod images_cmd;
 mod isolation;
+mod node;
 mod node_env;
 mod node_flows;
 mod plugin;
