@@ -15,7 +15,6 @@ use std::sync::{Once, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use helmop_tests::images::build_images;
 use helmop_tests::registry::TestRegistry;
 use helmop_tests::*;
 use tokio::process::Command;
@@ -41,17 +40,18 @@ pub struct NodeEnv {
 static ENV: OnceCell<Result<NodeEnv, String>> = OnceCell::const_new();
 static CONTROL_PLANE: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
 /// The registry process, killed at exit (a `static` is never dropped).
-static REGISTRY_PID: OnceLock<u32> = OnceLock::new();
+static REGISTRY: OnceLock<(u32, PathBuf)> = OnceLock::new();
 static ATEXIT: Once = Once::new();
 
 extern "C" fn shutdown() {
-    if let Some(pid) = REGISTRY_PID.get()
-        && let Ok(pid) = i32::try_from(*pid)
-    {
-        // SAFETY: kill(2) on a pid this process started; no memory is involved.
-        unsafe {
-            libc::kill(pid, libc::SIGTERM);
+    if let Some((pid, dir)) = REGISTRY.get() {
+        if let Ok(pid) = i32::try_from(*pid) {
+            // SAFETY: kill(2) on a child this process started; no memory is involved.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
         }
+        let _ = std::fs::remove_dir_all(dir);
     }
     if let Some(Ok(cp)) = CONTROL_PLANE.get() {
         cp.shutdown();
@@ -104,6 +104,48 @@ async fn run(what: &str, cmd: &mut Command, timeout: Duration) -> anyhow::Result
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// `images/build` (what `./dev image` runs) from the release binaries next to this test binary's
+/// profile directory, pushing both images to `registry`; `(name, HOST:PORT/NAME:TAG)` per image.
+async fn build_release_images(registry: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let exe = std::env::current_exe().context("cannot find the test executable")?;
+    // target/debug/deps/e2e-<hash> -> target/release
+    let release = exe
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+        .map(|t| t.join("release"))
+        .context("no target directory above the test executable")?;
+    for bin in ["helmop-webhook", "helmop-bootstrap", "kubectl-helmop"] {
+        if !release.join(bin).is_file() {
+            bail!(
+                "{} is missing: cargo build --release --locked -p helmop-webhook -p kubectl-helmop \
+                 (./dev test and ./dev image do)",
+                release.join(bin).display()
+            );
+        }
+    }
+    let script = repo_root().join("images/build");
+    let out = run(
+        "images/build",
+        Command::new(&script)
+            .arg("--bin-dir")
+            .arg(&release)
+            .args(["--registry", registry, "--tag", "node-flows", "--insecure"]),
+        Duration::from_secs(600),
+    )
+    .await?;
+    let mut images = Vec::new();
+    for line in out.lines().filter(|l| !l.trim().is_empty()) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [name, reference, _size] = fields[..] else {
+            bail!("images/build printed an unexpected line: {line:?}");
+        };
+        let tagged = reference.split_once('@').map_or(reference, |(t, _)| t);
+        images.push((name.to_owned(), tagged.to_owned()));
+    }
+    Ok(images)
+}
+
 impl NodeEnv {
     async fn start() -> anyhow::Result<NodeEnv> {
         let cp = tokio::task::spawn_blocking(|| {
@@ -129,17 +171,14 @@ impl NodeEnv {
         });
         let node = cp.node()?;
         let registry = TestRegistry::start_on(&node.host_address).await?;
-        if let Some(pid) = registry.pid() {
-            let _ = REGISTRY_PID.set(pid);
-        }
         node.allow_http_registry(registry.host())?;
         let busybox = build_busybox_image(&registry, "busybox", "node-flows", "node-flows").await?;
-        let images = build_images(registry.host(), "node-flows").await?;
+        let images = build_release_images(registry.host()).await?;
         let image = |name: &str| {
             images
                 .iter()
-                .find(|i| i.name == name)
-                .map(|i| i.tagged())
+                .find(|(n, _)| n == name)
+                .map(|(_, r)| r.clone())
                 .with_context(|| format!("images/build built no {name}"))
         };
         let dir = cp.dir.join("node-flows");
@@ -148,11 +187,14 @@ impl NodeEnv {
             cp,
             registry: registry.host().to_owned(),
             busybox: busybox.reference,
-            webhook_image: image(helmop_tests::images::WEBHOOK_IMAGE)?,
-            plugin_image: image(helmop_tests::images::PROPAGATOR_IMAGE)?,
+            webhook_image: image("helmop-webhook")?,
+            plugin_image: image("kubectl-helmop")?,
             dir,
         };
         // Kept running until the process exits (see `shutdown`).
+        if let Some(pid) = registry.pid() {
+            let _ = REGISTRY.set((pid, registry.dir().to_path_buf()));
+        }
         std::mem::forget(registry);
         env.install_webhook().await?;
         Ok(env)
@@ -160,6 +202,11 @@ impl NodeEnv {
 
     pub fn cluster(&self) -> &ClusterInfo {
         self.cp.cluster(NODE_UPSTREAM)
+    }
+
+    /// The Node object's name.
+    pub fn node_name(&self) -> anyhow::Result<&str> {
+        Ok(self.cp.node()?.name.as_str())
     }
 
     pub fn downstream(&self) -> &ClusterInfo {

@@ -580,17 +580,27 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
         .find(|n| **n != leader)
         .cloned()
         .context("no standby propagator pod")?;
-    kubectl(up, &["delete", "pod", "-n", LEASE_NAMESPACE, &leader, "--wait=false"], None).await?;
-    let handed = wait_until(
-        &format!("the Lease to pass from {leader} to {standby}"),
-        ROLL,
-        || async {
-            Ok(lease_holder(&client)
-                .await?
-                .is_some_and(|h| holder_pod(&h) == standby))
-        },
-    )
-    .await;
+    // Cordoned, the node cannot start the leader's replacement, so only the standby can take the
+    // released Lease (otherwise the replacement may win the race for it); as in `kubectl drain`.
+    let node = env.node_name()?;
+    kubectl(up, &["cordon", node], None).await?;
+    let deleted = kubectl(up, &["delete", "pod", "-n", LEASE_NAMESPACE, &leader, "--wait=false"], None).await;
+    let handed = match deleted {
+        Ok(_) => {
+            wait_until(
+                &format!("the Lease to pass from {leader} to {standby}"),
+                ROLL,
+                || async {
+                    Ok(lease_holder(&client)
+                        .await?
+                        .is_some_and(|h| holder_pod(&h) == standby))
+                },
+            )
+            .await
+        }
+        Err(e) => Err(e),
+    };
+    kubectl(up, &["uncordon", node], None).await?;
     explained(handed, up, LEASE_NAMESPACE, PROPAGATOR).await?;
 
     kubectl(
