@@ -104,17 +104,22 @@ async fn run(what: &str, cmd: &mut Command, timeout: Duration) -> anyhow::Result
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// `images/build` (what `./dev image` runs) from the release binaries next to this test binary's
-/// profile directory, pushing both images to `registry`; `(name, HOST:PORT/NAME:TAG)` per image.
+/// `images/build` (what `./dev image` runs) from the release binaries in `$HELMOP_RELEASE_DIR`, else
+/// next to this test binary's profile directory, pushing both images to `registry`;
+/// `(name, HOST:PORT/NAME:TAG)` per image.
 async fn build_release_images(registry: &str) -> anyhow::Result<Vec<(String, String)>> {
-    let exe = std::env::current_exe().context("cannot find the test executable")?;
-    // target/debug/deps/e2e-<hash> -> target/release
-    let release = exe
-        .parent()
-        .and_then(Path::parent)
-        .and_then(Path::parent)
-        .map(|t| t.join("release"))
-        .context("no target directory above the test executable")?;
+    let release = match std::env::var_os("HELMOP_RELEASE_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let exe = std::env::current_exe().context("cannot find the test executable")?;
+            // target/debug/deps/e2e-<hash> -> target/release
+            exe.parent()
+                .and_then(Path::parent)
+                .and_then(Path::parent)
+                .map(|t| t.join("release"))
+                .context("no target directory above the test executable")?
+        }
+    };
     for bin in ["helmop-webhook", "helmop-bootstrap", "kubectl-helmop"] {
         if !release.join(bin).is_file() {
             bail!(
@@ -237,7 +242,7 @@ impl NodeEnv {
         let long = Duration::from_secs(120);
         let container = run(
             "buildah from",
-            &mut buildah(&["from", "--tls-verify=false", "--pull-always", &format!("docker://{}", self.busybox)]),
+            &mut buildah(&["from", "--tls-verify=false", &format!("docker://{}", self.busybox)]),
             long,
         )
         .await?;

@@ -74,9 +74,12 @@ async fn kubectl_helmop(cluster: &ClusterInfo, args: &[&str]) -> anyhow::Result<
         }
         None => dir.as_os_str().to_owned(),
     };
-    let mut cmd = tokio::process::Command::from(cluster.kubectl());
+    // kubectl refuses flags before a plugin's name, so --kubeconfig goes to the plugin.
+    let mut cmd = tokio::process::Command::new("kubectl");
     cmd.arg("helmop")
         .args(args)
+        .arg("--kubeconfig")
+        .arg(&cluster.kubeconfig)
         .env("PATH", path)
         .stdin(Stdio::null())
         .kill_on_drop(true);
