@@ -132,10 +132,13 @@ async fn build_release_images(registry: &str) -> anyhow::Result<Vec<(String, Str
     let script = repo_root().join("images/build");
     let out = run(
         "images/build",
-        Command::new(&script)
-            .arg("--bin-dir")
-            .arg(&release)
-            .args(["--registry", registry, "--tag", "node-flows", "--insecure"]),
+        Command::new(&script).arg("--bin-dir").arg(&release).args([
+            "--registry",
+            registry,
+            "--tag",
+            "node-flows",
+            "--insecure",
+        ]),
         Duration::from_secs(600),
     )
     .await?;
@@ -242,19 +245,40 @@ impl NodeEnv {
         let long = Duration::from_secs(120);
         let container = run(
             "buildah from",
-            &mut buildah(&["from", "--tls-verify=false", &format!("docker://{}", self.busybox)]),
+            &mut buildah(&[
+                "from",
+                "--tls-verify=false",
+                &format!("docker://{}", self.busybox),
+            ]),
             long,
         )
         .await?;
         let container = container.trim();
         let label = format!("helmop.dev/test={nonce}");
-        run("buildah config", &mut buildah(&["config", "--label", &label, container]), long).await?;
-        run("buildah commit", &mut buildah(&["commit", "--quiet", container, "variant"]), long).await?;
+        run(
+            "buildah config",
+            &mut buildah(&["config", "--label", &label, container]),
+            long,
+        )
+        .await?;
+        run(
+            "buildah commit",
+            &mut buildah(&["commit", "--quiet", container, "variant"]),
+            long,
+        )
+        .await?;
         let digest_file = store.path().join("digest");
         let digest_arg = format!("--digestfile={}", digest_file.display());
         run(
             "buildah push",
-            &mut buildah(&["push", "--quiet", "--tls-verify=false", &digest_arg, "variant", &format!("docker://{reference}")]),
+            &mut buildah(&[
+                "push",
+                "--quiet",
+                "--tls-verify=false",
+                &digest_arg,
+                "variant",
+                &format!("docker://{reference}"),
+            ]),
             long,
         )
         .await?;
@@ -266,11 +290,16 @@ impl NodeEnv {
         // What the registry serves for the tag, independently of buildah.
         let inspected = run(
             "skopeo inspect",
-            Command::new("skopeo").args(["inspect", "--tls-verify=false", &format!("docker://{reference}")]),
+            Command::new("skopeo").args([
+                "inspect",
+                "--tls-verify=false",
+                &format!("docker://{reference}"),
+            ]),
             long,
         )
         .await?;
-        let inspected: serde_json::Value = serde_json::from_str(&inspected).context("skopeo inspect output")?;
+        let inspected: serde_json::Value =
+            serde_json::from_str(&inspected).context("skopeo inspect output")?;
         let served = inspected["Digest"].as_str().unwrap_or_default();
         if served != pushed {
             bail!("the registry serves {served} for {reference}, buildah pushed {pushed}");
@@ -283,7 +312,12 @@ impl NodeEnv {
     async fn kubectl_long(&self, args: &[&str]) -> anyhow::Result<String> {
         let mut cmd = Command::from(self.cluster().kubectl());
         cmd.args(args);
-        run(&format!("kubectl {}", args.join(" ")), &mut cmd, INSTALL + Duration::from_secs(30)).await
+        run(
+            &format!("kubectl {}", args.join(" ")),
+            &mut cmd,
+            INSTALL + Duration::from_secs(30),
+        )
+        .await
     }
 
     /// Installs the webhook as the manifests README says: `kubectl apply -k` of an overlay over
@@ -294,7 +328,11 @@ impl NodeEnv {
         // Kubernetes 1.20 does not label namespaces with their name; the webhook configurations
         // skip kube-system by that label (manifests/README.md).
         self.kubectl_long(&[
-            "label", "ns", "kube-system", "kubernetes.io/metadata.name=kube-system", "--overwrite",
+            "label",
+            "ns",
+            "kube-system",
+            "kubernetes.io/metadata.name=kube-system",
+            "--overwrite",
         ])
         .await?;
         let overlay = self.dir.join("webhook");
@@ -347,11 +385,25 @@ patches:
         self.kubectl_long(&["apply", "-k", &dir]).await?;
         let timeout = format!("--timeout={}s", INSTALL.as_secs());
         for job in ["job/helmop-tls-bootstrap", "job/helmop-hash-key-init"] {
-            self.kubectl_long(&["wait", "-n", "helmop-system", "--for=condition=complete", job, &timeout])
-                .await?;
-        }
-        self.kubectl_long(&["rollout", "status", "-n", "helmop-system", "deployment/helmop-webhook", &timeout])
+            self.kubectl_long(&[
+                "wait",
+                "-n",
+                "helmop-system",
+                "--for=condition=complete",
+                job,
+                &timeout,
+            ])
             .await?;
+        }
+        self.kubectl_long(&[
+            "rollout",
+            "status",
+            "-n",
+            "helmop-system",
+            "deployment/helmop-webhook",
+            &timeout,
+        ])
+        .await?;
         Ok(())
     }
 
@@ -370,9 +422,15 @@ patches:
             ),
         )?;
         let dir = overlay.display().to_string();
-        let out = self.cluster().run_kubectl(&["apply", "-k", &dir], None).await?;
+        let out = self
+            .cluster()
+            .run_kubectl(&["apply", "-k", &dir], None)
+            .await?;
         if !out.status.success() {
-            bail!("kubectl apply -k {dir} failed: {}", String::from_utf8_lossy(&out.stderr));
+            bail!(
+                "kubectl apply -k {dir} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         Ok(())
     }

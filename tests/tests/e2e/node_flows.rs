@@ -42,14 +42,22 @@ fn text(b: &[u8]) -> String {
 }
 
 /// `kubectl ARGS` on `cluster`, failing with kubectl's stderr when it fails.
-async fn kubectl(cluster: &ClusterInfo, args: &[&str], stdin: Option<&str>) -> anyhow::Result<String> {
+async fn kubectl(
+    cluster: &ClusterInfo,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> anyhow::Result<String> {
     let out = cluster.run_kubectl(args, stdin).await?;
     ok_or_stderr(&format!("kubectl {}", args.join(" ")), out)
 }
 
 fn ok_or_stderr(what: &str, out: Output) -> anyhow::Result<String> {
     if !out.status.success() {
-        bail!("{what} failed ({}): {}", out.status, text(&out.stderr).trim());
+        bail!(
+            "{what} failed ({}): {}",
+            out.status,
+            text(&out.stderr).trim()
+        );
     }
     Ok(text(&out.stdout))
 }
@@ -194,7 +202,8 @@ async fn wait_pods_logging(
         ROLL,
         || async {
             let pods = live_pods(&client, ns, app).await?;
-            if pods.len() != replicas || pods.iter().any(|p| old.contains(&uid(p)) || !is_ready(p)) {
+            if pods.len() != replicas || pods.iter().any(|p| old.contains(&uid(p)) || !is_ready(p))
+            {
                 return Ok(None);
             }
             for p in &pods {
@@ -209,7 +218,11 @@ async fn wait_pods_logging(
     explained(waited, cluster, ns, &format!("app={app}")).await
 }
 
-async fn replica_set_names(client: &Client, ns: &str, app: &str) -> anyhow::Result<BTreeSet<String>> {
+async fn replica_set_names(
+    client: &Client,
+    ns: &str,
+    app: &str,
+) -> anyhow::Result<BTreeSet<String>> {
     Ok(Api::<ReplicaSet>::namespaced(client.clone(), ns)
         .list(&ListParams::default().labels(&format!("app={app}")))
         .await?
@@ -247,8 +260,10 @@ fn greeter(env: &NodeEnv, ns: &str, name: &str, config_map: &str, key: &str) -> 
 }
 
 fn config_map(ns: &str, name: &str, data: &[(&str, &str)]) -> Value {
-    let data: serde_json::Map<String, Value> =
-        data.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect();
+    let data: serde_json::Map<String, Value> = data
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), json!(v)))
+        .collect();
     json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns}, "data": data})
 }
 
@@ -261,7 +276,11 @@ async fn a_changed_key_rolls_new_pods_that_log_it_and_an_unread_key_rolls_nothin
     let ns = fresh_namespace(&client, "nf-roll").await?;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
 
-    apply(up, &config_map(&ns, "settings", &[("greeting", "hello-1"), ("unread", "a")])).await?;
+    apply(
+        up,
+        &config_map(&ns, "settings", &[("greeting", "hello-1"), ("unread", "a")]),
+    )
+    .await?;
     let manifest = greeter(env, &ns, "web", "settings", "greeting");
     apply(up, &manifest).await?;
     let stamped = deployments.get("web").await?;
@@ -271,10 +290,15 @@ async fn a_changed_key_rolls_new_pods_that_log_it_and_an_unread_key_rolls_nothin
 
     // The key the pods read changes: `kubectl helmop rollout` restamps, and the Deployment rolls.
     // (A client-side `kubectl apply` of the unchanged manifest sends nothing, so it cannot.)
-    apply(up, &config_map(&ns, "settings", &[("greeting", "hello-2"), ("unread", "a")])).await?;
+    apply(
+        up,
+        &config_map(&ns, "settings", &[("greeting", "hello-2"), ("unread", "a")]),
+    )
+    .await?;
     rollout(up, &ns, "deployment/web").await?;
     let rolled = deployments.get("web").await?;
-    let second_stamp = template_annotation(&rolled, CONFIG_HASH).context("stamp after the rollout")?;
+    let second_stamp =
+        template_annotation(&rolled, CONFIG_HASH).context("stamp after the rollout")?;
     assert_ne!(first_stamp, second_stamp, "a changed key changes the stamp");
     let second = wait_pods_logging(up, &ns, "web", 1, &first, "GREETING=hello-2").await?;
     let sets = replica_set_names(&client, &ns, "web").await?;
@@ -282,7 +306,11 @@ async fn a_changed_key_rolls_new_pods_that_log_it_and_an_unread_key_rolls_nothin
 
     // A key nobody reads changes: the restamp leaves the stamp, so the pod template and the
     // Deployment's generation stay and the controller has nothing to roll.
-    apply(up, &config_map(&ns, "settings", &[("greeting", "hello-2"), ("unread", "b")])).await?;
+    apply(
+        up,
+        &config_map(&ns, "settings", &[("greeting", "hello-2"), ("unread", "b")]),
+    )
+    .await?;
     let generation = rolled.metadata.generation;
     rollout(up, &ns, "deployment/web").await?;
     let after = deployments.get("web").await?;
@@ -291,7 +319,10 @@ async fn a_changed_key_rolls_new_pods_that_log_it_and_an_unread_key_rolls_nothin
         Some(second_stamp.as_str()),
         "an unread key leaves the stamp"
     );
-    assert_eq!(after.metadata.generation, generation, "the pod template is unchanged");
+    assert_eq!(
+        after.metadata.generation, generation,
+        "the pod template is unchanged"
+    );
     // The controller has seen that generation: had it anything to do, it would have done it.
     let observed = wait_until("the Deployment controller to observe web", ROLL, || async {
         let d = deployments.get("web").await?;
@@ -302,8 +333,16 @@ async fn a_changed_key_rolls_new_pods_that_log_it_and_an_unread_key_rolls_nothin
     })
     .await;
     explained(observed, up, &ns, "app=web").await?;
-    assert_eq!(replica_set_names(&client, &ns, "web").await?, sets, "no new ReplicaSet");
-    let pods: BTreeSet<String> = live_pods(&client, &ns, "web").await?.iter().map(uid).collect();
+    assert_eq!(
+        replica_set_names(&client, &ns, "web").await?,
+        sets,
+        "no new ReplicaSet"
+    );
+    let pods: BTreeSet<String> = live_pods(&client, &ns, "web")
+        .await?
+        .iter()
+        .map(uid)
+        .collect();
     assert_eq!(pods, second, "no pod replaced");
     Ok(())
 }
@@ -328,7 +367,8 @@ async fn latest_is_pinned_and_the_node_runs_the_pushed_digest() -> anyhow::Resul
         "the webhook pinned the pushed digest"
     );
 
-    let first = wait_pods_logging(up, &ns, "pinned", 1, &BTreeSet::new(), "GREETING=pinned").await?;
+    let first =
+        wait_pods_logging(up, &ns, "pinned", 1, &BTreeSet::new(), "GREETING=pinned").await?;
     assert_runs(&client, &ns, "pinned", &digest).await?;
 
     // The CI recipe of the README: push again under the same tag and re-apply the unchanged
@@ -337,7 +377,10 @@ async fn latest_is_pinned_and_the_node_runs_the_pushed_digest() -> anyhow::Resul
     let second = env.push_variant(&latest, &format!("{ns}-again")).await?;
     assert_ne!(second, digest, "the second push is another image");
     apply(up, &manifest).await?;
-    assert_eq!(pinned_image(&client, &ns, "pinned").await?, format!("{latest}@{second}"));
+    assert_eq!(
+        pinned_image(&client, &ns, "pinned").await?,
+        format!("{latest}@{second}")
+    );
     wait_pods_logging(up, &ns, "pinned", 1, &first, "GREETING=pinned").await?;
     assert_runs(&client, &ns, "pinned", &second).await?;
     Ok(())
@@ -345,7 +388,9 @@ async fn latest_is_pinned_and_the_node_runs_the_pushed_digest() -> anyhow::Resul
 
 /// The image of the first container of Deployment `name`.
 async fn pinned_image(client: &Client, ns: &str, name: &str) -> anyhow::Result<String> {
-    let d = Api::<Deployment>::namespaced(client.clone(), ns).get(name).await?;
+    let d = Api::<Deployment>::namespaced(client.clone(), ns)
+        .get(name)
+        .await?;
     Ok(d.spec
         .as_ref()
         .and_then(|s| s.template.spec.as_ref())
@@ -359,7 +404,11 @@ async fn assert_runs(client: &Client, ns: &str, app: &str, digest: &str) -> anyh
     let pods = live_pods(client, ns, app).await?;
     let image_ids: Vec<String> = pods
         .iter()
-        .flat_map(|p| p.status.iter().flat_map(|s| s.container_statuses.iter().flatten()))
+        .flat_map(|p| {
+            p.status
+                .iter()
+                .flat_map(|s| s.container_statuses.iter().flatten())
+        })
         .map(|c| c.image_id.clone())
         .collect();
     assert_eq!(image_ids.len(), 1, "one container runs: {image_ids:?}");
@@ -403,7 +452,10 @@ async fn propagator_pods(client: &Client) -> anyhow::Result<Vec<Pod>> {
 
 /// The reader's stamp, and whether a ReplicaSet with that stamp exists.
 async fn reader_rollout(down: &Client, ns: &str) -> anyhow::Result<(Option<String>, bool)> {
-    let Some(d) = Api::<Deployment>::namespaced(down.clone(), ns).get_opt("reader").await? else {
+    let Some(d) = Api::<Deployment>::namespaced(down.clone(), ns)
+        .get_opt("reader")
+        .await?
+    else {
         return Ok((None, false));
     };
     let stamp = template_annotation(&d, CONFIG_HASH);
@@ -434,7 +486,10 @@ async fn wait_propagated(
 ) -> anyhow::Result<Option<String>> {
     let client = down.client().await;
     let waited = wait_for(
-        &format!("the copy of db on {} to read {value:?} and the reader to roll", down.name),
+        &format!(
+            "the copy of db on {} to read {value:?} and the reader to roll",
+            down.name
+        ),
         ROLL,
         || async {
             if copy_value(&client, dest).await?.as_deref() != Some(value) {
@@ -450,7 +505,9 @@ async fn wait_propagated(
 
 /// The copy of Secret `db` on the downstream cluster, as text.
 async fn copy_value(down: &Client, ns: &str) -> anyhow::Result<Option<String>> {
-    let secret = Api::<Secret>::namespaced(down.clone(), ns).get_opt("db").await?;
+    let secret = Api::<Secret>::namespaced(down.clone(), ns)
+        .get_opt("db")
+        .await?;
     Ok(secret
         .and_then(|s| s.data)
         .and_then(|d| d.get("password").cloned())
@@ -458,7 +515,8 @@ async fn copy_value(down: &Client, ns: &str) -> anyhow::Result<Option<String>> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -> anyhow::Result<()> {
+async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -> anyhow::Result<()>
+{
     use helmop_webhook::state::{Config, ImageMode, SecretRef};
 
     let env = node_env().await?;
@@ -468,17 +526,27 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
     let down_client = down.client().await;
 
     // The Fleet workspace, labelled as the install docs say, and the source.
-    let ns = fresh_namespace_with_labels(&client, "nf-prop", &[("helmop.dev/guard", "enabled")]).await?;
+    let ns =
+        fresh_namespace_with_labels(&client, "nf-prop", &[("helmop.dev/guard", "enabled")]).await?;
     kubectl(
         up,
-        &["create", "secret", "generic", "db", "-n", &ns, "--from-literal=password=one"],
+        &[
+            "create",
+            "secret",
+            "generic",
+            "db",
+            "-n",
+            &ns,
+            "--from-literal=password=one",
+        ],
         None,
     )
     .await?;
 
     // Downstream: the destination namespace opts its workloads in; its stamping webhook runs as a
     // host process registered by URL (down has no node to run the webhook's pods on).
-    let dest = fresh_namespace_with_labels(&down_client, "nf-prop-dest", &[(OPT_IN, "enabled")]).await?;
+    let dest =
+        fresh_namespace_with_labels(&down_client, "nf-prop-dest", &[(OPT_IN, "enabled")]).await?;
     let key: Vec<u8> = random_key()?;
     create_secret(&down_client, &dest, "hash-key", &[("key", &key)]).await?;
     let config = Config {
@@ -519,7 +587,15 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
     let from_file = format!("--from-file=value={}", down.kubeconfig.display());
     kubectl(
         up,
-        &["create", "secret", "generic", "down-kubeconfig", "-n", &ns, &from_file],
+        &[
+            "create",
+            "secret",
+            "generic",
+            "down-kubeconfig",
+            "-n",
+            &ns,
+            &from_file,
+        ],
         None,
     )
     .await?;
@@ -554,27 +630,42 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
     // A change of the source reaches the copy and rolls the reader (a new ReplicaSet downstream).
     kubectl(
         up,
-        &["patch", "secret", "db", "-n", &ns, "-p", r#"{"stringData":{"password":"two"}}"#],
+        &[
+            "patch",
+            "secret",
+            "db",
+            "-n",
+            &ns,
+            "-p",
+            r#"{"stringData":{"password":"two"}}"#,
+        ],
         None,
     )
     .await?;
     let two = wait_propagated(up, down, &dest, "two", one).await?;
 
     // Both replicas run; one holds the Lease. Deleting it hands over to the other one.
-    let both = wait_for("two ready propagator pods and a Lease holder", ROLL, || async {
-        let pods = propagator_pods(&client).await?;
-        let Some(holder) = lease_holder(&client).await? else {
-            return Ok(None);
-        };
-        if pods.len() != 2 || !pods.iter().all(is_ready) {
-            return Ok(None);
-        }
-        let names: Vec<String> = pods.iter().filter_map(|p| p.metadata.name.clone()).collect();
-        Ok(names
-            .iter()
-            .any(|n| n == holder_pod(&holder))
-            .then(|| (holder, names)))
-    })
+    let both = wait_for(
+        "two ready propagator pods and a Lease holder",
+        ROLL,
+        || async {
+            let pods = propagator_pods(&client).await?;
+            let Some(holder) = lease_holder(&client).await? else {
+                return Ok(None);
+            };
+            if pods.len() != 2 || !pods.iter().all(is_ready) {
+                return Ok(None);
+            }
+            let names: Vec<String> = pods
+                .iter()
+                .filter_map(|p| p.metadata.name.clone())
+                .collect();
+            Ok(names
+                .iter()
+                .any(|n| n == holder_pod(&holder))
+                .then(|| (holder, names)))
+        },
+    )
     .await;
     let (holder, names) = explained(both, up, LEASE_NAMESPACE, PROPAGATOR).await?;
     let leader = holder_pod(&holder).to_owned();
@@ -587,7 +678,19 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
     // released Lease (otherwise the replacement may win the race for it); as in `kubectl drain`.
     let node = env.node_name()?;
     kubectl(up, &["cordon", node], None).await?;
-    let deleted = kubectl(up, &["delete", "pod", "-n", LEASE_NAMESPACE, &leader, "--wait=false"], None).await;
+    let deleted = kubectl(
+        up,
+        &[
+            "delete",
+            "pod",
+            "-n",
+            LEASE_NAMESPACE,
+            &leader,
+            "--wait=false",
+        ],
+        None,
+    )
+    .await;
     let handed = match deleted {
         Ok(_) => {
             wait_until(
@@ -608,7 +711,15 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
 
     kubectl(
         up,
-        &["patch", "secret", "db", "-n", &ns, "-p", r#"{"stringData":{"password":"three"}}"#],
+        &[
+            "patch",
+            "secret",
+            "db",
+            "-n",
+            &ns,
+            "-p",
+            r#"{"stringData":{"password":"three"}}"#,
+        ],
         None,
     )
     .await?;
