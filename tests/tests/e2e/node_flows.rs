@@ -392,8 +392,9 @@ async fn pinned_image(client: &Client, ns: &str, name: &str) -> anyhow::Result<S
         .get(name)
         .await?;
     Ok(d.spec
+        .template
+        .spec
         .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
         .and_then(|s| s.containers.first())
         .and_then(|c| c.image.clone())
         .unwrap_or_default())
@@ -465,8 +466,8 @@ async fn reader_rollout(down: &Client, ns: &str) -> anyhow::Result<(Option<Strin
     let rolled = sets.items.iter().any(|rs| {
         let annotations = rs
             .spec
+            .template
             .as_ref()
-            .and_then(|s| s.template.as_ref())
             .and_then(|t| t.metadata.as_ref())
             .and_then(|m| m.annotations.as_ref());
         stamp.is_some() && annotations.and_then(|a| a.get(CONFIG_HASH)) == stamp.as_ref()
