@@ -662,7 +662,7 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
             Ok(names
                 .iter()
                 .any(|n| n == holder_pod(&holder))
-                .then(|| (holder, names)))
+                .then_some((holder, names)))
         },
     )
     .await;
