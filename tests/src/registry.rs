@@ -105,6 +105,17 @@ impl TestRegistry {
         Ok(registry)
     }
 
+    /// The registry's process id while it runs, for exit hooks of registries kept for a whole test
+    /// binary (where no runtime is left to drop them).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
+    /// Its storage and configuration directory (removed when the registry is dropped).
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
+    }
+
     /// `ADDR:PORT` (`127.0.0.1:PORT` unless started with [`TestRegistry::start_on`]).
     pub fn host(&self) -> &str {
         &self.host

@@ -14,6 +14,8 @@ mod images_cmd;
 mod install;
 mod isolation;
 mod node;
+mod node_env;
+mod node_flows;
 mod plugin;
 mod plugin_rollout;
 mod plugin_watch;

@@ -1,0 +1,750 @@
+//! The main job end to end on a real node (issue 12, deliverable 4): helmop installed from its shipped
+//! manifests and images on a cluster with a kubelet/containerd node, driven through `kubectl` the way
+//! users drive it; the Rust client only polls and asserts.
+//!
+//! - `a_changed_key_rolls_new_pods_that_log_it_and_an_unread_key_rolls_nothing`: an opted-in
+//!   Deployment of busybox pods printing one ConfigMap key; changing that key and re-applying gives
+//!   new pods logging the new value; changing a key it does not read replaces no pod.
+//! - `latest_is_pinned_and_the_node_runs_the_pushed_digest`: an image pushed under `:latest` to the
+//!   node's registry is pinned by the webhook pods, pulled by containerd, and the container's
+//!   `imageID` is the pushed digest.
+//! - `the_propagator_deployment_propagates_and_survives_losing_its_leader`: the propagator Deployment
+//!   (2 replicas, leader election) copies a changed Secret to a downstream cluster whose reader
+//!   workload rolls; deleting the leader pod hands the Lease to the other replica and a later change
+//!   still propagates.
+//!
+//! Every wait has a deadline; a failure carries `kubectl get/describe/logs` and the events of what
+//! it waited for.
+
+use std::collections::BTreeSet;
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use helmop_tests::*;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{ListParams, LogParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+use crate::node_env::{NodeEnv, node_env};
+
+/// Pods start in seconds, but an image pull plus a rolling update on a loaded 2-core machine can take
+/// a minute.
+const ROLL: Duration = Duration::from_secs(180);
+const OPT_IN: &str = "helmop.dev/rollout-on-change";
+const CONFIG_HASH: &str = "helmop.dev/config-hash";
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `kubectl ARGS` on `cluster`, failing with kubectl's stderr when it fails.
+async fn kubectl(
+    cluster: &ClusterInfo,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> anyhow::Result<String> {
+    let out = cluster.run_kubectl(args, stdin).await?;
+    ok_or_stderr(&format!("kubectl {}", args.join(" ")), out)
+}
+
+fn ok_or_stderr(what: &str, out: Output) -> anyhow::Result<String> {
+    if !out.status.success() {
+        bail!(
+            "{what} failed ({}): {}",
+            out.status,
+            text(&out.stderr).trim()
+        );
+    }
+    Ok(text(&out.stdout))
+}
+
+/// `kubectl apply -f -` of one object.
+async fn apply(cluster: &ClusterInfo, object: &Value) -> anyhow::Result<String> {
+    let out = kubectl_apply(cluster, object, &[]).await?;
+    ok_or_stderr("kubectl apply", out)
+}
+
+/// `kubectl helmop ARGS` on `cluster`: the plugin found by kubectl on PATH, as users run it.
+async fn kubectl_helmop(cluster: &ClusterInfo, args: &[&str]) -> anyhow::Result<Output> {
+    let plugin = plugin_binary()?;
+    let dir = plugin
+        .parent()
+        .context("the plugin binary has no parent directory")?;
+    let path = match std::env::var_os("PATH") {
+        Some(p) => {
+            let mut dirs = vec![dir.to_path_buf()];
+            dirs.extend(std::env::split_paths(&p));
+            std::env::join_paths(dirs)?
+        }
+        None => dir.as_os_str().to_owned(),
+    };
+    // kubectl refuses flags before a plugin's name, so --kubeconfig goes to the plugin.
+    let mut cmd = tokio::process::Command::new("kubectl");
+    cmd.arg("helmop")
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(&cluster.kubeconfig)
+        .env("PATH", path)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    tokio::time::timeout(Duration::from_secs(90), cmd.output())
+        .await
+        .with_context(|| format!("kubectl helmop {args:?} did not finish in 90s"))?
+        .context("running kubectl helmop")
+}
+
+/// `kubectl helmop rollout TARGET -n NS`, which must succeed.
+async fn rollout(cluster: &ClusterInfo, ns: &str, target: &str) -> anyhow::Result<()> {
+    let out = kubectl_helmop(cluster, &["rollout", target, "-n", ns]).await?;
+    if !out.status.success() {
+        bail!(
+            "kubectl helmop rollout {target} -n {ns} failed ({}): {}{}",
+            out.status,
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// What a user would look at when a wait on pods fails: the pods, their description (events
+/// included), their logs and the namespace's events.
+async fn diagnostics(cluster: &ClusterInfo, ns: &str, selector: &str) -> String {
+    let mut report = String::new();
+    for args in [
+        vec!["get", "deploy,rs,pods", "-n", ns, "-o", "wide"],
+        vec!["describe", "pods", "-n", ns, "-l", selector],
+        vec![
+            "logs",
+            "-n",
+            ns,
+            "-l",
+            selector,
+            "--all-containers",
+            "--prefix",
+            "--tail=40",
+        ],
+        vec!["get", "events", "-n", ns, "--sort-by=.lastTimestamp"],
+    ] {
+        report.push_str(&format!("\n--- kubectl {}\n", args.join(" ")));
+        match cluster.run_kubectl(&args, None).await {
+            Ok(out) => {
+                report.push_str(&text(&out.stdout));
+                report.push_str(&text(&out.stderr));
+            }
+            Err(e) => report.push_str(&format!("(failed: {e:#})\n")),
+        }
+    }
+    report
+}
+
+/// `result`, with [`diagnostics`] attached when it is an error.
+async fn explained<T>(
+    result: anyhow::Result<T>,
+    cluster: &ClusterInfo,
+    ns: &str,
+    selector: &str,
+) -> anyhow::Result<T> {
+    match result {
+        Ok(v) => Ok(v),
+        Err(e) => Err(e.context(diagnostics(cluster, ns, selector).await)),
+    }
+}
+
+/// Pods of `app=<app>` that are not being deleted.
+async fn live_pods(client: &Client, ns: &str, app: &str) -> anyhow::Result<Vec<Pod>> {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await?;
+    Ok(pods
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect())
+}
+
+fn uid(p: &Pod) -> String {
+    p.metadata.uid.clone().unwrap_or_default()
+}
+
+fn is_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+async fn pod_log(client: &Client, ns: &str, pod: &Pod) -> anyhow::Result<String> {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .logs(name, &LogParams::default())
+        .await
+        .with_context(|| format!("reading the log of pod {ns}/{name}"))
+}
+
+/// Waits until every live pod of `app` is ready, none is one of `old`, there are `replicas` of
+/// them, and each has logged `line`; returns their uids.
+async fn wait_pods_logging(
+    cluster: &ClusterInfo,
+    ns: &str,
+    app: &str,
+    replicas: usize,
+    old: &BTreeSet<String>,
+    line: &str,
+) -> anyhow::Result<BTreeSet<String>> {
+    let client = cluster.client().await;
+    let waited = wait_for(
+        &format!("{replicas} new ready pod(s) of {ns}/{app} logging {line:?}"),
+        ROLL,
+        || async {
+            let pods = live_pods(&client, ns, app).await?;
+            if pods.len() != replicas || pods.iter().any(|p| old.contains(&uid(p)) || !is_ready(p))
+            {
+                return Ok(None);
+            }
+            for p in &pods {
+                if !pod_log(&client, ns, p).await?.lines().any(|l| l == line) {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(pods.iter().map(uid).collect::<BTreeSet<_>>()))
+        },
+    )
+    .await;
+    explained(waited, cluster, ns, &format!("app={app}")).await
+}
+
+async fn replica_set_names(
+    client: &Client,
+    ns: &str,
+    app: &str,
+) -> anyhow::Result<BTreeSet<String>> {
+    Ok(Api::<ReplicaSet>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|rs| rs.metadata.name)
+        .collect())
+}
+
+/// The busybox Deployment `name`, opted in by its own label, printing `GREETING=<value of the
+/// ConfigMap key>` once and then idling.
+fn greeter(env: &NodeEnv, ns: &str, name: &str, config_map: &str, key: &str) -> Value {
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns, "labels": {OPT_IN: "true"}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    // The shell ignores SIGTERM as PID 1: do not wait 30 s for each old pod.
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{
+                        "name": "app",
+                        "image": env.busybox,
+                        "command": env.shell(&["echo \"GREETING=$GREETING\"; exec sleep 3600"]),
+                        "env": [{"name": "GREETING", "valueFrom": {"configMapKeyRef": {"name": config_map, "key": key}}}],
+                    }],
+                },
+            },
+        },
+    })
+}
+
+fn config_map(ns: &str, name: &str, data: &[(&str, &str)]) -> Value {
+    let data: serde_json::Map<String, Value> = data
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), json!(v)))
+        .collect();
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns}, "data": data})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_key_rolls_new_pods_that_log_it_and_an_unread_key_rolls_nothing()
+-> anyhow::Result<()> {
+    let env = node_env().await?;
+    let up = env.cluster();
+    let client = up.client().await;
+    let ns = fresh_namespace(&client, "nf-roll").await?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+
+    apply(
+        up,
+        &config_map(&ns, "settings", &[("greeting", "hello-1"), ("unread", "a")]),
+    )
+    .await?;
+    let manifest = greeter(env, &ns, "web", "settings", "greeting");
+    apply(up, &manifest).await?;
+    let stamped = deployments.get("web").await?;
+    let first_stamp = template_annotation(&stamped, CONFIG_HASH)
+        .context("the webhook pods stamped the opted-in Deployment at creation")?;
+    let first = wait_pods_logging(up, &ns, "web", 1, &BTreeSet::new(), "GREETING=hello-1").await?;
+
+    // The key the pods read changes: `kubectl helmop rollout` restamps, and the Deployment rolls.
+    // (A client-side `kubectl apply` of the unchanged manifest sends nothing, so it cannot.)
+    apply(
+        up,
+        &config_map(&ns, "settings", &[("greeting", "hello-2"), ("unread", "a")]),
+    )
+    .await?;
+    rollout(up, &ns, "deployment/web").await?;
+    let rolled = deployments.get("web").await?;
+    let second_stamp =
+        template_annotation(&rolled, CONFIG_HASH).context("stamp after the rollout")?;
+    assert_ne!(first_stamp, second_stamp, "a changed key changes the stamp");
+    let second = wait_pods_logging(up, &ns, "web", 1, &first, "GREETING=hello-2").await?;
+    let sets = replica_set_names(&client, &ns, "web").await?;
+    assert_eq!(sets.len(), 2, "one ReplicaSet per stamp: {sets:?}");
+
+    // A key nobody reads changes: the restamp leaves the stamp, so the pod template and the
+    // ReplicaSets and pods stay.
+    apply(
+        up,
+        &config_map(&ns, "settings", &[("greeting", "hello-2"), ("unread", "b")]),
+    )
+    .await?;
+    rollout(up, &ns, "deployment/web").await?;
+    let after = deployments.get("web").await?;
+    assert_eq!(
+        template_annotation(&after, CONFIG_HASH).as_deref(),
+        Some(second_stamp.as_str()),
+        "an unread key leaves the stamp"
+    );
+    // Once the controller has seen the latest spec, had it anything to roll it would have.
+    let observed = wait_until("the Deployment controller to observe web", ROLL, || async {
+        let d = deployments.get("web").await?;
+        let status = d.status.unwrap_or_default();
+        Ok(status.observed_generation == d.metadata.generation
+            && status.updated_replicas == Some(1)
+            && status.ready_replicas == Some(1))
+    })
+    .await;
+    explained(observed, up, &ns, "app=web").await?;
+    assert_eq!(
+        replica_set_names(&client, &ns, "web").await?,
+        sets,
+        "no new ReplicaSet"
+    );
+    let pods: BTreeSet<String> = live_pods(&client, &ns, "web")
+        .await?
+        .iter()
+        .map(uid)
+        .collect();
+    assert_eq!(pods, second, "no pod replaced");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latest_is_pinned_and_the_node_runs_the_pushed_digest() -> anyhow::Result<()> {
+    let env = node_env().await?;
+    let up = env.cluster();
+    let client = up.client().await;
+    let ns = fresh_namespace(&client, "nf-pin").await?;
+    let repo = format!("{}/nf-pin-{}", env.registry, &ns[ns.len() - 10..]);
+    let latest = format!("{repo}:latest");
+    let digest = env.push_variant(&latest, &ns).await?;
+
+    let mut manifest = greeter(env, &ns, "pinned", "settings", "greeting");
+    manifest["spec"]["template"]["spec"]["containers"][0]["image"] = json!(latest);
+    apply(up, &config_map(&ns, "settings", &[("greeting", "pinned")])).await?;
+    apply(up, &manifest).await?;
+    assert_eq!(
+        pinned_image(&client, &ns, "pinned").await?,
+        format!("{latest}@{digest}"),
+        "the webhook pinned the pushed digest"
+    );
+
+    let first =
+        wait_pods_logging(up, &ns, "pinned", 1, &BTreeSet::new(), "GREETING=pinned").await?;
+    assert_runs(&client, &ns, "pinned", &digest).await?;
+
+    // The CI recipe of the README: push again under the same tag and re-apply the unchanged
+    // manifest (it names the bare tag, the live object the pinned one, so kubectl sends it): the
+    // webhook pins the new digest and the node runs it.
+    let second = env.push_variant(&latest, &format!("{ns}-again")).await?;
+    assert_ne!(second, digest, "the second push is another image");
+    // The webhook caches a digest for 3 s (README, "Image digests"): a re-apply within 3 s of the
+    // first resolution may still get the old one, so re-apply until the new pin shows.
+    let want = format!("{latest}@{second}");
+    let said = std::sync::Mutex::new(String::new());
+    let repinned = wait_until(
+        "a re-apply to pin the second push",
+        Duration::from_secs(30),
+        || {
+            let (manifest, want, client, ns) = (&manifest, &want, &client, &ns);
+            let said = &said;
+            async move {
+                let out = kubectl_apply(up, manifest, &[]).await?;
+                let answer = format!("{}{}", text(&out.stdout), text(&out.stderr));
+                if !out.status.success() {
+                    bail!("kubectl apply: {answer}");
+                }
+                if let Ok(mut last) = said.lock() {
+                    *last = answer;
+                }
+                Ok(pinned_image(client, ns, "pinned").await? == *want)
+            }
+        },
+    )
+    .await;
+    if let Err(e) = repinned {
+        let said = said.lock().map(|s| s.clone()).unwrap_or_default();
+        bail!("{e:#}; kubectl said: {said}");
+    }
+    wait_pods_logging(up, &ns, "pinned", 1, &first, "GREETING=pinned").await?;
+    assert_runs(&client, &ns, "pinned", &second).await?;
+    Ok(())
+}
+
+/// The image of the first container of Deployment `name`.
+async fn pinned_image(client: &Client, ns: &str, name: &str) -> anyhow::Result<String> {
+    let d = Api::<Deployment>::namespaced(client.clone(), ns)
+        .get(name)
+        .await?;
+    Ok(d.spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default())
+}
+
+/// Asserts that the one live pod of `app` runs the image with `digest`, as containerd reports it.
+async fn assert_runs(client: &Client, ns: &str, app: &str, digest: &str) -> anyhow::Result<()> {
+    let pods = live_pods(client, ns, app).await?;
+    let image_ids: Vec<String> = pods
+        .iter()
+        .flat_map(|p| {
+            p.status
+                .iter()
+                .flat_map(|s| s.container_statuses.iter().flatten())
+        })
+        .map(|c| c.image_id.clone())
+        .collect();
+    assert_eq!(image_ids.len(), 1, "one container runs: {image_ids:?}");
+    assert!(
+        image_ids[0].ends_with(&format!("@{digest}")),
+        "containerd runs {} but {digest} was pushed",
+        image_ids[0]
+    );
+    Ok(())
+}
+
+/// The propagator's Lease.
+const LEASE_NAMESPACE: &str = "helmop-system";
+const LEASE_NAME: &str = "kubectl-helmop-propagate";
+const PROPAGATOR: &str = "app.kubernetes.io/name=helmop-propagator";
+
+async fn lease_holder(client: &Client) -> anyhow::Result<Option<String>> {
+    Ok(Api::<Lease>::namespaced(client.clone(), LEASE_NAMESPACE)
+        .get_opt(LEASE_NAME)
+        .await?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+        .filter(|h| !h.is_empty()))
+}
+
+/// The pod whose name starts the holder identity (`<pod name>_<suffix>`).
+fn holder_pod(holder: &str) -> &str {
+    holder.rsplit_once('_').map_or(holder, |(pod, _)| pod)
+}
+
+async fn propagator_pods(client: &Client) -> anyhow::Result<Vec<Pod>> {
+    let pods = Api::<Pod>::namespaced(client.clone(), LEASE_NAMESPACE)
+        .list(&ListParams::default().labels(PROPAGATOR))
+        .await?;
+    Ok(pods
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect())
+}
+
+/// The reader's stamp, and whether a ReplicaSet with that stamp exists.
+async fn reader_rollout(down: &Client, ns: &str) -> anyhow::Result<(Option<String>, bool)> {
+    let Some(d) = Api::<Deployment>::namespaced(down.clone(), ns)
+        .get_opt("reader")
+        .await?
+    else {
+        return Ok((None, false));
+    };
+    let stamp = template_annotation(&d, CONFIG_HASH);
+    let sets = Api::<ReplicaSet>::namespaced(down.clone(), ns)
+        .list(&ListParams::default().labels("app=reader"))
+        .await?;
+    let rolled = sets.items.iter().any(|rs| {
+        let annotations = rs
+            .spec
+            .template
+            .as_ref()
+            .and_then(|t| t.metadata.as_ref())
+            .and_then(|m| m.annotations.as_ref());
+        stamp.is_some() && annotations.and_then(|a| a.get(CONFIG_HASH)) == stamp.as_ref()
+    });
+    Ok((stamp, rolled))
+}
+
+/// Waits until the copy of `db` on `down` reads `value` and the reader has rolled from stamp
+/// `before` to another one (a new ReplicaSet); returns that stamp. Shows the propagator pods' state
+/// on failure.
+async fn wait_propagated(
+    up: &ClusterInfo,
+    down: &ClusterInfo,
+    dest: &str,
+    value: &str,
+    before: Option<String>,
+) -> anyhow::Result<Option<String>> {
+    let client = down.client().await;
+    let waited = wait_for(
+        &format!(
+            "the copy of db on {} to read {value:?} and the reader to roll",
+            down.name
+        ),
+        ROLL,
+        || async {
+            if copy_value(&client, dest).await?.as_deref() != Some(value) {
+                return Ok(None);
+            }
+            let (now, rolled) = reader_rollout(&client, dest).await?;
+            Ok((rolled && now != before).then_some(now))
+        },
+    )
+    .await;
+    explained(waited, up, LEASE_NAMESPACE, PROPAGATOR).await
+}
+
+/// The copy of Secret `db` on the downstream cluster, as text.
+async fn copy_value(down: &Client, ns: &str) -> anyhow::Result<Option<String>> {
+    let secret = Api::<Secret>::namespaced(down.clone(), ns)
+        .get_opt("db")
+        .await?;
+    Ok(secret
+        .and_then(|s| s.data)
+        .and_then(|d| d.get("password").cloned())
+        .map(|b| text(&b.0)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -> anyhow::Result<()>
+{
+    use helmop_webhook::state::{Config, ImageMode, SecretRef};
+
+    let env = node_env().await?;
+    let up = env.cluster();
+    let down = env.downstream();
+    let client = up.client().await;
+    let down_client = down.client().await;
+
+    // The Fleet workspace, labelled as the install docs say, and the source.
+    let ns =
+        fresh_namespace_with_labels(&client, "nf-prop", &[("helmop.dev/guard", "enabled")]).await?;
+    kubectl(
+        up,
+        &[
+            "create",
+            "secret",
+            "generic",
+            "db",
+            "-n",
+            &ns,
+            "--from-literal=password=one",
+        ],
+        None,
+    )
+    .await?;
+
+    // Downstream: the destination namespace opts its workloads in; its stamping webhook runs as a
+    // host process registered by URL (down has no node to run the webhook's pods on).
+    let dest =
+        fresh_namespace_with_labels(&down_client, "nf-prop-dest", &[(OPT_IN, "enabled")]).await?;
+    let key: Vec<u8> = random_key()?;
+    create_secret(&down_client, &dest, "hash-key", &[("key", &key)]).await?;
+    let config = Config {
+        hash_key_secret: SecretRef {
+            namespace: dest.clone(),
+            name: "hash-key".into(),
+        },
+        image_mode: ImageMode::Off,
+        ..Config::default()
+    };
+    let hook = LocalWebhook::start(down_client.clone(), config).await?;
+    let hook_name = format!("{dest}-workloads");
+    WebhookRegistration::new(
+        WebhookKind::Mutating,
+        &hook_name,
+        &format!("{}/mutate/workloads", hook.url),
+        &hook.ca_pem,
+    )
+    .rule(WebhookRule::new(
+        &["CREATE", "UPDATE"],
+        "apps",
+        "v1",
+        &["deployments", "replicasets"],
+    ))
+    .only_namespace(&dest)
+    .register(&down_client)
+    .await?;
+    let reader = deployment_manifest(
+        &dest,
+        "reader",
+        json!({}),
+        json!({"env": [{"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password", "optional": true}}}]}),
+    );
+    apply(down, &reader).await?;
+
+    // The Fleet Cluster. The node control plane's API servers listen on the pod bridge, so the
+    // downstream kubeconfig's server is one the propagator's pods reach as it is.
+    let from_file = format!("--from-file=value={}", down.kubeconfig.display());
+    kubectl(
+        up,
+        &[
+            "create",
+            "secret",
+            "generic",
+            "down-kubeconfig",
+            "-n",
+            &ns,
+            &from_file,
+        ],
+        None,
+    )
+    .await?;
+    apply(
+        up,
+        &json!({
+            "apiVersion": FLEET_API_VERSION, "kind": "Cluster",
+            "metadata": {"name": "down", "namespace": ns, "labels": {"env": "node-flows"}},
+            "spec": {"kubeConfigSecret": "down-kubeconfig"},
+        }),
+    )
+    .await?;
+    apply(
+        up,
+        &json!({
+            "apiVersion": FLEET_API_VERSION, "kind": "HelmOp",
+            "metadata": {"name": "app", "namespace": ns},
+            "spec": {
+                "helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.0.0"},
+                "defaultNamespace": dest,
+                "downstreamResources": [{"kind": "Secret", "name": "db"}],
+                "targets": [{"clusterName": "down"}],
+            },
+        }),
+    )
+    .await?;
+
+    let (unset, _) = reader_rollout(&down_client, &dest).await?;
+    env.install_propagator().await?;
+    let one = wait_propagated(up, down, &dest, "one", unset).await?;
+
+    // A change of the source reaches the copy and rolls the reader (a new ReplicaSet downstream).
+    kubectl(
+        up,
+        &[
+            "patch",
+            "secret",
+            "db",
+            "-n",
+            &ns,
+            "-p",
+            r#"{"stringData":{"password":"two"}}"#,
+        ],
+        None,
+    )
+    .await?;
+    let two = wait_propagated(up, down, &dest, "two", one).await?;
+
+    // Both replicas run; one holds the Lease. Deleting it hands over to the other one.
+    let both = wait_for(
+        "two ready propagator pods and a Lease holder",
+        ROLL,
+        || async {
+            let pods = propagator_pods(&client).await?;
+            let Some(holder) = lease_holder(&client).await? else {
+                return Ok(None);
+            };
+            if pods.len() != 2 || !pods.iter().all(is_ready) {
+                return Ok(None);
+            }
+            let names: Vec<String> = pods
+                .iter()
+                .filter_map(|p| p.metadata.name.clone())
+                .collect();
+            Ok(names
+                .iter()
+                .any(|n| n == holder_pod(&holder))
+                .then_some((holder, names)))
+        },
+    )
+    .await;
+    let (holder, names) = explained(both, up, LEASE_NAMESPACE, PROPAGATOR).await?;
+    let leader = holder_pod(&holder).to_owned();
+    let standby = names
+        .iter()
+        .find(|n| **n != leader)
+        .cloned()
+        .context("no standby propagator pod")?;
+    // Cordoned, the node cannot start the leader's replacement, so only the standby can take the
+    // released Lease (otherwise the replacement may win the race for it); as in `kubectl drain`.
+    let node = env.node_name()?;
+    kubectl(up, &["cordon", node], None).await?;
+    let deleted = kubectl(
+        up,
+        &[
+            "delete",
+            "pod",
+            "-n",
+            LEASE_NAMESPACE,
+            &leader,
+            "--wait=false",
+        ],
+        None,
+    )
+    .await;
+    let handed = match deleted {
+        Ok(_) => {
+            wait_until(
+                &format!("the Lease to pass from {leader} to {standby}"),
+                ROLL,
+                || async {
+                    Ok(lease_holder(&client)
+                        .await?
+                        .is_some_and(|h| holder_pod(&h) == standby))
+                },
+            )
+            .await
+        }
+        Err(e) => Err(e),
+    };
+    kubectl(up, &["uncordon", node], None).await?;
+    explained(handed, up, LEASE_NAMESPACE, PROPAGATOR).await?;
+
+    kubectl(
+        up,
+        &[
+            "patch",
+            "secret",
+            "db",
+            "-n",
+            &ns,
+            "-p",
+            r#"{"stringData":{"password":"three"}}"#,
+        ],
+        None,
+    )
+    .await?;
+    wait_propagated(up, down, &dest, "three", two).await?;
+
+    unregister_webhook(&down_client, WebhookKind::Mutating, &hook_name).await?;
+    drop(hook);
+    Ok(())
+}
