@@ -811,7 +811,8 @@ impl Server {
 /// While shutting down, HTTP/1.1 responses carry `Connection: close`, so the API server closes each kept-alive
 /// connection after its answer. Without it, draining closes idle connections under the client: a request the
 /// API server writes onto one at that moment fails with `EOF` (Go does not retry a POST on a reused
-/// connection), which a rolling update turned into a failed admission now and then. HTTP/2 has GOAWAY for this.
+/// connection), which a rolling update turned into a failed admission now and then. The API server always speaks
+/// HTTP/1.1 to webhooks (it pins ALPN, kubernetes#75791); HTTP/2 clients get GOAWAY instead.
 async fn close_when_shutting_down(
     State(shutting_down): State<Arc<AtomicBool>>,
     request: Request,
