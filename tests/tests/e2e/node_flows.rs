@@ -10,7 +10,9 @@
 //!   `imageID` is the pushed digest.
 //! - `the_propagator_deployment_propagates_and_survives_losing_its_leader`: the propagator Deployment
 //!   (2 replicas, leader election) copies a changed Secret to a downstream cluster whose reader
-//!   workload rolls; deleting the leader pod hands the Lease to the other replica and a later change
+//!   workload rolls; both pods serve /livez, /readyz and /metrics (leadership, runs, copies) through
+//!   the API server's pod proxy; a Conflict becomes a Warning Event on its HelmOp; deleting the leader
+//!   pod hands the Lease to the other replica and a later change
 //!   still propagates.
 //!
 //! Every wait has a deadline; a failure carries `kubectl get/describe/logs` and the events of what
@@ -439,6 +441,12 @@ async fn assert_runs(client: &Client, ns: &str, app: &str, digest: &str) -> anyh
     Ok(())
 }
 
+/// `GET PATH` of a propagator pod's metrics port, through the API server's pod proxy.
+async fn pod_proxy_get(cluster: &ClusterInfo, pod: &str, path: &str) -> anyhow::Result<String> {
+    let raw = format!("/api/v1/namespaces/{LEASE_NAMESPACE}/pods/{pod}:8080/proxy/{path}");
+    kubectl(cluster, &["get", "--raw", &raw], None).await
+}
+
 /// The propagator's Lease.
 const LEASE_NAMESPACE: &str = "helmop-system";
 const LEASE_NAME: &str = "kubectl-helmop-propagate";
@@ -642,6 +650,38 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
     )
     .await?;
 
+    // A second HelmOp whose copy would land on a Secret helmop does not own: a Conflict, which the
+    // leader reports as a Warning Event on that HelmOp.
+    kubectl(
+        up,
+        &[
+            "create",
+            "secret",
+            "generic",
+            "clash",
+            "-n",
+            &ns,
+            "--from-literal=token=upstream",
+        ],
+        None,
+    )
+    .await?;
+    create_secret(&down_client, &dest, "clash", &[("token", b"someone else's")]).await?;
+    apply(
+        up,
+        &json!({
+            "apiVersion": FLEET_API_VERSION, "kind": "HelmOp",
+            "metadata": {"name": "clash", "namespace": ns},
+            "spec": {
+                "helm": {"repo": "https://charts.example.com", "chart": "clash", "version": "1.0.0"},
+                "defaultNamespace": dest,
+                "downstreamResources": [{"kind": "Secret", "name": "clash"}],
+                "targets": [{"clusterName": "down"}],
+            },
+        }),
+    )
+    .await?;
+
     let (unset, _) = reader_rollout(&down_client, &dest).await?;
     env.install_propagator().await?;
     let one = wait_propagated(up, down, &dest, "one", unset).await?;
@@ -693,6 +733,59 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
         .find(|n| **n != leader)
         .cloned()
         .context("no standby propagator pod")?;
+    // The propagator as an in-cluster service, read through the API server's pod proxy the way a
+    // user or Prometheus would: both pods answer their probe paths; the leader's /metrics say it
+    // leads and what its runs did, the standby's that it does not.
+    for (pod, leading) in [(leader.as_str(), true), (standby.as_str(), false)] {
+        let scraped = wait_for(&format!("/metrics of {pod}"), ROLL, || async {
+            for probe in ["livez", "readyz"] {
+                pod_proxy_get(up, pod, probe).await?;
+            }
+            let metrics = pod_proxy_get(up, pod, "metrics").await?;
+            let want = format!("helmop_propagator_leader {}", u8::from(leading));
+            Ok(metrics.lines().any(|l| l == want).then_some(metrics))
+        })
+        .await;
+        let metrics = explained(scraped, up, LEASE_NAMESPACE, PROPAGATOR).await?;
+        let has = |prefix: &str| metrics.lines().any(|l| l.starts_with(prefix));
+        if leading {
+            assert!(
+                has("helmop_propagator_last_success_timestamp_seconds{")
+                    && has("helmop_propagator_copies{")
+                    && has("helmop_propagator_runs_total{"),
+                "the leader's /metrics miss its runs:\n{metrics}"
+            );
+        } else {
+            assert!(
+                !has("helmop_propagator_runs_total{"),
+                "a standby that never ran reports runs:\n{metrics}"
+            );
+        }
+    }
+    let conflict = wait_for("a Conflict Event on HelmOp clash", ROLL, || async {
+        let listed = kubectl(
+            up,
+            &["get", "events.v1.events.k8s.io", "-n", &ns, "-o", "json"],
+            None,
+        )
+        .await?;
+        let events: Value = serde_json::from_str(&listed)?;
+        Ok(events["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["regarding"]["name"] == "clash" && e["reason"] == "Conflict")
+            .cloned())
+    })
+    .await;
+    let conflict = explained(conflict, up, LEASE_NAMESPACE, PROPAGATOR).await?;
+    assert_eq!(conflict["type"], "Warning", "{conflict}");
+    assert_eq!(conflict["regarding"]["kind"], "HelmOp", "{conflict}");
+    assert!(
+        !conflict.to_string().contains("someone else's"),
+        "a Secret value in an Event: {conflict}"
+    );
+
     // Cordoned, the node cannot start the leader's replacement, so only the standby can take the
     // released Lease (otherwise the replacement may win the race for it); as in `kubectl drain`.
     let node = env.node_name()?;
