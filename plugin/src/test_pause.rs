@@ -6,7 +6,8 @@
 //! it outside tests.
 //!
 //! Points: `after-plan` (a cluster observed and planned, nothing written yet), `before-restamp`
-//! (a cluster's copies written, no workload restamped yet).
+//! (a cluster's copies written, no workload restamped yet), `before-watches` (`propagate --watch`
+//! started and printed its `started` event, its watches not started: not ready yet).
 
 use std::path::PathBuf;
 use std::time::Duration;

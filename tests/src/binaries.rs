@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::wait::wait_for;
 
 /// `target/<profile>/` of the workspace: where this test binary's `deps/` directory lives.
-fn target_profile_dir() -> anyhow::Result<PathBuf> {
+pub(crate) fn target_profile_dir() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("cannot find the test executable")?;
     // target/debug/deps/e2e-<hash> -> target/debug
     exe.parent()

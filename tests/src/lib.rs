@@ -21,6 +21,7 @@ mod certs;
 mod controlplane;
 mod endpoints;
 mod fleet;
+pub mod images;
 mod namespaces;
 mod node;
 mod objects;

@@ -15,12 +15,24 @@ fn manifests_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests")
 }
 
-/// Every directory holding a kustomization, except the examples (HelmOps for the demo, not an install).
+fn is_component(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("kustomization.yaml"))
+        .unwrap()
+        .lines()
+        .any(|l| l.trim() == "kind: Component")
+}
+
+/// Every directory holding a kustomization, except the examples (HelmOps for the demo, not an install) and
+/// components (`kube-1.20`), which only render as part of an overlay.
 fn kustomizations() -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(manifests_dir())
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.join("kustomization.yaml").exists() && p.file_name().unwrap() != "examples")
+        .filter(|p| {
+            p.join("kustomization.yaml").exists()
+                && p.file_name().unwrap() != "examples"
+                && !is_component(p)
+        })
         .collect();
     dirs.sort();
     dirs
@@ -721,4 +733,167 @@ fn client_auth_overlay_requires_the_ca_of_the_mounted_secret() {
         !args.iter().any(|a| a.starts_with("--client-ca")),
         "{args:?}"
     );
+}
+
+/// The two images `images/build` (`./dev image`) makes, at the workspace version: every container of every
+/// install directory runs one of them, and its command is a binary that image ships. Users retarget them with
+/// kustomize `images:` under exactly these names.
+#[test]
+fn every_container_runs_a_shipped_image_and_binary() {
+    let version = env!("CARGO_PKG_VERSION");
+    let webhook = format!("ghcr.io/helmop/helmop-webhook:{version}");
+    let propagator = format!("ghcr.io/helmop/kubectl-helmop:{version}");
+    let mut seen = BTreeSet::new();
+    for dir in kustomizations() {
+        let docs = render(&dir);
+        for kind in ["Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob"] {
+            for workload in of_kind(&docs, kind) {
+                let who = format!("{}: {}", dir.display(), name_of(workload));
+                let pod = pod_spec(workload);
+                for c in pod["containers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .chain(pod["initContainers"].as_array().into_iter().flatten())
+                {
+                    let image = c["image"].as_str().unwrap_or("");
+                    let binaries: &[&str] = if image == webhook {
+                        &["helmop-webhook", "helmop-bootstrap"]
+                    } else if image == propagator {
+                        &["kubectl-helmop"]
+                    } else {
+                        panic!("{who}: image {image:?} is neither {webhook} nor {propagator}")
+                    };
+                    let command = strings(&c["command"]);
+                    assert!(
+                        command.first().is_some_and(|b| binaries.contains(b)),
+                        "{who}: command {command:?} is not one of {binaries:?} in {image}"
+                    );
+                    seen.insert(image.to_owned());
+                }
+            }
+        }
+    }
+    assert_eq!(seen, BTreeSet::from([webhook, propagator]));
+}
+
+/// A path to `to` relative to `from` (kustomize refuses absolute paths to other kustomizations).
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let from = from.canonicalize().unwrap();
+    let to = to.canonicalize().unwrap();
+    let mut rel = PathBuf::new();
+    for _ in from.components().skip(1) {
+        rel.push("..");
+    }
+    rel.join(to.strip_prefix("/").unwrap())
+}
+
+/// Renders an overlay of `dir` with the `kube-1.20` component, as manifests/README.md tells 1.20 users.
+fn render_for_1_20(dir: &str) -> Vec<Value> {
+    let overlay = tempfile::tempdir().unwrap();
+    let base = relative(overlay.path(), &manifests_dir().join(dir));
+    let component = relative(overlay.path(), &manifests_dir().join("kube-1.20"));
+    std::fs::write(
+        overlay.path().join("kustomization.yaml"),
+        format!(
+            "resources:\n  - {}\ncomponents:\n  - {}\n",
+            base.display(),
+            component.display()
+        ),
+    )
+    .unwrap();
+    render(overlay.path())
+}
+
+/// 1.20 serves CronJob and PodDisruptionBudget only as v1beta1 (removed in 1.25): the component changes
+/// those API versions and nothing else.
+#[test]
+fn kube_1_20_component_only_downgrades_cronjob_and_pdb_versions() {
+    for dir in [
+        "self-signed",
+        "stamping-only",
+        "client-auth",
+        "cert-manager",
+        "propagator",
+    ] {
+        let current = render(&manifests_dir().join(dir));
+        let old = render_for_1_20(dir);
+        assert_eq!(current.len(), old.len(), "{dir}");
+        for (new, old) in current.iter().zip(&old) {
+            let expected = match (new["apiVersion"].as_str(), new["kind"].as_str()) {
+                (Some("batch/v1"), Some("CronJob")) => "batch/v1beta1",
+                (Some("policy/v1"), Some("PodDisruptionBudget")) => "policy/v1beta1",
+                (Some(v), _) => v,
+                (None, _) => panic!("{dir}: {} has no apiVersion", name_of(new)),
+            };
+            assert_eq!(old["apiVersion"], expected, "{dir}: {}", name_of(new));
+            let mut old = old.clone();
+            old["apiVersion"] = new["apiVersion"].clone();
+            assert_eq!(&old, new, "{dir}: {}", name_of(new));
+        }
+        for doc in &old {
+            let version = doc["apiVersion"].as_str().unwrap_or("");
+            assert!(
+                !matches!(version, "batch/v1" if doc["kind"] == "CronJob")
+                    && !matches!(version, "policy/v1" if doc["kind"] == "PodDisruptionBudget"),
+                "{dir}: {} still {version}",
+                name_of(doc)
+            );
+        }
+    }
+    let signed = render_for_1_20("self-signed");
+    assert!(
+        of_kind(&signed, "CronJob")
+            .iter()
+            .all(|c| c["apiVersion"] == "batch/v1beta1")
+    );
+    assert!(!of_kind(&signed, "CronJob").is_empty());
+}
+
+#[test]
+fn propagator_serves_metrics_and_probes_where_the_manifests_look() {
+    let docs = render(&manifests_dir().join("propagator"));
+    let deployment = named(&docs, "Deployment", "helmop-propagator");
+    let pod = pod_spec(deployment);
+    let c = &pod["containers"][0];
+    let args = strings(&c["args"]);
+    assert!(args.contains(&"--watch"), "{args:?}");
+    let port = c["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "metrics")
+        .expect("a container port named metrics");
+    let number = port["containerPort"].as_i64().unwrap();
+    assert!(
+        args.contains(&format!("--metrics-addr=:{number}").as_str()),
+        "the listener must be on the declared port {number}: {args:?}"
+    );
+    for (probe, path) in [("livenessProbe", "/livez"), ("readinessProbe", "/readyz")] {
+        assert_eq!(c[probe]["httpGet"]["path"], path, "{probe}");
+        assert_eq!(c[probe]["httpGet"]["port"], "metrics", "{probe}");
+    }
+    let annotations = &deployment["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(annotations["prometheus.io/scrape"], "true");
+    assert_eq!(annotations["prometheus.io/port"], number.to_string());
+    assert_eq!(annotations["prometheus.io/path"], "/metrics");
+
+    let service = named(&docs, "Service", "helmop-propagator-metrics");
+    assert_eq!(
+        service["spec"]["selector"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "metrics");
+
+    // Events on HelmOps: create only, in the events.k8s.io group the propagator uses.
+    let role = named(&docs, "ClusterRole", "helmop-propagator");
+    let events: Vec<&Value> = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| strings(&r["resources"]).contains(&"events"))
+        .collect();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(strings(&events[0]["apiGroups"]), ["events.k8s.io"]);
+    assert_eq!(strings(&events[0]["verbs"]), ["create"]);
 }

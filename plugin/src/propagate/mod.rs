@@ -25,6 +25,8 @@ use helmop_core::plan::{
     Action, ActionKind, PlanInput, migrate_upstream_ids, plan, refine, take_sources,
 };
 use helmop_core::resource::ResourceRef;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Resource;
 use serde::Serialize;
 
 pub use apply::annotations_patch;
@@ -71,6 +73,12 @@ pub struct Report {
     /// Namespaces of the HelmOps involved upstream (where their sources live).
     #[serde(skip)]
     pub namespaces: BTreeSet<String>,
+    /// References to the HelmOps of the run by `namespace/name` (for Kubernetes Events).
+    #[serde(skip)]
+    pub helmop_refs: BTreeMap<String, ObjectReference>,
+    /// Every downstream cluster of the run, as rows name them.
+    #[serde(skip)]
+    pub clusters: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -102,6 +110,22 @@ impl Report {
         } else {
             ExitStatus::Ok
         }
+    }
+
+    /// Clusters this run reached and wrote everything it had to (no `Unreachable` or `Failed`
+    /// row); a refused copy (Conflict) or a missing source is not the cluster's failure.
+    pub fn succeeded_clusters(&self) -> Vec<String> {
+        let failed: BTreeSet<&str> = self
+            .rows
+            .iter()
+            .filter(|r| r.state == "Unreachable" || r.state == "Failed")
+            .map(|r| r.cluster.as_str())
+            .collect();
+        self.clusters
+            .iter()
+            .filter(|c| !failed.contains(c.as_str()))
+            .cloned()
+            .collect()
     }
 }
 
@@ -159,6 +183,12 @@ pub async fn propagate_once(ctx: &Ctx, opts: &PropagateOpts) -> Result<Report, P
         rows,
         problems: inv.problems.clone(),
         namespaces: inv.helmop_namespaces(),
+        helmop_refs: inv
+            .helmops
+            .iter()
+            .filter_map(|h| Some((crate::inventory::key_of(h)?.to_string(), h.object_ref(&()))))
+            .collect(),
+        clusters: inv.downstreams.iter().map(Downstream::display).collect(),
     })
 }
 
@@ -786,6 +816,8 @@ mod tests {
                 ..Summary::default()
             },
             namespaces: BTreeSet::new(),
+            helmop_refs: BTreeMap::new(),
+            clusters: Vec::new(),
         }
     }
 

@@ -53,16 +53,32 @@ impl Events {
         }
     }
 
-    pub fn started(&self, identity: Option<&str>, lease: Option<&str>, scope: &str) {
-        let text = match (identity, lease) {
+    /// `metrics_addr`: where `/metrics`, `/livez` and `/readyz` are served (the bound address, so
+    /// port 0 says which port was picked).
+    pub fn started(
+        &self,
+        identity: Option<&str>,
+        lease: Option<&str>,
+        scope: &str,
+        metrics_addr: Option<std::net::SocketAddr>,
+    ) {
+        let mut text = match (identity, lease) {
             (Some(id), Some(lease)) => {
                 format!("watching {scope}; leader election on Lease {lease} as {id}")
             }
             _ => format!("watching {scope}; no leader election"),
         };
+        if let Some(addr) = metrics_addr {
+            text.push_str(&format!("; metrics and probes on http://{addr}"));
+        }
         self.emit(
             "started",
-            json!({"identity": identity, "lease": lease, "scope": scope}),
+            json!({
+                "identity": identity,
+                "lease": lease,
+                "scope": scope,
+                "metricsAddr": metrics_addr.map(|a| a.to_string()),
+            }),
             text,
         );
     }

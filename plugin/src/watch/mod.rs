@@ -11,8 +11,13 @@
 
 pub mod debounce;
 pub mod events;
+pub mod health;
+pub mod metrics;
+pub mod notices;
 pub mod triggers;
 
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
@@ -30,6 +35,9 @@ use crate::runner::{Progress, humanize};
 
 use self::debounce::Pending;
 use self::events::Events;
+use self::health::Health;
+use self::metrics::{ErrorKind, Metrics};
+use self::notices::Notices;
 
 /// The `--watch` flags of `propagate`.
 #[derive(Clone, Debug, Args)]
@@ -69,6 +77,12 @@ pub struct WatchArgs {
     /// leader stopped renewing (at once when it shut down cleanly). At least 2s
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "15s", requires = "watch")]
     pub lease_duration: Duration,
+
+    /// With --watch: serve Prometheus /metrics, /livez and /readyz over HTTP on this address
+    /// (HOST:PORT, or :PORT for every interface; port 0 picks a free one, printed in the `started`
+    /// event). Off by default
+    #[arg(long, value_name = "ADDR", value_parser = health::parse_addr, requires = "watch")]
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// Namespace of the Lease when neither `--lease-namespace` nor `POD_NAMESPACE` says.
@@ -87,6 +101,15 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
                 humanize(leader::MIN_LEASE_DURATION)
             ))
         })?;
+    let metrics = Metrics::new();
+    let synced = Arc::new(triggers::Synced::default());
+    let health = Arc::new(Health::new(synced.clone()));
+    health.beat();
+    // Bound before connecting, so probes answer (not ready) while start-up is slow.
+    let listener = match watch_args.metrics_addr {
+        Some(addr) => Some(health::serve(addr, metrics.clone(), health.clone()).await?),
+        None => None,
+    };
     let ctx = Ctx::connect_identified(&args.kube).await?;
     let opts = args.opts(&ctx, Progress::Quiet);
     let events = Events::new(args.output);
@@ -122,6 +145,7 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
         };
         Some(handle)
     };
+    health.joined_election();
     let (_always, always_leading) = watch::channel(true);
     let mut leading = match &election {
         Some(h) => h.state(),
@@ -132,8 +156,16 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
         election.as_ref().map(LeaderHandle::identity),
         election.as_ref().map(LeaderHandle::lease),
         &scope,
+        listener.as_ref().map(|l| l.addr),
     );
     let was_leading = *leading.borrow_and_update();
+    metrics.set_leader(was_leading);
+    let mut notices = (!args.dry_run).then(|| {
+        let identity = election
+            .as_ref()
+            .map_or_else(leader::default_identity, |h| h.identity().to_owned());
+        Notices::new(ctx.upstream.clone(), &identity)
+    });
     if let Some(h) = &election {
         events.leader(
             was_leading,
@@ -143,13 +175,17 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
         );
     }
 
+    crate::test_pause::pause("before-watches", "upstream").await;
     let (tx, mut rx) = mpsc::channel(1024);
     let watches = triggers::spawn(
         &ctx.upstream,
         &opts.scope.selection,
         opts.scope.target_contexts.is_empty(),
         tx,
+        &synced,
     );
+    let mut heartbeat = tokio::time::interval(health::HEARTBEAT);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let max_delay = watch_args.debounce * 10;
     let mut pending = Pending::default();
@@ -168,6 +204,7 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
         };
         tokio::select! {
             signal = signals.recv() => break signal,
+            _ = heartbeat.tick() => health.beat(),
             Some(trigger) = rx.recv() => pending.mark(Instant::now(), trigger.0),
             changed = leading.changed(), if election_alive => {
                 if changed.is_err() {
@@ -176,8 +213,12 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
                     continue;
                 }
                 let now_leading = *leading.borrow_and_update();
+                metrics.set_leader(now_leading);
                 if let Some(h) = &election {
                     events.leader(now_leading, h.identity(), h.lease(), leader_note(now_leading));
+                }
+                if !now_leading && let Some(n) = notices.as_mut() {
+                    n.forget();
                 }
                 if now_leading {
                     // Changes seen while standing by were not acted on.
@@ -191,24 +232,44 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
             _ = sleep_until_opt(due) => {
                 let reasons = pending.take();
                 run_number += 1;
-                let outcome = tokio::select! {
-                    result = propagate_once(&ctx, &opts) => Outcome::Done(result),
-                    _ = lost(&mut leading), if election.is_some() => Outcome::LostLease,
-                    signal = signals.recv() => Outcome::Signal(signal),
+                let run = propagate_once(&ctx, &opts);
+                let mut run = std::pin::pin!(run);
+                // The heartbeat goes on during a run: a long run is not a dead process.
+                let outcome = loop {
+                    tokio::select! {
+                        result = &mut run => break Outcome::Done(result),
+                        _ = lost(&mut leading), if election.is_some() => break Outcome::LostLease,
+                        signal = signals.recv() => break Outcome::Signal(signal),
+                        _ = heartbeat.tick() => health.beat(),
+                    }
                 };
                 match outcome {
                     Outcome::Done(Ok(report)) => {
                         failures = 0;
                         watches.note_namespaces(&report.namespaces);
+                        metrics.run_done(&report, k8s_openapi::jiff::Timestamp::now().as_second());
                         events.run(run_number, &reasons, &report);
+                        // Only the leader tells: a run only completes while leading.
+                        if *leading.borrow() && let Some(n) = notices.as_mut() {
+                            let failed = tokio::select! {
+                                failed = n.publish(&report) => failed,
+                                signal = signals.recv() => break 'outer signal,
+                            };
+                            for _ in 0..failed {
+                                metrics.error(ErrorKind::Event);
+                            }
+                        }
                     }
                     Outcome::Done(Err(e)) => {
+                        metrics.run_failed();
                         failures += 1;
                         let wait = debounce::backoff(failures, MAX_BACKOFF);
                         events.failed(run_number, &reasons, &e, &humanize(wait));
                         pending.retry_at(Instant::now() + wait, "retry");
                     }
                     Outcome::LostLease => {
+                        metrics.run_aborted();
+                        metrics.set_leader(false);
                         events.aborted(run_number, "lost the lease");
                         if let Some(h) = &election {
                             events.leader(false, h.identity(), h.lease(), "lost the Lease: not writing");
@@ -216,6 +277,7 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
                         pending.mark(Instant::now(), "aborted run");
                     }
                     Outcome::Signal(signal) => {
+                        metrics.run_aborted();
                         events.aborted(run_number, signal);
                         break 'outer signal;
                     }

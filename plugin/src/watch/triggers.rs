@@ -7,6 +7,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
@@ -70,6 +71,32 @@ impl Interesting {
     }
 }
 
+/// How many watches have listed once (readiness, [`super::health`]).
+#[derive(Debug, Default)]
+pub struct Synced {
+    total: AtomicUsize,
+    done: AtomicUsize,
+}
+
+impl Synced {
+    pub fn expect(&self, watches: usize) {
+        self.total.store(watches, Ordering::Relaxed);
+    }
+
+    /// One watch finished its first listing.
+    pub fn mark(&self) {
+        self.done.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `(synced, total)`.
+    pub fn progress(&self) -> (usize, usize) {
+        (
+            self.done.load(Ordering::Relaxed),
+            self.total.load(Ordering::Relaxed),
+        )
+    }
+}
+
 /// Starts the watches for `selection`. `fleet`: whether downstream clusters come from Fleet
 /// Clusters (not `--target-context`), so Clusters and ClusterGroups matter.
 pub fn spawn(
@@ -77,6 +104,7 @@ pub fn spawn(
     selection: &Selection,
     fleet: bool,
     tx: mpsc::Sender<Trigger>,
+    synced: &Arc<Synced>,
 ) -> Watches {
     let interesting = Interesting::default();
     let (namespace, helmop_config) = match selection {
@@ -95,6 +123,7 @@ pub fn spawn(
         tx.clone(),
         interesting.clone(),
         true,
+        synced.clone(),
     )];
     if fleet {
         tasks.push(watch_kind::<Cluster>(
@@ -104,6 +133,7 @@ pub fn spawn(
             tx.clone(),
             interesting.clone(),
             true,
+            synced.clone(),
         ));
         tasks.push(watch_kind::<ClusterGroup>(
             api(client, namespace.as_deref()),
@@ -112,6 +142,7 @@ pub fn spawn(
             tx.clone(),
             interesting.clone(),
             false,
+            synced.clone(),
         ));
     }
     // Copies helmop itself made (when the upstream is also a downstream) are no reason to run.
@@ -123,6 +154,7 @@ pub fn spawn(
         "Secret",
         tx.clone(),
         filter.clone(),
+        synced.clone(),
     ));
     tasks.push(watch_sources::<ConfigMap>(
         api(client, namespace.as_deref()),
@@ -130,7 +162,9 @@ pub fn spawn(
         "ConfigMap",
         tx,
         filter,
+        synced.clone(),
     ));
+    synced.expect(tasks.len());
     Watches { tasks, interesting }
 }
 
@@ -164,6 +198,7 @@ fn watch_kind<K>(
     tx: mpsc::Sender<Trigger>,
     interesting: Interesting,
     marks_namespace: bool,
+    synced: Arc<Synced>,
 ) -> JoinHandle<()>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -196,6 +231,8 @@ where
                 Ok(Event::InitDone) => {
                     if listed {
                         send(&tx, format!("{label} watch re-listed"));
+                    } else {
+                        synced.mark();
                     }
                     listed = true;
                     if failing {
@@ -220,6 +257,7 @@ fn watch_sources<K>(
     label: &'static str,
     tx: mpsc::Sender<Trigger>,
     filter: Option<Interesting>,
+    synced: Arc<Synced>,
 ) -> JoinHandle<()>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -247,6 +285,8 @@ where
                 Ok(Event::InitDone) => {
                     if listed {
                         send(&tx, format!("{label} watch re-listed"));
+                    } else {
+                        synced.mark();
                     }
                     listed = true;
                     if failing {

@@ -471,6 +471,7 @@ async fn propagator_manifests_grant_enough_and_no_more() -> anyhow::Result<()> {
             "-n",
             "helmop-system",
         ],
+        &["create", "events.events.k8s.io", "-n", "fleet-default"],
     ] {
         assert!(
             can(allowed)?,
@@ -490,6 +491,9 @@ async fn propagator_manifests_grant_enough_and_no_more() -> anyhow::Result<()> {
         ],
         &["create", "leases.coordination.k8s.io", "-n", "default"],
         &["create", "namespaces"],
+        &["patch", "events.events.k8s.io", "-n", "fleet-default"],
+        &["delete", "events.events.k8s.io", "-n", "fleet-default"],
+        &["create", "events", "-n", "fleet-default"],
     ] {
         assert!(
             !can(denied)?,
