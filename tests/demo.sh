@@ -235,7 +235,9 @@ cp /bin/busybox "$DIR/app-image/rootfs/bin/busybox"
 for applet in sh echo sleep; do ln -s busybox "$DIR/app-image/rootfs/bin/$applet"; done
 bah=(buildah --storage-driver vfs --root "$DIR/app-image/storage" --runroot "$DIR/app-image/run")
 ctr=$("${bah[@]}" from scratch)
-"${bah[@]}" add "$ctr" "$DIR/app-image/rootfs" / >/dev/null
+# One layer from a tar owned by root (buildah unpacks a local tar it adds).
+tar -C "$DIR/app-image/rootfs" --owner=0 --group=0 -cf "$DIR/app-image/layer.tar" .
+"${bah[@]}" add "$ctr" "$DIR/app-image/layer.tar" / >/dev/null
 "${bah[@]}" config --cmd /bin/sh --env PATH=/bin "$ctr"
 "${bah[@]}" commit --quiet --rm "$ctr" localhost/helmop-demo-app:1 >/dev/null
 "${bah[@]}" push --quiet --tls-verify=false localhost/helmop-demo-app:1 "docker://$APP_IMAGE"
@@ -381,6 +383,8 @@ spec:
   template:
     metadata: {labels: {app: web}}
     spec:
+      # sleep as PID 1 ignores SIGTERM: do not wait the default 30 s for old pods to go.
+      terminationGracePeriodSeconds: 2
       containers:
       - name: web
         image: $APP_IMAGE
@@ -395,6 +399,8 @@ EOF
 sed -n '1,$p' "$DIR/manifests/web-app.yaml"
 run kubectl apply -f "$DIR/manifests/web-app.yaml"
 run kubectl -n "$APP_NS" rollout status deployment/web --timeout="${WAIT}s"
+both_started() { (($(kubectl -n "$APP_NS" logs -l app=web | grep -c 'LOG_LEVEL=') == 2)); }
+wait_for "both pods of web to print their settings" both_started
 stamp() {
   kubectl -n "$APP_NS" get deployment web \
     -o jsonpath='{.spec.template.metadata.annotations.helmop\.dev/config-hash}'
@@ -411,7 +417,7 @@ first_stamp=$(stamp)
 [[ -n $first_stamp ]] || die "the Deployment on the node has no helmop.dev/config-hash (stamped by the webhook pods)"
 run kubectl -n "$APP_NS" get pods -l app=web -o wide
 first_pods=$(kubectl -n "$APP_NS" get pods -l app=web -o jsonpath='{.items[*].metadata.name}')
-run kubectl -n "$APP_NS" logs deployment/web
+run kubectl -n "$APP_NS" logs -l app=web --prefix
 
 section "The source ConfigMap changes upstream"
 run kubectl -n "$FLEET_NS" patch configmap app-config -p '{"data":{"LOG_LEVEL":"debug"}}'
@@ -429,10 +435,10 @@ only_new_pods() {
   done
 }
 wait_for "the old pods of web to be gone" only_new_pods
+both_print_debug() { (($(kubectl -n "$APP_NS" logs -l app=web | grep -c 'LOG_LEVEL=debug') == 2)); }
+wait_for "both new pods to print LOG_LEVEL=debug" both_print_debug
 run kubectl -n "$APP_NS" get pods -l app=web -o wide
-run kubectl -n "$APP_NS" logs deployment/web
-kubectl -n "$APP_NS" logs deployment/web | grep -q 'LOG_LEVEL=debug' ||
-  die "the new pods do not print LOG_LEVEL=debug"
+run kubectl -n "$APP_NS" logs -l app=web --prefix
 run kubectl helmop status -A
 
 section "Done in $((SECONDS - started))s (after the build)"
