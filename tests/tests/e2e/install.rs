@@ -172,7 +172,7 @@ async fn admission_loop(
     let mut i = 0u64;
     while !stop.load(Ordering::SeqCst) {
         i += 1;
-        let valid = i % 2 == 0;
+        let valid = i.is_multiple_of(2);
         let doc = if valid {
             helmop(&format!("roll-{i}"), &namespace, "db")
         } else {
