@@ -88,15 +88,19 @@ async fn get_json(cluster: &ClusterInfo, args: &[&str]) -> anyhow::Result<Option
     Ok(Some(serde_json::from_slice(&out.stdout)?))
 }
 
-fn helmop(name: &str, namespace: &str, secret: &str) -> Value {
+/// A HelmOp; with `bad_name`, one listing a Secret by an invalid name (denied), else a valid one that lists
+/// nothing (so nothing has to exist for it to be allowed).
+fn helmop(name: &str, namespace: &str, bad_name: bool) -> Value {
+    let mut spec =
+        json!({"helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.2.3"}});
+    if bad_name {
+        spec["downstreamResources"] = json!([{"kind": "Secret", "name": "Bad_Name"}]);
+    }
     json!({
         "apiVersion": "fleet.cattle.io/v1alpha1",
         "kind": "HelmOp",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.2.3"},
-            "downstreamResources": [{"kind": "Secret", "name": secret}],
-        },
+        "spec": spec,
     })
 }
 
@@ -174,9 +178,9 @@ async fn admission_loop(
         i += 1;
         let valid = i.is_multiple_of(2);
         let doc = if valid {
-            helmop(&format!("roll-{i}"), &namespace, "db")
+            helmop(&format!("roll-{i}"), &namespace, false)
         } else {
-            helmop(&format!("roll-{i}"), &namespace, "Bad_Name")
+            helmop(&format!("roll-{i}"), &namespace, true)
         };
         let object: DynamicObject = match serde_json::from_value(doc) {
             Ok(o) => o,
@@ -328,7 +332,7 @@ async fn install_upgrade_remove(node: &ClusterInfo, registry: &TestRegistry) -> 
     kubectl(node, &["create", "ns", &ns]).await?;
     let client = node.client().await;
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &helmop_resource());
-    let bad: DynamicObject = serde_json::from_value(helmop("bad", &ns, "Bad_Name"))?;
+    let bad: DynamicObject = serde_json::from_value(helmop("bad", &ns, true))?;
     match api.create(&PostParams::default(), &bad).await {
         Err(kube::Error::Api(status)) => ensure!(
             status.message.contains("helmops.validate.helmop.dev")
@@ -338,10 +342,10 @@ async fn install_upgrade_remove(node: &ClusterInfo, registry: &TestRegistry) -> 
         ),
         other => bail!("invalid HelmOp not denied: {other:?}"),
     }
-    let good: DynamicObject = serde_json::from_value(helmop("good", &ns, "db"))?;
+    let good: DynamicObject = serde_json::from_value(helmop("good", &ns, false))?;
     api.create(&PostParams::default(), &good)
         .await
-        .context("a valid HelmOp was refused")?;
+        .map_err(|e| anyhow::anyhow!("a valid HelmOp was refused: {e}"))?;
 
     // Upgrade: the same build under its digest is a new image for the Deployment; roll it while
     // admissions keep going through the API server.

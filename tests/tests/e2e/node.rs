@@ -298,6 +298,13 @@ async fn teardown_leaves_no_process_netns_bridge_or_mount() -> anyhow::Result<()
         }
     })
     .await?;
+    let uid = pods.get("sleeper").await?.metadata.uid.unwrap_or_default();
+    let log_dir = Path::new("/var/log/pods").join(format!("{ns}_sleeper_{uid}"));
+    assert!(
+        log_dir.exists(),
+        "the kubelet keeps the pod's logs in {}",
+        log_dir.display()
+    );
 
     // What the running pod put on the host.
     let containers = node.ctr(&["containers", "ls", "-q"]).await?;
@@ -342,6 +349,11 @@ async fn teardown_leaves_no_process_netns_bridge_or_mount() -> anyhow::Result<()
         );
     }
     assert!(!bridge.exists(), "bridge {} left behind", node.bridge);
+    assert!(
+        !log_dir.exists(),
+        "pod log directory {} left behind",
+        log_dir.display()
+    );
     let mounts = mounts_under(&dir);
     assert!(mounts.is_empty(), "mounts left behind: {mounts:#?}");
     let rules = std::process::Command::new("iptables-save").output()?;
