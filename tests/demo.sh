@@ -1,25 +1,31 @@
 #!/usr/bin/env bash
-# The README demo (`./dev demo`): a local control plane with one upstream and two downstream
-# clusters, helmop's webhook on each, Fleet Clusters and a ClusterGroup, a rejected and an
-# accepted HelmOp, `kubectl helmop propagate` and `status`, and a Deployment downstream that rolls
-# when the source Secret changes upstream.
+# The README demo (`./dev demo`): a local control plane whose upstream cluster has a real node
+# (kubelet, containerd), helmop installed on it from its manifests (`kubectl apply -k` of an overlay
+# naming the images `./dev image` pushed), two downstream clusters (API servers only, their stamping
+# webhook a host process registered by url), Fleet Clusters and a ClusterGroup, a rejected and an
+# accepted HelmOp, `kubectl helmop propagate` and `status`, and a Deployment on the node that rolls
+# (new pods, new value in their logs) when the source ConfigMap changes upstream.
 #
 #   tests/demo.sh DIR         run the demo with its state in DIR (a previous run there is stopped first)
-#   tests/demo.sh --down DIR  stop the demo's webhooks and clusters (`./dev down`)
+#   tests/demo.sh --down DIR  stop the demo's webhooks and clusters, node included (`./dev down`)
 #
-# Needs what `./dev setup` installs and builds (kubectl, cargo, openssl, jq, curl, ss and the
-# control-plane binaries of `tests/controlplane/cp build`).
+# Needs what `./dev setup` installs and builds (kubectl, openssl, jq, curl, ss, buildah, skopeo,
+# busybox-static, the control-plane and node binaries of `tests/controlplane/cp build`) and what
+# `./dev image` makes: the release binaries and both images in the registry HELMOP_REGISTRY
+# (default 127.0.0.1:5000). Root (the node).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CP="$REPO/tests/controlplane/cp"
-BIN="${CARGO_TARGET_DIR:-$REPO/target}/debug"
+# The release binaries `./dev image` built (the same ones the images ship).
+BIN="${CARGO_TARGET_DIR:-$REPO/target}/release"
+REGISTRY="${HELMOP_REGISTRY:-127.0.0.1:5000}"
 CLUSTERS=(upstream down1 down2)
 # Upstream: Fleet's default workspace holds the Clusters, the HelmOp and its sources (Fleet
 # targets only Clusters in the HelmOp's own namespace). Downstream: where the copies go.
 FLEET_NS=fleet-default
 APP_NS=demo
-WAIT=60 # seconds any single wait may take
+WAIT=120 # seconds any single wait may take (pulls and pod starts on a busy machine)
 
 if [[ -t 1 && -z ${NO_COLOR:-} ]]; then
   BOLD=$'\033[1m' CYAN=$'\033[1;36m' DIM=$'\033[2m' RESET=$'\033[0m'
@@ -58,7 +64,7 @@ run_expect_fail() {
 }
 
 usage() {
-  sed -n '7,8p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '9,10p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -210,32 +216,72 @@ on_exit() {
 }
 trap on_exit EXIT
 
-section "Building helmop (cargo build --bins)"
-cd "$REPO"
-cargo build --bins
+((EUID == 0)) || die "the demo starts a real node (bridge, iptables, containerd): run it as root"
 for b in kubectl-helmop helmop-webhook helmop-bootstrap; do
-  [[ -x $BIN/$b ]] || die "$BIN/$b is missing after the build"
+  [[ -x $BIN/$b ]] || die "$BIN/$b is missing: run ./dev image (or ./dev demo, which does) first"
 done
+curl -fsS -o /dev/null "http://$REGISTRY/v2/" || die "no registry answers at $REGISTRY: run ./dev image first"
 # kubectl runs plugins it finds on PATH as `kubectl-<name>`.
 export PATH="$BIN:$PATH"
+VERSION="$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$REPO/Cargo.toml")"
+APP_IMAGE="$REGISTRY/helmop-demo-app:1"
 started=$SECONDS
 
-section "Starting the local control plane in $DIR"
+section "An application image for the node: busybox (FROM scratch), pushed to $REGISTRY"
 down "$DIR"
+rm -rf "$DIR/app-image"
+mkdir -p "$DIR/app-image/rootfs/bin"
+cp /bin/busybox "$DIR/app-image/rootfs/bin/busybox"
+for applet in sh echo sleep; do ln -s busybox "$DIR/app-image/rootfs/bin/$applet"; done
+bah=(buildah --storage-driver vfs --root "$DIR/app-image/storage" --runroot "$DIR/app-image/run")
+ctr=$("${bah[@]}" from scratch)
+# One layer from a tar owned by root (buildah unpacks a local tar it adds).
+tar -C "$DIR/app-image/rootfs" --owner=0 --group=0 -cf "$DIR/app-image/layer.tar" .
+"${bah[@]}" add "$ctr" "$DIR/app-image/layer.tar" / >/dev/null
+"${bah[@]}" config --cmd /bin/sh --env PATH=/bin "$ctr"
+"${bah[@]}" commit --quiet --rm "$ctr" localhost/helmop-demo-app:1 >/dev/null
+"${bah[@]}" push --quiet --tls-verify=false localhost/helmop-demo-app:1 "docker://$APP_IMAGE"
+rm -rf "$DIR/app-image"
+note "$APP_IMAGE: Debian's static busybox, nothing else"
+run skopeo list-tags --tls-verify=false "docker://$REGISTRY/helmop-webhook"
+
+section "Starting the local control plane in $DIR (upstream with a real node; down1, down2: API servers only)"
 "$CP" up --dir "$DIR" --clusters 3 --names "$(
   IFS=,
   echo "${CLUSTERS[*]}"
-)" >/dev/null
+)" --node --registry "$REGISTRY" >/dev/null
 export KUBECONFIG="$DIR/kubeconfig"
 run kubectl config get-contexts
+run kubectl get nodes -o wide
 
-section "Installing helmop-webhook on every cluster (a local process each, registered by url)"
-mkdir -p "$DIR/webhooks" "$DIR/manifests"
+section "Installing helmop on upstream from its manifests (kubectl apply -k, README \"Install on a real cluster\")"
+# Kubernetes >= 1.21 sets this label itself; the shipped namespaceSelector excludes kube-system by
+# it, so on this 1.20 control plane it is set by hand (manifests/README.md).
+run kubectl label --overwrite namespace kube-system kubernetes.io/metadata.name=kube-system
+mkdir -p "$DIR/install" "$DIR/webhooks" "$DIR/manifests"
+# kustomize wants relative paths to other kustomizations.
+cat >"$DIR/install/kustomization.yaml" <<EOF
+# The shipped self-signed install, the 1.20 component, and the images ./dev image pushed.
+resources:
+  - $(realpath --relative-to="$DIR/install" "$REPO/manifests/self-signed")
+components:
+  - $(realpath --relative-to="$DIR/install" "$REPO/manifests/kube-1.20")
+images:
+  - {name: ghcr.io/helmop/helmop-webhook, newName: $REGISTRY/helmop-webhook, newTag: $VERSION}
+EOF
+run cat "$DIR/install/kustomization.yaml"
+run kubectl apply -k "$DIR/install"
+run kubectl -n helmop-system rollout status deployment/helmop-webhook --timeout="${WAIT}s"
+run kubectl -n helmop-system wait --for=condition=complete --timeout="${WAIT}s" \
+  job/helmop-tls-bootstrap job/helmop-hash-key-init
+run kubectl -n helmop-system get pods -o wide
+
+section "Downstream clusters: the stamping webhook as a host process each (no node to run its pods)"
+note "(down1 and down2 have no node: helmop-webhook runs here on the host, registered on each cluster by url"
+note " with the shipped webhook configurations; on a real cluster: kubectl apply -k manifests/stamping-only)"
 make_certs
-for name in "${CLUSTERS[@]}"; do
+for name in down1 down2; do
   kubectl --context "$name" create namespace helmop-system >/dev/null
-  # Kubernetes >= 1.21 sets this label itself; the shipped namespaceSelector excludes
-  # kube-system and helmop-system by it, so on this 1.20 control plane it is set by hand.
   for ns in kube-system helmop-system; do
     kubectl --context "$name" label --overwrite namespace "$ns" "kubernetes.io/metadata.name=$ns" >/dev/null
   done
@@ -248,10 +294,11 @@ done
 section "Upstream: sources, Fleet Clusters and a ClusterGroup in namespace $FLEET_NS"
 kubectl create namespace "$FLEET_NS" >/dev/null
 # A Fleet workspace: the shipped delete guard only sees namespaces labelled like this (manifests/README.md).
-kubectl label namespace "$FLEET_NS" helmop.dev/guard=enabled >/dev/null
+run kubectl label namespace "$FLEET_NS" helmop.dev/guard=enabled
 run kubectl -n "$FLEET_NS" create secret generic db-credentials --from-literal=password=hunter2 --from-literal=user=web
 run kubectl -n "$FLEET_NS" create configmap app-config --from-literal=LOG_LEVEL=info --from-literal=FEATURE_X=on
-for cluster in down1:prod down2:staging; do
+note "(upstream is also a Fleet Cluster, as Fleet's own \"local\" cluster is: the node's pods read copies too)"
+for cluster in upstream:prod down1:prod down2:staging; do
   name=${cluster%%:*} env=${cluster#*:}
   # Fleet reads a registered cluster's credentials from a Secret (key `value`); here the
   # harness's own kubeconfig for that cluster, which works from this host (all on loopback).
@@ -271,7 +318,7 @@ spec: {selector: {matchLabels: {env: staging}}}
 EOF
 run kubectl -n "$FLEET_NS" get clusters.fleet.cattle.io,clustergroups.fleet.cattle.io --show-labels
 
-section "An invalid HelmOp is rejected at admission"
+section "An invalid HelmOp is rejected at admission (by the webhook pods, through their Service)"
 cat >"$DIR/manifests/web-broken.yaml" <<EOF
 # A typo in the Secret's name, and a kind Fleet cannot copy.
 apiVersion: fleet.cattle.io/v1alpha1
@@ -313,8 +360,14 @@ EOF
 sed -n '3,$p' "$DIR/manifests/web.yaml"
 run kubectl apply -f "$DIR/manifests/web.yaml"
 
-section "down1: an opted-in Deployment that reads the copies"
-cat >"$DIR/manifests/down1-web.yaml" <<EOF
+section "kubectl helmop propagate -A"
+run kubectl helmop propagate -A
+section "kubectl helmop status -A"
+run kubectl helmop status -A
+run kubectl --context down2 -n "$APP_NS" get secrets,configmaps -l helmop.dev/managed-by=kubectl-helmop
+
+section "On the node: an opted-in Deployment that reads the copies"
+cat >"$DIR/manifests/web-app.yaml" <<EOF
 apiVersion: v1
 kind: Namespace
 metadata:
@@ -325,61 +378,67 @@ apiVersion: apps/v1
 kind: Deployment
 metadata: {name: web, namespace: $APP_NS}
 spec:
-  replicas: 1
+  replicas: 2
   selector: {matchLabels: {app: web}}
   template:
     metadata: {labels: {app: web}}
     spec:
+      # sleep as PID 1 ignores SIGTERM: do not wait the default 30 s for old pods to go.
+      terminationGracePeriodSeconds: 2
       containers:
       - name: web
-        image: registry.example.com/web:1.4.2
+        image: $APP_IMAGE
+        # Prints the ConfigMap's values it started with (never the password), then idles.
+        command: [sh, -c, 'echo "LOG_LEVEL=\$LOG_LEVEL FEATURE_X=\$FEATURE_X"; exec sleep 86400']
         env:
         - name: DB_PASSWORD
           valueFrom: {secretKeyRef: {name: db-credentials, key: password}}
         envFrom:
         - configMapRef: {name: app-config}
 EOF
-note "(no scheduler or node in this control plane: pods stay Pending, but every pod-template change makes a new ReplicaSet)"
-run kubectl --context down1 apply -f "$DIR/manifests/down1-web.yaml"
-
-replicaset_count() {
-  kubectl --context down1 -n "$APP_NS" get replicasets -l app=web -o name | wc -l
-}
-more_replicasets_than() { (($(replicaset_count) > $1)); }
+sed -n '1,$p' "$DIR/manifests/web-app.yaml"
+run kubectl apply -f "$DIR/manifests/web-app.yaml"
+run kubectl -n "$APP_NS" rollout status deployment/web --timeout="${WAIT}s"
+both_started() { (($(kubectl -n "$APP_NS" logs -l app=web | grep -c 'LOG_LEVEL=') == 2)); }
+wait_for "both pods of web to print their settings" both_started
 stamp() {
-  kubectl --context down1 -n "$APP_NS" get deployment web \
+  kubectl -n "$APP_NS" get deployment web \
     -o jsonpath='{.spec.template.metadata.annotations.helmop\.dev/config-hash}'
 }
 show_stamp() {
-  printf '%s$ kubectl --context down1 -n %s get deployment web -o yaml | grep helmop.dev/config%s\n' \
+  printf '%s$ kubectl -n %s get deployment web -o yaml | grep helmop.dev/config%s\n' \
     "$BOLD" "$APP_NS" "$RESET"
-  kubectl --context down1 -n "$APP_NS" get deployment web -o json |
+  kubectl -n "$APP_NS" get deployment web -o json |
     jq -r '.spec.template.metadata.annotations // {} | to_entries[]
            | select(.key | startswith("helmop.dev/config")) | "    \(.key): \(.value)"'
 }
 show_stamp
-
-section "kubectl helmop propagate -A"
-run kubectl helmop propagate -A
-section "kubectl helmop status -A"
-run kubectl helmop status -A
-run kubectl --context down2 -n "$APP_NS" get secrets,configmaps -l helmop.dev/managed-by=kubectl-helmop
-show_stamp
 first_stamp=$(stamp)
-[[ -n $first_stamp ]] || die "the Deployment on down1 has no helmop.dev/config-hash"
-wait_for "the first ReplicaSet of web on down1" more_replicasets_than 0
-replicasets=$(replicaset_count)
-run kubectl --context down1 -n "$APP_NS" get replicasets -l app=web
+[[ -n $first_stamp ]] || die "the Deployment on the node has no helmop.dev/config-hash (stamped by the webhook pods)"
+run kubectl -n "$APP_NS" get pods -l app=web -o wide
+first_pods=$(kubectl -n "$APP_NS" get pods -l app=web -o jsonpath='{.items[*].metadata.name}')
+run kubectl -n "$APP_NS" logs -l app=web --prefix
 
-section "The source Secret changes upstream"
-run kubectl -n "$FLEET_NS" patch secret db-credentials -p '{"stringData":{"password":"correct-horse-battery-staple"}}'
+section "The source ConfigMap changes upstream"
+run kubectl -n "$FLEET_NS" patch configmap app-config -p '{"data":{"LOG_LEVEL":"debug"}}'
 run kubectl helmop status -A
 note "(Stale: the copies' content hash no longer matches the source)"
 run kubectl helmop propagate -A
 show_stamp
-[[ $(stamp) != "$first_stamp" ]] || die "the stamp on down1 did not change after propagate"
-wait_for "a new ReplicaSet of web on down1" more_replicasets_than "$replicasets"
-run kubectl --context down1 -n "$APP_NS" get replicasets -l app=web
+[[ $(stamp) != "$first_stamp" ]] || die "the stamp on the Deployment did not change after propagate"
+run kubectl -n "$APP_NS" rollout status deployment/web --timeout="${WAIT}s"
+# Until the old pods are gone (terminating pods are still listed for their grace period).
+only_new_pods() {
+  local p
+  for p in $(kubectl -n "$APP_NS" get pods -l app=web -o jsonpath='{.items[*].metadata.name}'); do
+    [[ " $first_pods " != *" $p "* ]] || return 1
+  done
+}
+wait_for "the old pods of web to be gone" only_new_pods
+both_print_debug() { (($(kubectl -n "$APP_NS" logs -l app=web | grep -c 'LOG_LEVEL=debug') == 2)); }
+wait_for "both new pods to print LOG_LEVEL=debug" both_print_debug
+run kubectl -n "$APP_NS" get pods -l app=web -o wide
+run kubectl -n "$APP_NS" logs -l app=web --prefix
 run kubectl helmop status -A
 
 section "Done in $((SECONDS - started))s (after the build)"
@@ -388,12 +447,14 @@ The clusters keep running. Point kubectl at them with:
 
   export KUBECONFIG=$DIR/kubeconfig
   export PATH=$BIN:\$PATH     # so that \`kubectl helmop\` finds the plugin
-  kubectl config get-contexts  # upstream (current), down1, down2
-  kubectl --context down1 -n $APP_NS get deployment,replicasets,secrets,configmaps
+  kubectl config get-contexts  # upstream (current, with the node), down1, down2
+  kubectl -n helmop-system get pods            # helmop's webhook on the node
+  kubectl -n $APP_NS get deployment,replicasets,pods
   kubectl helmop status -A -o wide
 
-Manifests used: $DIR/manifests/   Webhook logs: $DIR/webhooks/   Cluster logs: $DIR/logs/
-Tear everything down (webhooks and clusters) with:
+Manifests used: $DIR/manifests/ and $DIR/install/   Downstream webhook logs: $DIR/webhooks/
+Cluster and node logs: $DIR/logs/
+Tear everything down (node, clusters, host webhooks, local registry) with:
 
   ./dev down
 EOF

@@ -1,7 +1,7 @@
 //! The README demo script (`tests/demo.sh`, run by `./dev demo`) without running the demo: it
 //! parses, passes shellcheck where installed, and its `--down` mode (what `./dev down` runs)
-//! stops exactly the webhook processes it recorded. The demo itself takes a minute and is run
-//! by hand (`./dev demo`).
+//! stops exactly the webhook processes it recorded. The demo itself (a real node, images, a few
+//! minutes, root) is run by hand (`./dev demo`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
@@ -110,11 +110,13 @@ fn down_stops_recorded_webhooks_only() {
     .unwrap();
     std::fs::write(webhooks.join("down1.pid"), format!("{} 1\n", stranger.id())).unwrap();
 
-    // `./dev down` with the demo directory pointing here: no control plane, two pid files.
+    // `./dev down` with the demo directory pointing here: no control plane, two pid files. Its own
+    // cache, so that the registry a real demo started (pid in the cache) is not stopped.
     let out = output(
         Command::new(repo().join("dev"))
             .arg("down")
-            .env("HELMOP_DEMO_DIR", dir.path()),
+            .env("HELMOP_DEMO_DIR", dir.path())
+            .env("HELMOP_CACHE", dir.path().join("cache")),
     );
     assert_success(&out, "./dev down");
     assert!(
