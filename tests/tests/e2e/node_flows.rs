@@ -666,7 +666,13 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
         None,
     )
     .await?;
-    create_secret(&down_client, &dest, "clash", &[("token", b"someone else's")]).await?;
+    create_secret(
+        &down_client,
+        &dest,
+        "clash",
+        &[("token", b"someone else's")],
+    )
+    .await?;
     apply(
         up,
         &json!({
