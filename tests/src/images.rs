@@ -49,13 +49,15 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// `target/release/` next to this test binary's `target/debug/`.
+/// `$HELMOP_RELEASE_DIR`, else `target/release/` next to this test binary's `target/debug/`.
 pub fn release_dir() -> anyhow::Result<PathBuf> {
-    let profile = target_profile_dir()?;
-    let dir = profile
-        .parent()
-        .context("the target directory has no parent")?
-        .join("release");
+    let dir = match std::env::var_os("HELMOP_RELEASE_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => target_profile_dir()?
+            .parent()
+            .context("the target directory has no parent")?
+            .join("release"),
+    };
     for bin in ["helmop-webhook", "helmop-bootstrap", "kubectl-helmop"] {
         if !dir.join(bin).is_file() {
             bail!(

@@ -74,6 +74,21 @@ fn strings(v: &Value) -> Vec<&str> {
         .unwrap_or_default()
 }
 
+/// Every workload of every install directory, with `"DIR: Kind name"` to name it in failures.
+fn all_workloads() -> Vec<(String, Value)> {
+    let mut all = Vec::new();
+    for dir in kustomizations() {
+        let docs = render(&dir);
+        for kind in ["Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob"] {
+            for workload in of_kind(&docs, kind) {
+                let who = format!("{}: {}", dir.display(), name_of(workload));
+                all.push((who, workload.clone()));
+            }
+        }
+    }
+    all
+}
+
 fn name_of(v: &Value) -> String {
     format!(
         "{} {}",
@@ -431,46 +446,40 @@ fn pod_spec(workload: &Value) -> &Value {
 
 #[test]
 fn every_pod_is_non_root_read_only_and_capability_free() {
-    for dir in kustomizations() {
-        let docs = render(&dir);
-        for kind in ["Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob"] {
-            for workload in of_kind(&docs, kind) {
-                let who = format!("{}: {}", dir.display(), name_of(workload));
-                let pod = pod_spec(workload);
-                assert_eq!(
-                    pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
-                    "{who}"
+    for (who, workload) in all_workloads() {
+        let workload = &workload;
+        let pod = pod_spec(workload);
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+            "{who}"
+        );
+        assert_ne!(pod["hostNetwork"], true, "{who}");
+        for c in pod["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .chain(pod["initContainers"].as_array().into_iter().flatten())
+        {
+            let sc = &c["securityContext"];
+            let non_root = sc["runAsNonRoot"] == true
+                || (pod["securityContext"]["runAsNonRoot"] == true && sc["runAsNonRoot"] != false);
+            assert!(non_root, "{who}/{}: runAsNonRoot", c["name"]);
+            assert_eq!(sc["readOnlyRootFilesystem"], true, "{who}/{}", c["name"]);
+            assert_eq!(sc["allowPrivilegeEscalation"], false, "{who}/{}", c["name"]);
+            assert_eq!(
+                strings(&sc["capabilities"]["drop"]),
+                ["ALL"],
+                "{who}/{}",
+                c["name"]
+            );
+            assert!(sc["capabilities"]["add"].is_null(), "{who}/{}", c["name"]);
+            assert_ne!(sc["privileged"], true, "{who}/{}", c["name"]);
+            for r in ["requests", "limits"] {
+                assert!(
+                    c["resources"][r]["memory"].is_string(),
+                    "{who}/{}: resources.{r}.memory",
+                    c["name"]
                 );
-                assert_ne!(pod["hostNetwork"], true, "{who}");
-                for c in pod["containers"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .chain(pod["initContainers"].as_array().into_iter().flatten())
-                {
-                    let sc = &c["securityContext"];
-                    let non_root = sc["runAsNonRoot"] == true
-                        || (pod["securityContext"]["runAsNonRoot"] == true
-                            && sc["runAsNonRoot"] != false);
-                    assert!(non_root, "{who}/{}: runAsNonRoot", c["name"]);
-                    assert_eq!(sc["readOnlyRootFilesystem"], true, "{who}/{}", c["name"]);
-                    assert_eq!(sc["allowPrivilegeEscalation"], false, "{who}/{}", c["name"]);
-                    assert_eq!(
-                        strings(&sc["capabilities"]["drop"]),
-                        ["ALL"],
-                        "{who}/{}",
-                        c["name"]
-                    );
-                    assert!(sc["capabilities"]["add"].is_null(), "{who}/{}", c["name"]);
-                    assert_ne!(sc["privileged"], true, "{who}/{}", c["name"]);
-                    for r in ["requests", "limits"] {
-                        assert!(
-                            c["resources"][r]["memory"].is_string(),
-                            "{who}/{}: resources.{r}.memory",
-                            c["name"]
-                        );
-                    }
-                }
             }
         }
     }
@@ -792,34 +801,29 @@ fn every_container_runs_a_shipped_image_and_binary() {
     let webhook = format!("ghcr.io/helmop/helmop-webhook:{version}");
     let propagator = format!("ghcr.io/helmop/kubectl-helmop:{version}");
     let mut seen = BTreeSet::new();
-    for dir in kustomizations() {
-        let docs = render(&dir);
-        for kind in ["Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob"] {
-            for workload in of_kind(&docs, kind) {
-                let who = format!("{}: {}", dir.display(), name_of(workload));
-                let pod = pod_spec(workload);
-                for c in pod["containers"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .chain(pod["initContainers"].as_array().into_iter().flatten())
-                {
-                    let image = c["image"].as_str().unwrap_or("");
-                    let binaries: &[&str] = if image == webhook {
-                        &["helmop-webhook", "helmop-bootstrap"]
-                    } else if image == propagator {
-                        &["kubectl-helmop"]
-                    } else {
-                        panic!("{who}: image {image:?} is neither {webhook} nor {propagator}")
-                    };
-                    let command = strings(&c["command"]);
-                    assert!(
-                        command.first().is_some_and(|b| binaries.contains(b)),
-                        "{who}: command {command:?} is not one of {binaries:?} in {image}"
-                    );
-                    seen.insert(image.to_owned());
-                }
-            }
+    for (who, workload) in all_workloads() {
+        let workload = &workload;
+        let pod = pod_spec(workload);
+        for c in pod["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .chain(pod["initContainers"].as_array().into_iter().flatten())
+        {
+            let image = c["image"].as_str().unwrap_or("");
+            let binaries: &[&str] = if image == webhook {
+                &["helmop-webhook", "helmop-bootstrap"]
+            } else if image == propagator {
+                &["kubectl-helmop"]
+            } else {
+                panic!("{who}: image {image:?} is neither {webhook} nor {propagator}")
+            };
+            let command = strings(&c["command"]);
+            assert!(
+                command.first().is_some_and(|b| binaries.contains(b)),
+                "{who}: command {command:?} is not one of {binaries:?} in {image}"
+            );
+            seen.insert(image.to_owned());
         }
     }
     assert_eq!(seen, BTreeSet::from([webhook, propagator]));

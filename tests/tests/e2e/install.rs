@@ -88,6 +88,18 @@ async fn get_json(cluster: &ClusterInfo, args: &[&str]) -> anyhow::Result<Option
     Ok(Some(serde_json::from_slice(&out.stdout)?))
 }
 
+/// `kubectl get pods` of the webhook Deployment, as JSON.
+async fn webhook_pods(cluster: &ClusterInfo) -> anyhow::Result<Value> {
+    let selector = [
+        "-n",
+        NS,
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=helmop-webhook",
+    ];
+    get_json(cluster, &selector).await?.context("no pod list")
+}
+
 /// A HelmOp; with `bad_name`, one listing a Secret by an invalid name (denied), else a valid one that lists
 /// nothing (so nothing has to exist for it to be allowed).
 fn helmop(name: &str, namespace: &str, bad_name: bool) -> Value {
@@ -124,18 +136,7 @@ async fn wait_rolled_out(cluster: &ClusterInfo, image: &str) -> anyhow::Result<(
             if !(current && ready) {
                 return Ok(false);
             }
-            let pods = get_json(
-                cluster,
-                &[
-                    "-n",
-                    NS,
-                    "pods",
-                    "-l",
-                    "app.kubernetes.io/name=helmop-webhook",
-                ],
-            )
-            .await?
-            .context("no pod list")?;
+            let pods = webhook_pods(cluster).await?;
             let items = pods["items"].as_array().cloned().unwrap_or_default();
             Ok(items.len() == 2
                 && items
@@ -253,18 +254,7 @@ async fn check_installed(cluster: &ClusterInfo, install: &str) -> anyhow::Result
         .context("PodDisruptionBudget helmop-webhook missing")?;
     ensure!(pdb["spec"]["minAvailable"] == 1, "{pdb}");
     // The webhook runs as the shipped ServiceAccount, which cannot write anything.
-    let pods = get_json(
-        cluster,
-        &[
-            "-n",
-            NS,
-            "pods",
-            "-l",
-            "app.kubernetes.io/name=helmop-webhook",
-        ],
-    )
-    .await?
-    .context("no pod list")?;
+    let pods = webhook_pods(cluster).await?;
     for pod in pods["items"].as_array().context("no pods")? {
         ensure!(
             pod["spec"]["serviceAccountName"] == "helmop-webhook",

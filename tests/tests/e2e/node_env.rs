@@ -104,56 +104,6 @@ async fn run(what: &str, cmd: &mut Command, timeout: Duration) -> anyhow::Result
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// `images/build` (what `./dev image` runs) from the release binaries in `$HELMOP_RELEASE_DIR`, else
-/// next to this test binary's profile directory, pushing both images to `registry`;
-/// `(name, HOST:PORT/NAME:TAG)` per image.
-async fn build_release_images(registry: &str) -> anyhow::Result<Vec<(String, String)>> {
-    let release = match std::env::var_os("HELMOP_RELEASE_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            let exe = std::env::current_exe().context("cannot find the test executable")?;
-            // target/debug/deps/e2e-<hash> -> target/release
-            exe.parent()
-                .and_then(Path::parent)
-                .and_then(Path::parent)
-                .map(|t| t.join("release"))
-                .context("no target directory above the test executable")?
-        }
-    };
-    for bin in ["helmop-webhook", "helmop-bootstrap", "kubectl-helmop"] {
-        if !release.join(bin).is_file() {
-            bail!(
-                "{} is missing: cargo build --release --locked -p helmop-webhook -p kubectl-helmop \
-                 (./dev test and ./dev image do)",
-                release.join(bin).display()
-            );
-        }
-    }
-    let script = repo_root().join("images/build");
-    let out = run(
-        "images/build",
-        Command::new(&script).arg("--bin-dir").arg(&release).args([
-            "--registry",
-            registry,
-            "--tag",
-            "node-flows",
-            "--insecure",
-        ]),
-        Duration::from_secs(600),
-    )
-    .await?;
-    let mut images = Vec::new();
-    for line in out.lines().filter(|l| !l.trim().is_empty()) {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let [name, reference, _size] = fields[..] else {
-            bail!("images/build printed an unexpected line: {line:?}");
-        };
-        let tagged = reference.split_once('@').map_or(reference, |(t, _)| t);
-        images.push((name.to_owned(), tagged.to_owned()));
-    }
-    Ok(images)
-}
-
 impl NodeEnv {
     async fn start() -> anyhow::Result<NodeEnv> {
         let cp = tokio::task::spawn_blocking(|| {
@@ -181,12 +131,12 @@ impl NodeEnv {
         let registry = TestRegistry::start_on(&node.host_address).await?;
         node.allow_http_registry(registry.host())?;
         let busybox = build_busybox_image(&registry, "busybox", "node-flows", "node-flows").await?;
-        let images = build_release_images(registry.host()).await?;
+        let images = helmop_tests::images::build_images(registry.host(), "node-flows").await?;
         let image = |name: &str| {
             images
                 .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, r)| r.clone())
+                .find(|i| i.name == name)
+                .map(|i| format!("{}:{}", i.repository, i.tag))
                 .with_context(|| format!("images/build built no {name}"))
         };
         let dir = cp.dir.join("node-flows");

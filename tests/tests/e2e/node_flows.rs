@@ -441,6 +441,45 @@ async fn assert_runs(client: &Client, ns: &str, app: &str, digest: &str) -> anyh
     Ok(())
 }
 
+/// Source Secret `ns/name` upstream with one `key=value`, created the way a user would.
+async fn create_source(
+    up: &ClusterInfo,
+    ns: &str,
+    name: &str,
+    literal: &str,
+) -> anyhow::Result<()> {
+    let literal = format!("--from-literal={literal}");
+    kubectl(
+        up,
+        &["create", "secret", "generic", name, "-n", ns, &literal],
+        None,
+    )
+    .await
+    .map(drop)
+}
+
+/// Changes the source Secret `ns/db` upstream, as a user would.
+async fn set_password(up: &ClusterInfo, ns: &str, value: &str) -> anyhow::Result<()> {
+    let patch = json!({"stringData": {"password": value}}).to_string();
+    kubectl(up, &["patch", "secret", "db", "-n", ns, "-p", &patch], None)
+        .await
+        .map(drop)
+}
+
+/// HelmOp `ns/name` copying Secret `secret` into `dest` on the Fleet Cluster `down`.
+fn copying_helmop(ns: &str, name: &str, dest: &str, secret: &str) -> Value {
+    json!({
+        "apiVersion": FLEET_API_VERSION, "kind": "HelmOp",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "helm": {"repo": "https://charts.example.com", "chart": name, "version": "1.0.0"},
+            "defaultNamespace": dest,
+            "downstreamResources": [{"kind": "Secret", "name": secret}],
+            "targets": [{"clusterName": "down"}],
+        },
+    })
+}
+
 /// `GET PATH` of a propagator pod's metrics port, through the API server's pod proxy.
 async fn pod_proxy_get(cluster: &ClusterInfo, pod: &str, path: &str) -> anyhow::Result<String> {
     let raw = format!("/api/v1/namespaces/{LEASE_NAMESPACE}/pods/{pod}:8080/proxy/{path}");
@@ -555,20 +594,7 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
     // The Fleet workspace, labelled as the install docs say, and the source.
     let ns =
         fresh_namespace_with_labels(&client, "nf-prop", &[("helmop.dev/guard", "enabled")]).await?;
-    kubectl(
-        up,
-        &[
-            "create",
-            "secret",
-            "generic",
-            "db",
-            "-n",
-            &ns,
-            "--from-literal=password=one",
-        ],
-        None,
-    )
-    .await?;
+    create_source(up, &ns, "db", "password=one").await?;
 
     // Downstream: the destination namespace opts its workloads in; its stamping webhook runs as a
     // host process registered by URL (down has no node to run the webhook's pods on).
@@ -635,37 +661,11 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
         }),
     )
     .await?;
-    apply(
-        up,
-        &json!({
-            "apiVersion": FLEET_API_VERSION, "kind": "HelmOp",
-            "metadata": {"name": "app", "namespace": ns},
-            "spec": {
-                "helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.0.0"},
-                "defaultNamespace": dest,
-                "downstreamResources": [{"kind": "Secret", "name": "db"}],
-                "targets": [{"clusterName": "down"}],
-            },
-        }),
-    )
-    .await?;
+    apply(up, &copying_helmop(&ns, "app", &dest, "db")).await?;
 
     // A second HelmOp whose copy would land on a Secret helmop does not own: a Conflict, which the
     // leader reports as a Warning Event on that HelmOp.
-    kubectl(
-        up,
-        &[
-            "create",
-            "secret",
-            "generic",
-            "clash",
-            "-n",
-            &ns,
-            "--from-literal=token=upstream",
-        ],
-        None,
-    )
-    .await?;
+    create_source(up, &ns, "clash", "token=upstream").await?;
     create_secret(
         &down_client,
         &dest,
@@ -673,40 +673,14 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
         &[("token", b"someone else's")],
     )
     .await?;
-    apply(
-        up,
-        &json!({
-            "apiVersion": FLEET_API_VERSION, "kind": "HelmOp",
-            "metadata": {"name": "clash", "namespace": ns},
-            "spec": {
-                "helm": {"repo": "https://charts.example.com", "chart": "clash", "version": "1.0.0"},
-                "defaultNamespace": dest,
-                "downstreamResources": [{"kind": "Secret", "name": "clash"}],
-                "targets": [{"clusterName": "down"}],
-            },
-        }),
-    )
-    .await?;
+    apply(up, &copying_helmop(&ns, "clash", &dest, "clash")).await?;
 
     let (unset, _) = reader_rollout(&down_client, &dest).await?;
     env.install_propagator().await?;
     let one = wait_propagated(up, down, &dest, "one", unset).await?;
 
     // A change of the source reaches the copy and rolls the reader (a new ReplicaSet downstream).
-    kubectl(
-        up,
-        &[
-            "patch",
-            "secret",
-            "db",
-            "-n",
-            &ns,
-            "-p",
-            r#"{"stringData":{"password":"two"}}"#,
-        ],
-        None,
-    )
-    .await?;
+    set_password(up, &ns, "two").await?;
     let two = wait_propagated(up, down, &dest, "two", one).await?;
 
     // Both replicas run; one holds the Lease. Deleting it hands over to the other one.
@@ -827,20 +801,7 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
     kubectl(up, &["uncordon", node], None).await?;
     explained(handed, up, LEASE_NAMESPACE, PROPAGATOR).await?;
 
-    kubectl(
-        up,
-        &[
-            "patch",
-            "secret",
-            "db",
-            "-n",
-            &ns,
-            "-p",
-            r#"{"stringData":{"password":"three"}}"#,
-        ],
-        None,
-    )
-    .await?;
+    set_password(up, &ns, "three").await?;
     wait_propagated(up, down, &dest, "three", two).await?;
 
     unregister_webhook(&down_client, WebhookKind::Mutating, &hook_name).await?;
