@@ -167,6 +167,11 @@ impl NodeEnv {
         Ok(self.cp.node()?.name.as_str())
     }
 
+    /// The host's address on the pod bridge: what pods dial to reach the host.
+    pub fn host_address(&self) -> anyhow::Result<&str> {
+        Ok(self.cp.node()?.host_address.as_str())
+    }
+
     pub fn downstream(&self) -> &ClusterInfo {
         self.cp.cluster(NODE_DOWNSTREAM)
     }

@@ -11,7 +11,8 @@
 //! - `the_propagator_deployment_propagates_and_survives_losing_its_leader`: the propagator Deployment
 //!   (2 replicas, leader election) copies a changed Secret to a downstream cluster whose reader
 //!   workload rolls; both pods serve /livez, /readyz and /metrics (leadership, runs, copies) through
-//!   the API server's pod proxy; a Conflict becomes a Warning Event on its HelmOp; deleting the leader
+//!   the API server's pod proxy; a Conflict, an unreachable Cluster and a deleted source each become a
+//!   Warning Event on their HelmOp; deleting the leader
 //!   pod hands the Lease to the other replica and a later change
 //!   still propagates.
 //!
@@ -22,7 +23,7 @@ use std::collections::BTreeSet;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::{Context, bail, ensure};
 use helmop_tests::*;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -458,6 +459,47 @@ async fn create_source(
     .map(drop)
 }
 
+/// The `events.k8s.io` Event with `reason` about HelmOp `ns/helmop`, once there is one.
+async fn helmop_event(
+    up: &ClusterInfo,
+    ns: &str,
+    helmop: &str,
+    reason: &str,
+) -> anyhow::Result<Option<Value>> {
+    let listed = kubectl(
+        up,
+        &["get", "events.v1.events.k8s.io", "-n", ns, "-o", "json"],
+        None,
+    )
+    .await?;
+    let events: Value = serde_json::from_str(&listed)?;
+    Ok(events["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["regarding"]["name"] == helmop && e["reason"] == reason)
+        .cloned())
+}
+
+/// Fleet Cluster `ns/name` reached with `kubeconfig` (stored in Secret `<name>-kubeconfig`).
+fn fleet_cluster(ns: &str, name: &str, kubeconfig: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "List",
+        "items": [
+            {
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": format!("{name}-kubeconfig"), "namespace": ns},
+                "stringData": {"value": kubeconfig},
+            },
+            {
+                "apiVersion": FLEET_API_VERSION, "kind": "Cluster",
+                "metadata": {"name": name, "namespace": ns, "labels": {"env": "node-flows"}},
+                "spec": {"kubeConfigSecret": format!("{name}-kubeconfig")},
+            },
+        ],
+    })
+}
+
 /// Changes the source Secret `ns/db` upstream, as a user would.
 async fn set_password(up: &ClusterInfo, ns: &str, value: &str) -> anyhow::Result<()> {
     let patch = json!({"stringData": {"password": value}}).to_string();
@@ -466,8 +508,8 @@ async fn set_password(up: &ClusterInfo, ns: &str, value: &str) -> anyhow::Result
         .map(drop)
 }
 
-/// HelmOp `ns/name` copying Secret `secret` into `dest` on the Fleet Cluster `down`.
-fn copying_helmop(ns: &str, name: &str, dest: &str, secret: &str) -> Value {
+/// HelmOp `ns/name` copying Secret `secret` into `dest` on the Fleet Cluster `cluster`.
+fn copying_helmop(ns: &str, name: &str, dest: &str, secret: &str, cluster: &str) -> Value {
     json!({
         "apiVersion": FLEET_API_VERSION, "kind": "HelmOp",
         "metadata": {"name": name, "namespace": ns},
@@ -475,7 +517,7 @@ fn copying_helmop(ns: &str, name: &str, dest: &str, secret: &str) -> Value {
             "helm": {"repo": "https://charts.example.com", "chart": name, "version": "1.0.0"},
             "defaultNamespace": dest,
             "downstreamResources": [{"kind": "Secret", "name": secret}],
-            "targets": [{"clusterName": "down"}],
+            "targets": [{"clusterName": cluster}],
         },
     })
 }
@@ -637,31 +679,10 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
 
     // The Fleet Cluster. The node control plane's API servers listen on the pod bridge, so the
     // downstream kubeconfig's server is one the propagator's pods reach as it is.
-    let from_file = format!("--from-file=value={}", down.kubeconfig.display());
-    kubectl(
-        up,
-        &[
-            "create",
-            "secret",
-            "generic",
-            "down-kubeconfig",
-            "-n",
-            &ns,
-            &from_file,
-        ],
-        None,
-    )
-    .await?;
-    apply(
-        up,
-        &json!({
-            "apiVersion": FLEET_API_VERSION, "kind": "Cluster",
-            "metadata": {"name": "down", "namespace": ns, "labels": {"env": "node-flows"}},
-            "spec": {"kubeConfigSecret": "down-kubeconfig"},
-        }),
-    )
-    .await?;
-    apply(up, &copying_helmop(&ns, "app", &dest, "db")).await?;
+    let down_kubeconfig = std::fs::read_to_string(&down.kubeconfig)
+        .with_context(|| format!("reading {}", down.kubeconfig.display()))?;
+    apply(up, &fleet_cluster(&ns, "down", &down_kubeconfig)).await?;
+    apply(up, &copying_helmop(&ns, "app", &dest, "db", "down")).await?;
 
     // A second HelmOp whose copy would land on a Secret helmop does not own: a Conflict, which the
     // leader reports as a Warning Event on that HelmOp.
@@ -673,7 +694,29 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
         &[("token", b"someone else's")],
     )
     .await?;
-    apply(up, &copying_helmop(&ns, "clash", &dest, "clash")).await?;
+    apply(up, &copying_helmop(&ns, "clash", &dest, "clash", "down")).await?;
+
+    // The other two problems users must act on, each a Warning Event on its HelmOp: a Cluster that
+    // cannot be reached (its kubeconfig names a host port nothing listens on), and a source that
+    // goes away (in a namespace the delete guard does not watch, so deleting it is allowed).
+    let dead_server = format!("https://{}:1", env.host_address()?);
+    let dead_kubeconfig = down_kubeconfig.replace(&down.server, &dead_server);
+    ensure!(
+        dead_kubeconfig != down_kubeconfig,
+        "{} does not name {}",
+        down.kubeconfig.display(),
+        down.server
+    );
+    apply(up, &fleet_cluster(&ns, "dead", &dead_kubeconfig)).await?;
+    apply(up, &copying_helmop(&ns, "far", &dest, "db", "dead")).await?;
+    let unguarded = fresh_namespace(&client, "nf-prop-unguarded").await?;
+    apply(up, &fleet_cluster(&unguarded, "down", &down_kubeconfig)).await?;
+    create_source(up, &unguarded, "ephemeral", "token=soon-gone").await?;
+    apply(
+        up,
+        &copying_helmop(&unguarded, "ephemeral", &dest, "ephemeral", "down"),
+    )
+    .await?;
 
     let (unset, _) = reader_rollout(&down_client, &dest).await?;
     env.install_propagator().await?;
@@ -742,29 +785,33 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
             );
         }
     }
-    let conflict = wait_for("a Conflict Event on HelmOp clash", ROLL, || async {
-        let listed = kubectl(
-            up,
-            &["get", "events.v1.events.k8s.io", "-n", &ns, "-o", "json"],
-            None,
+    kubectl(
+        up,
+        &["delete", "secret", "ephemeral", "-n", &unguarded],
+        None,
+    )
+    .await?;
+    for (helmop_ns, helmop, reason) in [
+        (&ns, "clash", "Conflict"),
+        (&ns, "far", "ClusterUnreachable"),
+        (&unguarded, "ephemeral", "SourceMissing"),
+    ] {
+        let event = wait_for(
+            &format!("a {reason} Event on HelmOp {helmop_ns}/{helmop}"),
+            ROLL,
+            || helmop_event(up, helmop_ns, helmop, reason),
         )
-        .await?;
-        let events: Value = serde_json::from_str(&listed)?;
-        Ok(events["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|e| e["regarding"]["name"] == "clash" && e["reason"] == "Conflict")
-            .cloned())
-    })
-    .await;
-    let conflict = explained(conflict, up, LEASE_NAMESPACE, PROPAGATOR).await?;
-    assert_eq!(conflict["type"], "Warning", "{conflict}");
-    assert_eq!(conflict["regarding"]["kind"], "HelmOp", "{conflict}");
-    assert!(
-        !conflict.to_string().contains("someone else's"),
-        "a Secret value in an Event: {conflict}"
-    );
+        .await;
+        let event = explained(event, up, LEASE_NAMESPACE, PROPAGATOR).await?;
+        assert_eq!(event["type"], "Warning", "{event}");
+        assert_eq!(event["regarding"]["kind"], "HelmOp", "{event}");
+        for value in ["someone else's", "soon-gone"] {
+            assert!(
+                !event["note"].as_str().unwrap_or_default().contains(value),
+                "a Secret value in an Event: {event}"
+            );
+        }
+    }
 
     // Cordoned, the node cannot start the leader's replacement, so only the standby can take the
     // released Lease (otherwise the replacement may win the race for it); as in `kubectl drain`.
