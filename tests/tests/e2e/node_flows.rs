@@ -12,9 +12,8 @@
 //!   (2 replicas, leader election) copies a changed Secret to a downstream cluster whose reader
 //!   workload rolls; both pods serve /livez, /readyz and /metrics (leadership, runs, copies) through
 //!   the API server's pod proxy; a Conflict, an unreachable Cluster and a deleted source each become a
-//!   Warning Event on their HelmOp; deleting the leader
-//!   pod hands the Lease to the other replica and a later change
-//!   still propagates.
+//!   Warning Event on their HelmOp; deleting the leader pod hands the Lease to the other replica
+//!   and a later change still propagates.
 //!
 //! Every wait has a deadline; a failure carries `kubectl get/describe/logs` and the events of what
 //! it waited for.
