@@ -34,6 +34,13 @@ pub struct KubeArgs {
     /// propagator agree; copies marked with the id of earlier releases are migrated
     #[arg(long, value_name = "ID")]
     pub upstream_id: Option<String>,
+
+    /// Also read Fleet Clusters' kubeconfig Secrets from this namespace (repeatable). Without it,
+    /// a Cluster whose spec.kubeConfigSecretNamespace names a namespace Fleet itself does not read
+    /// from (anything but the Cluster's own, Fleet's workspace and system namespaces, cluster-*)
+    /// is refused and that Secret is never read, as Fleet does
+    #[arg(long = "allow-kubeconfig-namespace", value_name = "NAMESPACE")]
+    pub kubeconfig_namespaces: Vec<String>,
 }
 
 /// Which downstream clusters to work on, and how.

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::StreamExt;
-use helmop_core::model::Cluster;
+use helmop_core::model::{Cluster, FLEET_KUBECONFIG_NAMESPACES};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -151,6 +151,17 @@ pub async fn resolve_fleet(
         let name = cluster_name(cluster);
         let config = match cluster.kubeconfig_secret() {
             None => Err("the Cluster has no spec.kubeConfigSecret".to_string()),
+            Some((ns, secret_name))
+                if !cluster.fleet_reads_kubeconfig_from(&ns)
+                    && !ctx.kubeconfig_namespaces.contains(&ns) =>
+            {
+                Err(format!(
+                    "kubeConfigSecretNamespace {ns} is not a namespace Fleet reads kubeconfigs \
+                     from (the Cluster's own, {}, cluster-*), so Secret {ns}/{secret_name} was not \
+                     read; --allow-kubeconfig-namespace {ns} allows it",
+                    FLEET_KUBECONFIG_NAMESPACES.join(", ")
+                ))
+            }
             Some((ns, secret_name)) => {
                 let entry = secrets.entry((ns.clone(), secret_name.clone()));
                 let fetched = match entry {

@@ -40,6 +40,8 @@ pub struct Ctx {
     pub kubeconfig: Option<Kubeconfig>,
     /// `--request-timeout`; zero means kube's defaults.
     pub request_timeout: Duration,
+    /// `--allow-kubeconfig-namespace`: where kubeconfig Secrets may be read beyond what Fleet reads.
+    pub kubeconfig_namespaces: Vec<String>,
     writes: Arc<AtomicU64>,
 }
 
@@ -106,6 +108,7 @@ impl Ctx {
             namespace,
             kubeconfig,
             request_timeout: args.request_timeout,
+            kubeconfig_namespaces: args.kubeconfig_namespaces.clone(),
             writes: Arc::new(AtomicU64::new(0)),
         })
     }

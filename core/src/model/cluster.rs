@@ -23,6 +23,18 @@ pub struct Cluster {
 
 fleet_resource!(Cluster, "Cluster", "clusters");
 
+/// Namespaces besides a Cluster's own that Fleet v0.16 reads kubeconfig Secrets from (with any
+/// `cluster-*` namespace): its workspaces and its system and registration namespaces, current
+/// and legacy.
+pub const FLEET_KUBECONFIG_NAMESPACES: [&str; 6] = [
+    "fleet-local",
+    "fleet-default",
+    "cattle-fleet-system",
+    "fleet-system",
+    "cattle-fleet-clusters-system",
+    "fleet-clusters-system",
+];
+
 impl Cluster {
     fn default_kind() -> String {
         Self::KIND.to_string()
@@ -48,6 +60,17 @@ impl Cluster {
             status: None,
             extra: Extra::new(),
         }
+    }
+
+    /// Whether Fleet's import controller reads this Cluster's kubeconfig Secret from `namespace`:
+    /// the Cluster's own namespace, Fleet's workspace and system namespaces, or a `cluster-*`
+    /// namespace (rancher/fleet v0.16 `allowedKubeConfigSecretNamespace`). Anywhere else Fleet
+    /// refuses the Cluster, and so does helmop: a `kubeConfigSecretNamespace` must not let whoever
+    /// may write Clusters point helmop at Secrets in namespaces they cannot read.
+    pub fn fleet_reads_kubeconfig_from(&self, namespace: &str) -> bool {
+        self.metadata.namespace.as_deref() == Some(namespace)
+            || FLEET_KUBECONFIG_NAMESPACES.contains(&namespace)
+            || namespace.starts_with("cluster-")
     }
 
     /// Where the kubeconfig Secret lives: `(namespace, name)`. The namespace defaults to the

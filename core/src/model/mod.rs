@@ -12,7 +12,9 @@
 mod cluster;
 mod helmop;
 
-pub use cluster::{Cluster, ClusterGroup, ClusterGroupSpec, ClusterSpec};
+pub use cluster::{
+    Cluster, ClusterGroup, ClusterGroupSpec, ClusterSpec, FLEET_KUBECONFIG_NAMESPACES,
+};
 pub use helmop::{
     BundleTarget, DownstreamResource, HelmOp, HelmOpSpec, HelmOptions, KeyRef, TargetRestriction,
     ValuesFrom,

@@ -385,6 +385,35 @@ fn cluster_kubeconfig_secret_location() {
     );
 }
 
+#[test]
+fn kubeconfig_namespaces_fleet_reads_from() {
+    let c = Cluster::new("team-a", "c1", &[]);
+    for ns in [
+        "team-a",
+        "fleet-local",
+        "fleet-default",
+        "cattle-fleet-system",
+        "fleet-system",
+        "cattle-fleet-clusters-system",
+        "fleet-clusters-system",
+        "cluster-abc",
+        "cluster-",
+    ] {
+        assert!(c.fleet_reads_kubeconfig_from(ns), "{ns}");
+    }
+    for ns in [
+        "team-b",
+        "kube-system",
+        "default",
+        "Fleet-default",
+        "fleet-default-x",
+        "my-cluster-x",
+        "",
+    ] {
+        assert!(!c.fleet_reads_kubeconfig_from(ns), "{ns}");
+    }
+}
+
 fn assert_api_resource<K>()
 where
     K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>

@@ -109,6 +109,7 @@ fn kube_args(a: &Analysis) -> KubeArgs {
         namespace: a.value("namespace").map(str::to_owned),
         request_timeout: LOOKUP_TIMEOUT,
         upstream_id: None,
+        kubeconfig_namespaces: Vec::new(),
     }
 }
 

@@ -121,6 +121,7 @@ fn kube_args(args: &ValidateArgs) -> KubeArgs {
         namespace: args.namespace.clone(),
         request_timeout: args.request_timeout,
         upstream_id: None,
+        kubeconfig_namespaces: Vec::new(),
     }
 }
 

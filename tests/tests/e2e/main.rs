@@ -7,6 +7,7 @@ mod controlplane;
 mod copies;
 mod failure_isolation;
 mod faults;
+mod fleet_parity;
 mod identity;
 mod images;
 mod images_build;
