@@ -16,11 +16,13 @@ impl ResourceKind {
     /// Every kind, in canonical order.
     pub const ALL: [ResourceKind; 2] = [ResourceKind::Secret, ResourceKind::ConfigMap];
 
-    /// Parses a kind the way Fleet does: ASCII case-insensitively.
+    /// Parses a kind the way Fleet does: `strings.ToLower(kind)` compared with `secret` and
+    /// `configmap` (rancher/fleet v0.16 `helmdeployer/install.go`, the agent's bundle deployment
+    /// controller), so a kind Go lower-cases to one of those is that kind, `CONFIGMAP` as much as
+    /// `Conf\u{130}gMap`.
     pub fn parse(s: &str) -> Option<ResourceKind> {
-        Self::ALL
-            .into_iter()
-            .find(|k| k.as_str().eq_ignore_ascii_case(s))
+        let lower = go_to_lower(s);
+        Self::ALL.into_iter().find(|k| k.lower() == lower)
     }
 
     /// The canonical spelling (`Secret`, `ConfigMap`).
@@ -38,6 +40,27 @@ impl ResourceKind {
             ResourceKind::ConfigMap => "configmap",
         }
     }
+}
+
+/// Go's `strings.ToLower`: every character mapped on its own by Unicode's simple lower-case
+/// mapping. Rust's `str::to_lowercase` differs in two ways Fleet's verdicts depend on: it maps
+/// U+0130 (capital I with dot) to two characters where Go maps it to `i`, and it lower-cases a
+/// final capital sigma to `ς` where Go gives `σ`.
+pub fn go_to_lower(s: &str) -> String {
+    s.chars()
+        .map(|c| match c {
+            '\u{130}' => 'i',
+            c => {
+                // Outside U+0130, a character's full lower-case mapping is one character: its
+                // simple mapping.
+                let mut lower = c.to_lowercase();
+                match (lower.next(), lower.next()) {
+                    (Some(l), None) => l,
+                    _ => c,
+                }
+            }
+        })
+        .collect()
 }
 
 impl fmt::Display for ResourceKind {
@@ -98,6 +121,30 @@ mod tests {
         assert_eq!(ResourceKind::parse(""), None);
         assert_eq!(ResourceKind::parse("Secrets"), None);
         assert_eq!(ResourceKind::parse("config-map"), None);
+    }
+
+    #[test]
+    fn kinds_are_lower_cased_as_go_does() {
+        assert_eq!(
+            ResourceKind::parse("Conf\u{130}gMap"),
+            Some(ResourceKind::ConfigMap)
+        );
+        assert_eq!(
+            ResourceKind::parse("CONF\u{130}GMAP"),
+            Some(ResourceKind::ConfigMap)
+        );
+        // U+017F (long s) is already lower case; Go leaves it alone.
+        assert_eq!(ResourceKind::parse("\u{17F}ecret"), None);
+        assert_eq!(go_to_lower("CONF\u{130}GMAP"), "configmap");
+        assert_eq!("\u{130}".to_lowercase(), "i\u{307}", "where Rust differs");
+        // Go maps every sigma to σ; Rust's str::to_lowercase ends a word with ς.
+        assert_eq!(
+            go_to_lower("\u{3A3}\u{391}\u{3A3}"),
+            "\u{3C3}\u{3B1}\u{3C3}"
+        );
+        assert_eq!(go_to_lower("\u{212A}ind"), "kind", "Kelvin sign");
+        assert_eq!(go_to_lower("Secret"), "secret");
+        assert_eq!(go_to_lower(""), "");
     }
 
     #[test]

@@ -752,7 +752,7 @@ pub fn uncopyable_rows(inv: &Inventory) -> Vec<Row> {
             .chain(spec.targets().iter().flat_map(|t| t.downstream_resources()));
         let mut seen = BTreeSet::new();
         for e in entries.filter(|e| e.to_ref().is_none()) {
-            if !seen.insert((e.kind.to_ascii_lowercase(), e.name.clone())) {
+            if !seen.insert((helmop_core::resource::go_to_lower(&e.kind), e.name.clone())) {
                 continue;
             }
             rows.push(Row {

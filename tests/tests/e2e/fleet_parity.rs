@@ -6,8 +6,13 @@
 //!   (`allowedKubeConfigSecretNamespace`). helmop refuses any other `kubeConfigSecretNamespace`
 //!   per cluster, with the reason in `status` and `propagate`, and copies nothing there, unless
 //!   `--allow-kubeconfig-namespace` names that namespace.
+//! - `kinds_are_lower_cased_as_go_does`: Fleet compares `strings.ToLower(kind)` with `configmap`
+//!   and `secret`, so `CONF\u{130}GMAP` (capital I with dot, which Go lower-cases to `i`) names a
+//!   ConfigMap: `validate` accepts it and `propagate` copies it, as Fleet's agent would.
 
 use helmop_tests::*;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
 use serde_json::{Value, json};
 
 use crate::plugin::support::*;
@@ -113,5 +118,35 @@ async fn a_kubeconfig_namespace_fleet_refuses_is_never_read_unless_allowed() -> 
         get_secret(&f.down1, &dest, "db").await?.is_some(),
         "far's copy"
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn kinds_are_lower_cased_as_go_does() -> anyhow::Result<()> {
+    let f = Fleet::new("fp-kind").await?;
+    create_config_map(&f.upstream, &f.ns, "settings", &[("level", "debug")]).await?;
+    let dest = f.dest("apps");
+    let yaml = helmop_yaml(
+        "app",
+        &format!(
+            "defaultNamespace: {dest}\ndownstreamResources:\n- {{kind: \"CONF\u{130}GMAP\", name: settings}}\ntargets:\n- clusterName: down1\n"
+        ),
+    );
+    let file = std::env::temp_dir().join(format!("{}-helmop.yaml", f.ns));
+    std::fs::write(&file, &yaml)?;
+    let args = ["validate", "-f", &file.display().to_string(), "-o", "json"].map(String::from);
+    let validated = run_raw(&args, &[]).await?;
+    std::fs::remove_file(&file)?;
+    validated.expect(0);
+
+    f.helmop(&yaml).await?;
+    helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    let copy = Api::<ConfigMap>::namespaced(f.down1.clone(), &dest)
+        .get_opt("settings")
+        .await?;
+    let data = copy.and_then(|c| c.data).unwrap_or_default();
+    assert_eq!(data.get("level").map(String::as_str), Some("debug"));
     Ok(())
 }
