@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context, bail};
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -174,4 +175,25 @@ fn complete(object: &mut Value, namespace: &str, resource: &ApiResource) -> anyh
         }
     }
     Ok(())
+}
+
+/// The Events the propagator (`reportingController: helmop.dev/propagator`) put on HelmOp `ns/helmop`.
+pub async fn propagator_events(
+    client: &Client,
+    ns: &str,
+    helmop: &str,
+) -> anyhow::Result<Vec<Event>> {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    Ok(events
+        .list(&Default::default())
+        .await
+        .with_context(|| format!("listing Events in {ns}"))?
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.regarding.as_ref().is_some_and(|r| {
+                r.kind.as_deref() == Some("HelmOp") && r.name.as_deref() == Some(helmop)
+            }) && e.reporting_controller.as_deref() == Some("helmop.dev/propagator")
+        })
+        .collect())
 }

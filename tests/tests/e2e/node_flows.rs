@@ -458,28 +458,6 @@ async fn create_source(
     .map(drop)
 }
 
-/// The `events.k8s.io` Event with `reason` about HelmOp `ns/helmop`, once there is one.
-async fn helmop_event(
-    up: &ClusterInfo,
-    ns: &str,
-    helmop: &str,
-    reason: &str,
-) -> anyhow::Result<Option<Value>> {
-    let listed = kubectl(
-        up,
-        &["get", "events.v1.events.k8s.io", "-n", ns, "-o", "json"],
-        None,
-    )
-    .await?;
-    let events: Value = serde_json::from_str(&listed)?;
-    Ok(events["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|e| e["regarding"]["name"] == helmop && e["reason"] == reason)
-        .cloned())
-}
-
 /// Fleet Cluster `ns/name` reached with `kubeconfig` (stored in Secret `<name>-kubeconfig`).
 fn fleet_cluster(ns: &str, name: &str, kubeconfig: &str) -> Value {
     json!({
@@ -798,16 +776,25 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
         let event = wait_for(
             &format!("a {reason} Event on HelmOp {helmop_ns}/{helmop}"),
             ROLL,
-            || helmop_event(up, helmop_ns, helmop, reason),
+            || async {
+                Ok(propagator_events(&client, helmop_ns, helmop)
+                    .await?
+                    .into_iter()
+                    .find(|e| e.reason.as_deref() == Some(reason)))
+            },
         )
         .await;
         let event = explained(event, up, LEASE_NAMESPACE, PROPAGATOR).await?;
-        assert_eq!(event["type"], "Warning", "{event}");
-        assert_eq!(event["regarding"]["kind"], "HelmOp", "{event}");
+        assert_eq!(event.type_.as_deref(), Some("Warning"), "{event:?}");
+        assert_eq!(
+            event.regarding.as_ref().and_then(|r| r.kind.as_deref()),
+            Some("HelmOp"),
+            "{event:?}"
+        );
         for value in ["someone else's", "soon-gone"] {
             assert!(
-                !event["note"].as_str().unwrap_or_default().contains(value),
-                "a Secret value in an Event: {event}"
+                !event.note.as_deref().unwrap_or_default().contains(value),
+                "a Secret value in an Event: {event:?}"
             );
         }
     }

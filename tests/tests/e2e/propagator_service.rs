@@ -12,8 +12,8 @@ use helmop_tests::*;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::Timestamp;
+use kube::Api;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Api, Client};
 use serde_json::{Value, json};
 
 const LEASE_FLAG: &str = "5s";
@@ -52,22 +52,6 @@ async fn scrape(http: &reqwest::Client, addr: &str) -> anyhow::Result<BTreeMap<S
 
 fn metric(m: &BTreeMap<String, f64>, key: &str) -> f64 {
     m.get(key).copied().unwrap_or(0.0)
-}
-
-/// The Events helmop put on HelmOp `ns/app`.
-async fn helmop_events(client: &Client, ns: &str) -> anyhow::Result<Vec<Event>> {
-    let events: Api<Event> = Api::namespaced(client.clone(), ns);
-    Ok(events
-        .list(&Default::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.regarding.as_ref().is_some_and(|r| {
-                r.kind.as_deref() == Some("HelmOp") && r.name.as_deref() == Some("app")
-            }) && e.reporting_controller.as_deref() == Some("helmop.dev/propagator")
-        })
-        .collect())
 }
 
 fn reasons(events: &[Event]) -> Vec<String> {
@@ -281,7 +265,7 @@ async fn watch_serves_metrics_probes_and_events() -> anyhow::Result<()> {
     // One Event per problem, on the HelmOp, with the right reason and type; no Secret value.
     let want = ["ClusterUnreachable", "Conflict", "SourceMissing"];
     wait_until("the three Events on the HelmOp", BOUND, || async {
-        Ok(reasons(&helmop_events(&upstream, &ns).await?) == want)
+        Ok(reasons(&propagator_events(&upstream, &ns, "app").await?) == want)
     })
     .await?;
 
@@ -368,7 +352,7 @@ async fn watch_serves_metrics_probes_and_events() -> anyhow::Result<()> {
         .await?;
     a.wait_event("a run for the touch", BOUND, seen, |e| e["event"] == "run")
         .await?;
-    let events = helmop_events(&upstream, &ns).await?;
+    let events = propagator_events(&upstream, &ns, "app").await?;
     assert_eq!(reasons(&events), want, "not one Event per run: {events:?}");
     for e in &events {
         assert_eq!(e.type_.as_deref(), Some("Warning"), "{e:?}");
