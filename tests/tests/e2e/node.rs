@@ -300,11 +300,16 @@ async fn teardown_leaves_no_process_netns_bridge_or_mount() -> anyhow::Result<()
     .await?;
     let uid = pods.get("sleeper").await?.metadata.uid.unwrap_or_default();
     let log_dir = Path::new("/var/log/pods").join(format!("{ns}_sleeper_{uid}"));
-    assert!(
-        log_dir.exists(),
-        "the kubelet keeps the pod's logs in {}",
+    // The phase can say Running a moment before the directory is visible here; it must appear.
+    let wanted = format!(
+        "the kubelet to keep the pod's logs in {}",
         log_dir.display()
     );
+    wait_until(&wanted, POD_TIMEOUT, || {
+        let log_dir = log_dir.clone();
+        async move { Ok(log_dir.exists()) }
+    })
+    .await?;
 
     // What the running pod put on the host.
     let containers = node.ctr(&["containers", "ls", "-q"]).await?;
