@@ -3,6 +3,7 @@
 
 mod api_error;
 mod args;
+mod argv;
 mod cli;
 mod clusters;
 mod cmd;
@@ -46,7 +47,10 @@ fn main() -> ExitCode {
         let words = raw.map(|w| w.to_string_lossy().into_owned()).collect();
         return cmd::completion::run_complete(words).into();
     }
-    let cli = match Cli::try_parse() {
+    let mut args = std::env::args_os();
+    let program = args.next().unwrap_or_else(|| "kubectl-helmop".into());
+    let args = argv::hoist_connection_flags(args.collect());
+    let cli = match Cli::try_parse_from(std::iter::once(program).chain(args)) {
         Ok(cli) => cli,
         Err(e) => {
             // clap's own exit code for usage errors is 2, which DESIGN reserves for partial

@@ -66,7 +66,11 @@ pub const COMPLETE_ARG: &str = "__complete";
 
 /// `kubectl-helmop __complete WORDS...`: prints the candidates in Cobra's format. Never fails:
 /// a shell must not see errors.
-pub fn run_complete(words: Vec<String>) -> ExitStatus {
+pub fn run_complete(mut words: Vec<String>) -> ExitStatus {
+    // The last word is the one being completed: it stays last.
+    let current = words.pop();
+    let mut words = crate::argv::hoist_connection_words(words);
+    words.extend(current);
     let mut cmd = Cli::command();
     cmd.build();
     let lookup = Live::new();

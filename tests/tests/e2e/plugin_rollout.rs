@@ -335,6 +335,10 @@ async fn kubectl_completes_the_plugin_through_kubectl_complete_helmop() -> anyho
     let (helmops, _) =
         kubectl_complete(&["status", "--kubeconfig", &kubeconfig, "-n", &ns, ""], &[]).await?;
     assert_eq!(helmops, ["payments"]);
+    // The same with the connection flags typed before the subcommand.
+    let (helmops, _) =
+        kubectl_complete(&["--kubeconfig", &kubeconfig, "-n", &ns, "status", ""], &[]).await?;
+    assert_eq!(helmops, ["payments"]);
 
     // Workloads: the kind first (no space after it), then the names of that kind.
     let (kinds, directive) = kubectl_complete(&["rollout", "-n", &ns, ""], &[]).await?;

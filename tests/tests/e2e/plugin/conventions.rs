@@ -262,18 +262,8 @@ async fn target_contexts_and_a_custom_upstream_id() -> anyhow::Result<()> {
     );
 
     // Through real kubectl, with the plugin on PATH.
-    let bin_dir = plugin_bin()
-        .parent()
-        .map(|p| p.to_path_buf())
-        .unwrap_or_default();
-    let path = format!(
-        "{}:{}",
-        bin_dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let out = tokio::process::Command::new("kubectl")
-        .args([
-            "helmop",
+    let out = through_kubectl(
+        &[
             "status",
             "app",
             "-n",
@@ -284,20 +274,13 @@ async fn target_contexts_and_a_custom_upstream_id() -> anyhow::Result<()> {
             "down1",
             "--upstream-id",
             "team-up",
-        ])
-        .env("PATH", path)
-        .env("KUBECONFIG", &merged)
-        .stdin(Stdio::null())
-        .output()
-        .await?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.starts_with("HELMOP"), "{stdout}");
-    assert!(stdout.contains("Synced"), "{stdout}");
+        ],
+        &[("KUBECONFIG", &merged)],
+    )
+    .await?
+    .expect(0);
+    assert!(out.stdout.starts_with("HELMOP"), "{}", out.stdout);
+    assert!(out.stdout.contains("Synced"), "{}", out.stdout);
     Ok(())
 }
 
@@ -342,5 +325,98 @@ async fn colour_and_progress_only_on_a_terminal() -> anyhow::Result<()> {
         "{}",
         piped.stderr
     );
+    Ok(())
+}
+
+/// kubectl users type connection flags before the subcommand (`kubectl helmop --context prod
+/// status`), as cobra-based plugins accept them; kubectl passes them on as typed.
+#[tokio::test]
+async fn connection_flags_work_before_and_after_the_subcommand_through_kubectl()
+-> anyhow::Result<()> {
+    let f = propagated("pa-flagpos").await?;
+    let cp = control_plane();
+    let upstream_cfg = path_str(&cp.upstream().kubeconfig);
+    let down1_cfg = path_str(&cp.cluster(DOWNSTREAM_1).kubeconfig);
+    // down1's context is the default, so only a --context that is honoured reaches the HelmOp.
+    let merged = format!("{down1_cfg}:{upstream_cfg}");
+    let env = [("KUBECONFIG", merged.as_str())];
+    let ns = f.ns.as_str();
+
+    let after = through_kubectl(
+        &[
+            "status",
+            "app",
+            "-o",
+            "json",
+            "--context",
+            "upstream",
+            "-n",
+            ns,
+            "--request-timeout",
+            "20s",
+        ],
+        &env,
+    )
+    .await?
+    .expect(0)
+    .json();
+    assert!(states(&after).values().all(|s| s == "Synced"), "{after:#}");
+    assert!(!states(&after).is_empty(), "{after:#}");
+    for before in [
+        &[
+            "--context",
+            "upstream",
+            "-n",
+            ns,
+            "--request-timeout",
+            "20s",
+            "status",
+            "app",
+            "-o",
+            "json",
+        ][..],
+        &[
+            "--context=upstream",
+            &format!("--namespace={ns}"),
+            "status",
+            "app",
+            "-o",
+            "json",
+        ],
+        &[
+            "--context",
+            "upstream",
+            "status",
+            "app",
+            "-n",
+            ns,
+            "-o",
+            "json",
+        ],
+    ] {
+        let out = through_kubectl(before, &env).await?.expect(0).json();
+        assert_eq!(states(&out), states(&after), "{before:?}");
+    }
+
+    // --kubeconfig and -A before the subcommand, without KUBECONFIG.
+    let all = through_kubectl(
+        &["--kubeconfig", &upstream_cfg, "-A", "status", "-o", "json"],
+        &[],
+    )
+    .await?
+    .expect(0)
+    .json();
+    assert!(
+        rows(&all)
+            .iter()
+            .any(|r| r["helmops"][0] == format!("{ns}/app").as_str()),
+        "{all:#}"
+    );
+
+    // A flag the subcommand does not take is still refused by that subcommand, wherever typed.
+    let refused = through_kubectl(&["-A", "rollout", "deployment/web"], &env)
+        .await?
+        .expect(1);
+    assert!(refused.stderr.contains("'-A'"), "{}", refused.stderr);
     Ok(())
 }

@@ -154,6 +154,39 @@ pub async fn run_raw(args: &[String], env: &[(&str, &str)]) -> anyhow::Result<Ou
     })
 }
 
+/// Runs `kubectl helmop ARGS` through real kubectl, with the workspace's plugin binaries first on
+/// PATH; KUBECONFIG is removed unless `env` sets it.
+pub async fn through_kubectl(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Out> {
+    let bin_dir = plugin_bin()
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let path = std::env::join_paths(std::iter::once(bin_dir).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))?;
+    let mut cmd = tokio::process::Command::new("kubectl");
+    cmd.arg("helmop")
+        .args(args)
+        .env("PATH", path)
+        .env_remove("KUBECONFIG")
+        .env("HELMOP_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(180), cmd.output())
+        .await
+        .with_context(|| format!("kubectl helmop {args:?} did not finish in 180s"))??;
+    Ok(Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
 /// Clients of the shared control plane and a fresh upstream namespace holding Fleet Clusters.
 pub struct Fleet {
     pub ns: String,
