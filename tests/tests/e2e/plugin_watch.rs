@@ -128,6 +128,33 @@ impl Fixture {
     }
 }
 
+/// Every `renewTime` the propagator's Lease shows while `holder` holds it, until another holder
+/// takes it over. A watch delivers each update in order, so the last one is the holder's last
+/// renewal, even one that landed after the holder was killed.
+async fn renewals_until_handed_over(
+    api: Api<Lease>,
+    holder: String,
+) -> anyhow::Result<Vec<Timestamp>> {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+
+    let config = watcher::Config::default().fields("metadata.name=kubectl-helmop-propagate");
+    let mut events = std::pin::pin!(watcher(api, config));
+    let mut seen = Vec::new();
+    while let Some(event) = events.next().await {
+        let (watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) = event? else {
+            continue;
+        };
+        let Some(spec) = lease.spec else { continue };
+        match spec.holder_identity {
+            Some(h) if h == holder => seen.extend(spec.renew_time.map(|t| t.0)),
+            Some(_) => return Ok(seen),
+            None => {}
+        }
+    }
+    bail!("the Lease's watch ended")
+}
+
 /// The copy of Secret `db` on `cluster`, as text.
 async fn copy_value(cluster: &str, ns: &str) -> anyhow::Result<Option<String>> {
     let client = control_plane().cluster(cluster).client().await;
@@ -296,8 +323,27 @@ async fn two_watchers_never_both_write() -> anyhow::Result<()> {
         f.set_source(value).await?;
         wait_copy(DOWNSTREAM_1, &f.ns, value, PROPAGATION_BOUND).await?;
     }
-    // Longer than several renewals: B stays a standby while A renews.
-    tokio::time::sleep(LEASE).await;
+    // B stays a standby while A renews: wait for two renewals by A, then look.
+    let mut last = f
+        .lease()
+        .await?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.renew_time);
+    for _ in 0..2 {
+        last = Some(
+            wait_for("A to renew the Lease", 3 * LEASE, || {
+                let (lease, last, a) = (f.lease(), last.clone(), a_identity.clone());
+                async move {
+                    Ok(lease.await?.and_then(|l| l.spec).and_then(|s| {
+                        (s.holder_identity.as_deref() == Some(a.as_str()) && s.renew_time != last)
+                            .then_some(s.renew_time)
+                            .flatten()
+                    }))
+                }
+            })
+            .await?,
+        );
+    }
     assert!(b.events_named("run").is_empty(), "B ran: {}", b.context());
     // Renewals are not news: one leadership event each, no flapping.
     assert_eq!(a.events_named("leader").len(), 1, "{}", a.context());
@@ -344,23 +390,25 @@ async fn two_watchers_never_both_write() -> anyhow::Result<()> {
         e["event"] == "leader" && e["leading"] == false
     })
     .await?;
+    // A renewal B had in flight may land after it died: the Lease's watch sees every one.
+    let renewals = tokio::spawn(renewals_until_handed_over(
+        Api::<Lease>::namespaced(f.upstream.clone(), &f.ns),
+        b_identity.clone(),
+    ));
     b.signal(libc::SIGKILL)?;
     let killed = Timestamp::now();
     b.wait_exit(Duration::from_secs(10)).await?;
-    // Let a renewal B may have had in flight land, then read B's last renewal.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let spec = f.lease().await?.and_then(|l| l.spec).context("the Lease")?;
-    assert_eq!(
-        spec.holder_identity.as_deref(),
-        Some(b_identity.as_str()),
-        "nobody took over at once"
-    );
-    let last_renewal = spec.renew_time.context("renewTime")?.0;
     let c_leads = c
         .wait_event("C to take over", Duration::from_secs(30), 0, |e| {
             e["event"] == "leader" && e["leading"] == true
         })
         .await?;
+    let last_renewal = tokio::time::timeout(DEFAULT_TIMEOUT, renewals)
+        .await
+        .context("the Lease's watch did not see C take over")???
+        .into_iter()
+        .max()
+        .context("a renewal by B")?;
     // C counts the lease from when it saw B's last renewal, so never earlier than a full lease
     // after it (one clock: all processes run on this machine).
     let waited = time_of(&c_leads)?.duration_since(last_renewal);
