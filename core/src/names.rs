@@ -1,5 +1,5 @@
-//! The names helmop exposes (DESIGN section 3). Every label, annotation and well-known object name
-//! lives here so the webhook, the plugin and the tests can never disagree about spelling.
+//! The names helmop exposes: every label, annotation and well-known object name it reads or
+//! writes lives here, so the webhook, the plugin and the tests can never disagree about spelling.
 
 /// Domain prefix of everything helmop writes.
 pub const PREFIX: &str = "helmop.dev/";
@@ -31,6 +31,9 @@ pub const ANN_CONFIG_HASH: &str = "helmop.dev/config-hash";
 pub const ANN_CONFIG_REFS: &str = "helmop.dev/config-refs";
 /// Pod-template annotation: `container=digest` pairs in `annotate` image mode.
 pub const ANN_IMAGE_DIGESTS: &str = "helmop.dev/image-digests";
+/// Workload or Namespace annotation overriding the webhook's `--image-mode` (`pin`, `annotate`,
+/// `off`); the workload's wins.
+pub const ANN_IMAGE_MODE: &str = "helmop.dev/image-mode";
 /// Workload metadata annotation the plugin bumps to make the webhook re-stamp.
 pub const ANN_RESTAMP: &str = "helmop.dev/restamp";
 /// HelmOp annotation: missing downstream resources warn instead of deny.

@@ -41,9 +41,9 @@ pub struct LeaseTimings {
 pub const MIN_LEASE_DURATION: Duration = Duration::from_secs(2);
 
 impl LeaseTimings {
-    /// client-go's ratios (15 s / 10 s / 2 s by default): the renew deadline is 2/3 of the lease
-    /// duration, the retry period 1/6 of it, so a holder gets several attempts before it steps down
-    /// and steps down well before anyone else may take over.
+    /// The renew deadline is 2/3 of the lease duration, as in client-go's defaults (15 s / 10 s),
+    /// and the retry period 1/6 of it (2.5 s at 15 s, where client-go uses 2 s), so a holder gets
+    /// several attempts before it steps down and steps down well before anyone else may take over.
     pub fn from_lease_duration(lease_duration: Duration) -> Option<LeaseTimings> {
         if lease_duration < MIN_LEASE_DURATION {
             return None;

@@ -11,7 +11,3 @@ pub mod policy;
 pub mod pull_secrets;
 pub mod reference;
 pub mod tags;
-
-/// Workload or Namespace annotation overriding the webhook's `--image-mode` (`pin`, `annotate`, `off`); the
-/// workload's wins.
-pub const ANN_IMAGE_MODE: &str = "helmop.dev/image-mode";

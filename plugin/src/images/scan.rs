@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
+use helmop_core::names::ANN_IMAGE_MODE;
 use helmop_core::workload::{WorkloadKind, pod_template};
-use helmop_registry::ANN_IMAGE_MODE;
 use helmop_registry::auth::{PullSecret, credential_for};
 use helmop_registry::client::{RegistryClient, ResolveError};
 use helmop_registry::pull_secrets::read_pull_secrets;

@@ -25,7 +25,7 @@ use super::{ImageOutcome, ImageRequest, ImageResolver};
 use crate::cli::{Config, ImageMode};
 use crate::metrics::Metrics;
 
-pub use helmop_registry::ANN_IMAGE_MODE;
+pub use helmop_core::names::ANN_IMAGE_MODE;
 
 /// How long a resolved digest is reused. Short on purpose: CI pushes and applies seconds apart, and a
 /// longer reuse would pin the digest from before the push. It still folds the admissions of one

@@ -32,7 +32,8 @@ pub struct Options {
     pub digest_cache_entries: usize,
     /// Live GETs to the API server in flight at once (`--max-live-gets`).
     pub max_live_gets: usize,
-    /// The image-digest stage run after the config stamp (issue 6); [`NoImages`] until it exists.
+    /// The image-digest stage run after the config stamp; [`NoImages`] (no image pinning) unless the
+    /// webhook is started with a registry resolver.
     pub images: Arc<dyn ImageResolver>,
 }
 
