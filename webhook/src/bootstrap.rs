@@ -20,7 +20,7 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use std::collections::BTreeMap;
 
-use crate::cli::SecretRef;
+use crate::config::SecretRef;
 use crate::error::{Error, Result};
 
 /// Label on every Secret this module writes; Secrets without it are never modified.

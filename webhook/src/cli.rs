@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+use crate::config::{Config, GuardMode, ImageMode, SecretRef};
+
 /// Admission webhook for Fleet HelmOps: rejects invalid HelmOps, guards referenced Secrets and ConfigMaps,
 /// stamps content hashes and image digests into opted-in workloads.
 ///
@@ -39,7 +41,7 @@ pub struct Cli {
     pub image_mode: ImageMode,
 
     /// Secret holding the hash key (data key `key`).
-    #[arg(long, value_name = "NS/NAME", default_value = "helmop-system/helmop-hash-key", value_parser = parse_secret_ref)]
+    #[arg(long, value_name = "NS/NAME", default_value = "helmop-system/helmop-hash-key", value_parser = clap::value_parser!(SecretRef))]
     pub hash_key_secret: SecretRef,
 
     /// Extra image tags treated as mutable besides `latest` and no tag (comma separated or repeated;
@@ -98,83 +100,11 @@ pub struct Cli {
     pub cert_poll_ms: u64,
 }
 
-/// `--guard`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum GuardMode {
-    /// Deny the DELETE while a HelmOp lists the object.
-    Enforce,
-    /// Allow the DELETE with a warning naming the HelmOps.
-    Warn,
-}
-
-/// `--image-mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ImageMode {
-    /// Rewrite `repo:tag` to `repo:tag@sha256:...`.
-    Pin,
-    /// Record digests in the `helmop.dev/image-digests` pod-template annotation.
-    Annotate,
-    /// Leave images alone.
-    Off,
-}
-
 /// `--log-format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Json,
     Text,
-}
-
-/// A namespaced object name, `NS/NAME`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SecretRef {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl std::fmt::Display for SecretRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-fn parse_secret_ref(s: &str) -> Result<SecretRef, String> {
-    match s.split_once('/') {
-        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
-            Ok(SecretRef {
-                namespace: ns.to_owned(),
-                name: name.to_owned(),
-            })
-        }
-        _ => Err(format!("expected NAMESPACE/NAME, got {s:?}")),
-    }
-}
-
-/// What the handlers need to know from the command line (everything but serving and logging).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Config {
-    pub guard: GuardMode,
-    pub image_mode: ImageMode,
-    pub hash_key_secret: SecretRef,
-    pub mutable_tags: Vec<String>,
-    pub image_budget: Duration,
-    pub registry_config: Option<PathBuf>,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            guard: GuardMode::Enforce,
-            image_mode: ImageMode::Pin,
-            hash_key_secret: SecretRef {
-                namespace: "helmop-system".into(),
-                name: "helmop-hash-key".into(),
-            },
-            mutable_tags: Vec::new(),
-            image_budget: Duration::from_secs(2),
-            registry_config: None,
-        }
-    }
 }
 
 impl Cli {
@@ -225,21 +155,21 @@ pub struct BootstrapCli {
 pub enum BootstrapCommand {
     /// Create the hash-key Secret (32 random bytes under data key `key`) unless it exists; never overwrites.
     HashKey {
-        #[arg(long, value_name = "NS/NAME", default_value = "helmop-system/helmop-hash-key", value_parser = parse_secret_ref)]
+        #[arg(long, value_name = "NS/NAME", default_value = "helmop-system/helmop-hash-key", value_parser = clap::value_parser!(SecretRef))]
         secret: SecretRef,
     },
     /// Without cert-manager: keep a CA and a serving certificate for the webhook Service, renew it before
     /// expiry, and write the CA into the webhook configurations' caBundle. Safe to re-run.
     Tls {
         /// Serving certificate Secret (kubernetes.io/tls) mounted by the webhook Deployment.
-        #[arg(long, value_name = "NS/NAME", default_value = "helmop-system/helmop-webhook-tls", value_parser = parse_secret_ref)]
+        #[arg(long, value_name = "NS/NAME", default_value = "helmop-system/helmop-webhook-tls", value_parser = clap::value_parser!(SecretRef))]
         secret: SecretRef,
         /// CA Secret, kept so renewals keep the same caBundle.
-        #[arg(long, value_name = "NS/NAME", default_value = "helmop-system/helmop-webhook-ca", value_parser = parse_secret_ref)]
+        #[arg(long, value_name = "NS/NAME", default_value = "helmop-system/helmop-webhook-ca", value_parser = clap::value_parser!(SecretRef))]
         ca_secret: SecretRef,
         /// Client certificate Secret for the API server's admission kubeConfigFile (same CA, which the
         /// webhook trusts with `--client-ca /tls/ca.crt`).
-        #[arg(long, value_name = "NS/NAME", default_value = "helmop-system/helmop-apiserver-client", value_parser = parse_secret_ref)]
+        #[arg(long, value_name = "NS/NAME", default_value = "helmop-system/helmop-apiserver-client", value_parser = clap::value_parser!(SecretRef))]
         client_secret: SecretRef,
         /// The webhook Service, in the namespace of --secret.
         #[arg(long, default_value = "helmop-webhook")]

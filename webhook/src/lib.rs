@@ -6,6 +6,7 @@ pub mod app;
 pub mod bootstrap;
 pub mod caps;
 pub mod cli;
+pub mod config;
 pub mod error;
 pub mod handlers;
 pub mod images;

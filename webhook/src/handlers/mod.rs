@@ -74,7 +74,7 @@ mod tests {
         use serde_json::{Value, json};
 
         use super::super::*;
-        use crate::cli::Config;
+        use crate::config::Config;
         use crate::metrics::Metrics;
 
         async fn state() -> AppState {

@@ -17,7 +17,7 @@ use futures::future::BoxFuture;
 use json_patch::PatchOperation;
 use serde_json::Value;
 
-use crate::cli::ImageMode;
+use crate::config::ImageMode;
 
 pub use resolver::{ANN_IMAGE_MODE, RegistryResolver, mode_override};
 

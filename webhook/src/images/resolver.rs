@@ -22,7 +22,7 @@ use super::reference::ImageRef;
 use super::registry::{RegistryClient, RegistrySettings, ResolveError};
 use super::tags::MutableTags;
 use super::{ImageOutcome, ImageRequest, ImageResolver};
-use crate::cli::{Config, ImageMode};
+use crate::config::{Config, ImageMode};
 use crate::metrics::Metrics;
 
 pub use helmop_core::names::ANN_IMAGE_MODE;

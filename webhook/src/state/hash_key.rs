@@ -13,7 +13,7 @@ use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 
-use crate::cli::SecretRef;
+use crate::config::SecretRef;
 
 /// The hash key as last seen.
 #[derive(Clone, Debug)]

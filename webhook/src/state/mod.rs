@@ -20,7 +20,7 @@ use crate::metrics::Metrics;
 
 pub use self::coalesce::DEFAULT_MAX_LIVE_GETS;
 pub use self::hash_key::{HashKeyState, KeyStore};
-pub use crate::cli::{Config, GuardMode, ImageMode, SecretRef};
+pub use crate::config::{Config, GuardMode, ImageMode, SecretRef};
 
 /// Default bound of the content-digest cache, in entries (one entry is a few hundred bytes).
 pub const DEFAULT_DIGEST_CACHE_ENTRIES: usize = 4096;
