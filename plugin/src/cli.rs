@@ -1,8 +1,6 @@
 //! The command line (clap). Help text reads `kubectl helmop ...`, as kubectl runs plugins.
 
-use std::path::PathBuf;
-
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -36,7 +34,7 @@ Exits 1 if any HelmOp is denied or any input cannot be read or parsed, 3 if --cl
 and the cluster cannot be reached, else 0 (warnings allowed).",
         after_help = "Examples:\n  kubectl helmop validate -f helmop.yaml\n  kubectl helmop validate -f manifests/ -o json\n  cat helmop.yaml | kubectl helmop validate -f -\n  kubectl helmop validate -f helmop.yaml --cluster --context management"
     )]
-    Validate(ValidateArgs),
+    Validate(crate::cmd::validate::ValidateArgs),
     /// Copy the downstream resources of HelmOps to the clusters they target
     #[command(
         long_about = "Copy the Secrets and ConfigMaps HelmOps list in spec.downstreamResources to the \
@@ -108,58 +106,14 @@ Unresolvable, 3 when the cluster cannot be reached.",
     Completion(crate::cmd::completion::CompletionArgs),
 }
 
-#[derive(Debug, Args)]
-pub struct ValidateArgs {
-    /// File, directory (searched recursively for *.yaml, *.yml, *.json) or - for stdin; repeatable
-    #[arg(
-        short = 'f',
-        long = "filename",
-        value_name = "FILE|DIR|-",
-        required = true
-    )]
-    pub files: Vec<PathBuf>,
-
-    /// Output format
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
-    pub output: OutputFormat,
-
-    /// Also check, on the cluster of the current (or --context) context, that every Secret and
-    /// ConfigMap each HelmOp lists exists in the HelmOp's namespace, as the admission webhook does
-    #[arg(long)]
-    pub cluster: bool,
-
-    /// Path to the kubeconfig file (default: KUBECONFIG merged as kubectl does, else
-    /// ~/.kube/config, else in-cluster); with --cluster
-    #[arg(long, value_name = "FILE", requires = "cluster")]
-    pub kubeconfig: Option<PathBuf>,
-
-    /// The kubeconfig context of the cluster to check against; with --cluster
-    #[arg(long, value_name = "CONTEXT", requires = "cluster")]
-    pub context: Option<String>,
-
-    /// Namespace of HelmOps that name none in metadata.namespace (default: the context's
-    /// namespace, else `default`); with --cluster
-    #[arg(short = 'n', long, value_name = "NAMESPACE", requires = "cluster")]
-    pub namespace: Option<String>,
-
-    /// Time to wait for any single API request, e.g. 10s; 0 means kube's defaults; with --cluster
-    #[arg(long, value_name = "DURATION", value_parser = crate::args::parse_duration, default_value = "0", requires = "cluster")]
-    pub request_timeout: std::time::Duration,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum OutputFormat {
-    /// One line per finding: FILE:LINE: KIND NAME (document N): SEVERITY: PATH: MESSAGE
-    Text,
-    /// One JSON object with every file, document and finding, and a summary
-    Json,
-}
-
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
 
+    use std::path::PathBuf;
+
     use super::*;
+    use crate::cmd::validate::OutputFormat;
 
     #[test]
     fn definition_is_consistent() {

@@ -32,7 +32,7 @@ mod workloads;
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 use crate::cli::{Cli, Command};
 use crate::error::ExitStatus;
@@ -45,7 +45,7 @@ fn main() -> ExitCode {
         .is_some_and(|a| a == cmd::completion::COMPLETE_ARG)
     {
         let words = raw.map(|w| w.to_string_lossy().into_owned()).collect();
-        return cmd::completion::run_complete(words).into();
+        return cmd::completion::run_complete(Cli::command(), words).into();
     }
     let mut args = std::env::args_os();
     let program = args.next().unwrap_or_else(|| "kubectl-helmop".into());
@@ -71,7 +71,7 @@ fn main() -> ExitCode {
         Command::Prune(args) => block_on(cmd::prune::run(&args)),
         Command::Rollout(args) => block_on(cmd::rollout::run(&args)),
         Command::Images(args) => block_on(cmd::images::run(&args)),
-        Command::Completion(args) => cmd::completion::run(&args),
+        Command::Completion(args) => cmd::completion::run(&args, Cli::command()),
     };
     match status {
         Ok(status) => status.into(),

@@ -5,14 +5,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, CommandFactory, ValueEnum};
+use clap::{Args, ValueEnum};
 use helmop_core::workload::WorkloadKind;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, ListParams};
 
 use crate::args::KubeArgs;
-use crate::cli::Cli;
 use crate::complete::{self, Analysis, Lookup};
 use crate::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
@@ -43,21 +42,22 @@ source <(kubectl-helmop completion bash)\n  \
 kubectl-helmop completion zsh > \"${fpath[1]}/_kubectl-helmop\"\n  \
 kubectl-helmop completion fish > ~/.config/fish/completions/kubectl-helmop.fish";
 
-pub fn run(args: &CompletionArgs) -> Result<ExitStatus, PluginError> {
-    output::emit(&script(args.shell))?;
+/// `root` is the whole command line's definition (`Cli::command()`), handed in so this module
+/// does not depend on the one that lists it.
+pub fn run(args: &CompletionArgs, root: clap::Command) -> Result<ExitStatus, PluginError> {
+    output::emit(&script(args.shell, root))?;
     Ok(ExitStatus::Ok)
 }
 
 /// The completion script for `shell`.
-pub fn script(shell: CompletionShell) -> String {
+pub fn script(shell: CompletionShell, mut root: clap::Command) -> String {
     let generator = match shell {
         CompletionShell::Bash => clap_complete::Shell::Bash,
         CompletionShell::Zsh => clap_complete::Shell::Zsh,
         CompletionShell::Fish => clap_complete::Shell::Fish,
     };
-    let mut cmd = Cli::command();
     let mut buf = Vec::new();
-    clap_complete::generate(generator, &mut cmd, "kubectl-helmop", &mut buf);
+    clap_complete::generate(generator, &mut root, "kubectl-helmop", &mut buf);
     String::from_utf8_lossy(&buf).into_owned()
 }
 
@@ -66,15 +66,14 @@ pub const COMPLETE_ARG: &str = "__complete";
 
 /// `kubectl-helmop __complete WORDS...`: prints the candidates in Cobra's format. Never fails:
 /// a shell must not see errors.
-pub fn run_complete(mut words: Vec<String>) -> ExitStatus {
+pub fn run_complete(mut root: clap::Command, mut words: Vec<String>) -> ExitStatus {
     // The last word is the one being completed: it stays last.
     let current = words.pop();
     let mut words = crate::argv::hoist_connection_words(words);
     words.extend(current);
-    let mut cmd = Cli::command();
-    cmd.build();
+    root.build();
     let lookup = Live::new();
-    let text = complete::complete(&cmd, &words, &lookup).render();
+    let text = complete::complete(&root, &words, &lookup).render();
     let _ = output::emit(&text);
     ExitStatus::Ok
 }
@@ -197,7 +196,10 @@ impl Lookup for Live {
 
 #[cfg(test)]
 mod tests {
+    use clap::CommandFactory;
+
     use super::*;
+    use crate::cli::Cli;
 
     #[test]
     fn scripts_name_the_binary_and_its_commands() {
@@ -206,13 +208,15 @@ mod tests {
             CompletionShell::Zsh,
             CompletionShell::Fish,
         ] {
-            let s = script(shell);
+            let s = script(shell, Cli::command());
             assert!(s.contains("kubectl-helmop"), "{shell:?}");
             assert!(s.contains("validate"), "{shell:?}");
             assert!(s.contains("completion"), "{shell:?}");
             assert!(s.contains("rollout"), "{shell:?}");
             assert!(s.contains("lease-duration"), "{shell:?}");
         }
-        assert!(script(CompletionShell::Zsh).starts_with("#compdef kubectl-helmop"));
+        assert!(
+            script(CompletionShell::Zsh, Cli::command()).starts_with("#compdef kubectl-helmop")
+        );
     }
 }

@@ -4,17 +4,66 @@
 mod cluster;
 
 use std::fmt::Write as _;
+use std::path::PathBuf;
 
+use clap::{Args, ValueEnum};
 use helmop_core::validate::{Finding, Severity, validate_helmop};
 use helmop_core::yaml::parse_documents;
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::args::KubeArgs;
-use crate::cli::{OutputFormat, ValidateArgs};
 use crate::error::{ExitStatus, PluginError};
 use crate::inputs::{self, Input};
 use crate::output;
+
+/// `kubectl helmop validate`'s flags.
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// File, directory (searched recursively for *.yaml, *.yml, *.json) or - for stdin; repeatable
+    #[arg(
+        short = 'f',
+        long = "filename",
+        value_name = "FILE|DIR|-",
+        required = true
+    )]
+    pub files: Vec<PathBuf>,
+
+    /// Output format
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+
+    /// Also check, on the cluster of the current (or --context) context, that every Secret and
+    /// ConfigMap each HelmOp lists exists in the HelmOp's namespace, as the admission webhook does
+    #[arg(long)]
+    pub cluster: bool,
+
+    /// Path to the kubeconfig file (default: KUBECONFIG merged as kubectl does, else
+    /// ~/.kube/config, else in-cluster); with --cluster
+    #[arg(long, value_name = "FILE", requires = "cluster")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// The kubeconfig context of the cluster to check against; with --cluster
+    #[arg(long, value_name = "CONTEXT", requires = "cluster")]
+    pub context: Option<String>,
+
+    /// Namespace of HelmOps that name none in metadata.namespace (default: the context's
+    /// namespace, else `default`); with --cluster
+    #[arg(short = 'n', long, value_name = "NAMESPACE", requires = "cluster")]
+    pub namespace: Option<String>,
+
+    /// Time to wait for any single API request, e.g. 10s; 0 means kube's defaults; with --cluster
+    #[arg(long, value_name = "DURATION", value_parser = crate::args::parse_duration, default_value = "0", requires = "cluster")]
+    pub request_timeout: std::time::Duration,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// One line per finding: FILE:LINE: KIND NAME (document N): SEVERITY: PATH: MESSAGE
+    Text,
+    /// One JSON object with every file, document and finding, and a summary
+    Json,
+}
 
 const HELMOP_KIND: &str = "HelmOp";
 const FLEET_API_VERSION: &str = helmop_core::model::FLEET_API_VERSION;
