@@ -265,9 +265,29 @@ pub async fn restamp(
         .map(str::to_string))
 }
 
+/// `rollout:<RFC 3339 time>`: a value `propagate`'s restamp parser ignores (it lists no copies),
+/// different from the previous one even when two restamps fall into the same nanosecond.
+pub fn new_restamp_value(now: k8s_openapi::jiff::Timestamp, previous: Option<&str>) -> String {
+    let value = format!("rollout:{now}");
+    if previous == Some(value.as_str()) {
+        format!("{value}-1")
+    } else {
+        value
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn restamp_values_are_new_and_ignored_by_propagate() {
+        let t: k8s_openapi::jiff::Timestamp = "2026-01-02T03:04:05.123456789Z".parse().unwrap();
+        let v = new_restamp_value(t, None);
+        assert_eq!(v, "rollout:2026-01-02T03:04:05.123456789Z");
+        assert_ne!(new_restamp_value(t, Some(&v)), v);
+        assert!(parse_restamp(&v).is_empty());
+    }
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

@@ -24,7 +24,7 @@ use crate::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
 use crate::output;
 use crate::workload_ref::{self, WorkloadRef};
-use crate::workloads::opted_in;
+use crate::workloads::{new_restamp_value, opted_in};
 
 #[derive(Debug, Args)]
 pub struct RolloutArgs {
@@ -130,17 +130,6 @@ pub async fn restamp(
     })
 }
 
-/// `rollout:<RFC 3339 time>`: a value `propagate`'s restamp parser ignores (it lists no copies),
-/// different from the previous one even when two restamps fall into the same nanosecond.
-pub fn new_restamp_value(now: Timestamp, previous: Option<&str>) -> String {
-    let value = format!("rollout:{now}");
-    if previous == Some(value.as_str()) {
-        format!("{value}-1")
-    } else {
-        value
-    }
-}
-
 fn message(
     kind: WorkloadKind,
     opted_in: Option<bool>,
@@ -234,15 +223,6 @@ fn api_resource(kind: WorkloadKind) -> ApiResource {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn restamp_values_are_new_and_ignored_by_propagate() {
-        let t: Timestamp = "2026-01-02T03:04:05.123456789Z".parse().unwrap();
-        let v = new_restamp_value(t, None);
-        assert_eq!(v, "rollout:2026-01-02T03:04:05.123456789Z");
-        assert_ne!(new_restamp_value(t, Some(&v)), v);
-        assert!(crate::workloads::parse_restamp(&v).is_empty());
-    }
 
     #[test]
     fn messages_say_what_happens() {

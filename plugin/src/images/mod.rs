@@ -4,6 +4,7 @@
 //! digest parsing are the webhook's own code (crate `helmop-registry`), so both agree on every digest.
 
 pub mod model;
+pub mod pass;
 pub mod rollouts;
 pub mod scan;
 pub mod watch;

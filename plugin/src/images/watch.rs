@@ -16,27 +16,36 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::model::{ImageRow, ImageState};
+use super::pass::{Setup, SetupOptions, report, table};
 use super::rollouts::{Rollouts, Verdict, WorkloadKey};
 use super::scan::Target;
-use crate::cmd::images::{ImagesArgs, Setup, report, table};
-use crate::cmd::rollout::new_restamp_value;
+use crate::args::ReportFormat;
 use crate::error::{ExitStatus, PluginError};
 use crate::report::colour_stdout;
 use crate::runner::humanize;
 use crate::watch::Signals;
 use crate::watch::debounce::backoff;
 use crate::watch::events::Events;
-use crate::workloads::{self, Workload};
+use crate::workloads::{self, Workload, new_restamp_value};
 
 /// Longest wait between failed polls.
 const MAX_POLL_BACKOFF: Duration = Duration::from_secs(300);
 
-pub async fn run(args: &ImagesArgs) -> Result<ExitStatus, PluginError> {
+/// How the watcher polls and reports.
+pub struct WatchOptions {
+    pub interval: Duration,
+    /// How long a new digest must stay the same before its workload is restamped.
+    pub debounce: Duration,
+    pub output: ReportFormat,
+    pub dry_run: bool,
+}
+
+pub async fn run(args: WatchOptions, setup: SetupOptions<'_>) -> Result<ExitStatus, PluginError> {
     // Installed first, so a signal during start-up is not lost.
     let mut signals = Signals::install()?;
-    let setup = Setup::new(args).await?;
+    let setup = Setup::new(setup).await?;
     let events = Events::new(args.output);
-    let debounce = args.debounce.unwrap_or(args.interval);
+    let debounce = args.debounce;
     let mut rollouts = Rollouts::new(debounce);
     events.emit(
         "started",
@@ -65,12 +74,7 @@ pub async fn run(args: &ImagesArgs) -> Result<ExitStatus, PluginError> {
         let wait = match scanned {
             Ok(scan) => {
                 failures = 0;
-                poll_event(
-                    &events,
-                    poll,
-                    &scan,
-                    args.output == crate::args::ReportFormat::Wide,
-                );
+                poll_event(&events, poll, &scan, args.output == ReportFormat::Wide);
                 let now = Instant::now();
                 for verdict in rollouts.observe(now, &scan.rows) {
                     match verdict {
