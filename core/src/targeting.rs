@@ -35,11 +35,11 @@
 //! - `namespaceLabels`/`namespaceAnnotations` do not depend on the cluster: Fleet merges the
 //!   root ones with those of *every* target, in order ([`namespace_metadata`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::model::{BundleTarget, Cluster, ClusterGroup, HelmOp};
+use crate::model::{BundleTarget, Cluster, ClusterGroup, DownstreamResource, HelmOp, HelmOpSpec};
 use crate::names::FLEET_DISPLAY_NAME_LABEL;
 use crate::resource::ResourceRef;
 use crate::selector::{Selector, SelectorError};
@@ -376,12 +376,12 @@ impl Matcher {
 struct Layer<'a> {
     namespace: Option<&'a str>,
     default_namespace: Option<&'a str>,
-    resources: &'a [crate::model::DownstreamResource],
+    resources: &'a [DownstreamResource],
     keep_resources: bool,
 }
 
 impl<'a> Layer<'a> {
-    fn root(spec: &'a crate::model::HelmOpSpec) -> Self {
+    fn root(spec: &'a HelmOpSpec) -> Self {
         Layer {
             namespace: spec.namespace(),
             default_namespace: spec.default_namespace(),
@@ -491,7 +491,7 @@ pub fn combine_namespace_metadata<'a>(
     fn merge(
         into: &mut BTreeMap<String, String>,
         from: &BTreeMap<String, String>,
-        disputed: &mut std::collections::BTreeSet<String>,
+        disputed: &mut BTreeSet<String>,
     ) {
         for (k, v) in from {
             match into.get(k) {
@@ -505,7 +505,7 @@ pub fn combine_namespace_metadata<'a>(
         }
     }
     let mut out = NamespaceMetadata::default();
-    let (mut bad_labels, mut bad_annotations) = Default::default();
+    let (mut bad_labels, mut bad_annotations) = (BTreeSet::new(), BTreeSet::new());
     for m in all {
         merge(&mut out.labels, &m.labels, &mut bad_labels);
         merge(&mut out.annotations, &m.annotations, &mut bad_annotations);
