@@ -1,9 +1,25 @@
 //! Which target of a HelmOp a Cluster falls under, and the options that follow for it:
-//! Fleet v0.16's semantics (rancher/fleet `internal/cmd/controller/target/matcher` and
-//! `internal/cmd/controller/options.Merge`), DESIGN section 2.
+//! Fleet v0.16.1's semantics, read from rancher/fleet `internal/cmd/controller/target/builder.go`
+//! (`Targets`), `target/matcher/bundlematch.go` and `options/calculate.go` (`Merge`);
+//! DESIGN section 2, docs/fleet-parity.md.
 //!
-//! - Targets are tried in order; the first that matches wins. `doNotDeploy` on that target
-//!   skips the cluster (later targets are not consulted).
+//! - Fleet's HelmOp controller turns `spec.targets` into the Bundle's targets unchanged; none at
+//!   all becomes the single target `{name: default, clusterGroup: default}`.
+//! - With `targetRestrictions` (R entries) and T targets, the first `T - R` targets are
+//!   customizations (Fleet's fleet.yaml `targetCustomizations`, recognised by position): they
+//!   never select a cluster. Without restrictions every target is a regular one.
+//! - A cluster is selected by the first regular target that matches it while it also matches
+//!   some restriction (for the same group); without restrictions the restriction check is
+//!   void. `doNotDeploy` on the selecting target skips the cluster.
+//! - Customizations are matched against the selected cluster without the restriction check.
+//!   `FirstMatch` (the default): the first matching customization *replaces* the selecting
+//!   target's options, and its `doNotDeploy` skips the cluster. `AllMatches`: every matching
+//!   customization is merged over the selecting target's options in order, and any of them
+//!   with `doNotDeploy` skips the cluster.
+//! - The options a cluster gets are Fleet's `Merge(root, target options)`: `namespace` and
+//!   `defaultNamespace` are replaced by a later non-empty value, `keepResources` is ORed,
+//!   `downstreamResources` are merged by `lower(kind)|name` keeping the first position. The
+//!   destination namespace is then `namespace`, else `defaultNamespace`, else `default`.
 //! - A target's criteria are ANDed: `clusterName` (equal to the Cluster's name or to its
 //!   `management.cattle.io/cluster-display-name` label), `clusterSelector` (on the Cluster's
 //!   labels), `clusterGroup` (a group's name), `clusterGroupSelector` (a group's own labels).
@@ -14,37 +30,48 @@
 //!   criteria must hold for one and the same group. A cluster in no group is tested with an
 //!   empty group name and no group labels, so `clusterGroupSelector: {}` still matches it, as
 //!   in Fleet.
-//! - No targets at all means Fleet's default `{name: default, clusterGroup: default}`.
-//! - A non-empty `targetRestrictions` is an allow list: the cluster (with the same group) must
-//!   also match one restriction. (Fleet additionally treats the leading targets of a bundle with
-//!   restrictions as fleet.yaml customizations; HelmOps do not have those, and helmop does not
-//!   model that split - `validate` warns about `targetRestrictions` on a HelmOp.)
 //! - An invalid selector anywhere in `targets`/`targetRestrictions` makes Fleet fail the whole
-//!   HelmOp: [`match_cluster`] returns an error.
+//!   HelmOp (`matcher.New` compiles them all first): [`match_cluster`] returns an error.
+//! - `namespaceLabels`/`namespaceAnnotations` do not depend on the cluster: Fleet merges the
+//!   root ones with those of *every* target, in order ([`namespace_metadata`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::model::{BundleTarget, Cluster, ClusterGroup, HelmOp};
+use crate::model::{BundleTarget, Cluster, ClusterGroup, DownstreamResource, HelmOp, HelmOpSpec};
 use crate::names::FLEET_DISPLAY_NAME_LABEL;
 use crate::resource::ResourceRef;
 use crate::selector::{Selector, SelectorError};
 
 /// Where a cluster stands with respect to a HelmOp.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TargetMatch {
-    /// Deploy. `target_index` indexes `spec.targets`; `None` is Fleet's implicit default target.
-    Matched { target_index: Option<usize> },
-    /// The first matching target says `doNotDeploy: true`.
+    /// Deploy. `target_index` indexes `spec.targets` (the regular target that selects the
+    /// cluster); `None` is Fleet's implicit default target. `customizations` are the indices of
+    /// the customization targets applied, in order (at most one in `FirstMatch` mode).
+    Matched {
+        target_index: Option<usize>,
+        customizations: Vec<usize>,
+    },
+    /// The selecting target, or a customization applied to it, says `doNotDeploy: true`;
+    /// `target_index` is that target.
     DoNotDeploy { target_index: usize },
-    /// No target matches.
+    /// No target selects the cluster.
     NoMatch,
 }
 
 impl TargetMatch {
     pub fn is_deployed(&self) -> bool {
         matches!(self, TargetMatch::Matched { .. })
+    }
+
+    /// Selected by `target_index` with no customization applied.
+    pub fn selected(target_index: Option<usize>) -> TargetMatch {
+        TargetMatch::Matched {
+            target_index,
+            customizations: Vec::new(),
+        }
     }
 }
 
@@ -203,8 +230,22 @@ pub struct Matcher {
     targets: Vec<Criteria>,
     do_not_deploy: Vec<bool>,
     restrictions: Vec<Criteria>,
+    /// The first `customizations` targets are customizations only (Fleet's positional split).
+    customizations: usize,
+    all_matches: bool,
     /// No `spec.targets`: the single target is Fleet's implicit default.
     implicit_default: bool,
+}
+
+/// How many leading targets Fleet treats as customizations: `targets - restrictions` when
+/// there are restrictions (`determineIsCustomization`), else none. The implicit default
+/// target counts as one target.
+pub fn customization_count(op: &HelmOp) -> usize {
+    let restrictions = op.spec.target_restrictions().len();
+    if restrictions == 0 {
+        return 0;
+    }
+    op.spec.targets().len().max(1).saturating_sub(restrictions)
 }
 
 impl Matcher {
@@ -250,12 +291,25 @@ impl Matcher {
             targets: compiled,
             do_not_deploy: targets.iter().map(BundleTarget::do_not_deploy).collect(),
             restrictions,
+            customizations: customization_count(op),
+            all_matches: op.spec.all_matches(),
             implicit_default,
         })
     }
 
     /// See [`match_cluster`].
     pub fn match_cluster(&self, cluster: &Cluster, groups: &[ClusterGroup]) -> TargetMatch {
+        self.decide(cluster, groups, false)
+    }
+
+    /// Like [`Matcher::match_cluster`], but the cluster counts as selected by the implicit
+    /// root target when no regular target selects it (customizations and `doNotDeploy` still
+    /// apply): how `--target-context` treats a kubeconfig context.
+    pub fn match_or_root(&self, cluster: &Cluster, groups: &[ClusterGroup]) -> TargetMatch {
+        self.decide(cluster, groups, true)
+    }
+
+    fn decide(&self, cluster: &Cluster, groups: &[ClusterGroup], or_root: bool) -> TargetMatch {
         let view = ClusterView {
             name: cluster.metadata.name.as_deref().unwrap_or_default(),
             labels: labels_of(&cluster.metadata),
@@ -275,51 +329,110 @@ impl Matcher {
                 labels: &NO_LABELS,
             });
         }
-        let allowed = |group: &GroupView<'_>| {
-            self.restrictions.is_empty()
-                || self.restrictions.iter().any(|r| r.matches(&view, group))
+        let hits = |criteria: &Criteria, restricted: bool| {
+            group_views.iter().any(|g| {
+                criteria.matches(&view, g)
+                    && (!restricted
+                        || self.restrictions.is_empty()
+                        || self.restrictions.iter().any(|r| r.matches(&view, g)))
+            })
         };
-        for (i, criteria) in self.targets.iter().enumerate() {
-            let hit = group_views
-                .iter()
-                .any(|g| allowed(g) && criteria.matches(&view, g));
-            if !hit {
-                continue;
+        let selected = self
+            .targets
+            .iter()
+            .enumerate()
+            .skip(self.customizations)
+            .find(|(_, criteria)| hits(criteria, true))
+            .map(|(i, _)| i);
+        let target_index = match selected {
+            Some(i) if self.do_not_deploy[i] => {
+                return TargetMatch::DoNotDeploy { target_index: i };
             }
-            return if self.do_not_deploy[i] {
-                TargetMatch::DoNotDeploy { target_index: i }
-            } else {
-                TargetMatch::Matched {
-                    target_index: (!self.implicit_default).then_some(i),
-                }
-            };
+            Some(i) => (!self.implicit_default).then_some(i),
+            None if or_root => None,
+            None => return TargetMatch::NoMatch,
+        };
+        let mut matching = self.targets[..self.customizations]
+            .iter()
+            .enumerate()
+            .filter(|(_, criteria)| hits(criteria, false))
+            .map(|(i, _)| i);
+        let customizations: Vec<usize> = if self.all_matches {
+            matching.collect()
+        } else {
+            matching.next().into_iter().collect()
+        };
+        if let Some(&i) = customizations.iter().find(|&&i| self.do_not_deploy[i]) {
+            return TargetMatch::DoNotDeploy { target_index: i };
         }
-        TargetMatch::NoMatch
+        TargetMatch::Matched {
+            target_index,
+            customizations,
+        }
+    }
+}
+
+/// The options one layer of Fleet's `Merge` contributes (root, a target, a customization).
+struct Layer<'a> {
+    namespace: Option<&'a str>,
+    default_namespace: Option<&'a str>,
+    resources: &'a [DownstreamResource],
+    keep_resources: bool,
+}
+
+impl<'a> Layer<'a> {
+    fn root(spec: &'a HelmOpSpec) -> Self {
+        Layer {
+            namespace: spec.namespace(),
+            default_namespace: spec.default_namespace(),
+            resources: spec.downstream_resources(),
+            keep_resources: spec.keep_resources(),
+        }
+    }
+
+    fn target(t: &'a BundleTarget) -> Self {
+        Layer {
+            namespace: t.namespace(),
+            default_namespace: t.default_namespace(),
+            resources: t.downstream_resources(),
+            keep_resources: t.keep_resources(),
+        }
     }
 }
 
 /// The merged options for a cluster the HelmOp deploys to; `None` unless `m` is `Matched`.
 pub fn cluster_options(op: &HelmOp, m: &TargetMatch) -> Option<ClusterOptions> {
-    let TargetMatch::Matched { target_index } = *m else {
+    let TargetMatch::Matched {
+        target_index,
+        customizations,
+    } = m
+    else {
         return None;
     };
     let spec = &op.spec;
-    let target = target_index.and_then(|i| spec.targets().get(i));
-    let namespace = target
-        .and_then(BundleTarget::namespace)
-        .or(spec.namespace())
-        .or(target.and_then(BundleTarget::default_namespace))
-        .or(spec.default_namespace())
+    let target = |i: &usize| spec.targets().get(*i).map(Layer::target);
+    let mut layers = vec![Layer::root(spec)];
+    // FirstMatch: the customization replaces the selecting target's options outright;
+    // AllMatches: customizations merge over them (builder.go `Targets`).
+    if customizations.is_empty() || spec.all_matches() {
+        layers.extend(target_index.as_ref().and_then(target));
+    }
+    layers.extend(customizations.iter().filter_map(target));
+
+    // A later non-empty value replaces an earlier one (`Merge`).
+    let namespace = layers
+        .iter()
+        .rev()
+        .find_map(|l| l.namespace)
+        .or_else(|| layers.iter().rev().find_map(|l| l.default_namespace))
         .unwrap_or("default")
         .to_string();
-
     let mut resources: Vec<ResourceRef> = Vec::new();
-    let entries = spec.downstream_resources().iter().chain(
-        target
-            .map(BundleTarget::downstream_resources)
-            .unwrap_or_default(),
-    );
-    for r in entries.filter_map(|e| e.to_ref()) {
+    for r in layers
+        .iter()
+        .flat_map(|l| l.resources)
+        .filter_map(|e| e.to_ref())
+    {
         if !resources.contains(&r) {
             resources.push(r);
         }
@@ -327,8 +440,86 @@ pub fn cluster_options(op: &HelmOp, m: &TargetMatch) -> Option<ClusterOptions> {
     Some(ClusterOptions {
         namespace,
         resources,
-        keep_resources: spec.keep_resources() || target.is_some_and(BundleTarget::keep_resources),
+        keep_resources: layers.iter().any(|l| l.keep_resources),
     })
+}
+
+/// Labels and annotations for a HelmOp's destination namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceMetadata {
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Fleet's agent never sets labels of this prefix from a bundle's options (`deployer.go`
+/// `addLabelsFromOptions`: a bundle must not change pod-security enforcement).
+pub const POD_SECURITY_LABEL_PREFIX: &str = "pod-security.kubernetes.io/";
+
+/// The `namespaceLabels`/`namespaceAnnotations` Fleet gives a HelmOp's BundleDeployments: the
+/// root ones, then those of every target in order, later keys winning, whichever target
+/// selected the cluster (`target.go` `BundleDeployment`); labels with the pod-security prefix
+/// are left out as Fleet's agent leaves them out.
+pub fn namespace_metadata(op: &HelmOp) -> NamespaceMetadata {
+    let spec = &op.spec;
+    let mut out = NamespaceMetadata::default();
+    let labels = std::iter::once(&spec.namespace_labels)
+        .chain(spec.targets().iter().map(|t| &t.namespace_labels))
+        .flatten();
+    for map in labels {
+        for (k, v) in map {
+            if !k.starts_with(POD_SECURITY_LABEL_PREFIX) {
+                out.labels.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    let annotations = std::iter::once(&spec.namespace_annotations)
+        .chain(spec.targets().iter().map(|t| &t.namespace_annotations))
+        .flatten();
+    for map in annotations {
+        out.annotations
+            .extend(map.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    out
+}
+
+/// Metadata for one namespace wanted by several HelmOps (given in a stable order): the union
+/// of theirs, except keys on which two of them disagree, which are left unset (Fleet's agents
+/// would overwrite each other there) and named in `conflicts` (`label k`, `annotation k`).
+pub fn combine_namespace_metadata<'a>(
+    all: impl IntoIterator<Item = &'a NamespaceMetadata>,
+) -> (NamespaceMetadata, Vec<String>) {
+    fn merge(
+        into: &mut BTreeMap<String, String>,
+        from: &BTreeMap<String, String>,
+        disputed: &mut BTreeSet<String>,
+    ) {
+        for (k, v) in from {
+            match into.get(k) {
+                Some(old) if old != v => {
+                    disputed.insert(k.clone());
+                }
+                _ => {
+                    into.insert(k.clone(), v.clone());
+                }
+            }
+        }
+    }
+    let mut out = NamespaceMetadata::default();
+    let (mut bad_labels, mut bad_annotations) = (BTreeSet::new(), BTreeSet::new());
+    for m in all {
+        merge(&mut out.labels, &m.labels, &mut bad_labels);
+        merge(&mut out.annotations, &m.annotations, &mut bad_annotations);
+    }
+    let mut conflicts = Vec::new();
+    for k in &bad_labels {
+        out.labels.remove(k);
+        conflicts.push(format!("label {k}"));
+    }
+    for k in &bad_annotations {
+        out.annotations.remove(k);
+        conflicts.push(format!("annotation {k}"));
+    }
+    (out, conflicts)
 }
 
 #[cfg(test)]

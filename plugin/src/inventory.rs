@@ -13,7 +13,10 @@ use std::collections::BTreeSet;
 use helmop_core::model::{Cluster, ClusterGroup, HelmOp};
 use helmop_core::names;
 use helmop_core::plan::{DesiredCopy, HelmOpKey, ObservedCopy, OwnerRef, Scope, parse_owners};
-use helmop_core::targeting::{TargetMatch, cluster_options, match_cluster};
+use helmop_core::targeting::{
+    Matcher, NamespaceMetadata, TargetMatch, cluster_options, combine_namespace_metadata,
+    match_cluster, namespace_metadata,
+};
 use kube::Api;
 use kube::api::ListParams;
 use serde::Serialize;
@@ -85,6 +88,28 @@ impl Inventory {
             .iter()
             .filter_map(|h| h.metadata.namespace.clone())
             .collect()
+    }
+
+    /// Labels and annotations `namespace` gets on `cluster` when helmop creates it: those of
+    /// every HelmOp wanting a copy there, in `namespace/name` order, with the keys they
+    /// disagree on left unset and named in the second value (docs/fleet-parity.md).
+    pub fn namespace_metadata(
+        &self,
+        cluster: &str,
+        namespace: &str,
+    ) -> (NamespaceMetadata, Vec<String>) {
+        let wanting: BTreeSet<&HelmOpKey> = self
+            .desired
+            .iter()
+            .filter(|d| d.cluster == cluster && d.namespace == namespace)
+            .map(|d| &d.helmop)
+            .collect();
+        let metas: Vec<NamespaceMetadata> = wanting
+            .into_iter()
+            .filter_map(|k| self.helmops.iter().find(|h| key_of(h).as_ref() == Some(k)))
+            .map(namespace_metadata)
+            .collect();
+        combine_namespace_metadata(&metas)
     }
 
     /// Whose ownership a run may release on a cluster where `observed` was found. For one
@@ -311,9 +336,10 @@ pub fn desired_fleet(
     (desired, problems)
 }
 
-/// Desired copies for `--target-context`: every HelmOp targets every context, with the options
-/// of the first target whose `clusterName` is the context's name (honouring its `doNotDeploy`),
-/// else the HelmOp's root options.
+/// Desired copies for `--target-context`: every HelmOp targets every context, named like a
+/// Cluster without labels: a regular target whose `clusterName` is the context's name selects
+/// it (honouring its `doNotDeploy`), else the HelmOp's root options do; customizations
+/// (`targetRestrictions`) apply as for a Fleet Cluster.
 pub fn desired_contexts(
     helmops: &[HelmOp],
     downstreams: &[Downstream],
@@ -322,28 +348,22 @@ pub fn desired_contexts(
     let mut problems = Vec::new();
     for helmop in helmops {
         let Some(key) = key_of(helmop) else { continue };
-        let mut wanted = Vec::new();
-        let mut failed = None;
-        'contexts: for downstream in downstreams {
+        let matcher = match Matcher::new(helmop) {
+            Ok(m) => m,
+            Err(e) => {
+                problems.push(Problem {
+                    helmop: key.to_string(),
+                    message: format!("targets cannot be evaluated: {e}"),
+                });
+                continue;
+            }
+        };
+        for downstream in downstreams {
             for name in &downstream.names {
                 let synthetic = Cluster::new(&key.namespace, name, &[]);
-                let m = match match_cluster(helmop, &synthetic, &[]) {
-                    Ok(TargetMatch::NoMatch) => TargetMatch::Matched { target_index: None },
-                    Ok(m) => m,
-                    Err(e) => {
-                        failed = Some(e.to_string());
-                        break 'contexts;
-                    }
-                };
-                wanted.extend(wants(&key, helmop, &m, &downstream.key));
+                let m = matcher.match_or_root(&synthetic, &[]);
+                desired.extend(wants(&key, helmop, &m, &downstream.key));
             }
-        }
-        match failed {
-            Some(message) => problems.push(Problem {
-                helmop: key.to_string(),
-                message: format!("targets cannot be evaluated: {message}"),
-            }),
-            None => desired.extend(wanted),
         }
     }
     (desired, problems)
@@ -546,5 +566,87 @@ mod tests {
             ..inv
         };
         assert_eq!(all.scope("up-1", &[]), Scope::All);
+    }
+
+    #[test]
+    fn restricted_fleet_targets_split_customizations() {
+        let spec: HelmOpSpec = serde_json::from_value(serde_json::json!({
+            "defaultNamespace": "apps",
+            "downstreamResources": [{"kind": "Secret", "name": "db"}],
+            "targets": [
+                {"clusterName": "c1", "namespace": "custom"},
+                {"clusterName": "c2", "doNotDeploy": true},
+                {"clusterSelector": {}},
+            ],
+            "targetRestrictions": [{"clusterSelector": {"matchLabels": {"env": "prod"}}}],
+        }))
+        .expect("a valid spec");
+        let ops = [helmop("fleet", "app", spec)];
+        let clusters = [
+            Cluster::new("fleet", "c1", &[("env", "prod")]),
+            Cluster::new("fleet", "c2", &[("env", "prod")]),
+            Cluster::new("fleet", "c3", &[("env", "prod")]),
+            Cluster::new("fleet", "c4", &[("env", "dev")]),
+        ];
+        let keys: Vec<String> = ["k1", "k2", "k3", "k4"].map(String::from).to_vec();
+        let (desired, problems) = desired_fleet(&ops, &clusters, &keys, &[]);
+        assert!(problems.is_empty());
+        assert_eq!(
+            summary(&desired),
+            [
+                "fleet/app k1 custom secret/db",
+                "fleet/app k3 apps secret/db"
+            ]
+        );
+    }
+
+    #[test]
+    fn namespace_metadata_of_every_helmop_wanting_the_namespace() {
+        let spec = |labels: serde_json::Value| -> HelmOpSpec {
+            serde_json::from_value(serde_json::json!({
+                "defaultNamespace": "apps",
+                "downstreamResources": [{"kind": "Secret", "name": "db"}],
+                "namespaceLabels": labels,
+                "targets": [{"clusterSelector": {}}],
+            }))
+            .expect("a valid spec")
+        };
+        let ops = vec![
+            helmop(
+                "team",
+                "a",
+                spec(serde_json::json!({"team": "a", "tier": "web"})),
+            ),
+            helmop(
+                "team",
+                "b",
+                spec(serde_json::json!({"team": "b", "zone": "eu"})),
+            ),
+            helmop("team", "c", spec(serde_json::json!({"other": "c"}))),
+        ];
+        let clusters = [Cluster::new("team", "c1", &[])];
+        // c wants nothing on k1 in apps: it lists no resources.
+        let mut ops_ = ops.clone();
+        ops_[2].spec.downstream_resources = None;
+        let (desired, _) = desired_fleet(&ops_, &clusters, &["k1".into()], &[]);
+        let inv = Inventory {
+            selection: Selection::Namespace("team".into()),
+            helmops: ops_,
+            downstreams: Vec::new(),
+            desired,
+            problems: Vec::new(),
+        };
+        let (meta, disputed) = inv.namespace_metadata("k1", "apps");
+        assert_eq!(
+            meta.labels,
+            BTreeMap::from([
+                ("tier".to_string(), "web".to_string()),
+                ("zone".to_string(), "eu".to_string()),
+            ])
+        );
+        assert_eq!(disputed, ["label team"]);
+        let (meta, disputed) = inv.namespace_metadata("k1", "elsewhere");
+        assert_eq!(meta, NamespaceMetadata::default());
+        assert!(disputed.is_empty());
     }
 }

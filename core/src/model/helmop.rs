@@ -1,3 +1,5 @@
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use serde::{Deserialize, Serialize};
 
@@ -69,6 +71,13 @@ pub struct HelmOpSpec {
     pub targets: Option<Vec<BundleTarget>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_restrictions: Option<Vec<TargetRestriction>>,
+    /// `FirstMatch` (Fleet's default) or `AllMatches`: how customizations apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_customization_mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_labels: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_annotations: Option<BTreeMap<String, String>>,
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -100,6 +109,12 @@ impl HelmOpSpec {
 
     pub fn helm_secret_name(&self) -> Option<&str> {
         non_empty(&self.helm_secret_name)
+    }
+
+    /// Fleet compares the mode with `AllMatches` exactly; anything else is `FirstMatch`
+    /// (`internal/cmd/controller/target/builder.go`).
+    pub fn all_matches(&self) -> bool {
+        self.target_customization_mode.as_deref() == Some("AllMatches")
     }
 }
 
@@ -206,6 +221,10 @@ pub struct BundleTarget {
     pub downstream_resources: Option<Vec<DownstreamResource>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_resources: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_labels: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_annotations: Option<BTreeMap<String, String>>,
     #[serde(flatten)]
     pub extra: Extra,
 }

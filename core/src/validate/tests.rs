@@ -634,13 +634,25 @@ fn cases() -> Vec<Case> {
             "true or false",
         ),
         (
-            "targetRestrictions",
+            "targetRestrictions as an allow list only",
             with(
                 b(),
-                json!({"targetRestrictions": [{"clusterSelector": {"matchLabels": {"env": "prod"}}}]}),
+                json!({"targets": [{"clusterSelector": {}}], "targetRestrictions": [{"clusterSelector": {"matchLabels": {"env": "prod"}}}]}),
             ),
-            vec![warn("spec.targetRestrictions")],
-            "remove it",
+            vec![],
+            "",
+        ),
+        (
+            "targetRestrictions make leading targets customizations",
+            with(
+                b(),
+                json!({
+                    "targets": [{"clusterName": "a"}, {"clusterName": "b"}, {"clusterSelector": {}}],
+                    "targetRestrictions": [{"clusterSelector": {}}],
+                }),
+            ),
+            vec![warn("spec.targets[0]"), warn("spec.targets[1]")],
+            "first 2 of 3 targets as customizations",
         ),
         (
             "targetRestrictions bad selector",
@@ -648,11 +660,66 @@ fn cases() -> Vec<Case> {
                 b(),
                 json!({"targetRestrictions": [{"clusterSelector": {"matchLabels": {"-bad": "x"}}}]}),
             ),
+            vec![deny(
+                "spec.targetRestrictions[0].clusterSelector.matchLabels.-bad",
+            )],
+            "",
+        ),
+        (
+            "targetCustomizationMode outside the enum",
+            with(b(), json!({"targetCustomizationMode": "allMatches"})),
+            vec![deny("spec.targetCustomizationMode")],
+            "not FirstMatch or AllMatches",
+        ),
+        (
+            "targetCustomizationMode AllMatches",
+            with(b(), json!({"targetCustomizationMode": "AllMatches"})),
+            vec![],
+            "",
+        ),
+        (
+            "namespaceLabels fine",
+            with(
+                b(),
+                json!({"namespaceLabels": {"team": "shop", "example.com/tier": ""}, "namespaceAnnotations": {"note": "any text at all"}}),
+            ),
+            vec![],
+            "",
+        ),
+        (
+            "namespaceLabels pod-security",
+            with(
+                b(),
+                json!({"targets": [{"clusterSelector": {}, "namespaceLabels": {"pod-security.kubernetes.io/enforce": "privileged"}}]}),
+            ),
+            vec![warn(
+                "spec.targets[0].namespaceLabels.pod-security.kubernetes.io/enforce",
+            )],
+            "never sets pod-security",
+        ),
+        (
+            "namespaceLabels value the API server refuses",
+            with(b(), json!({"namespaceLabels": {"team": "a b"}})),
+            vec![warn("spec.namespaceLabels.team")],
+            "value \"a b\"",
+        ),
+        (
+            "namespaceAnnotations bad key",
+            with(b(), json!({"namespaceAnnotations": {"-x": "1"}})),
+            vec![warn("spec.namespaceAnnotations.-x")],
+            "key \"-x\"",
+        ),
+        (
+            "namespaceLabels wrong types",
+            with(
+                b(),
+                json!({"namespaceLabels": {"n": 1}, "namespaceAnnotations": "x"}),
+            ),
             vec![
-                warn("spec.targetRestrictions"),
-                deny("spec.targetRestrictions[0].clusterSelector.matchLabels.-bad"),
+                deny("spec.namespaceLabels.n"),
+                deny("spec.namespaceAnnotations"),
             ],
-            "remove it",
+            "must be a string",
         ),
     ]
 }
@@ -825,6 +892,9 @@ fn arb_helmopish() -> impl Strategy<Value = Value> {
         Just("values"),
         Just("helmSecretName"),
         Just("targetRestrictions"),
+        Just("targetCustomizationMode"),
+        Just("namespaceLabels"),
+        Just("namespaceAnnotations"),
         Just("keepResources"),
         Just("doNotDeploy"),
         Just("defaultNamespace"),

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use helmop_core::names::MANAGER;
 use helmop_core::plan::{CopyMeta, extra_labels};
 use helmop_core::resource::{ResourceKind, ResourceRef};
+use helmop_core::targeting::NamespaceMetadata;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client};
@@ -42,15 +43,20 @@ pub async fn namespace_state(
     })
 }
 
-/// Creates `namespace`; someone else creating it first is fine.
+/// Creates `namespace` with the HelmOps' `namespaceLabels`/`namespaceAnnotations`; someone else
+/// creating it first is fine (its metadata is then left alone: docs/fleet-parity.md).
 pub async fn create_namespace(
     ctx: &Ctx,
     client: &Client,
     namespace: &str,
+    meta: &NamespaceMetadata,
 ) -> Result<(), kube::Error> {
+    let non_empty = |m: &BTreeMap<String, String>| (!m.is_empty()).then(|| m.clone());
     let ns = Namespace {
         metadata: ObjectMeta {
             name: Some(namespace.to_string()),
+            labels: non_empty(&meta.labels),
+            annotations: non_empty(&meta.annotations),
             ..ObjectMeta::default()
         },
         ..Namespace::default()

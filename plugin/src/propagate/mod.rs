@@ -501,13 +501,14 @@ impl ClusterRun<'_> {
                 "namespace {namespace} is being deleted and cannot hold new objects; run again once it is gone"
             )),
             NamespaceState::Absent => {
+                let (meta, disputed) = self.inv.namespace_metadata(&self.downstream.key, namespace);
                 if !self.opts.dry_run {
-                    apply::create_namespace(self.ctx, &self.client, namespace)
+                    apply::create_namespace(self.ctx, &self.client, namespace, &meta)
                         .await
                         .map_err(|e| write_error("creating the namespace", &e))?;
                     known.insert(namespace.to_string(), NamespaceState::Active);
                 }
-                Ok(Some(format!("creates namespace {namespace}")))
+                Ok(Some(namespace_note(namespace, &meta, &disputed)))
             }
         }
     }
@@ -710,6 +711,40 @@ impl ClusterRun<'_> {
         }
         rows
     }
+}
+
+/// What creating `namespace` does, the same words for `--dry-run` and the real run: e.g.
+/// `creates namespace shop with labels team=a and annotations note=x; leaves label k unset
+/// (the HelmOps wanting copies there disagree)`.
+fn namespace_note(
+    namespace: &str,
+    meta: &helmop_core::targeting::NamespaceMetadata,
+    disputed: &[String],
+) -> String {
+    let pairs = |m: &BTreeMap<String, String>| {
+        m.iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut with = Vec::new();
+    if !meta.labels.is_empty() {
+        with.push(format!("labels {}", pairs(&meta.labels)));
+    }
+    if !meta.annotations.is_empty() {
+        with.push(format!("annotations {}", pairs(&meta.annotations)));
+    }
+    let mut note = format!("creates namespace {namespace}");
+    if !with.is_empty() {
+        note.push_str(&format!(" with {}", with.join(" and ")));
+    }
+    if !disputed.is_empty() {
+        note.push_str(&format!(
+            "; leaves {} unset (the HelmOps wanting copies there disagree)",
+            disputed.join(", ")
+        ));
+    }
+    note
 }
 
 /// `reason` with a note appended (`; note`).

@@ -319,9 +319,7 @@ async fn fleet_clusters_and_groups_drive_core_targeting() -> anyhow::Result<()> 
     ))?;
     assert_eq!(
         match_cluster(&by_group, cluster("east"), &groups)?,
-        TargetMatch::Matched {
-            target_index: Some(0)
-        }
+        TargetMatch::selected(Some(0))
     );
     assert_eq!(
         match_cluster(&by_group, cluster("west"), &groups)?,
@@ -329,9 +327,7 @@ async fn fleet_clusters_and_groups_drive_core_targeting() -> anyhow::Result<()> 
     );
     assert_eq!(
         match_cluster(&by_group_selector, cluster("west"), &groups)?,
-        TargetMatch::Matched {
-            target_index: Some(1)
-        }
+        TargetMatch::selected(Some(1))
     );
     assert_eq!(
         match_cluster(&by_group_selector, cluster("east"), &groups)?,
