@@ -3,6 +3,7 @@
 //! The expected digests below were produced by OpenSSL 3.0
 //! (`xxd -r -p <<<"$ENCODING" | openssl dgst -sha256 -mac HMAC -macopt hexkey:$KEY`), not by
 //! this crate. `openssl_agrees` re-checks them against a local `openssl` when one is installed.
+#![allow(clippy::unwrap_used)] // test code: a panic is a failed test with its message
 
 use std::io::Write;
 use std::process::{Command, Stdio};

@@ -2,15 +2,13 @@
 
 use std::process::ExitCode;
 
-/// DESIGN section 6: 0 all good, 1 invalid input or denied, 2 partial failure, 3 could not
+/// The exit codes: 0 all good, 1 invalid input or denied, 2 partial failure, 3 could not
 /// reach the upstream cluster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExitStatus {
     Ok = 0,
     Invalid = 1,
-    #[allow(dead_code)] // used by the cluster commands
     Partial = 2,
-    #[allow(dead_code)] // used by the cluster commands
     Unreachable = 3,
 }
 

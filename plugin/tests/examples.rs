@@ -1,5 +1,6 @@
 //! Runs the built `kubectl-helmop` on the shipped examples (`manifests/examples/`) and checks
 //! every verdict: exit code, and each finding's document, severity and JSON path.
+#![allow(clippy::unwrap_used)] // test code: a panic is a failed test with its message
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

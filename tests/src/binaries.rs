@@ -177,6 +177,7 @@ impl PluginProcess {
     pub fn signal(&self, signal: i32) -> anyhow::Result<()> {
         let pid = i32::try_from(self.child.id()).context("pid out of range")?;
         // SAFETY: kill(2) with the pid of our own, not yet reaped, child.
+        #[allow(unsafe_code)]
         let rc = unsafe { libc::kill(pid, signal) };
         if rc != 0 {
             bail!(

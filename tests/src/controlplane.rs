@@ -189,6 +189,7 @@ pub fn control_plane() -> &'static ControlPlane {
             .map_err(|e| format!("{e:#}"))?;
         ATEXIT.call_once(|| {
             // SAFETY: registering a plain `extern "C" fn` with no arguments is always sound.
+            #[allow(unsafe_code)]
             unsafe {
                 libc::atexit(shutdown_shared);
             }

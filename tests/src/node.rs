@@ -86,6 +86,7 @@ pub fn node_control_plane() -> &'static ControlPlane {
         .map_err(|e| format!("{e:#}"))?;
         NODE_ATEXIT.call_once(|| {
             // SAFETY: registering a plain `extern "C" fn` with no arguments is always sound.
+            #[allow(unsafe_code)]
             unsafe {
                 libc::atexit(shutdown_shared_node);
             }

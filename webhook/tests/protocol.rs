@@ -1,4 +1,5 @@
 //! AdmissionReview v1 over real HTTPS: round trips, limits, malformed input, routing, failure answers, admin port.
+#![allow(clippy::unwrap_used)] // test code: a panic is a failed test with its message
 
 mod common;
 

@@ -1,4 +1,5 @@
 //! TLS of the admission port: versions, ALPN, no plaintext, certificate rotation through a Secret-volume symlink swap.
+#![allow(clippy::unwrap_used)] // test code: a panic is a failed test with its message
 
 mod common;
 

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use helmop_core::validate::{Finding, Severity, validate_helmop};
+use helmop_core::validate::{Finding, validate_helmop};
 use helmop_core::yaml::parse_documents;
 use serde::Serialize;
 use serde_json::Value;
@@ -413,21 +413,22 @@ fn describe(doc: &DocumentReport) -> String {
     format!("{kind}{name} ({position})")
 }
 
-/// Severity counts, for tests and callers that want them.
-#[allow(dead_code)]
-pub fn count(report: &Report, severity: Severity) -> usize {
-    report
-        .files
-        .iter()
-        .flat_map(|f| &f.documents)
-        .flat_map(|d| &d.findings)
-        .filter(|f| f.severity == severity)
-        .count()
-}
-
 #[cfg(test)]
 mod tests {
+    use helmop_core::validate::Severity;
+
     use super::*;
+
+    /// Findings of one severity in a report.
+    fn count(report: &Report, severity: Severity) -> usize {
+        report
+            .files
+            .iter()
+            .flat_map(|f| &f.documents)
+            .flat_map(|d| &d.findings)
+            .filter(|f| f.severity == severity)
+            .count()
+    }
 
     fn input(name: &str, text: &str) -> Input {
         Input {

@@ -47,6 +47,7 @@ extern "C" fn shutdown() {
     if let Some((pid, dir)) = REGISTRY.get() {
         if let Ok(pid) = i32::try_from(*pid) {
             // SAFETY: kill(2) on a child this process started; no memory is involved.
+            #[allow(unsafe_code)]
             unsafe {
                 libc::kill(pid, libc::SIGKILL);
             }
@@ -123,6 +124,7 @@ impl NodeEnv {
         .map_err(anyhow::Error::msg)?;
         ATEXIT.call_once(|| {
             // SAFETY: registering a plain `extern "C" fn` with no arguments is always sound.
+            #[allow(unsafe_code)]
             unsafe {
                 libc::atexit(shutdown);
             }
