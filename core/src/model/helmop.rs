@@ -69,6 +69,9 @@ pub struct HelmOpSpec {
     pub targets: Option<Vec<BundleTarget>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_restrictions: Option<Vec<TargetRestriction>>,
+    /// Labels Fleet copies to the HelmOp's Bundle (what a `BundleNamespaceMapping` selects on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<std::collections::BTreeMap<String, String>>,
     #[serde(flatten)]
     pub extra: Extra,
 }
