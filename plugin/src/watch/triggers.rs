@@ -1,6 +1,13 @@
 //! What makes `propagate --watch` run again: watches (never polling) on the upstream cluster's
-//! HelmOps, Clusters, ClusterGroups, and the Secrets and ConfigMaps of the namespaces HelmOps live
-//! in. Metadata-only watches: a change is all that matters here, the run reads what it needs.
+//! HelmOps, Clusters, ClusterGroups, BundleNamespaceMappings, and the Secrets and ConfigMaps of
+//! the namespaces HelmOps live in. Metadata-only watches: a change is all that matters here, the
+//! run reads what it needs.
+//!
+//! Not watched: Clusters of namespaces mapped into a namespace-scoped run (they are listed each
+//! run, and `--resync` picks up their changes), and Namespace labels (a mapping's
+//! `namespaceSelector` is evaluated each run; watching every Namespace would need more RBAC).
+//! The BundleNamespaceMapping watch does not count towards readiness: many installations do not
+//! serve that kind, and without it there are no mappings to miss.
 //!
 //! kube's watcher re-lists and re-watches after errors with exponential back-off; a re-list after
 //! the first one may have missed events, so it triggers a run as well.
@@ -11,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
-use helmop_core::model::{Cluster, ClusterGroup, HelmOp};
+use helmop_core::model::{BundleNamespaceMapping, Cluster, ClusterGroup, HelmOp};
 use helmop_core::names;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Client;
@@ -160,11 +167,22 @@ pub fn spawn(
         api(client, namespace.as_deref()),
         sources,
         "ConfigMap",
-        tx,
+        tx.clone(),
         filter,
         synced.clone(),
     ));
     synced.expect(tasks.len());
+    if fleet {
+        tasks.push(watch_kind::<BundleNamespaceMapping>(
+            api(client, namespace.as_deref()),
+            watcher::Config::default(),
+            "BundleNamespaceMapping",
+            tx,
+            interesting.clone(),
+            false,
+            Arc::new(Synced::default()),
+        ));
+    }
     Watches { tasks, interesting }
 }
 

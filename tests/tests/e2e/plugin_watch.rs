@@ -457,6 +457,8 @@ async fn propagator_manifests_grant_enough_and_no_more() -> anyhow::Result<()> {
         &["list", "helmops.fleet.cattle.io", "-A"][..],
         &["watch", "clusters.fleet.cattle.io", "-A"],
         &["list", "clustergroups.fleet.cattle.io", "-A"],
+        &["watch", "bundlenamespacemappings.fleet.cattle.io", "-A"],
+        &["list", "namespaces"],
         &["get", "secrets", "-n", "fleet-default"],
         &["watch", "configmaps", "-A"],
         &[
@@ -491,6 +493,8 @@ async fn propagator_manifests_grant_enough_and_no_more() -> anyhow::Result<()> {
         ],
         &["create", "leases.coordination.k8s.io", "-n", "default"],
         &["create", "namespaces"],
+        &["update", "namespaces/default"],
+        &["update", "bundlenamespacemappings.fleet.cattle.io", "-A"],
         &["patch", "events.events.k8s.io", "-n", "fleet-default"],
         &["delete", "events.events.k8s.io", "-n", "fleet-default"],
         &["create", "events", "-n", "fleet-default"],
