@@ -9,10 +9,19 @@
 //! - `kinds_are_lower_cased_as_go_does`: Fleet compares `strings.ToLower(kind)` with `configmap`
 //!   and `secret`, so `CONF\u{130}GMAP` (capital I with dot, which Go lower-cases to `i`) names a
 //!   ConfigMap: `validate` accepts it and `propagate` copies it, as Fleet's agent would.
+//! - `clusters_of_other_namespaces_through_a_bundle_namespace_mapping`: a Cluster in another
+//!   namespace is a candidate only while a `BundleNamespaceMapping` of the HelmOp's namespace
+//!   selects the HelmOp's Bundle labels and the Cluster's namespace; its groups are those of its
+//!   own namespace and its kubeconfig Secret is read there. Once the mapping is gone the copy is
+//!   an orphan that `prune` removes.
 
+use std::time::Duration;
+
+use anyhow::bail;
 use helmop_tests::*;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::Api;
+use kube::api::DeleteParams;
+use kube::{Api, Client};
 use serde_json::{Value, json};
 
 use crate::plugin::support::*;
@@ -149,4 +158,151 @@ async fn kinds_are_lower_cased_as_go_does() -> anyhow::Result<()> {
     let data = copy.and_then(|c| c.data).unwrap_or_default();
     assert_eq!(data.get("level").map(String::as_str), Some("debug"));
     Ok(())
+}
+
+/// Installs Fleet's BundleNamespaceMapping CRD (not among the harness's CRDs) on `cluster`, as
+/// the harness installs the others, and waits until it is served.
+async fn install_mapping_crd(cluster: &ClusterInfo, client: &Client) -> anyhow::Result<()> {
+    let shared = std::env::var("HELMOP_SHARED").unwrap_or_else(|_| "/work/shared".into());
+    let file = format!("{shared}/fleet-crds/bundlenamespacemappings.fleet.cattle.io.yaml");
+    let out = cluster
+        .run_kubectl(&["create", "--validate=false", "-f", &file], None)
+        .await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && !stderr.contains("AlreadyExists") {
+        bail!("creating the BundleNamespaceMapping CRD: {stderr}");
+    }
+    wait_until(
+        "BundleNamespaceMappings to be served",
+        Duration::from_secs(60),
+        || async {
+            match client
+                .list_api_group_resources("fleet.cattle.io/v1alpha1")
+                .await
+            {
+                Ok(list) => Ok(list
+                    .resources
+                    .iter()
+                    .any(|r| r.name == "bundlenamespacemappings")),
+                Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+                Err(e) => Err(e.into()),
+            }
+        },
+    )
+    .await
+}
+
+/// down1 plays the management cluster and down2 the downstream one: `-A` runs then see only this
+/// test's HelmOps and Clusters (on the shared upstream, `prune -A` would release copies other
+/// tests are still looking at), and the CRD installed here changes nothing for other tests.
+#[tokio::test]
+async fn clusters_of_other_namespaces_through_a_bundle_namespace_mapping() -> anyhow::Result<()> {
+    let cp = control_plane();
+    let mgmt = cp.cluster(DOWNSTREAM_1);
+    let upstream = mgmt.client().await;
+    let down = cp.cluster(DOWNSTREAM_2).client().await;
+    install_mapping_crd(mgmt, &upstream).await?;
+    let team = fresh_namespace(&upstream, "fp-bnm").await?;
+    let far =
+        fresh_namespace_with_labels(&upstream, "fp-bnm-far", &[("mapped-from", &team)]).await?;
+    // The Cluster and its kubeconfig Secret live in `far`; only `far`'s own group selects it.
+    register_fleet_cluster(
+        &upstream,
+        &far,
+        "far",
+        &[("tier", "edge")],
+        cp.cluster(DOWNSTREAM_2),
+    )
+    .await?;
+    create_cluster_group(&upstream, &far, "edge", &[("tier", "edge")], &[]).await?;
+    create_secret(&upstream, &team, "db", &[("k", b"v")]).await?;
+    let dest = format!("{team}-apps");
+    apply_helmop(
+        &upstream,
+        &team,
+        &helmop_yaml(
+            "app",
+            &format!(
+                "labels: {{team: web}}\ndefaultNamespace: {dest}\ndownstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterGroup: edge\n"
+            ),
+        ),
+    )
+    .await?;
+    let kubeconfig = mgmt.kubeconfig.clone();
+    let run = |args: &'static [&'static str], ns: &str| {
+        let mut full: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        full.extend(["-n".to_string(), ns.to_string(), "-o".into(), "json".into()]);
+        let kubeconfig = kubeconfig.clone();
+        async move {
+            let args: Vec<&str> = full.iter().map(String::as_str).collect();
+            run_with(&kubeconfig, &args, &[]).await
+        }
+    };
+    let mapping = |name: &str, namespace_selector: Value| {
+        json!({
+            "metadata": {"name": name},
+            "bundleSelector": {"matchLabels": {"team": "web"}},
+            "namespaceSelector": namespace_selector,
+        })
+    };
+    let resource = bundle_namespace_mapping_resource();
+
+    // No mapping, then one without a namespaceSelector: `far` is no candidate.
+    for step in ["no mapping", "half a mapping"] {
+        if step == "half a mapping" {
+            create_fleet_object(&upstream, &team, &resource, mapping("half", Value::Null)).await?;
+        }
+        let out = run(&["propagate", "app"], &team).await?.expect(0);
+        let rows_ = rows(&out.json());
+        assert!(row_for(&rows_, "far", "db").is_none(), "{step}: {rows_:#?}");
+        assert!(
+            get_secret(&down, &dest, "db").await?.is_none(),
+            "{step}: no copy on far's cluster"
+        );
+    }
+
+    // Both selectors: far's Cluster gets the copy, and status has its row.
+    create_fleet_object(
+        &upstream,
+        &team,
+        &resource,
+        mapping("full", json!({"matchLabels": {"mapped-from": team}})),
+    )
+    .await?;
+    let out = run(&["propagate", "app"], &team).await?.expect(0);
+    let rows_ = rows(&out.json());
+    assert!(row_for(&rows_, "far", "db").is_some(), "{rows_:#?}");
+    let copy = get_secret(&down, &dest, "db").await?;
+    assert!(copy.is_some(), "far's copy through the mapping");
+    let status = run(&["status", "app"], &team).await?.expect(0);
+    let rows_ = rows(&status.json());
+    let row = row_for(&rows_, "far", "db").unwrap_or_else(|| panic!("no far row: {rows_:#?}"));
+    assert_eq!(row["state"], "Synced", "{row:#}");
+
+    // Mapping deleted: nothing wants the copy any more. A namespace-scoped run no longer visits
+    // `far`; `-A` visits every Cluster and sees the orphan, which prune removes.
+    fleet_api(&upstream, &team, &resource)
+        .delete("full", &DeleteParams::default())
+        .await?;
+    let scoped = run(&["status", "app"], &team).await?.expect(0);
+    let rows_ = rows(&scoped.json());
+    assert!(row_for(&rows_, "far", "db").is_none(), "{rows_:#?}");
+    let all = helmop_all(&kubeconfig, "status").await?;
+    let rows_ = rows(&all.json());
+    let row = row_for(&rows_, "far", "db").unwrap_or_else(|| panic!("no far row: {rows_:#?}"));
+    assert_eq!(row["state"], "Orphaned", "{row:#}");
+    assert!(
+        get_secret(&down, &dest, "db").await?.is_some(),
+        "status deletes nothing"
+    );
+    helmop_all(&kubeconfig, "prune").await?.expect(0);
+    assert!(
+        get_secret(&down, &dest, "db").await?.is_none(),
+        "prune removed the copy no mapping wants"
+    );
+    Ok(())
+}
+
+async fn helmop_all(kubeconfig: &std::path::Path, command: &str) -> anyhow::Result<Out> {
+    run_with(kubeconfig, &[command, "-A", "-o", "json"], &[]).await
 }
