@@ -12,8 +12,8 @@
 //! - `clusters_of_other_namespaces_through_a_bundle_namespace_mapping`: a Cluster in another
 //!   namespace is a candidate only while a `BundleNamespaceMapping` of the HelmOp's namespace
 //!   selects the HelmOp's Bundle labels and the Cluster's namespace; its groups are those of its
-//!   own namespace and its kubeconfig Secret is read there. Once the mapping is gone the copy is
-//!   an orphan that `prune` removes.
+//!   own namespace and its kubeconfig Secret is read there; `propagate --watch` acts on a new
+//!   mapping. Once the mapping is gone the copy is an orphan that `prune -A` removes.
 
 use std::time::Duration;
 
@@ -160,6 +160,9 @@ async fn kinds_are_lower_cased_as_go_does() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long a watching propagate may take to act on a change.
+const WATCH_BOUND: Duration = Duration::from_secs(20);
+
 /// Installs Fleet's BundleNamespaceMapping CRD (not among the harness's CRDs) on `cluster`, as
 /// the harness installs the others, and waits until it is served.
 async fn install_mapping_crd(cluster: &ClusterInfo, client: &Client) -> anyhow::Result<()> {
@@ -261,7 +264,32 @@ async fn clusters_of_other_namespaces_through_a_bundle_namespace_mapping() -> an
         );
     }
 
-    // Both selectors: far's Cluster gets the copy, and status has its row.
+    // Both selectors: far's Cluster gets the copy, and status has its row. A watching propagate
+    // (no resync, so only a watch event can start a run) copies it when the mapping appears.
+    let kubeconfig_arg = kubeconfig.display().to_string();
+    let mut watcher = PluginProcess::spawn(
+        &[
+            "propagate",
+            "app",
+            "-n",
+            &team,
+            "--watch",
+            "--no-leader-election",
+            "--debounce",
+            "200ms",
+            "--resync",
+            "0",
+            "-o",
+            "json",
+            "--kubeconfig",
+            &kubeconfig_arg,
+        ],
+        &[],
+    )?;
+    watcher
+        .wait_event("the start-up run", WATCH_BOUND, 0, |e| e["event"] == "run")
+        .await?;
+    let seen = watcher.events().len();
     create_fleet_object(
         &upstream,
         &team,
@@ -269,6 +297,28 @@ async fn clusters_of_other_namespaces_through_a_bundle_namespace_mapping() -> an
         mapping("full", json!({"matchLabels": {"mapped-from": team}})),
     )
     .await?;
+    let changed = format!("BundleNamespaceMapping {team}/full changed");
+    let woke = watcher
+        .wait_event("a run for the new mapping", WATCH_BOUND, seen, |e| {
+            e["event"] == "run"
+                && e["reasons"].as_array().is_some_and(|r| {
+                    r.iter()
+                        .any(|x| x.as_str().is_some_and(|s| s.contains(&changed)))
+                })
+        })
+        .await?;
+    assert!(woke["writes"].as_u64().unwrap_or(0) >= 1, "{woke}");
+    assert!(
+        get_secret(&down, &dest, "db").await?.is_some(),
+        "the watch copied to far's cluster: {}",
+        watcher.context()
+    );
+    watcher.signal(libc::SIGTERM)?;
+    assert_eq!(
+        watcher.wait_exit(Duration::from_secs(15)).await?.code(),
+        Some(0)
+    );
+
     let out = run(&["propagate", "app"], &team).await?.expect(0);
     let rows_ = rows(&out.json());
     assert!(row_for(&rows_, "far", "db").is_some(), "{rows_:#?}");
