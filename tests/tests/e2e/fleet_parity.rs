@@ -18,8 +18,9 @@
 use std::time::Duration;
 
 use anyhow::bail;
+use base64::Engine;
 use helmop_tests::*;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use kube::api::DeleteParams;
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -329,6 +330,43 @@ async fn clusters_of_other_namespaces_through_a_bundle_namespace_mapping() -> an
     let row = row_for(&rows_, "far", "db").unwrap_or_else(|| panic!("no far row: {rows_:#?}"));
     assert_eq!(row["state"], "Synced", "{row:#}");
 
+    // Prune stays safe: `near`, a Cluster of the HelmOp's namespace that reaches the same
+    // cluster but is not targeted, sees the copy as unwanted. A prune that cannot list the mapped
+    // namespace's Clusters must not take that partial picture for the truth.
+    register_fleet_cluster(
+        &upstream,
+        &team,
+        "near",
+        &[("tier", "core")],
+        cp.cluster(DOWNSTREAM_2),
+    )
+    .await?;
+    let dir = tempfile::tempdir()?;
+    let limited = kubeconfig_blind_to(mgmt, &upstream, &team, dir.path()).await?;
+    let denied = run_with(&limited, &["prune", "-n", &team, "-o", "json"], &[])
+        .await?
+        .expect(1);
+    assert!(
+        denied
+            .stderr
+            .contains(&format!("listing Clusters in {far}")),
+        "{}",
+        denied.stderr
+    );
+    assert!(
+        get_secret(&down, &dest, "db").await?.is_some(),
+        "nothing pruned"
+    );
+    let pruned = run(&["prune"], &team).await?.expect(0);
+    assert_eq!(pruned.json()["writes"], 0, "{}", pruned.stdout);
+    assert!(
+        get_secret(&down, &dest, "db").await?.is_some(),
+        "the mapping still wants the copy"
+    );
+    fleet_api(&upstream, &team, &cluster_resource())
+        .delete("near", &DeleteParams::default())
+        .await?;
+
     // Mapping deleted: nothing wants the copy any more. A namespace-scoped run no longer visits
     // `far`; `-A` visits every Cluster and sees the orphan, which prune removes.
     fleet_api(&upstream, &team, &resource)
@@ -355,4 +393,78 @@ async fn clusters_of_other_namespaces_through_a_bundle_namespace_mapping() -> an
 
 async fn helmop_all(kubeconfig: &std::path::Path, command: &str) -> anyhow::Result<Out> {
     run_with(kubeconfig, &[command, "-A", "-o", "json"], &[]).await
+}
+
+/// A kubeconfig for `cluster` as a ServiceAccount that may read everything helmop reads in `ns`
+/// (and list Namespaces, get kube-system for the upstream id) but nothing in other namespaces.
+async fn kubeconfig_blind_to(
+    cluster: &ClusterInfo,
+    client: &Client,
+    ns: &str,
+    dir: &std::path::Path,
+) -> anyhow::Result<std::path::PathBuf> {
+    let name = format!("{ns}-blind");
+    let read = json!(["get", "list", "watch"]);
+    let objects = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": name, "namespace": ns}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": name, "namespace": ns},
+         "rules": [
+            {"apiGroups": ["fleet.cattle.io"], "resources": ["helmops", "clusters", "clustergroups", "bundlenamespacemappings"], "verbs": read},
+            {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": read},
+         ]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": name, "namespace": ns},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": name},
+         "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]},
+    ]});
+    let out = cluster
+        .run_kubectl(&["apply", "-f", "-"], Some(&objects.to_string()))
+        .await?;
+    if !out.status.success() {
+        bail!(
+            "creating the limited ServiceAccount: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Kubernetes 1.20 creates a token Secret for every ServiceAccount.
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let secret_name = wait_for(
+        "the ServiceAccount's token Secret",
+        DEFAULT_TIMEOUT,
+        || async {
+            let sa = accounts.get(&name).await?;
+            Ok(sa
+                .secrets
+                .unwrap_or_default()
+                .first()
+                .and_then(|r| r.name.clone()))
+        },
+    )
+    .await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let token = wait_for("the token", DEFAULT_TIMEOUT, || async {
+        let s = secrets.get(&secret_name).await?;
+        Ok(s.data
+            .unwrap_or_default()
+            .get("token")
+            .map(|t| String::from_utf8_lossy(&t.0).into_owned()))
+    })
+    .await?;
+    let ca = base64::engine::general_purpose::STANDARD.encode(cluster.ca_pem());
+    let yaml = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n    namespace: {ns}\ncurrent-context: x\n",
+        cluster.server
+    );
+    let path = dir.join("blind.kubeconfig");
+    std::fs::write(&path, yaml)?;
+    Ok(path)
 }
