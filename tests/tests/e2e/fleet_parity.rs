@@ -13,7 +13,8 @@
 //!   namespace is a candidate only while a `BundleNamespaceMapping` of the HelmOp's namespace
 //!   selects the HelmOp's Bundle labels and the Cluster's namespace; its groups are those of its
 //!   own namespace and its kubeconfig Secret is read there; `propagate --watch` acts on a new
-//!   mapping. Once the mapping is gone the copy is an orphan that `prune -A` removes.
+//!   mapping; `prune` aborts when a mapped namespace's Clusters cannot be listed. Once the
+//!   mapping is gone the copy is an orphan that `prune -A` removes.
 
 use std::time::Duration;
 
