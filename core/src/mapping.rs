@@ -111,6 +111,32 @@ impl Mappings {
         self.selecting(op).next().is_some()
     }
 
+    /// The namespaces any mapping of `namespace` selects, whatever Bundles it selects: where a
+    /// HelmOp of `namespace` may have had copies through a mapping that no longer selects it
+    /// (the HelmOp deleted or relabelled). Does not include `namespace` itself.
+    pub fn reachable_from(&self, namespace: &str, namespaces: &[Namespace]) -> BTreeSet<String> {
+        let here: Vec<&Compiled> = self
+            .compiled
+            .iter()
+            .filter(|c| c.namespace == namespace)
+            .collect();
+        let none = BTreeMap::new();
+        namespaces
+            .iter()
+            .filter(|ns| {
+                let labels = ns.metadata.labels.as_ref().unwrap_or(&none);
+                here.iter().any(|c| c.namespaces.matches(labels))
+            })
+            .filter_map(|ns| ns.metadata.name.clone())
+            .filter(|name| name != namespace)
+            .collect()
+    }
+
+    /// Whether some valid mapping lives in `namespace`.
+    pub fn any_in(&self, namespace: &str) -> bool {
+        self.compiled.iter().any(|c| c.namespace == namespace)
+    }
+
     /// The namespaces whose Clusters `op` may target: its own, and every Namespace of
     /// `namespaces` that a mapping selecting `op` selects.
     pub fn candidate_namespaces(&self, op: &HelmOp, namespaces: &[Namespace]) -> BTreeSet<String> {

@@ -4,11 +4,12 @@
 //! evaluated (an invalid selector) is a [`Problem`] that marks the enumeration incomplete.
 //!
 //! Clusters of other namespaces count where Fleet's `BundleNamespaceMapping`s of a HelmOp's
-//! namespace map it (core `mapping`): their mappings are listed with the Clusters, Namespaces only
-//! when some HelmOp is mapped, and the Clusters and ClusterGroups of each mapped namespace with
-//! the others. A copy on a Cluster reached through a mapping is wanted exactly while the mapping
-//! still selects it; a namespace-scoped run no longer visits a Cluster no mapping reaches, so only
-//! `-A` (which visits every Cluster) sees its copies as orphans.
+//! namespace map it (core `mapping`): the mappings are listed with the Clusters, Namespaces only
+//! when a mapping can matter, and in one namespace the Clusters and ClusterGroups of every
+//! namespace its mappings select. A copy on a Cluster reached through a mapping is wanted exactly
+//! while the mapping still selects the HelmOp and the Cluster's namespace; a namespace-scoped run
+//! no longer visits a namespace no mapping selects, so only `-A` (which visits every Cluster)
+//! sees the copies there as orphans.
 //!
 //! Wants are never scoped (docs/cluster-identity.md): for `prune`, every HelmOp of the
 //! namespace is enumerated whatever HELMOP names (only the deletion set is scoped); with
@@ -199,12 +200,12 @@ pub struct FleetObjects {
     pub clusters: Vec<Cluster>,
     pub groups: Vec<ClusterGroup>,
     pub mappings: Vec<BundleNamespaceMapping>,
-    /// Every Namespace, listed only when a mapping selects one of the HelmOps.
+    /// Every Namespace, listed only when a mapping can matter.
     pub namespaces: Vec<Namespace>,
 }
 
 /// The Fleet Clusters and ClusterGroups of `namespace` (all for `None`) and of the namespaces
-/// the BundleNamespaceMappings there map `helmops` to. With `optional` (`--target-context`,
+/// the BundleNamespaceMappings there select. With `optional` (`--target-context`,
 /// where Fleet need not be installed) a kind that is not served means none. A
 /// BundleNamespaceMapping kind that is not served always means no mappings: none can exist.
 async fn list_fleet(
@@ -236,21 +237,24 @@ async fn list_fleet(
             "BundleNamespaceMapping ignored: Fleet cannot compile its selector"
         );
     }
-    if !helmops.iter().any(|h| mappings.maps(h)) {
+    // With `-A` every Cluster and ClusterGroup is listed already; Namespaces matter only to
+    // the candidates of mapped HelmOps. In one namespace, the Clusters of every namespace its
+    // mappings select are visited, so copies a mapping no longer wants (HelmOp deleted or
+    // relabelled) are seen as orphans there too.
+    let needed = match namespace {
+        None => helmops.iter().any(|h| mappings.maps(h)),
+        Some(own) => mappings.any_in(own),
+    };
+    if !needed {
         return Ok(fleet);
     }
     let api: Api<Namespace> = Api::all(ctx.upstream.clone());
     fleet.namespaces = list_pages(api, "Namespaces", "").await?;
-    // With `-A` every Cluster and ClusterGroup is listed already.
     let Some(own) = namespace else {
         return Ok(fleet);
     };
-    let mapped: BTreeSet<String> = helmops
-        .iter()
-        .flat_map(|h| mappings.candidate_namespaces(h, &fleet.namespaces))
-        .filter(|ns| ns != own)
-        .collect();
-    for ns in &mapped {
+    let reachable = mappings.reachable_from(own, &fleet.namespaces);
+    for ns in &reachable {
         tracing::debug!(namespace = %ns, "listing Clusters of a mapped namespace");
         let clusters: Vec<Cluster> = list(ctx, Some(ns), "Clusters").await?;
         let groups: Vec<ClusterGroup> = list(ctx, Some(ns), "ClusterGroups").await?;

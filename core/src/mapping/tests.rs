@@ -174,6 +174,32 @@ fn own_namespace_stays_when_the_selector_excludes_it() {
 }
 
 #[test]
+fn reachable_namespaces_ignore_the_bundle_selector() {
+    let op = helmop("team-a", "app", &[("tier", "web")]);
+    let mappings = Mappings::new(&[
+        BundleNamespaceMapping::new(
+            "team-a",
+            "m",
+            sel(&[("tier", "db")]),
+            sel(&[("fleet", "edge")]),
+        ),
+        BundleNamespaceMapping::new("team-a", "half", everything(), None),
+        BundleNamespaceMapping::new("team-b", "other", everything(), sel(&[("fleet", "core")])),
+    ]);
+    assert!(!mappings.maps(&op));
+    assert!(mappings.any_in("team-a"));
+    assert!(!mappings.any_in("core"));
+    assert_eq!(
+        mappings.reachable_from("team-a", &namespaces()),
+        set(&["edge-1", "edge-2"])
+    );
+    assert_eq!(
+        mappings.reachable_from("team-b", &namespaces()),
+        set(&["core"])
+    );
+}
+
+#[test]
 fn an_invalid_mapping_is_skipped_and_the_others_apply() {
     let op = helmop("team-a", "app", &[]);
     let bad = BundleNamespaceMapping::new(
@@ -267,5 +293,9 @@ proptest! {
         more.push(extra);
         let grown = candidate_namespaces(&op, &more, &nss);
         prop_assert!(got.is_subset(&grown));
+        // Whatever a mapping maps the HelmOp to, a namespace-scoped run visits.
+        let mut reachable = Mappings::new(&mappings).reachable_from("ns0", &nss);
+        reachable.insert("ns0".to_string());
+        prop_assert!(got.is_subset(&reachable));
     }
 }

@@ -14,7 +14,8 @@
 //!   selects the HelmOp's Bundle labels and the Cluster's namespace; its groups are those of its
 //!   own namespace and its kubeconfig Secret is read there; `propagate --watch` acts on a new
 //!   mapping; `prune` aborts when a mapped namespace's Clusters cannot be listed. Once the
-//!   mapping is gone the copy is an orphan that `prune -A` removes.
+//!   mapping no longer selects the HelmOp (relabelled), its copy is an orphan `prune -n`
+//!   removes; once the mapping itself is gone, `prune -A` does.
 
 use std::time::Duration;
 
@@ -222,17 +223,15 @@ async fn clusters_of_other_namespaces_through_a_bundle_namespace_mapping() -> an
     create_cluster_group(&upstream, &far, "edge", &[("tier", "edge")], &[]).await?;
     create_secret(&upstream, &team, "db", &[("k", b"v")]).await?;
     let dest = format!("{team}-apps");
-    apply_helmop(
-        &upstream,
-        &team,
-        &helmop_yaml(
+    let app = |label: &str| {
+        helmop_yaml(
             "app",
             &format!(
-                "labels: {{team: web}}\ndefaultNamespace: {dest}\ndownstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterGroup: edge\n"
+                "labels: {{team: {label}}}\ndefaultNamespace: {dest}\ndownstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterGroup: edge\n"
             ),
-        ),
-    )
-    .await?;
+        )
+    };
+    apply_helmop(&upstream, &team, &app("web")).await?;
     let kubeconfig = mgmt.kubeconfig.clone();
     let run = |args: &'static [&'static str], ns: &str| {
         let mut full: Vec<String> = args.iter().map(|s| s.to_string()).collect();
@@ -367,6 +366,25 @@ async fn clusters_of_other_namespaces_through_a_bundle_namespace_mapping() -> an
     fleet_api(&upstream, &team, &cluster_resource())
         .delete("near", &DeleteParams::default())
         .await?;
+
+    // The HelmOp relabelled: the mapping no longer selects it. A namespace-scoped run still
+    // visits the namespaces the mapping selects, so status sees the orphan and prune removes it.
+    apply_helmop(&upstream, &team, &app("api")).await?;
+    let status = run(&["status", "app"], &team).await?.expect(0);
+    let rows_ = rows(&status.json());
+    let row = row_for(&rows_, "far", "db").unwrap_or_else(|| panic!("no far row: {rows_:#?}"));
+    assert_eq!(row["state"], "Orphaned", "{row:#}");
+    run(&["prune"], &team).await?.expect(0);
+    assert!(
+        get_secret(&down, &dest, "db").await?.is_none(),
+        "prune -n removed the copy the mapping no longer wants"
+    );
+    apply_helmop(&upstream, &team, &app("web")).await?;
+    run(&["propagate", "app"], &team).await?.expect(0);
+    assert!(
+        get_secret(&down, &dest, "db").await?.is_some(),
+        "copied again"
+    );
 
     // Mapping deleted: nothing wants the copy any more. A namespace-scoped run no longer visits
     // `far`; `-A` visits every Cluster and sees the orphan, which prune removes.
