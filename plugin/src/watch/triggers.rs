@@ -129,7 +129,7 @@ pub fn spawn(
         "HelmOp",
         tx.clone(),
         interesting.clone(),
-        true,
+        Marks::Namespace,
         synced.clone(),
     )];
     if fleet {
@@ -139,7 +139,7 @@ pub fn spawn(
             "Cluster",
             tx.clone(),
             interesting.clone(),
-            true,
+            Marks::Namespace,
             synced.clone(),
         ));
         tasks.push(watch_kind::<ClusterGroup>(
@@ -148,7 +148,7 @@ pub fn spawn(
             "ClusterGroup",
             tx.clone(),
             interesting.clone(),
-            false,
+            Marks::Nothing,
             synced.clone(),
         ));
     }
@@ -179,7 +179,7 @@ pub fn spawn(
             "BundleNamespaceMapping",
             tx,
             interesting.clone(),
-            false,
+            Marks::NothingAndMayBeUnserved,
             Arc::new(Synced::default()),
         ));
     }
@@ -215,7 +215,7 @@ fn watch_kind<K>(
     label: &'static str,
     tx: mpsc::Sender<Trigger>,
     interesting: Interesting,
-    marks_namespace: bool,
+    marks: Marks,
     synced: Arc<Synced>,
 ) -> JoinHandle<()>
 where
@@ -230,13 +230,13 @@ where
             match event {
                 // A listing: the start-up run covers the first, `InitDone` triggers for later ones.
                 Ok(Event::InitApply(obj)) => {
-                    if marks_namespace {
+                    if marks == Marks::Namespace {
                         interesting.add(&key(&obj).0);
                     }
                 }
                 Ok(Event::Apply(obj)) => {
                     let (ns, name) = key(&obj);
-                    if marks_namespace {
+                    if marks == Marks::Namespace {
                         interesting.add(&ns);
                     }
                     send(&tx, format!("{label} {ns}/{name} changed"));
@@ -260,13 +260,39 @@ where
                 }
                 Err(e) => {
                     if !failing {
-                        tracing::warn!(kind = label, error = %e, "watch failed; retrying with back-off");
+                        if marks == Marks::NothingAndMayBeUnserved && is_not_served(&e) {
+                            tracing::debug!(
+                                kind = label,
+                                "kind not served; watching for it with back-off"
+                            );
+                        } else {
+                            tracing::warn!(kind = label, error = %e, "watch failed; retrying with back-off");
+                        }
                     }
                     failing = true;
                 }
             }
         }
     })
+}
+
+/// What a watched kind's events mean besides a run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Marks {
+    /// Its namespaces hold sources or kubeconfig Secrets (HelmOps, Clusters).
+    Namespace,
+    Nothing,
+    /// Nothing, and an API server without the kind is normal (BundleNamespaceMappings).
+    NothingAndMayBeUnserved,
+}
+
+fn is_not_served(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(e) | watcher::Error::WatchStartFailed(e) => {
+            crate::api_error::is_not_found(e)
+        }
+        _ => false,
+    }
 }
 
 fn watch_sources<K>(
