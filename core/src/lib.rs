@@ -2,6 +2,7 @@
 //! The webhook and the plugin do the I/O and call into these functions.
 
 pub mod hash;
+pub mod mapping;
 pub mod model;
 pub mod names;
 pub mod plan;

@@ -48,6 +48,9 @@ pub const HASH_KEY_DATA_KEY: &str = "key";
 
 /// Label Fleet agents put on the downstream copies they make themselves; helmop never writes or prunes those.
 pub const FLEET_BUNDLEDEPLOYMENT_LABEL: &str = "fleet.cattle.io/bundledeployment";
+/// Label Fleet's HelmOp controller puts on the Bundle it makes from a HelmOp (value: the HelmOp's
+/// name), next to the HelmOp's `spec.labels`; `BundleNamespaceMapping.bundleSelector` sees both.
+pub const FLEET_HELMOP_LABEL: &str = "fleet.cattle.io/fleet-helm-name";
 /// Cluster label Fleet matches `clusterName` against in addition to the object name.
 pub const FLEET_DISPLAY_NAME_LABEL: &str = "management.cattle.io/cluster-display-name";
 

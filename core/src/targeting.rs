@@ -214,8 +214,8 @@ fn default_target() -> BundleTarget {
 
 /// Decides which target of `op` (if any) covers `cluster`. `groups` may hold ClusterGroups of
 /// any namespace; only those of the cluster's namespace count. The caller is responsible for
-/// only asking about clusters in the HelmOp's namespace (Fleet's scope without
-/// BundleNamespaceMappings). For many clusters, compile once with [`Matcher::new`].
+/// only asking about clusters of the HelmOp's candidate namespaces (its own and those of
+/// [`crate::mapping`]). For many clusters, compile once with [`Matcher::new`].
 pub fn match_cluster(
     op: &HelmOp,
     cluster: &Cluster,

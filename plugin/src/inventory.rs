@@ -3,6 +3,14 @@
 //! nothing downstream is planned from a partial picture; a HelmOp whose targets cannot be
 //! evaluated (an invalid selector) is a [`Problem`] that marks the enumeration incomplete.
 //!
+//! Clusters of other namespaces count where Fleet's `BundleNamespaceMapping`s of a HelmOp's
+//! namespace map it (core `mapping`): the mappings are listed with the Clusters, Namespaces only
+//! when a mapping can matter, and in one namespace the Clusters and ClusterGroups of every
+//! namespace its mappings select. A copy on a Cluster reached through a mapping is wanted exactly
+//! while the mapping still selects the HelmOp and the Cluster's namespace; a namespace-scoped run
+//! no longer visits a namespace no mapping selects, so only `-A` (which visits every Cluster)
+//! sees the copies there as orphans.
+//!
 //! Wants are never scoped (docs/cluster-identity.md): for `prune`, every HelmOp of the
 //! namespace is enumerated whatever HELMOP names (only the deletion set is scoped); with
 //! `--target-context`, the Fleet Clusters reaching the same clusters as the contexts add their
@@ -10,13 +18,15 @@
 
 use std::collections::BTreeSet;
 
-use helmop_core::model::{Cluster, ClusterGroup, HelmOp};
+use helmop_core::mapping::Mappings;
+use helmop_core::model::{BundleNamespaceMapping, Cluster, ClusterGroup, HelmOp};
 use helmop_core::names;
 use helmop_core::plan::{DesiredCopy, HelmOpKey, ObservedCopy, OwnerRef, Scope, parse_owners};
 use helmop_core::targeting::{
     Matcher, NamespaceMetadata, TargetMatch, cluster_options, combine_namespace_metadata,
     match_cluster, namespace_metadata,
 };
+use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use kube::api::ListParams;
 use serde::Serialize;
@@ -168,14 +178,14 @@ pub async fn enumerate(
     };
     let helmops = list_helmops(ctx, &listing, for_prune).await?;
     let (downstreams, desired, problems) = if target_contexts.is_empty() {
-        let (clusters, groups) = list_fleet(ctx, selection.namespace(), false).await?;
-        let (downstreams, keys) = clusters::resolve_fleet(ctx, &clusters, limits).await;
-        let (desired, problems) = desired_fleet(&helmops, &clusters, &keys, &groups);
+        let fleet = list_fleet(ctx, selection.namespace(), &helmops, false).await?;
+        let (downstreams, keys) = clusters::resolve_fleet(ctx, &fleet.clusters, limits).await;
+        let (desired, problems) = desired_fleet(&helmops, &fleet, &keys);
         (downstreams, desired, problems)
     } else {
         let downstreams = clusters::resolve_contexts(ctx, target_contexts, limits).await;
         let (mut desired, mut problems) = desired_contexts(&helmops, &downstreams);
-        let fleet = match list_fleet(ctx, selection.namespace(), true).await {
+        let fleet = match list_fleet(ctx, selection.namespace(), &helmops, true).await {
             Ok(fleet) => Some(fleet),
             Err(e) if !for_prune => {
                 tracing::warn!("{e}; planning without the wants of Fleet Clusters");
@@ -183,10 +193,9 @@ pub async fn enumerate(
             }
             Err(e) => return Err(e),
         };
-        if let Some((clusters, groups)) = fleet {
-            let (_, keys) = clusters::resolve_fleet(ctx, &clusters, limits).await;
-            let (fleet_desired, fleet_problems) =
-                desired_fleet(&helmops, &clusters, &keys, &groups);
+        if let Some(fleet) = fleet {
+            let (_, keys) = clusters::resolve_fleet(ctx, &fleet.clusters, limits).await;
+            let (fleet_desired, fleet_problems) = desired_fleet(&helmops, &fleet, &keys);
             // Wants on the contexts' clusters, and those of Clusters that could not be
             // identified (prune keeps what they want everywhere).
             desired.extend(fleet_desired.into_iter().filter(|d| {
@@ -210,23 +219,74 @@ pub async fn enumerate(
     })
 }
 
-/// The Fleet Clusters and ClusterGroups of `namespace` (all for `None`). With `optional`
-/// (`--target-context`, where Fleet need not be installed) a kind that is not served means
-/// none.
+/// What Fleet's targeting reads on the upstream cluster.
+#[derive(Debug, Default)]
+pub struct FleetObjects {
+    pub clusters: Vec<Cluster>,
+    pub groups: Vec<ClusterGroup>,
+    pub mappings: Vec<BundleNamespaceMapping>,
+    /// Every Namespace, listed only when a mapping can matter.
+    pub namespaces: Vec<Namespace>,
+}
+
+/// The Fleet Clusters and ClusterGroups of `namespace` (all for `None`) and of the namespaces
+/// the BundleNamespaceMappings there select. With `optional` (`--target-context`,
+/// where Fleet need not be installed) a kind that is not served means none. A
+/// BundleNamespaceMapping kind that is not served always means no mappings: none can exist.
 async fn list_fleet(
     ctx: &Ctx,
     namespace: Option<&str>,
+    helmops: &[HelmOp],
     optional: bool,
-) -> Result<(Vec<Cluster>, Vec<ClusterGroup>), PluginError> {
-    let clusters: Vec<Cluster> = match list(ctx, namespace, "Clusters").await {
-        Err(ListError::NoSuchKind(_)) if optional => return Ok((Vec::new(), Vec::new())),
-        other => other?,
+) -> Result<FleetObjects, PluginError> {
+    let mut fleet = FleetObjects {
+        clusters: match list(ctx, namespace, "Clusters").await {
+            Err(ListError::NoSuchKind(_)) if optional => return Ok(FleetObjects::default()),
+            other => other?,
+        },
+        groups: match list(ctx, namespace, "ClusterGroups").await {
+            Err(ListError::NoSuchKind(_)) if optional => Vec::new(),
+            other => other?,
+        },
+        mappings: match list(ctx, namespace, "BundleNamespaceMappings").await {
+            Err(ListError::NoSuchKind(_)) => Vec::new(),
+            other => other?,
+        },
+        namespaces: Vec::new(),
     };
-    let groups: Vec<ClusterGroup> = match list(ctx, namespace, "ClusterGroups").await {
-        Err(ListError::NoSuchKind(_)) if optional => Vec::new(),
-        other => other?,
+    let mappings = Mappings::new(&fleet.mappings);
+    for skipped in mappings.skipped() {
+        tracing::warn!(
+            mapping = %skipped.mapping,
+            reason = %skipped.reason,
+            "BundleNamespaceMapping ignored: Fleet cannot compile its selector"
+        );
+    }
+    // With `-A` every Cluster and ClusterGroup is listed already; Namespaces matter only to
+    // the candidates of mapped HelmOps. In one namespace, the Clusters of every namespace its
+    // mappings select are visited, so copies a mapping no longer wants (HelmOp deleted or
+    // relabelled) are seen as orphans there too.
+    let needed = match namespace {
+        None => helmops.iter().any(|h| mappings.maps(h)),
+        Some(own) => mappings.any_in(own),
     };
-    Ok((clusters, groups))
+    if !needed {
+        return Ok(fleet);
+    }
+    let api: Api<Namespace> = Api::all(ctx.upstream.clone());
+    fleet.namespaces = list_pages(api, "Namespaces", "").await?;
+    let Some(own) = namespace else {
+        return Ok(fleet);
+    };
+    let reachable = mappings.reachable_from(own, &fleet.namespaces);
+    for ns in &reachable {
+        tracing::debug!(namespace = %ns, "listing Clusters of a mapped namespace");
+        let clusters: Vec<Cluster> = list(ctx, Some(ns), "Clusters").await?;
+        let groups: Vec<ClusterGroup> = list(ctx, Some(ns), "ClusterGroups").await?;
+        fleet.clusters.extend(clusters);
+        fleet.groups.extend(groups);
+    }
+    Ok(fleet)
 }
 
 /// A listing that failed: the kind is not served (its CRD is not installed), or otherwise.
@@ -278,12 +338,20 @@ where
         Some(ns) => Api::namespaced(ctx.upstream.clone(), ns),
         None => Api::all(ctx.upstream.clone()),
     };
-    let where_ = namespace.map_or("in all namespaces".to_string(), |ns| format!("in {ns}"));
+    let where_ = namespace.map_or(" in all namespaces".to_string(), |ns| format!(" in {ns}"));
+    list_pages(api, what, &where_).await
+}
+
+/// Every object `api` lists, page by page; `what` and `where_` name them in errors.
+async fn list_pages<K>(api: Api<K>, what: &str, where_: &str) -> Result<Vec<K>, ListError>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let mut out = Vec::new();
     let mut params = ListParams::default().limit(500);
     loop {
         let page = api.list(&params).await.map_err(|e| {
-            let error = api_error::upstream(&format!("listing {what} {where_}"), &e);
+            let error = api_error::upstream(&format!("listing {what}{where_}"), &e);
             if api_error::is_not_found(&e) && out.is_empty() {
                 ListError::NoSuchKind(error)
             } else {
@@ -299,25 +367,31 @@ where
     }
 }
 
-/// Desired copies from Fleet targeting: each HelmOp against the Clusters of its namespace.
-/// `keys[i]` is the downstream key of `clusters[i]`.
+/// Desired copies from Fleet targeting: each HelmOp against the Clusters of its namespace and
+/// of the namespaces mapped to it. `keys[i]` is the downstream key of `fleet.clusters[i]`.
 pub fn desired_fleet(
     helmops: &[HelmOp],
-    clusters: &[Cluster],
+    fleet: &FleetObjects,
     keys: &[String],
-    groups: &[ClusterGroup],
 ) -> (Vec<DesiredCopy>, Vec<Problem>) {
     let mut desired = Vec::new();
     let mut problems = Vec::new();
+    let mappings = Mappings::new(&fleet.mappings);
     for helmop in helmops {
         let Some(key) = key_of(helmop) else { continue };
+        let candidates = mappings.candidate_namespaces(helmop, &fleet.namespaces);
         let mut wanted = Vec::new();
         let mut failed = None;
-        for (cluster, cluster_key) in clusters.iter().zip(keys) {
-            if cluster.metadata.namespace.as_deref() != Some(key.namespace.as_str()) {
+        for (cluster, cluster_key) in fleet.clusters.iter().zip(keys) {
+            if !cluster
+                .metadata
+                .namespace
+                .as_ref()
+                .is_some_and(|ns| candidates.contains(ns))
+            {
                 continue;
             }
-            match match_cluster(helmop, cluster, groups) {
+            match match_cluster(helmop, cluster, &fleet.groups) {
                 Ok(m) => wanted.extend(wants(&key, helmop, &m, cluster_key)),
                 Err(e) => {
                     failed = Some(e.to_string());
@@ -457,7 +531,12 @@ mod tests {
             &[],
             Some(selector("tier", "edge")),
         )];
-        let (desired, problems) = desired_fleet(&ops, &clusters, &keys, &groups);
+        let fleet = FleetObjects {
+            clusters: clusters.to_vec(),
+            groups: groups.to_vec(),
+            ..FleetObjects::default()
+        };
+        let (desired, problems) = desired_fleet(&ops, &fleet, &keys);
         assert!(problems.is_empty());
         assert_eq!(
             summary(&desired),
@@ -466,6 +545,79 @@ mod tests {
                 "fleet/app k1 prod-apps configmap/prod keep",
                 "fleet/app k2 apps secret/db",
             ]
+        );
+    }
+
+    #[test]
+    fn mapped_namespaces_add_their_clusters_with_their_own_groups() {
+        let spec = HelmOpSpec {
+            default_namespace: Some("apps".into()),
+            downstream_resources: Some(vec![DownstreamResource::new("Secret", "db")]),
+            targets: Some(vec![BundleTarget {
+                cluster_group: Some("edge".into()),
+                ..BundleTarget::default()
+            }]),
+            labels: Some(BTreeMap::from([("team".to_string(), "web".to_string())])),
+            ..HelmOpSpec::default()
+        };
+        let ops = [helmop("fleet", "app", spec)];
+        let edge = || Some(selector("tier", "edge"));
+        let namespace = |name: &str, team: &str| Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(BTreeMap::from([("fleet".to_string(), team.to_string())])),
+                ..Default::default()
+            },
+            ..Namespace::default()
+        };
+        let mut fleet = FleetObjects {
+            clusters: vec![
+                Cluster::new("fleet", "c1", &[("tier", "edge")]),
+                Cluster::new("mapped", "c2", &[("tier", "edge")]),
+                // Mapped, but its namespace has no `edge` group: the HelmOp's does not count.
+                Cluster::new("groupless", "c3", &[("tier", "edge")]),
+                Cluster::new("unmapped", "c4", &[("tier", "edge")]),
+            ],
+            groups: vec![
+                ClusterGroup::new("fleet", "edge", &[], edge()),
+                ClusterGroup::new("mapped", "edge", &[], edge()),
+                ClusterGroup::new("unmapped", "edge", &[], edge()),
+            ],
+            mappings: Vec::new(),
+            namespaces: vec![
+                namespace("mapped", "yes"),
+                namespace("groupless", "yes"),
+                namespace("unmapped", "no"),
+            ],
+        };
+        let keys = ["k1", "k2", "k3", "k4"].map(String::from);
+        let (desired, _) = desired_fleet(&ops, &fleet, &keys);
+        assert_eq!(summary(&desired), ["fleet/app k1 apps secret/db"]);
+
+        // A mapping elsewhere, or without its namespaceSelector, maps nothing.
+        fleet.mappings = vec![
+            BundleNamespaceMapping::new(
+                "unmapped",
+                "m",
+                Some(LabelSelector::default()),
+                Some(LabelSelector::default()),
+            ),
+            BundleNamespaceMapping::new("fleet", "half", Some(selector("team", "web")), None),
+        ];
+        let (desired, _) = desired_fleet(&ops, &fleet, &keys);
+        assert_eq!(summary(&desired), ["fleet/app k1 apps secret/db"]);
+
+        fleet.mappings.push(BundleNamespaceMapping::new(
+            "fleet",
+            "m",
+            Some(selector("team", "web")),
+            Some(selector("fleet", "yes")),
+        ));
+        let (desired, problems) = desired_fleet(&ops, &fleet, &keys);
+        assert!(problems.is_empty());
+        assert_eq!(
+            summary(&desired),
+            ["fleet/app k1 apps secret/db", "fleet/app k2 apps secret/db"]
         );
     }
 
@@ -484,8 +636,11 @@ mod tests {
             ..HelmOpSpec::default()
         };
         let ops = [helmop("fleet", "app", spec)];
-        let clusters = [Cluster::new("fleet", "c1", &[])];
-        let (desired, problems) = desired_fleet(&ops, &clusters, &["k1".into()], &[]);
+        let fleet = FleetObjects {
+            clusters: vec![Cluster::new("fleet", "c1", &[])],
+            ..FleetObjects::default()
+        };
+        let (desired, problems) = desired_fleet(&ops, &fleet, &["k1".into()]);
         assert!(desired.is_empty());
         assert_eq!(problems.len(), 1);
         assert_eq!(problems[0].helmop, "fleet/app");
@@ -589,7 +744,11 @@ mod tests {
             Cluster::new("fleet", "c4", &[("env", "dev")]),
         ];
         let keys: Vec<String> = ["k1", "k2", "k3", "k4"].map(String::from).to_vec();
-        let (desired, problems) = desired_fleet(&ops, &clusters, &keys, &[]);
+        let fleet = FleetObjects {
+            clusters: clusters.to_vec(),
+            ..FleetObjects::default()
+        };
+        let (desired, problems) = desired_fleet(&ops, &fleet, &keys);
         assert!(problems.is_empty());
         assert_eq!(
             summary(&desired),
@@ -624,11 +783,14 @@ mod tests {
             ),
             helmop("team", "c", spec(serde_json::json!({"other": "c"}))),
         ];
-        let clusters = [Cluster::new("team", "c1", &[])];
+        let fleet = FleetObjects {
+            clusters: vec![Cluster::new("team", "c1", &[])],
+            ..FleetObjects::default()
+        };
         // c wants nothing on k1 in apps: it lists no resources.
         let mut ops_ = ops.clone();
         ops_[2].spec.downstream_resources = None;
-        let (desired, _) = desired_fleet(&ops_, &clusters, &["k1".into()], &[]);
+        let (desired, _) = desired_fleet(&ops_, &fleet, &["k1".into()]);
         let inv = Inventory {
             selection: Selection::Namespace("team".into()),
             helmops: ops_,

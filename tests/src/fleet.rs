@@ -1,4 +1,5 @@
-//! Fleet objects (HelmOp, Cluster, ClusterGroup, BundleDeployment) as dynamic objects.
+//! Fleet objects (HelmOp, Cluster, ClusterGroup, BundleNamespaceMapping, BundleDeployment) as
+//! dynamic objects.
 
 use std::collections::BTreeMap;
 
@@ -33,6 +34,9 @@ pub fn cluster_resource() -> ApiResource {
 }
 pub fn cluster_group_resource() -> ApiResource {
     fleet_resource("ClusterGroup", "clustergroups")
+}
+pub fn bundle_namespace_mapping_resource() -> ApiResource {
+    fleet_resource("BundleNamespaceMapping", "bundlenamespacemappings")
 }
 pub fn bundle_deployment_resource() -> ApiResource {
     fleet_resource("BundleDeployment", "bundledeployments")

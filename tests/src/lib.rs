@@ -40,9 +40,9 @@ pub use endpoints::{
     Registered, deployment_manifest, kubectl_apply, random_key, replica_sets, restamp,
 };
 pub use fleet::{
-    FLEET_API_VERSION, apply_helmop, bundle_deployment_resource, cluster_group_resource,
-    cluster_resource, create_cluster_group, create_fleet_object, fleet_api, helmop_resource,
-    propagator_events, register_fleet_cluster,
+    FLEET_API_VERSION, apply_helmop, bundle_deployment_resource, bundle_namespace_mapping_resource,
+    cluster_group_resource, cluster_resource, create_cluster_group, create_fleet_object, fleet_api,
+    helmop_resource, propagator_events, register_fleet_cluster,
 };
 pub use namespaces::{TEST_NAMESPACE_LABEL, fresh_namespace, fresh_namespace_with_labels};
 pub use node::{BusyboxImage, NODE_CLUSTER, NodeInfo, build_busybox_image, node_control_plane};

@@ -78,6 +78,9 @@ pub struct HelmOpSpec {
     pub namespace_labels: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_annotations: Option<BTreeMap<String, String>>,
+    /// Labels Fleet copies to the HelmOp's Bundle (what a `BundleNamespaceMapping` selects on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
     #[serde(flatten)]
     pub extra: Extra,
 }

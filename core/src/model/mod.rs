@@ -1,5 +1,5 @@
-//! Typed views of the Fleet objects helmop reads: `HelmOp`, `Cluster` and `ClusterGroup`
-//! (`fleet.cattle.io/v1alpha1`, shapes from Fleet v0.16.1's CRDs).
+//! Typed views of the Fleet objects helmop reads: `HelmOp`, `Cluster`, `ClusterGroup` and
+//! `BundleNamespaceMapping` (`fleet.cattle.io/v1alpha1`, shapes from Fleet v0.16.1's CRDs).
 //!
 //! Only the fields helmop acts on are typed. Every struct carries an `extra` map (serde
 //! `flatten`) so fields helmop does not know - today's Fleet fields it ignores and tomorrow's
@@ -11,6 +11,7 @@
 
 mod cluster;
 mod helmop;
+mod mapping;
 
 pub use cluster::{
     Cluster, ClusterGroup, ClusterGroupSpec, ClusterSpec, FLEET_KUBECONFIG_NAMESPACES,
@@ -19,6 +20,7 @@ pub use helmop::{
     BundleTarget, DownstreamResource, HelmOp, HelmOpSpec, HelmOptions, KeyRef, TargetRestriction,
     ValuesFrom,
 };
+pub use mapping::BundleNamespaceMapping;
 
 /// Fleet's API group.
 pub const FLEET_GROUP: &str = "fleet.cattle.io";

@@ -13,6 +13,8 @@ const CLUSTER_CRD: &str =
     include_str!("../../tests/fixtures/fleet-crds/clusters.fleet.cattle.io.yaml");
 const CLUSTERGROUP_CRD: &str =
     include_str!("../../tests/fixtures/fleet-crds/clustergroups.fleet.cattle.io.yaml");
+const MAPPING_CRD: &str =
+    include_str!("../../tests/fixtures/fleet-crds/bundlenamespacemappings.fleet.cattle.io.yaml");
 
 /// The openAPIV3Schema of a CRD's first version.
 fn schema(crd: &str) -> Value {
@@ -139,8 +141,42 @@ fn arb_object(crd: &str, kind: &'static str) -> BoxedStrategy<Value> {
         .boxed()
 }
 
+/// A BundleNamespaceMapping: its selectors sit at the top level, next to unknown fields.
+fn arb_mapping() -> BoxedStrategy<Value> {
+    let s = schema(MAPPING_CRD);
+    let selector = |key: &str| proptest::option::of(from_schema(&s["properties"][key], false));
+    let top_extra = proptest::collection::btree_map("xUnknown[A-Z][a-z]{0,4}", arb_json(), 0..2);
+    (
+        selector("bundleSelector"),
+        selector("namespaceSelector"),
+        top_extra,
+    )
+        .prop_map(|(bundles, namespaces, extra)| {
+            let mut obj = json!({
+                "apiVersion": FLEET_API_VERSION,
+                "kind": "BundleNamespaceMapping",
+                "metadata": {"name": "x", "namespace": "fleet-default", "resourceVersion": "7"},
+            });
+            let map = obj.as_object_mut().unwrap();
+            if let Some(b) = bundles {
+                map.insert("bundleSelector".into(), b);
+            }
+            if let Some(n) = namespaces {
+                map.insert("namespaceSelector".into(), n);
+            }
+            map.extend(extra);
+            obj
+        })
+        .boxed()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn mapping_fields_survive_read_modify_write(obj in arb_mapping()) {
+        prop_assert_eq!(round_trip::<BundleNamespaceMapping>(&obj), obj);
+    }
 
     #[test]
     fn helmop_fields_survive_read_modify_write(obj in arb_object(HELMOP_CRD, "HelmOp")) {
@@ -172,8 +208,16 @@ fn the_generator_covers_the_fields_helmop_reads() {
         "keepResources",
         "targets",
         "targetRestrictions",
+        "labels",
     ] {
         assert!(spec.get(key).is_some(), "spec.{key} missing from the CRD");
+    }
+    let mapping = schema(MAPPING_CRD);
+    for key in ["bundleSelector", "namespaceSelector"] {
+        assert_eq!(
+            mapping["properties"][key]["type"], "object",
+            "{key} missing from the BundleNamespaceMapping CRD"
+        );
     }
     let target = &spec["targets"]["items"]["properties"];
     for key in [
@@ -432,6 +476,11 @@ fn usable_with_kube_api() {
     assert_api_resource::<HelmOp>();
     assert_api_resource::<Cluster>();
     assert_api_resource::<ClusterGroup>();
+    assert_api_resource::<BundleNamespaceMapping>();
+    assert_eq!(
+        <BundleNamespaceMapping as kube::Resource>::url_path(&(), Some("ns")),
+        "/apis/fleet.cattle.io/v1alpha1/namespaces/ns/bundlenamespacemappings"
+    );
     assert_eq!(
         <HelmOp as kube::Resource>::url_path(&(), Some("fleet-default")),
         "/apis/fleet.cattle.io/v1alpha1/namespaces/fleet-default/helmops"

@@ -1,6 +1,13 @@
 //! What makes `propagate --watch` run again: watches (never polling) on the upstream cluster's
-//! HelmOps, Clusters, ClusterGroups, and the Secrets and ConfigMaps of the namespaces HelmOps live
-//! in. Metadata-only watches: a change is all that matters here, the run reads what it needs.
+//! HelmOps, Clusters, ClusterGroups, BundleNamespaceMappings, and the Secrets and ConfigMaps of
+//! the namespaces HelmOps live in. Metadata-only watches: a change is all that matters here, the
+//! run reads what it needs.
+//!
+//! Not watched: Clusters of namespaces mapped into a namespace-scoped run (they are listed each
+//! run, and `--resync` picks up their changes), and Namespace labels (a mapping's
+//! `namespaceSelector` is evaluated each run; watching every Namespace would need more RBAC).
+//! The BundleNamespaceMapping watch does not count towards readiness: many installations do not
+//! serve that kind, and without it there are no mappings to miss.
 //!
 //! kube's watcher re-lists and re-watches after errors with exponential back-off; a re-list after
 //! the first one may have missed events, so it triggers a run as well.
@@ -11,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
-use helmop_core::model::{Cluster, ClusterGroup, HelmOp};
+use helmop_core::model::{BundleNamespaceMapping, Cluster, ClusterGroup, HelmOp};
 use helmop_core::names;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Client;
@@ -122,7 +129,7 @@ pub fn spawn(
         "HelmOp",
         tx.clone(),
         interesting.clone(),
-        true,
+        Marks::Namespace,
         synced.clone(),
     )];
     if fleet {
@@ -132,7 +139,7 @@ pub fn spawn(
             "Cluster",
             tx.clone(),
             interesting.clone(),
-            true,
+            Marks::Namespace,
             synced.clone(),
         ));
         tasks.push(watch_kind::<ClusterGroup>(
@@ -141,7 +148,7 @@ pub fn spawn(
             "ClusterGroup",
             tx.clone(),
             interesting.clone(),
-            false,
+            Marks::Nothing,
             synced.clone(),
         ));
     }
@@ -160,11 +167,22 @@ pub fn spawn(
         api(client, namespace.as_deref()),
         sources,
         "ConfigMap",
-        tx,
+        tx.clone(),
         filter,
         synced.clone(),
     ));
     synced.expect(tasks.len());
+    if fleet {
+        tasks.push(watch_kind::<BundleNamespaceMapping>(
+            api(client, namespace.as_deref()),
+            watcher::Config::default(),
+            "BundleNamespaceMapping",
+            tx,
+            interesting.clone(),
+            Marks::NothingAndMayBeUnserved,
+            Arc::new(Synced::default()),
+        ));
+    }
     Watches { tasks, interesting }
 }
 
@@ -197,7 +215,7 @@ fn watch_kind<K>(
     label: &'static str,
     tx: mpsc::Sender<Trigger>,
     interesting: Interesting,
-    marks_namespace: bool,
+    marks: Marks,
     synced: Arc<Synced>,
 ) -> JoinHandle<()>
 where
@@ -212,13 +230,13 @@ where
             match event {
                 // A listing: the start-up run covers the first, `InitDone` triggers for later ones.
                 Ok(Event::InitApply(obj)) => {
-                    if marks_namespace {
+                    if marks == Marks::Namespace {
                         interesting.add(&key(&obj).0);
                     }
                 }
                 Ok(Event::Apply(obj)) => {
                     let (ns, name) = key(&obj);
-                    if marks_namespace {
+                    if marks == Marks::Namespace {
                         interesting.add(&ns);
                     }
                     send(&tx, format!("{label} {ns}/{name} changed"));
@@ -242,13 +260,39 @@ where
                 }
                 Err(e) => {
                     if !failing {
-                        tracing::warn!(kind = label, error = %e, "watch failed; retrying with back-off");
+                        if marks == Marks::NothingAndMayBeUnserved && is_not_served(&e) {
+                            tracing::debug!(
+                                kind = label,
+                                "kind not served; watching for it with back-off"
+                            );
+                        } else {
+                            tracing::warn!(kind = label, error = %e, "watch failed; retrying with back-off");
+                        }
                     }
                     failing = true;
                 }
             }
         }
     })
+}
+
+/// What a watched kind's events mean besides a run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Marks {
+    /// Its namespaces hold sources or kubeconfig Secrets (HelmOps, Clusters).
+    Namespace,
+    Nothing,
+    /// Nothing, and an API server without the kind is normal (BundleNamespaceMappings).
+    NothingAndMayBeUnserved,
+}
+
+fn is_not_served(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(e) | watcher::Error::WatchStartFailed(e) => {
+            crate::api_error::is_not_found(e)
+        }
+        _ => false,
+    }
 }
 
 fn watch_sources<K>(

@@ -22,12 +22,23 @@
 //!   `propagate` puts them on the namespaces it creates, `--dry-run` says exactly that, and a
 //!   namespace that already exists is left as it is.
 
-use std::collections::BTreeMap;
+//! - `clusters_of_other_namespaces_through_a_bundle_namespace_mapping`: a Cluster in another
+//!   namespace is a candidate only while a `BundleNamespaceMapping` of the HelmOp's namespace
+//!   selects the HelmOp's Bundle labels and the Cluster's namespace; its groups are those of its
+//!   own namespace and its kubeconfig Secret is read there; `propagate --watch` acts on a new
+//!   mapping; `prune` aborts when a mapped namespace's Clusters cannot be listed. Once the
+//!   mapping no longer selects the HelmOp (relabelled), its copy is an orphan `prune -n`
+//!   removes; once the mapping itself is gone, `prune -A` does.
 
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::bail;
+use base64::Engine;
 use helmop_tests::*;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use kube::Api;
-use kube::api::PostParams;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client};
 use serde_json::{Value, json};
 
 use crate::plugin::support::*;
@@ -514,4 +525,328 @@ targets:
         created.metadata.resource_version
     );
     Ok(())
+}
+/// How long a watching propagate may take to act on a change.
+const WATCH_BOUND: Duration = Duration::from_secs(20);
+
+/// Installs Fleet's BundleNamespaceMapping CRD (not among the harness's CRDs) on `cluster`, as
+/// the harness installs the others, and waits until it is served.
+async fn install_mapping_crd(cluster: &ClusterInfo, client: &Client) -> anyhow::Result<()> {
+    let shared = std::env::var("HELMOP_SHARED").unwrap_or_else(|_| "/work/shared".into());
+    let file = format!("{shared}/fleet-crds/bundlenamespacemappings.fleet.cattle.io.yaml");
+    let out = cluster
+        .run_kubectl(&["create", "--validate=false", "-f", &file], None)
+        .await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && !stderr.contains("AlreadyExists") {
+        bail!("creating the BundleNamespaceMapping CRD: {stderr}");
+    }
+    wait_until(
+        "BundleNamespaceMappings to be served",
+        Duration::from_secs(60),
+        || async {
+            match client
+                .list_api_group_resources("fleet.cattle.io/v1alpha1")
+                .await
+            {
+                Ok(list) => Ok(list
+                    .resources
+                    .iter()
+                    .any(|r| r.name == "bundlenamespacemappings")),
+                Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+                Err(e) => Err(e.into()),
+            }
+        },
+    )
+    .await
+}
+
+/// down1 plays the management cluster and down2 the downstream one: `-A` runs then see only this
+/// test's HelmOps and Clusters (on the shared upstream, `prune -A` would release copies other
+/// tests are still looking at), and the CRD installed here changes nothing for other tests.
+#[tokio::test]
+async fn clusters_of_other_namespaces_through_a_bundle_namespace_mapping() -> anyhow::Result<()> {
+    let cp = control_plane();
+    let mgmt = cp.cluster(DOWNSTREAM_1);
+    let upstream = mgmt.client().await;
+    let down = cp.cluster(DOWNSTREAM_2).client().await;
+    install_mapping_crd(mgmt, &upstream).await?;
+    let team = fresh_namespace(&upstream, "fp-bnm").await?;
+    let far =
+        fresh_namespace_with_labels(&upstream, "fp-bnm-far", &[("mapped-from", &team)]).await?;
+    // The Cluster and its kubeconfig Secret live in `far`; only `far`'s own group selects it.
+    register_fleet_cluster(
+        &upstream,
+        &far,
+        "far",
+        &[("tier", "edge")],
+        cp.cluster(DOWNSTREAM_2),
+    )
+    .await?;
+    create_cluster_group(&upstream, &far, "edge", &[("tier", "edge")], &[]).await?;
+    create_secret(&upstream, &team, "db", &[("k", b"v")]).await?;
+    let dest = format!("{team}-apps");
+    let app = |label: &str| {
+        helmop_yaml(
+            "app",
+            &format!(
+                "labels: {{team: {label}}}\ndefaultNamespace: {dest}\ndownstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterGroup: edge\n"
+            ),
+        )
+    };
+    apply_helmop(&upstream, &team, &app("web")).await?;
+    let kubeconfig = mgmt.kubeconfig.clone();
+    let run = |args: &'static [&'static str], ns: &str| {
+        let mut full: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        full.extend(["-n".to_string(), ns.to_string(), "-o".into(), "json".into()]);
+        let kubeconfig = kubeconfig.clone();
+        async move {
+            let args: Vec<&str> = full.iter().map(String::as_str).collect();
+            run_with(&kubeconfig, &args, &[]).await
+        }
+    };
+    let mapping = |name: &str, namespace_selector: Value| {
+        json!({
+            "metadata": {"name": name},
+            "bundleSelector": {"matchLabels": {"team": "web"}},
+            "namespaceSelector": namespace_selector,
+        })
+    };
+    let resource = bundle_namespace_mapping_resource();
+
+    // No mapping, then one without a namespaceSelector: `far` is no candidate.
+    for step in ["no mapping", "half a mapping"] {
+        if step == "half a mapping" {
+            create_fleet_object(&upstream, &team, &resource, mapping("half", Value::Null)).await?;
+        }
+        let out = run(&["propagate", "app"], &team).await?.expect(0);
+        let rows_ = rows(&out.json());
+        assert!(row_for(&rows_, "far", "db").is_none(), "{step}: {rows_:#?}");
+        assert!(
+            get_secret(&down, &dest, "db").await?.is_none(),
+            "{step}: no copy on far's cluster"
+        );
+    }
+
+    // Both selectors: far's Cluster gets the copy, and status has its row. A watching propagate
+    // (no resync, so only a watch event can start a run) copies it when the mapping appears.
+    let kubeconfig_arg = kubeconfig.display().to_string();
+    let mut watcher = PluginProcess::spawn(
+        &[
+            "propagate",
+            "app",
+            "-n",
+            &team,
+            "--watch",
+            "--no-leader-election",
+            "--debounce",
+            "200ms",
+            "--resync",
+            "0",
+            "-o",
+            "json",
+            "--kubeconfig",
+            &kubeconfig_arg,
+        ],
+        &[],
+    )?;
+    watcher
+        .wait_event("the start-up run", WATCH_BOUND, 0, |e| e["event"] == "run")
+        .await?;
+    let seen = watcher.events().len();
+    create_fleet_object(
+        &upstream,
+        &team,
+        &resource,
+        mapping("full", json!({"matchLabels": {"mapped-from": team}})),
+    )
+    .await?;
+    let changed = format!("BundleNamespaceMapping {team}/full changed");
+    let woke = watcher
+        .wait_event("a run for the new mapping", WATCH_BOUND, seen, |e| {
+            e["event"] == "run"
+                && e["reasons"].as_array().is_some_and(|r| {
+                    r.iter()
+                        .any(|x| x.as_str().is_some_and(|s| s.contains(&changed)))
+                })
+        })
+        .await?;
+    assert!(woke["writes"].as_u64().unwrap_or(0) >= 1, "{woke}");
+    assert!(
+        get_secret(&down, &dest, "db").await?.is_some(),
+        "the watch copied to far's cluster: {}",
+        watcher.context()
+    );
+    watcher.signal(libc::SIGTERM)?;
+    assert_eq!(
+        watcher.wait_exit(Duration::from_secs(15)).await?.code(),
+        Some(0)
+    );
+
+    let out = run(&["propagate", "app"], &team).await?.expect(0);
+    let rows_ = rows(&out.json());
+    assert!(row_for(&rows_, "far", "db").is_some(), "{rows_:#?}");
+    let copy = get_secret(&down, &dest, "db").await?;
+    assert!(copy.is_some(), "far's copy through the mapping");
+    let status = run(&["status", "app"], &team).await?.expect(0);
+    let rows_ = rows(&status.json());
+    let row = row_for(&rows_, "far", "db").unwrap_or_else(|| panic!("no far row: {rows_:#?}"));
+    assert_eq!(row["state"], "Synced", "{row:#}");
+
+    // Prune stays safe: `near`, a Cluster of the HelmOp's namespace that reaches the same
+    // cluster but is not targeted, sees the copy as unwanted. A prune that cannot list the mapped
+    // namespace's Clusters must not take that partial picture for the truth.
+    register_fleet_cluster(
+        &upstream,
+        &team,
+        "near",
+        &[("tier", "core")],
+        cp.cluster(DOWNSTREAM_2),
+    )
+    .await?;
+    let dir = tempfile::tempdir()?;
+    let limited = kubeconfig_blind_to(mgmt, &upstream, &team, dir.path()).await?;
+    let denied = run_with(&limited, &["prune", "-n", &team, "-o", "json"], &[])
+        .await?
+        .expect(1);
+    assert!(
+        denied
+            .stderr
+            .contains(&format!("listing Clusters in {far}")),
+        "{}",
+        denied.stderr
+    );
+    assert!(
+        get_secret(&down, &dest, "db").await?.is_some(),
+        "nothing pruned"
+    );
+    let pruned = run(&["prune"], &team).await?.expect(0);
+    assert_eq!(pruned.json()["writes"], 0, "{}", pruned.stdout);
+    assert!(
+        get_secret(&down, &dest, "db").await?.is_some(),
+        "the mapping still wants the copy"
+    );
+    fleet_api(&upstream, &team, &cluster_resource())
+        .delete("near", &DeleteParams::default())
+        .await?;
+
+    // The HelmOp relabelled: the mapping no longer selects it. A namespace-scoped run still
+    // visits the namespaces the mapping selects, so status sees the orphan and prune removes it.
+    apply_helmop(&upstream, &team, &app("api")).await?;
+    let status = run(&["status", "app"], &team).await?.expect(0);
+    let rows_ = rows(&status.json());
+    let row = row_for(&rows_, "far", "db").unwrap_or_else(|| panic!("no far row: {rows_:#?}"));
+    assert_eq!(row["state"], "Orphaned", "{row:#}");
+    run(&["prune"], &team).await?.expect(0);
+    assert!(
+        get_secret(&down, &dest, "db").await?.is_none(),
+        "prune -n removed the copy the mapping no longer wants"
+    );
+    apply_helmop(&upstream, &team, &app("web")).await?;
+    run(&["propagate", "app"], &team).await?.expect(0);
+    assert!(
+        get_secret(&down, &dest, "db").await?.is_some(),
+        "copied again"
+    );
+
+    // Mapping deleted: nothing wants the copy any more. A namespace-scoped run no longer visits
+    // `far`; `-A` visits every Cluster and sees the orphan, which prune removes.
+    fleet_api(&upstream, &team, &resource)
+        .delete("full", &DeleteParams::default())
+        .await?;
+    let scoped = run(&["status", "app"], &team).await?.expect(0);
+    let rows_ = rows(&scoped.json());
+    assert!(row_for(&rows_, "far", "db").is_none(), "{rows_:#?}");
+    let all = helmop_all(&kubeconfig, "status").await?;
+    let rows_ = rows(&all.json());
+    let row = row_for(&rows_, "far", "db").unwrap_or_else(|| panic!("no far row: {rows_:#?}"));
+    assert_eq!(row["state"], "Orphaned", "{row:#}");
+    assert!(
+        get_secret(&down, &dest, "db").await?.is_some(),
+        "status deletes nothing"
+    );
+    helmop_all(&kubeconfig, "prune").await?.expect(0);
+    assert!(
+        get_secret(&down, &dest, "db").await?.is_none(),
+        "prune removed the copy no mapping wants"
+    );
+    Ok(())
+}
+
+async fn helmop_all(kubeconfig: &std::path::Path, command: &str) -> anyhow::Result<Out> {
+    run_with(kubeconfig, &[command, "-A", "-o", "json"], &[]).await
+}
+
+/// A kubeconfig for `cluster` as a ServiceAccount that may read everything helmop reads in `ns`
+/// (and list Namespaces, get kube-system for the upstream id) but nothing in other namespaces.
+async fn kubeconfig_blind_to(
+    cluster: &ClusterInfo,
+    client: &Client,
+    ns: &str,
+    dir: &std::path::Path,
+) -> anyhow::Result<std::path::PathBuf> {
+    let name = format!("{ns}-blind");
+    let read = json!(["get", "list", "watch"]);
+    let objects = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": name, "namespace": ns}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": name, "namespace": ns},
+         "rules": [
+            {"apiGroups": ["fleet.cattle.io"], "resources": ["helmops", "clusters", "clustergroups", "bundlenamespacemappings"], "verbs": read},
+            {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": read},
+         ]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": name, "namespace": ns},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": name},
+         "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]},
+    ]});
+    let out = cluster
+        .run_kubectl(&["apply", "-f", "-"], Some(&objects.to_string()))
+        .await?;
+    if !out.status.success() {
+        bail!(
+            "creating the limited ServiceAccount: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Kubernetes 1.20 creates a token Secret for every ServiceAccount.
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let secret_name = wait_for(
+        "the ServiceAccount's token Secret",
+        DEFAULT_TIMEOUT,
+        || async {
+            let sa = accounts.get(&name).await?;
+            Ok(sa
+                .secrets
+                .unwrap_or_default()
+                .first()
+                .and_then(|r| r.name.clone()))
+        },
+    )
+    .await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let token = wait_for("the token", DEFAULT_TIMEOUT, || async {
+        let s = secrets.get(&secret_name).await?;
+        Ok(s.data
+            .unwrap_or_default()
+            .get("token")
+            .map(|t| String::from_utf8_lossy(&t.0).into_owned()))
+    })
+    .await?;
+    let ca = base64::engine::general_purpose::STANDARD.encode(cluster.ca_pem());
+    let yaml = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n    namespace: {ns}\ncurrent-context: x\n",
+        cluster.server
+    );
+    let path = dir.join("blind.kubeconfig");
+    std::fs::write(&path, yaml)?;
+    Ok(path)
 }

@@ -505,6 +505,7 @@ async fn propagator_manifests_grant_enough_and_no_more() -> anyhow::Result<()> {
         &["list", "helmops.fleet.cattle.io", "-A"][..],
         &["watch", "clusters.fleet.cattle.io", "-A"],
         &["list", "clustergroups.fleet.cattle.io", "-A"],
+        &["list", "namespaces"],
         &["get", "secrets", "-n", "fleet-default"],
         &["watch", "configmaps", "-A"],
         &[
@@ -539,6 +540,7 @@ async fn propagator_manifests_grant_enough_and_no_more() -> anyhow::Result<()> {
         ],
         &["create", "leases.coordination.k8s.io", "-n", "default"],
         &["create", "namespaces"],
+        &["update", "namespaces/default"],
         &["patch", "events.events.k8s.io", "-n", "fleet-default"],
         &["delete", "events.events.k8s.io", "-n", "fleet-default"],
         &["create", "events", "-n", "fleet-default"],
@@ -546,6 +548,16 @@ async fn propagator_manifests_grant_enough_and_no_more() -> anyhow::Result<()> {
         assert!(
             !can(denied)?,
             "the propagator must not be allowed to {denied:?}"
+        );
+    }
+
+    // BundleNamespaceMappings are not served here, so `kubectl auth can-i` cannot resolve them:
+    // ask the authorizer directly.
+    for (verb, allowed) in [("list", true), ("watch", true), ("update", false)] {
+        assert_eq!(
+            may_on_mappings(&client, sa, verb).await?,
+            allowed,
+            "the propagator {verb} BundleNamespaceMappings"
         );
     }
 
@@ -590,6 +602,30 @@ async fn propagator_manifests_grant_enough_and_no_more() -> anyhow::Result<()> {
     w.signal(libc::SIGTERM)?;
     assert_eq!(w.wait_exit(Duration::from_secs(15)).await?.code(), Some(0));
     Ok(())
+}
+
+/// Whether `user` may `verb` BundleNamespaceMappings in every namespace (a SubjectAccessReview).
+async fn may_on_mappings(client: &Client, user: &str, verb: &str) -> anyhow::Result<bool> {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_string()),
+            resource_attributes: Some(ResourceAttributes {
+                group: Some("fleet.cattle.io".into()),
+                resource: Some("bundlenamespacemappings".into()),
+                verb: Some(verb.into()),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    let answer = Api::<SubjectAccessReview>::all(client.clone())
+        .create(&kube::api::PostParams::default(), &review)
+        .await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
 /// The token of a ServiceAccount (Kubernetes 1.20 creates a token Secret for each).
