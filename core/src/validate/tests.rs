@@ -54,8 +54,20 @@ fn cases() -> Vec<Case> {
             "",
         ),
         (
-            "valid OCI chart, no version",
-            json!({"helm": {"repo": "OCI://ghcr.io/acme/app"}}),
+            "valid OCI chart, newest version",
+            json!({"helm": {"repo": "oci://ghcr.io/acme/app", "version": "*"}}),
+            vec![],
+            "",
+        ),
+        (
+            "valid HTTPS repo, scheme in capitals",
+            json!({"helm": {"repo": "HTTPS://charts.example.com", "chart": "app"}}),
+            vec![],
+            "",
+        ),
+        (
+            "valid HTTP repo, no version",
+            json!({"helm": {"repo": "http://charts.example.com:8080/sub", "chart": "app"}}),
             vec![],
             "",
         ),
@@ -437,9 +449,60 @@ fn cases() -> Vec<Case> {
         ),
         (
             "OCI repo with chart",
-            json!({"helm": {"repo": "oci://ghcr.io/acme/charts", "chart": "app"}}),
+            json!({"helm": {"repo": "oci://ghcr.io/acme/charts", "chart": "app", "version": "1.x"}}),
             vec![deny("spec.helm.chart")],
             "e.g. oci://ghcr.io/acme/charts/app",
+        ),
+        (
+            "OCI repo without version",
+            json!({"helm": {"repo": "oci://ghcr.io/acme/app"}}),
+            vec![deny("spec.helm.version")],
+            "an oci:// repo needs a version",
+        ),
+        (
+            "OCI scheme in capitals",
+            json!({"helm": {"repo": "OCI://ghcr.io/acme/app", "version": "1.x"}}),
+            vec![deny("spec.helm.repo")],
+            "in lower case",
+        ),
+        (
+            "OCI scheme in capitals with a chart",
+            json!({"helm": {"repo": "Oci://ghcr.io/acme", "chart": "app"}}),
+            vec![deny("spec.helm.chart"), deny("spec.helm.repo")],
+            "remove chart",
+        ),
+        (
+            "scheme-less repo",
+            json!({"helm": {"repo": "charts.example.com/stable", "chart": "app"}}),
+            vec![deny("spec.helm.repo")],
+            "is not an http:// or https:// URL",
+        ),
+        (
+            "host:port repo without scheme",
+            json!({"helm": {"repo": "localhost:8080", "chart": "app"}}),
+            vec![deny("spec.helm.repo")],
+            "is not an http:// or https:// URL",
+        ),
+        (
+            "repo of another scheme",
+            json!({"helm": {"repo": "git://example.com/charts", "chart": "app"}}),
+            vec![deny("spec.helm.repo")],
+            "is not an http:// or https:// URL",
+        ),
+        (
+            "repo without host",
+            json!({"helm": {"repo": "https:///charts", "chart": "app"}}),
+            vec![deny("spec.helm.repo")],
+            "has no host",
+        ),
+        (
+            "target OCI scheme in capitals",
+            with(
+                b(),
+                json!({"targets": [{"clusterSelector": {}, "helm": {"repo": "OCI://x/app", "chart": ""}}]}),
+            ),
+            vec![warn("spec.targets[0].helm.chart"), warn("spec.targets[0].helm.repo")],
+            "Fleet's agent fails",
         ),
         (
             "OCI in chart without repo",
@@ -675,7 +738,7 @@ fn rule_table() {
 #[test]
 fn every_problem_is_listed() {
     let spec = json!({
-        "helm": {"repo": "oci://r/app", "chart": "app", "releaseName": "Bad"},
+        "helm": {"repo": "oci://r/app", "chart": "app", "version": "1.x", "releaseName": "Bad"},
         "downstreamResources": [{"kind": "Deployment", "name": "x"}, {"kind": "Secret", "name": "Bad"}],
         "targets": [{"clusterSelector": {}, "downstreamResources": [{"kind": "configmap", "name": "ok"}]}],
     });
