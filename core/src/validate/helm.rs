@@ -16,7 +16,7 @@ pub(crate) struct ValuesFromRef {
 
 /// `spec.helm`: Fleet's controller rules are denials.
 pub(crate) fn check_root_helm(
-    cx: &mut Ctx<'_>,
+    cx: &mut Ctx,
     helm: &Map<String, Value>,
     base: &str,
 ) -> Vec<ValuesFromRef> {
@@ -54,13 +54,13 @@ const OCI_PREFIX: &str = "oci://";
 /// on the clusters the target matches: a warning, reported only when the target sets one of
 /// the three itself (otherwise the root finding already covers it).
 pub(crate) fn check_target_helm(
-    cx: &mut Ctx<'_>,
+    cx: &mut Ctx,
     helm: &Map<String, Value>,
     base: &str,
     root: Option<&Map<String, Value>>,
 ) -> Vec<ValuesFromRef> {
     let own =
-        |cx: &mut Ctx<'_>, key: &str| cx.string(helm, key, base).unwrap_or_default().to_string();
+        |cx: &mut Ctx, key: &str| cx.string(helm, key, base).unwrap_or_default().to_string();
     let (chart, repo, version) = (own(cx, "chart"), own(cx, "repo"), own(cx, "version"));
     if !(chart.is_empty() && repo.is_empty() && version.is_empty()) {
         let inherit = |own: String, key: &str| {
@@ -202,7 +202,7 @@ fn http_repo_problem(repo: &str) -> Option<String> {
 }
 
 /// The CRD's `releaseName` pattern and `maxLength: 53` (the API server rejects others; Helm too).
-fn check_release_name(cx: &mut Ctx<'_>, helm: &Map<String, Value>, base: &str) {
+fn check_release_name(cx: &mut Ctx, helm: &Map<String, Value>, base: &str) {
     if let Some(name) = cx.string(helm, "releaseName", base) {
         let path = join(base, "releaseName");
         if name.is_empty() {
@@ -222,7 +222,7 @@ fn check_release_name(cx: &mut Ctx<'_>, helm: &Map<String, Value>, base: &str) {
     }
 }
 
-fn values_from(cx: &mut Ctx<'_>, helm: &Map<String, Value>, base: &str) -> Vec<ValuesFromRef> {
+fn values_from(cx: &mut Ctx, helm: &Map<String, Value>, base: &str) -> Vec<ValuesFromRef> {
     let mut out = Vec::new();
     let Some(list) = cx.array(helm, "valuesFrom", base) else {
         return out;

@@ -341,16 +341,34 @@ fn cases() -> Vec<Case> {
                 json!({"downstreamResources": [{"kind": "Secret", "name": "db"}]}),
             ),
             vec![warn("spec.helm.valuesFrom[0].secretKeyRef.namespace")],
-            "Fleet ignores namespace \"other\"",
+            "reads it on each downstream cluster from the copy in the release namespace (namespace, else defaultNamespace, else the agent's default namespace (default)) and ignores namespace \"other\"",
         ),
         (
-            "valuesFrom same namespace is fine",
+            "valuesFrom naming the HelmOp's own namespace is still ignored downstream",
             with(
                 json!({"helm": {"repo": "https://x", "chart": "y", "valuesFrom": [{"secretKeyRef": {"name": "db", "namespace": "apps"}}]}}),
-                json!({"downstreamResources": [{"kind": "Secret", "name": "db"}]}),
+                json!({"defaultNamespace": "web", "downstreamResources": [{"kind": "Secret", "name": "db"}]}),
+            ),
+            vec![warn("spec.helm.valuesFrom[0].secretKeyRef.namespace")],
+            "release namespace (namespace \"web\") and ignores namespace \"apps\"",
+        ),
+        (
+            "valuesFrom naming the release namespace is fine",
+            with(
+                json!({"helm": {"repo": "https://x", "chart": "y", "valuesFrom": [{"secretKeyRef": {"name": "db", "namespace": "web"}}]}}),
+                json!({"namespace": "web", "defaultNamespace": "other", "downstreamResources": [{"kind": "Secret", "name": "db"}]}),
             ),
             vec![],
             "",
+        ),
+        (
+            "target valuesFrom: the target's namespace wins over the root's",
+            with(
+                b(),
+                json!({"namespace": "root-ns", "downstreamResources": [{"kind": "Secret", "name": "db"}], "targets": [{"clusterSelector": {}, "namespace": "eu", "helm": {"valuesFrom": [{"secretKeyRef": {"name": "db", "namespace": "root-ns"}}]}}]}),
+            ),
+            vec![warn("spec.targets[0].helm.valuesFrom[0].secretKeyRef.namespace")],
+            "(namespace \"eu\") and ignores namespace \"root-ns\"",
         ),
         (
             "valuesFrom without namespace is fine",
@@ -397,7 +415,7 @@ fn cases() -> Vec<Case> {
             vec![warn(
                 "spec.targets[0].helm.valuesFrom[0].secretKeyRef.namespace",
             )],
-            "remove namespace or set it to \"apps\"",
+            "ignores namespace \"x\" here: remove namespace",
         ),
         (
             "target valuesFrom does not see another target's list",
@@ -772,21 +790,17 @@ fn document_level_problems() {
 }
 
 #[test]
-fn values_from_check_needs_a_known_namespace() {
+fn values_from_rule_ignores_the_helmops_namespace() {
+    // Fleet reads valuesFrom downstream, so where the HelmOp lives upstream changes nothing.
     let mut obj = helmop(with(
         json!({"helm": {"repo": "https://x", "chart": "y", "valuesFrom": [{"secretKeyRef": {"name": "db", "namespace": "other"}}]}}),
         json!({"downstreamResources": [{"kind": "Secret", "name": "db"}]}),
     ));
     obj["metadata"].as_object_mut().unwrap().remove("namespace");
-    // Offline without a namespace: nothing to compare against.
-    assert!(validate_helmop(&obj).is_empty());
-    // On admission the request's namespace is authoritative.
-    let got = validate_helmop_in(&obj, Some("apps"));
-    assert_eq!(
-        summary(&got),
-        vec![warn("spec.helm.valuesFrom[0].secretKeyRef.namespace")]
-    );
-    assert!(validate_helmop_in(&obj, Some("other")).is_empty());
+    let want = vec![warn("spec.helm.valuesFrom[0].secretKeyRef.namespace")];
+    assert_eq!(summary(&validate_helmop(&obj)), want);
+    assert_eq!(summary(&validate_helmop_in(&obj, Some("apps"))), want);
+    assert_eq!(summary(&validate_helmop_in(&obj, Some("other"))), want);
 }
 
 #[test]
