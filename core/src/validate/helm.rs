@@ -59,8 +59,7 @@ pub(crate) fn check_target_helm(
     base: &str,
     root: Option<&Map<String, Value>>,
 ) -> Vec<ValuesFromRef> {
-    let own =
-        |cx: &mut Ctx, key: &str| cx.string(helm, key, base).unwrap_or_default().to_string();
+    let own = |cx: &mut Ctx, key: &str| cx.string(helm, key, base).unwrap_or_default().to_string();
     let (chart, repo, version) = (own(cx, "chart"), own(cx, "repo"), own(cx, "version"));
     if !(chart.is_empty() && repo.is_empty() && version.is_empty()) {
         let inherit = |own: String, key: &str| {

@@ -256,7 +256,10 @@ fn check_values_from(
     if let Some(entry) = scope.iter().find(|e| e.reference == reference) {
         let release = match dest {
             Some(d) => format!("namespace {}", q(d)),
-            None => "namespace, else defaultNamespace, else the agent's default namespace (default)".to_string(),
+            None => {
+                "namespace, else defaultNamespace, else the agent's default namespace (default)"
+                    .to_string()
+            }
         };
         cx.warn(
             join(&v.path, "namespace"),

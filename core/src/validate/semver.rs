@@ -179,11 +179,7 @@ fn range_at(s: &[u8], at: usize) -> Option<(usize, &str, &str)> {
     }
     let second = scan_cv(s, second_start)?;
     let end = skip_ws(s, second.end);
-    Some((
-        end,
-        text(start, first.end),
-        text(second_start, second.end),
-    ))
+    Some((end, text(start, first.end), text(second_start, second.end)))
 }
 
 /// `validConstraintRegex` for one `||` group: the versions of its constraints, or `None` when
@@ -235,7 +231,9 @@ fn check_version(cv: &Cv<'_>) -> Result<(), String> {
     }
     if let Some(pre) = cv.pre {
         for ident in pre.split('.') {
-            if ident.len() > 1 && ident.starts_with('0') && ident.bytes().all(|b| b.is_ascii_digit())
+            if ident.len() > 1
+                && ident.starts_with('0')
+                && ident.bytes().all(|b| b.is_ascii_digit())
             {
                 return Err(format!(
                     "pre-release {} has a numeric identifier with a leading zero",

@@ -367,7 +367,9 @@ fn cases() -> Vec<Case> {
                 b(),
                 json!({"namespace": "root-ns", "downstreamResources": [{"kind": "Secret", "name": "db"}], "targets": [{"clusterSelector": {}, "namespace": "eu", "helm": {"valuesFrom": [{"secretKeyRef": {"name": "db", "namespace": "root-ns"}}]}}]}),
             ),
-            vec![warn("spec.targets[0].helm.valuesFrom[0].secretKeyRef.namespace")],
+            vec![warn(
+                "spec.targets[0].helm.valuesFrom[0].secretKeyRef.namespace",
+            )],
             "(namespace \"eu\") and ignores namespace \"root-ns\"",
         ),
         (
@@ -519,7 +521,10 @@ fn cases() -> Vec<Case> {
                 b(),
                 json!({"targets": [{"clusterSelector": {}, "helm": {"repo": "OCI://x/app", "chart": ""}}]}),
             ),
-            vec![warn("spec.targets[0].helm.chart"), warn("spec.targets[0].helm.repo")],
+            vec![
+                warn("spec.targets[0].helm.chart"),
+                warn("spec.targets[0].helm.repo"),
+            ],
             "Fleet's agent fails",
         ),
         (

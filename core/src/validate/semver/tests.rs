@@ -19,7 +19,11 @@ const CASES: &[(&str, bool, &str)] = &[
     (">= 1.1", true, "MM NewConstraint"),
     (">40.50.60, < 50.70", true, "MM NewConstraint"),
     ("2.0", true, "MM NewConstraint"),
-    ("v2.3.5-20161202202307-sha.e8fc5e5", true, "MM NewConstraint"),
+    (
+        "v2.3.5-20161202202307-sha.e8fc5e5",
+        true,
+        "MM NewConstraint",
+    ),
     ("v1.2.3-0abc", true, "MM NewConstraint"),
     ("v1.2.3-beta.01", false, "MM NewConstraint"),
     (">= bar", false, "MM NewConstraint"),
@@ -60,28 +64,60 @@ const CASES: &[(&str, bool, &str)] = &[
     ("1.0.0 - 2.0.0 <=2.0.0", true, "MM Check"),
     (">   1.1, <2", true, "MM Check"),
     ("> 1.1    <3", true, "MM Check"),
-    (">= 1.0.0  <= 2.0.0-beta != 1.0.1-beta || > 3", true, "MM Check"),
+    (
+        ">= 1.0.0  <= 2.0.0-beta != 1.0.1-beta || > 3",
+        true,
+        "MM Check",
+    ),
     (">= 1.0.0-0  <= 2.0.0", true, "MM Check"),
     (">=1.1, <2, !=1.2.3 || >= 3", true, "MM Check"),
     // --- Fleet OCI / helmops
     ("0.2.0", true, "Fleet OCI"),
     ("0.*.0", true, "Fleet OCI"),
     ("> 0.1.0, <= 1.0.0", true, "Fleet OCI"),
-    ("   ", false, "Fleet OCI (\"failed to compute version constraint\")"),
+    (
+        "   ",
+        false,
+        "Fleet OCI (\"failed to compute version constraint\")",
+    ),
     ("0.2.x", true, "Fleet helmops"),
-    ("latest", false, "Fleet helmops (a version Helm's index lookup cannot parse)"),
+    (
+        "latest",
+        false,
+        "Fleet helmops (a version Helm's index lookup cannot parse)",
+    ),
     // --- regex: step 2, the group grammar
-    ("", false, "regex: validConstraintRegex needs at least one version"),
+    (
+        "",
+        false,
+        "regex: validConstraintRegex needs at least one version",
+    ),
     ("1.2.3 ||", false, "regex: empty || group"),
     ("|| 1", false, "regex: empty || group"),
-    (">=1.2.3<2", false, "regex: constraints need whitespace or a comma between them"),
-    ("1.2.3,", false, "regex: a comma needs a constraint after it"),
+    (
+        ">=1.2.3<2",
+        false,
+        "regex: constraints need whitespace or a comma between them",
+    ),
+    (
+        "1.2.3,",
+        false,
+        "regex: a comma needs a constraint after it",
+    ),
     ("1,,2", false, "regex: one comma between constraints"),
     ("1.2.3 , 4", true, "regex: whitespace before the comma"),
     ("=>=1", false, "regex: not an operator"),
     ("==1", false, "regex: not an operator"),
-    ("> =1", false, "regex: nothing between an operator's characters"),
-    ("~ >1", false, "regex: nothing between an operator's characters"),
+    (
+        "> =1",
+        false,
+        "regex: nothing between an operator's characters",
+    ),
+    (
+        "~ >1",
+        false,
+        "regex: nothing between an operator's characters",
+    ),
     ("V1.2.3", false, "regex: only a lower-case v prefix"),
     ("1.2.3\u{b}", false, "regex: Go's \\s has no vertical tab"),
     ("\t1.2.3\r\n", true, "regex: \\s is space, tab, CR, LF, FF"),
@@ -94,35 +130,83 @@ const CASES: &[(&str, bool, &str)] = &[
     ("1.2.3-beta.1+build.5", true, "regex: pre-release and build"),
     ("x+build", true, "regex: build metadata after a wildcard"),
     // --- regex: step 4, parts up to the first wildcard
-    ("1x", false, "regex: parts are runs of [0-9xX*|]; 1x is not a number"),
+    (
+        "1x",
+        false,
+        "regex: parts are runs of [0-9xX*|]; 1x is not a number",
+    ),
     ("x1", false, "regex: x1 is not exactly a wildcard"),
-    ("1|2", false, "regex: | is in the part class, but 1|2 is not a number"),
+    (
+        "1|2",
+        false,
+        "regex: | is in the part class, but 1|2 is not a number",
+    ),
     ("1 |", false, "regex: | alone is a part, not a number"),
     ("1.x.3", true, "regex: parts after a wildcard are ignored"),
-    ("x.99999999999999999999", true, "regex: parts after a wildcard are ignored"),
+    (
+        "x.99999999999999999999",
+        true,
+        "regex: parts after a wildcard are ignored",
+    ),
     ("*.|.|", true, "regex: parts after a wildcard are ignored"),
     ("1.2.x3", false, "regex: x3 is not exactly a wildcard"),
     ("01.2.3", true, "regex: NewVersion coerces leading zeros"),
     ("18446744073709551615", true, "regex: u64::MAX fits"),
-    ("18446744073709551616", false, "regex: u64::MAX + 1 does not"),
-    ("99999999999999999999.x", false, "regex: the part before the wildcard must fit"),
+    (
+        "18446744073709551616",
+        false,
+        "regex: u64::MAX + 1 does not",
+    ),
+    (
+        "99999999999999999999.x",
+        false,
+        "regex: the part before the wildcard must fit",
+    ),
     ("1.2.3-01", false, "regex: validatePrerelease, leading zero"),
-    ("x-01", false, "regex: the pre-release is checked after a wildcard too"),
+    (
+        "x-01",
+        false,
+        "regex: the pre-release is checked after a wildcard too",
+    ),
     ("1.2.3-0", true, "regex: a lone 0 is fine"),
     ("1.2.3-01a", true, "regex: 01a is not numeric"),
     // --- regex: step 1, hyphen ranges
     ("1.2 - 1.4.5", true, "regex: rewriteRange"),
-    ("1.2 -1.4", false, "regex: a range needs whitespace on both sides of -"),
+    (
+        "1.2 -1.4",
+        false,
+        "regex: a range needs whitespace on both sides of -",
+    ),
     (">1.2 - 1.4", false, "regex: rewritten to >>= 1.2, ..."),
     ("=1 - 2", false, "regex: rewritten to =>= 1, ..."),
-    (">=1 1.2 - 1.4", false, "regex: the range swallows the whitespace before it"),
-    (">=1, 1.2 - 1.4", true, "regex: a comma survives the rewrite"),
+    (
+        ">=1 1.2 - 1.4",
+        false,
+        "regex: the range swallows the whitespace before it",
+    ),
+    (
+        ">=1, 1.2 - 1.4",
+        true,
+        "regex: a comma survives the rewrite",
+    ),
     ("1 - 2>=3", true, "regex: the rewrite ends with a space"),
     ("1.2 - 1.4 - 1.6", false, "regex: one range, then a stray -"),
-    ("1 - 2||3", true, "regex: the range's second version takes ||3, split again after"),
+    (
+        "1 - 2||3",
+        true,
+        "regex: the range's second version takes ||3, split again after",
+    ),
     ("1 - 2 || 1 - 2", true, "regex: both ranges rewritten"),
-    ("1||2 - 3", true, "regex: the range's first version is 1||2, split again after"),
-    ("0+a||0 - 0", false, "regex: the range's first version takes the || before it"),
+    (
+        "1||2 - 3",
+        true,
+        "regex: the range's first version is 1||2, split again after",
+    ),
+    (
+        "0+a||0 - 0",
+        false,
+        "regex: the range's first version takes the || before it",
+    ),
 ];
 
 #[test]
@@ -131,7 +215,9 @@ fn masterminds_table() {
     for (input, ok, source) in CASES {
         let got = constraint_error(input);
         if got.is_none() != *ok {
-            wrong.push(format!("{input:?} ({source}): expected ok={ok}, got {got:?}"));
+            wrong.push(format!(
+                "{input:?} ({source}): expected ok={ok}, got {got:?}"
+            ));
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
@@ -154,14 +240,19 @@ fn rewrite_matches_masterminds() {
 #[test]
 fn reasons_name_the_problem() {
     let r = constraint_error("latest").unwrap_or_default();
-    assert!(r.contains("improper constraint") && r.contains("latest"), "{r}");
+    assert!(
+        r.contains("improper constraint") && r.contains("latest"),
+        "{r}"
+    );
     let r = constraint_error("18446744073709551616").unwrap_or_default();
     assert!(r.contains("too large"), "{r}");
     let r = constraint_error("1.2.3-01").unwrap_or_default();
     assert!(r.contains("leading zero"), "{r}");
 }
 
-const OPS: &[&str] = &["", "=", "!=", ">", "<", ">=", "=>", "<=", "=<", "~", "~>", "^"];
+const OPS: &[&str] = &[
+    "", "=", "!=", ">", "<", ">=", "=>", "<=", "=<", "~", "~>", "^",
+];
 
 fn part() -> impl Strategy<Value = String> {
     prop_oneof![
@@ -195,7 +286,8 @@ fn version() -> impl Strategy<Value = String> {
 }
 
 fn constraint() -> impl Strategy<Value = String> {
-    (prop::sample::select(OPS), "[ ]{0,2}", version()).prop_map(|(op, ws, v)| format!("{op}{ws}{v}"))
+    (prop::sample::select(OPS), "[ ]{0,2}", version())
+        .prop_map(|(op, ws, v)| format!("{op}{ws}{v}"))
 }
 
 /// Groups of constraints separated by whitespace or commas, a group optionally starting with a
@@ -204,7 +296,10 @@ fn constraints() -> impl Strategy<Value = String> {
     let group = (
         prop::option::of((version(), version())),
         prop::collection::vec(
-            (prop::sample::select(vec![" ", "  ", ",", ", ", " , "]), constraint()),
+            (
+                prop::sample::select(vec![" ", "  ", ",", ", ", " , "]),
+                constraint(),
+            ),
             1..4,
         ),
     )
@@ -223,7 +318,10 @@ fn constraints() -> impl Strategy<Value = String> {
             }
             s
         });
-    (prop::collection::vec(group, 1..3), prop::sample::select(vec!["||", " || ", " ||"]))
+    (
+        prop::collection::vec(group, 1..3),
+        prop::sample::select(vec!["||", " || ", " ||"]),
+    )
         .prop_map(|(groups, or)| groups.join(or))
 }
 
