@@ -50,7 +50,8 @@ Exits 0 when everything is in place, 1 on a Conflict, a missing source or invali
     /// Show, per HelmOp, cluster and resource, whether the copies are in sync
     #[command(
         long_about = "Show one row per HelmOp x cluster x resource: Synced, Stale, Missing, SourceMissing, \
-Conflict, Unreachable, Orphaned, Kept or FleetManaged, and per opted-in workload reading a copy \
+Conflict, Unreachable, Orphaned, Kept or FleetManaged (with whether Fleet's agent copied the latest: \
+current, pending, blocked or unknown), and per opted-in workload reading a copy \
 whether its stamp is current (Current) or not (RolloutPending). Compares keyed content hashes \
 in helmop's markers; never reads the data of helmop's copies.\n\n\
 Exits 0 (out-of-sync rows are a state, not an error), 1 when a HelmOp's targets are invalid, \

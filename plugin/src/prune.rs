@@ -130,6 +130,7 @@ pub async fn prune(ctx: &Ctx, opts: &PruneOpts) -> Result<PruneReport, PluginErr
                     state: "Unreachable".into(),
                     reason: format!("{reason}; nothing pruned there"),
                     in_sync: None,
+                    fleet_copy: None,
                 }]
             },
         )

@@ -32,6 +32,10 @@ pub struct Row {
     /// For `FleetManaged` status rows: whether Fleet's copy matches the source.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub in_sync: Option<bool>,
+    /// For `FleetManaged` status rows: whether Fleet's agent has copied the latest content
+    /// (`current`, `pending`, `blocked`, `unknown`; shown as `FleetManaged (current)`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fleet_copy: Option<helmop_core::fleet_copy::AgentCopy>,
 }
 
 impl Row {
@@ -85,6 +89,13 @@ pub fn colour_stdout() -> bool {
 /// The colour a state is shown in: green when nothing needs doing, yellow when something will
 /// or should happen, red when helmop could not or would not act.
 fn colour_of(state: &str) -> Option<&'static str> {
+    // `FleetManaged (current)`: the qualifier picks the colour.
+    match state.split_once(" (") {
+        Some((_, "current)")) => return Some("32"),
+        Some((_, "blocked)")) => return Some("31"),
+        Some((base, _)) => return colour_of(base),
+        None => {}
+    }
     match state {
         "Synced" | "Unchanged" | "Created" | "Updated" | "Recreated" | "Current" | "Kept"
         | "Pruned" | "Released" | "Restamped" => Some("32"),
@@ -137,7 +148,10 @@ pub fn table(rows: &[Row], opts: Table) -> String {
             if workloads {
                 c.push(r.workload.clone().unwrap_or_else(|| "-".into()));
             }
-            c.push(r.state.clone());
+            c.push(match r.fleet_copy {
+                Some(f) => format!("{} ({})", r.state, f.as_str()),
+                None => r.state.clone(),
+            });
             if opts.reason {
                 c.push(r.reason.clone());
             }
@@ -232,6 +246,7 @@ mod tests {
             state: state.into(),
             reason: "in sync".into(),
             in_sync: None,
+            fleet_copy: None,
         }
     }
 

@@ -6,12 +6,14 @@
 
 use std::collections::BTreeMap;
 
+use helmop_core::fleet_copy::{self, Lookup};
 use helmop_core::hash::{HashKey, ObjectData, content_hash};
 use helmop_core::names;
 use helmop_core::plan::{Action, ActionKind, UpdateReason};
 use helmop_core::resource::{ResourceKind, ResourceRef};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
+use kube::api::{ApiResource, DynamicObject, ListParams};
 use serde::Serialize;
 
 use crate::api_error;
@@ -81,6 +83,7 @@ pub async fn status(ctx: &Ctx, opts: &StatusOpts) -> Result<StatusReport, Plugin
             .await;
     rows.extend(problem_rows(&inv.problems));
     rows.extend(uncopyable_rows(&inv));
+    judge_fleet_copies(ctx, &inv, &mut rows).await;
     report::sort(&mut rows);
     Ok(StatusReport {
         upstream_id: ctx.upstream_id.clone(),
@@ -195,11 +198,84 @@ async fn cluster_status(
                     state: if pending { "RolloutPending" } else { "Current" }.into(),
                     reason,
                     in_sync: None,
+                    fleet_copy: None,
                 });
             }
         }
     }
     Ok(rows)
+}
+
+/// Says, per `FleetManaged` row, whether Fleet's agent has copied the latest content, from the
+/// HelmOp's BundleDeployment for that cluster and its `Accepted` condition upstream (rule in
+/// [`fleet_copy`]). One list of BundleDeployments per HelmOp, only when it has such rows.
+async fn judge_fleet_copies(ctx: &Ctx, inv: &Inventory, rows: &mut [Row]) {
+    let mut listed: BTreeMap<String, Result<Vec<serde_json::Value>, String>> = BTreeMap::new();
+    for r in rows
+        .iter_mut()
+        .filter(|r| r.state == "FleetManaged" && r.workload.is_none())
+    {
+        let Some(key) = r.helmops.first().cloned() else {
+            continue;
+        };
+        let Some((namespace, name)) = key.split_once('/') else {
+            continue;
+        };
+        if !listed.contains_key(&key) {
+            let bds = bundle_deployments(ctx, namespace, name).await;
+            listed.insert(key.clone(), bds);
+        }
+        let clusters: Vec<&str> = r.cluster.split(',').collect();
+        let lookup = match listed.get(&key) {
+            Some(Ok(bds)) => fleet_copy::find(bds, &clusters),
+            Some(Err(why)) => Lookup::Failed(why.clone()),
+            None => continue,
+        };
+        let rejected = inv
+            .helmops
+            .iter()
+            .find(|h| {
+                h.metadata.namespace.as_deref() == Some(namespace)
+                    && h.metadata.name.as_deref() == Some(name)
+            })
+            .and_then(|h| fleet_copy::rejection(h.status.as_ref()));
+        let (verdict, why) = fleet_copy::verdict(&lookup, rejected.as_deref(), r.in_sync);
+        tracing::debug!(helmop = %key, cluster = %r.cluster, resource = %r.resource(), verdict = verdict.as_str(), "fleet copy");
+        r.fleet_copy = Some(verdict);
+        r.reason = format!("{why}; {}", r.reason);
+    }
+}
+
+/// The BundleDeployments of HelmOp `namespace/name` (labelled with its Bundle, which Fleet names
+/// after the HelmOp), in every cluster namespace, as JSON.
+async fn bundle_deployments(
+    ctx: &Ctx,
+    namespace: &str,
+    name: &str,
+) -> Result<Vec<serde_json::Value>, String> {
+    let resource = ApiResource {
+        group: "fleet.cattle.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "fleet.cattle.io/v1alpha1".into(),
+        kind: "BundleDeployment".into(),
+        plural: "bundledeployments".into(),
+    };
+    let api: Api<DynamicObject> = Api::all_with(ctx.upstream.clone(), &resource);
+    let selector = format!(
+        "{}={namespace},{}={name}",
+        fleet_copy::BD_BUNDLE_NAMESPACE_LABEL,
+        fleet_copy::BD_BUNDLE_NAME_LABEL
+    );
+    let list = api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(|e| api_error::describe(&e))?;
+    list.items
+        .iter()
+        .map(|o| {
+            serde_json::to_value(o).map_err(|e| format!("cannot read a BundleDeployment: {e}"))
+        })
+        .collect()
 }
 
 /// Reads a Fleet-managed copy and compares its content hash (upstream key, in memory) with the

@@ -16,7 +16,7 @@ pub(crate) struct ValuesFromRef {
 
 /// `spec.helm`: Fleet's controller rules are denials.
 pub(crate) fn check_root_helm(
-    cx: &mut Ctx<'_>,
+    cx: &mut Ctx,
     helm: &Map<String, Value>,
     base: &str,
 ) -> Vec<ValuesFromRef> {
@@ -26,9 +26,27 @@ pub(crate) fn check_root_helm(
     for (field, message) in source_problems(chart, repo, version) {
         cx.deny(join(base, field), message);
     }
+    if let Some(message) = oci_version_problem(repo, version) {
+        cx.deny(join(base, "version"), message);
+    }
     check_release_name(cx, helm, base);
     values_from(cx, helm, base)
 }
+
+/// Fleet's controller resolves an `oci://` repo's version itself (`bundlereader.ChartVersion`
+/// -> `GetOCITag` -> `semver.NewConstraint(version)`) and, unlike Helm's index lookup for
+/// HTTP repos, does not turn an empty version into `*`: `NewConstraint("")` fails, so the
+/// HelmOp never gets a Bundle ("could not find tag matching constraint \"\""). Only the root
+/// options go through the controller; a target's are downloaded by the agent.
+fn oci_version_problem(repo: &str, version: &str) -> Option<String> {
+    (repo.starts_with(OCI_PREFIX) && version.is_empty()).then(|| {
+        "an oci:// repo needs a version: Fleet resolves it as a semver constraint against the registry's tags and an empty one fails; use \"*\" for the newest release, or e.g. 1.2.x".to_string()
+    })
+}
+
+/// Fleet matches this prefix case-sensitively where it resolves and downloads charts
+/// (`bundlereader.ChartVersion`, `isOCIChart`), case-insensitively in `validate`.
+const OCI_PREFIX: &str = "oci://";
 
 /// `spec.targets[i].helm`: Fleet copies the root chart, repo and version into a target's helm
 /// options where the target leaves them empty (`propagateHelmOpProperties`), and the agent
@@ -36,13 +54,12 @@ pub(crate) fn check_root_helm(
 /// on the clusters the target matches: a warning, reported only when the target sets one of
 /// the three itself (otherwise the root finding already covers it).
 pub(crate) fn check_target_helm(
-    cx: &mut Ctx<'_>,
+    cx: &mut Ctx,
     helm: &Map<String, Value>,
     base: &str,
     root: Option<&Map<String, Value>>,
 ) -> Vec<ValuesFromRef> {
-    let own =
-        |cx: &mut Ctx<'_>, key: &str| cx.string(helm, key, base).unwrap_or_default().to_string();
+    let own = |cx: &mut Ctx, key: &str| cx.string(helm, key, base).unwrap_or_default().to_string();
     let (chart, repo, version) = (own(cx, "chart"), own(cx, "repo"), own(cx, "version"));
     if !(chart.is_empty() && repo.is_empty() && version.is_empty()) {
         let inherit = |own: String, key: &str| {
@@ -76,8 +93,14 @@ pub(crate) fn check_target_helm(
 /// - else `repo` starting with `oci://` (any case): `chart` must be empty;
 /// - else both `chart` and `repo` are required;
 ///
-/// and from `handleVersion`/`bundlereader.ChartVersion`: a non-empty `version` must parse as a
-/// Masterminds semver constraint (see [`semver`]). An empty version means "latest".
+/// and from `handleVersion`/`bundlereader.ChartVersion`, which the controller runs next:
+/// - a non-empty `version` must parse as a Masterminds semver constraint (see [`semver`]);
+///   an empty one means "latest" for HTTP repos (Helm's `IndexFile.Get` substitutes `*`);
+/// - an `oci://` repo is recognised by the lower-case prefix only: `OCI://...` passes
+///   `validate` and then goes down the HTTP path, where Go's HTTP client refuses scheme `oci`;
+/// - any other repo is fetched as `<repo>/index.yaml` with Go's HTTP client: it needs an
+///   `http://` or `https://` scheme (any case: `url.Parse` lower-cases it) and a host.
+///
 /// Returns `(field, message)` pairs.
 pub(crate) fn source_problems(
     chart: &str,
@@ -101,13 +124,24 @@ pub(crate) fn source_problems(
         }
         return out;
     }
-    if repo.to_ascii_lowercase().starts_with("oci://") {
+    if repo.to_ascii_lowercase().starts_with(OCI_PREFIX) {
         if !chart.is_empty() {
             out.push((
                 "chart",
                 format!("with an OCI repo the chart is part of the repo URL: remove chart, or append it to repo (e.g. {}/{chart}); Fleet rejects an OCI repo with a chart", repo.trim_end_matches('/')),
             ));
         }
+        if !repo.starts_with(OCI_PREFIX) {
+            out.push((
+                "repo",
+                format!("write the scheme of {} in lower case (oci://...): Fleet takes only a lower-case oci:// as an OCI registry and otherwise fetches an HTTP index from it, which fails", q(repo)),
+            ));
+        }
+    } else if let Some(problem) = (!chart.is_empty() && !repo.is_empty())
+        .then(|| http_repo_problem(repo))
+        .flatten()
+    {
+        out.push(("repo", problem));
     } else if chart.is_empty() && repo.is_empty() {
         out.push((
             "chart",
@@ -143,8 +177,31 @@ pub(crate) fn source_problems(
     out
 }
 
+/// Why Go's HTTP client cannot fetch `<repo>/index.yaml`, if it cannot.
+fn http_repo_problem(repo: &str) -> Option<String> {
+    if repo.bytes().any(|b| b < 0x20 || b == 0x7f) {
+        return Some(format!(
+            "repo {} contains a control character, which Go's URL parser rejects",
+            q(repo)
+        ));
+    }
+    let lower = repo.to_ascii_lowercase();
+    let Some(rest) = ["https://", "http://"]
+        .iter()
+        .find_map(|scheme| lower.strip_prefix(scheme))
+    else {
+        return Some(format!(
+            "repo {} is not an http:// or https:// URL: Fleet fetches the repo's index.yaml over HTTP(S) only (use oci://... for an OCI registry, or put a .tgz URL in chart)",
+            q(repo)
+        ));
+    };
+    let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    host.is_empty()
+        .then(|| format!("repo {} has no host", q(repo)))
+}
+
 /// The CRD's `releaseName` pattern and `maxLength: 53` (the API server rejects others; Helm too).
-fn check_release_name(cx: &mut Ctx<'_>, helm: &Map<String, Value>, base: &str) {
+fn check_release_name(cx: &mut Ctx, helm: &Map<String, Value>, base: &str) {
     if let Some(name) = cx.string(helm, "releaseName", base) {
         let path = join(base, "releaseName");
         if name.is_empty() {
@@ -164,7 +221,7 @@ fn check_release_name(cx: &mut Ctx<'_>, helm: &Map<String, Value>, base: &str) {
     }
 }
 
-fn values_from(cx: &mut Ctx<'_>, helm: &Map<String, Value>, base: &str) -> Vec<ValuesFromRef> {
+fn values_from(cx: &mut Ctx, helm: &Map<String, Value>, base: &str) -> Vec<ValuesFromRef> {
     let mut out = Vec::new();
     let Some(list) = cx.array(helm, "valuesFrom", base) else {
         return out;

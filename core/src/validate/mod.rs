@@ -103,9 +103,11 @@ pub fn validate_helmop(obj: &Value) -> Vec<Finding> {
 
 /// Validates a HelmOp object living in `namespace` (on admission the object's own
 /// `metadata.namespace` may still be empty; the request's namespace is authoritative).
-pub fn validate_helmop_in(obj: &Value, namespace: Option<&str>) -> Vec<Finding> {
+/// No rule depends on the namespace any more (the valuesFrom rule compared with it until it
+/// turned out Fleet reads valuesFrom downstream, see `resources::check_values_from`); callers
+/// keep passing it so a rule that needs it does not change their signature.
+pub fn validate_helmop_in(obj: &Value, _namespace: Option<&str>) -> Vec<Finding> {
     let mut cx = Ctx {
-        namespace,
         findings: Vec::new(),
     };
     let Some(obj) = obj.as_object() else {
@@ -163,13 +165,11 @@ pub fn downstream_refs(obj: &Value) -> Vec<(String, ResourceRef)> {
 }
 
 /// Shared state of one validation pass.
-pub(crate) struct Ctx<'a> {
-    /// The HelmOp's namespace, when known.
-    pub namespace: Option<&'a str>,
+pub(crate) struct Ctx {
     pub findings: Vec<Finding>,
 }
 
-impl Ctx<'_> {
+impl Ctx {
     pub fn deny(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.findings.push(Finding::deny(path, message));
     }

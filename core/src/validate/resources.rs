@@ -16,7 +16,7 @@ pub(crate) struct Entry {
 }
 
 /// Checks `base.downstreamResources` and returns its well-formed entries.
-pub(crate) fn check_list(cx: &mut Ctx<'_>, obj: &Map<String, Value>, base: &str) -> Vec<Entry> {
+pub(crate) fn check_list(cx: &mut Ctx, obj: &Map<String, Value>, base: &str) -> Vec<Entry> {
     let mut out = Vec::new();
     let Some(list) = cx.array(obj, "downstreamResources", base) else {
         return out;
@@ -59,7 +59,7 @@ pub(crate) fn check_list(cx: &mut Ctx<'_>, obj: &Map<String, Value>, base: &str)
     out
 }
 
-fn check_kind(cx: &mut Ctx<'_>, item: &Map<String, Value>, path: &str) -> Option<ResourceKind> {
+fn check_kind(cx: &mut Ctx, item: &Map<String, Value>, path: &str) -> Option<ResourceKind> {
     let kpath = join(path, "kind");
     match item.get("kind") {
         None | Some(Value::Null) => {
@@ -101,7 +101,7 @@ fn check_kind(cx: &mut Ctx<'_>, item: &Map<String, Value>, path: &str) -> Option
     }
 }
 
-fn check_name(cx: &mut Ctx<'_>, item: &Map<String, Value>, path: &str) -> Option<String> {
+fn check_name(cx: &mut Ctx, item: &Map<String, Value>, path: &str) -> Option<String> {
     let npath = join(path, "name");
     match item.get("name") {
         None | Some(Value::Null) => {
@@ -154,7 +154,7 @@ pub(crate) fn well_formed_entries(list: Option<&Value>, base: &str) -> Vec<Entry
 
 /// Duplicates after the root/target merge, helmSecretName listed again, and valuesFrom entries
 /// that name a downstream resource in another namespace.
-pub(crate) fn check_cross_references(cx: &mut Ctx<'_>, model: &SpecModel) {
+pub(crate) fn check_cross_references(cx: &mut Ctx, model: &SpecModel) {
     // Fleet merges by `lower(kind)|name` (rancher/fleet internal/cmd/controller/options
     // `downstreamResourceKey`); ResourceRef equality is exactly that key.
     let mut root_seen: HashMap<&ResourceRef, &str> = HashMap::new();
@@ -206,36 +206,65 @@ pub(crate) fn check_cross_references(cx: &mut Ctx<'_>, model: &SpecModel) {
         }
     }
 
-    // Root valuesFrom applies wherever the HelmOp deploys, so it meets every target's list.
+    // Root valuesFrom applies wherever the HelmOp deploys, so it meets every target's list;
+    // its release namespace is the targets' when they all agree.
     let everything: Vec<&Entry> = model
         .root_entries
         .iter()
         .chain(model.targets.iter().flat_map(|t| t.entries.iter()))
         .collect();
+    let root_dest = if model.targets.is_empty() {
+        model.root_dest.as_deref()
+    } else {
+        let first = model.targets[0].dest.as_deref();
+        model
+            .targets
+            .iter()
+            .all(|t| t.dest.as_deref() == first)
+            .then_some(first)
+            .flatten()
+    };
     for v in &model.root_values_from {
-        check_values_from(cx, v, &everything);
+        check_values_from(cx, v, &everything, root_dest);
     }
     for t in &model.targets {
         let scope: Vec<&Entry> = model.root_entries.iter().chain(t.entries.iter()).collect();
         for v in &t.values_from {
-            check_values_from(cx, v, &scope);
+            check_values_from(cx, v, &scope, t.dest.as_deref());
         }
     }
 }
 
-fn check_values_from(cx: &mut Ctx<'_>, v: &super::helm::ValuesFromRef, scope: &[&Entry]) {
-    let (Some(ns), Some(own)) = (v.namespace.as_deref(), cx.namespace) else {
+/// Fleet's agent reads a `valuesFrom` ConfigMap/Secret on the downstream cluster; when the name
+/// is one of the HelmOp's downstream resources (or no namespace is given) it reads it from the
+/// release namespace, where the copy lands, and ignores the entry's namespace
+/// (rancher/fleet v0.16.1 `internal/helmdeployer/install.go` `getValues`,
+/// `isInDownstreamResources`). A namespace there is harmless only when it is that namespace.
+fn check_values_from(
+    cx: &mut Ctx,
+    v: &super::helm::ValuesFromRef,
+    scope: &[&Entry],
+    dest: Option<&str>,
+) {
+    let Some(ns) = v.namespace.as_deref() else {
         return;
     };
-    if ns == own {
+    if Some(ns) == dest {
         return;
     }
     let reference = ResourceRef::new(v.kind, v.name.clone());
     if let Some(entry) = scope.iter().find(|e| e.reference == reference) {
+        let release = match dest {
+            Some(d) => format!("namespace {}", q(d)),
+            None => {
+                "namespace, else defaultNamespace, else the agent's default namespace (default)"
+                    .to_string()
+            }
+        };
         cx.warn(
             join(&v.path, "namespace"),
             format!(
-                "{reference} is a downstream resource ({}), which always comes from the HelmOp's namespace {own:?}; Fleet ignores namespace {} here: remove namespace or set it to {own:?}",
+                "{reference} is a downstream resource ({}): Fleet's agent reads it on each downstream cluster from the copy in the release namespace ({release}) and ignores namespace {} here: remove namespace",
                 entry.path,
                 q(ns)
             ),

@@ -1,249 +1,249 @@
 //! Whether a chart `version` is a constraint Fleet can resolve.
 //!
-//! Fleet resolves `spec.helm.version` with `github.com/Masterminds/semver/v3`'s `NewConstraint`:
-//! for OCI repos in `bundlereader.GetOCITag` (rancher/fleet `internal/bundlereader/charturl.go`),
-//! for HTTP repos through Helm's `repo.IndexFile.Get`. A string it cannot parse makes the
-//! HelmOp fail in Fleet's controller ("could not get a chart version"). This module accepts the
-//! same language: `||`-separated groups of constraints, each an optional operator
-//! (`= != > < >= => <= =< ~ ~> ^`) and a version `v?X[.Y[.Z]][-pre][+meta]` where each of X, Y, Z
-//! is a number or a wildcard (`x`, `X`, `*`), separated by spaces or commas; hyphen ranges
-//! (`1.2 - 1.4.5`) too.
+//! Fleet v0.16.1 resolves `spec.helm.version` with `github.com/Masterminds/semver/v3`'s
+//! `NewConstraint` (go.mod pins v3.5.0): for OCI repos in `bundlereader.GetOCITag`
+//! (rancher/fleet `internal/bundlereader/charturl.go`), for HTTP(S) repos through Helm's
+//! `repo/v1.IndexFile.Get`, which parses the constraint before it looks at any version. A string
+//! it cannot parse makes the HelmOp fail in Fleet's controller ("could not get a chart version").
+//!
+//! This module reproduces what `NewConstraint` accepts, step by step, as read from
+//! Masterminds/semver (`constraints.go`, `version.go`; the grammar has not changed between
+//! v3.4.0 and the newest commit on master, which is after v3.4.0 and which Fleet's v3.5.0 follows):
+//!
+//! 1. Hyphen ranges are rewritten first, on the whole string: every non-overlapping
+//!    `\s*CV\s+-\s+CV\s*` becomes `>= A, <= B ` (a trailing space; the leading whitespace
+//!    is swallowed, so `>=1 1.2 - 1.4` becomes `>=1>= 1.2, <= 1.4 ` and is rejected while
+//!    `1 - 2>=3` becomes `>= 1, <= 2 >=3` and is accepted).
+//! 2. The result is split on `||`; every group must be one or more `OP\s*CV`, the first one
+//!    after optional whitespace, the next ones after whitespace or a comma. `OP` is one of
+//!    `= != > < >= => <= =< ~ ~> ^` or nothing.
+//! 3. `CV` is `v?P(.P)?(.P)?(-PRE)?(+META)?` where each `P` is a run of `0-9`, `x`, `X`, `*`
+//!    *and `|`* (the character class is `[0-9|x|X|\*]`), `PRE`/`META` dot-separated runs of
+//!    `[0-9A-Za-z-]`.
+//! 4. Each constraint is then turned into a version: the first part that is exactly `x`, `X`
+//!    or `*` (or missing) ends it, the parts before it must be decimal numbers that fit an
+//!    unsigned 64-bit integer (leading zeros are fine: `NewVersion` coerces), the parts after it
+//!    are never looked at; a numeric pre-release identifier must not have a leading zero.
+//!
+//! An empty string is not a constraint (step 2 needs at least one `CV`): Helm substitutes `*`
+//! for an empty version, Fleet's OCI path does not (see [`super::helm`]).
 
 /// `None` if `s` parses as a Masterminds semver v3 constraint, else a short reason.
 pub fn constraint_error(s: &str) -> Option<String> {
-    for group in s.split("||") {
-        if let Err(problem) = parse_group(group) {
-            return Some(problem);
+    let rewritten = rewrite_ranges(s);
+    for group in rewritten.split("||") {
+        let constraints = match split_group(group.as_bytes()) {
+            Some(c) => c,
+            None => return Some(format!("improper constraint: {}", super::q(group.trim()))),
+        };
+        for cv in constraints {
+            if let Err(problem) = check_version(&cv) {
+                return Some(problem);
+            }
         }
     }
     None
 }
 
-struct Cursor<'a> {
-    s: &'a [u8],
-    pos: usize,
+/// Go's regexp `\s` (RE2, ASCII only): space, \t, \n, \f, \r. Not \v.
+fn is_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\x0c' | b'\r')
 }
 
-impl Cursor<'_> {
-    fn peek(&self) -> Option<u8> {
-        self.s.get(self.pos).copied()
-    }
-
-    fn eat(&mut self, b: u8) -> bool {
-        if self.peek() == Some(b) {
-            self.pos += 1;
-            true
-        } else {
-            false
-        }
-    }
-
-    fn eat_str(&mut self, prefix: &str) -> bool {
-        if self.s[self.pos..].starts_with(prefix.as_bytes()) {
-            self.pos += prefix.len();
-            true
-        } else {
-            false
-        }
-    }
-
-    /// Skips whitespace (Go regexp `\s`: space, \t, \n, \f, \r); returns how much.
-    fn skip_ws(&mut self) -> usize {
-        let start = self.pos;
-        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\x0c' | b'\r')) {
-            self.pos += 1;
-        }
-        self.pos - start
-    }
-
-    fn at_end(&self) -> bool {
-        self.pos >= self.s.len()
-    }
+fn is_part(b: u8) -> bool {
+    matches!(b, b'0'..=b'9' | b'x' | b'X' | b'*' | b'|')
 }
 
-fn parse_group(group: &str) -> Result<(), String> {
-    let mut c = Cursor {
-        s: group.as_bytes(),
-        pos: 0,
-    };
-    let improper = || format!("improper constraint: {}", super::q(group.trim()));
-    c.skip_ws();
-    loop {
-        let op = parse_op(&mut c);
-        c.skip_ws();
-        parse_version(&mut c).map_err(|e| format!("{}: {e}", improper()))?;
-        let ws = c.skip_ws();
-        // `A - B` hyphen range (only valid without an operator on A).
-        if ws > 0 && op.is_empty() && c.peek() == Some(b'-') {
-            let save = c.pos;
-            c.pos += 1;
-            if c.skip_ws() > 0 {
-                parse_version(&mut c).map_err(|e| format!("{}: {e}", improper()))?;
-                let ws = c.skip_ws();
-                if c.at_end() {
-                    return Ok(());
-                }
-                if !c.eat(b',') && ws == 0 {
-                    return Err(improper());
-                }
-                c.skip_ws();
-                continue;
-            }
-            c.pos = save;
-        }
-        if c.at_end() {
-            return Ok(());
-        }
-        if c.eat(b',') {
-            c.skip_ws();
-        } else if ws == 0 {
-            return Err(improper());
-        }
-        if c.at_end() {
-            return Err(improper());
-        }
-    }
+fn is_ident(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'-'
 }
 
-fn parse_op<'a>(c: &mut Cursor<'a>) -> &'static str {
-    for op in [">=", "=>", "<=", "=<", "!=", "~>", "=", ">", "<", "~", "^"] {
-        if c.eat_str(op) {
-            return op;
-        }
-    }
-    ""
+fn is_op(b: u8) -> bool {
+    matches!(b, b'=' | b'!' | b'>' | b'<' | b'~' | b'^')
 }
 
-/// `v?X(.X)?(.X)?(-pre)?(+meta)?`, X a number or one of `x X *`.
-fn parse_version(c: &mut Cursor<'_>) -> Result<(), String> {
-    c.eat(b'v');
-    parse_part(c)?;
-    for _ in 0..2 {
-        if c.peek() == Some(b'.') {
-            c.pos += 1;
-            parse_part(c)?;
-        } else {
+fn skip_ws(s: &[u8], mut at: usize) -> usize {
+    while at < s.len() && is_ws(s[at]) {
+        at += 1;
+    }
+    at
+}
+
+fn run(s: &[u8], mut at: usize, class: fn(u8) -> bool) -> usize {
+    while at < s.len() && class(s[at]) {
+        at += 1;
+    }
+    at
+}
+
+/// A version in a constraint, as Masterminds' `cvRegex` captures it.
+#[derive(Debug)]
+struct Cv<'a> {
+    parts: Vec<&'a str>,
+    pre: Option<&'a str>,
+    end: usize,
+}
+
+/// The greedy `cvRegex` match starting exactly at `at`. Greedy is the only parse that can
+/// matter: whatever follows a version must be whitespace, a comma or the end, none of which a
+/// version contains.
+fn scan_cv(s: &[u8], at: usize) -> Option<Cv<'_>> {
+    let text = |a: usize, b: usize| std::str::from_utf8(&s[a..b]).unwrap_or_default();
+    let mut pos = at;
+    if s.get(pos) == Some(&b'v') {
+        pos += 1;
+    }
+    let end = run(s, pos, is_part);
+    if end == pos {
+        return None;
+    }
+    let mut parts = vec![text(pos, end)];
+    pos = end;
+    while parts.len() < 3 && s.get(pos) == Some(&b'.') {
+        let end = run(s, pos + 1, is_part);
+        if end == pos + 1 {
             break;
         }
+        parts.push(text(pos + 1, end));
+        pos = end;
     }
-    if c.eat(b'-') {
-        parse_idents(c, true)?;
+    let mut pre = None;
+    if s.get(pos) == Some(&b'-')
+        && let Some(end) = scan_idents(s, pos + 1)
+    {
+        pre = Some(text(pos + 1, end));
+        pos = end;
     }
-    if c.eat(b'+') {
-        parse_idents(c, false)?;
+    if s.get(pos) == Some(&b'+')
+        && let Some(end) = scan_idents(s, pos + 1)
+    {
+        pos = end;
+    }
+    Some(Cv {
+        parts,
+        pre,
+        end: pos,
+    })
+}
+
+/// `[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*` at `at`; the end, if at least one identifier.
+fn scan_idents(s: &[u8], at: usize) -> Option<usize> {
+    let mut end = run(s, at, is_ident);
+    if end == at {
+        return None;
+    }
+    while s.get(end) == Some(&b'.') {
+        let next = run(s, end + 1, is_ident);
+        if next == end + 1 {
+            break;
+        }
+        end = next;
+    }
+    Some(end)
+}
+
+/// `rewriteRange`: every leftmost, non-overlapping `\s*CV\s+-\s+CV\s*` of the original string,
+/// each replaced (first occurrence of its text, in the string as rewritten so far) by
+/// `>= A, <= B `.
+fn rewrite_ranges(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut found = Vec::new();
+    let mut at = 0;
+    while at < b.len() {
+        match range_at(b, at) {
+            Some((end, a, z)) => {
+                found.push((&s[at..end], format!(">= {a}, <= {z} ")));
+                at = end;
+            }
+            None => at += 1,
+        }
+    }
+    let mut out = s.to_string();
+    for (text, with) in found {
+        out = out.replacen(text, &with, 1);
+    }
+    out
+}
+
+fn range_at(s: &[u8], at: usize) -> Option<(usize, &str, &str)> {
+    let text = |a: usize, b: usize| std::str::from_utf8(&s[a..b]).unwrap_or_default();
+    let start = skip_ws(s, at);
+    let first = scan_cv(s, start)?;
+    let dash = skip_ws(s, first.end);
+    if dash == first.end || s.get(dash) != Some(&b'-') {
+        return None;
+    }
+    let second_start = skip_ws(s, dash + 1);
+    if second_start == dash + 1 {
+        return None;
+    }
+    let second = scan_cv(s, second_start)?;
+    let end = skip_ws(s, second.end);
+    Some((end, text(start, first.end), text(second_start, second.end)))
+}
+
+/// `validConstraintRegex` for one `||` group: the versions of its constraints, or `None` when
+/// the group does not match.
+fn split_group(s: &[u8]) -> Option<Vec<Cv<'_>>> {
+    let mut out = Vec::new();
+    let mut pos = skip_ws(s, 0);
+    loop {
+        // The operator must take every operator character before the version: a version never
+        // starts with one, so a shorter operator cannot be followed by a version.
+        let op_end = run(s, pos, is_op);
+        let op = &s[pos..op_end];
+        if !matches!(
+            op,
+            b"" | b"=" | b"!=" | b">" | b"<" | b">=" | b"=>" | b"<=" | b"=<" | b"~" | b"~>" | b"^"
+        ) {
+            return None;
+        }
+        let cv = scan_cv(s, skip_ws(s, op_end))?;
+        let after = cv.end;
+        out.push(cv);
+        pos = skip_ws(s, after);
+        if pos == s.len() {
+            return Some(out);
+        }
+        if s[pos] == b',' {
+            pos = skip_ws(s, pos + 1);
+        } else if pos == after {
+            return None;
+        }
+    }
+}
+
+/// `parseConstraint` + `NewVersion` (coercing): the parts up to the first wildcard must be
+/// numbers that fit a u64; the pre-release must not have numeric identifiers with leading zeros.
+fn check_version(cv: &Cv<'_>) -> Result<(), String> {
+    let wildcard = |p: &str| matches!(p, "x" | "X" | "*");
+    let numeric = cv.parts.iter().take_while(|p| !wildcard(p));
+    for part in numeric {
+        if !part.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!(
+                "{} is not a version number or one of x, X, *",
+                super::q(part)
+            ));
+        }
+        if part.parse::<u64>().is_err() {
+            return Err(format!("version number {part} is too large"));
+        }
+    }
+    if let Some(pre) = cv.pre {
+        for ident in pre.split('.') {
+            if ident.len() > 1
+                && ident.starts_with('0')
+                && ident.bytes().all(|b| b.is_ascii_digit())
+            {
+                return Err(format!(
+                    "pre-release {} has a numeric identifier with a leading zero",
+                    super::q(pre)
+                ));
+            }
+        }
     }
     Ok(())
 }
 
-fn parse_part(c: &mut Cursor<'_>) -> Result<(), String> {
-    match c.peek() {
-        Some(b'x' | b'X' | b'*') => {
-            c.pos += 1;
-            Ok(())
-        }
-        Some(b'0'..=b'9') => {
-            let start = c.pos;
-            while matches!(c.peek(), Some(b'0'..=b'9')) {
-                c.pos += 1;
-            }
-            let digits = std::str::from_utf8(&c.s[start..c.pos]).unwrap_or_default();
-            // Masterminds parses each segment as a uint64.
-            digits
-                .parse::<u64>()
-                .map(|_| ())
-                .map_err(|_| format!("version number {digits} is too large"))
-        }
-        _ => Err("expected a version number or x, X, *".into()),
-    }
-}
-
-/// Dot-separated `[0-9A-Za-z-]+` identifiers; pre-release numeric ones must not have leading zeros.
-fn parse_idents(c: &mut Cursor<'_>, prerelease: bool) -> Result<(), String> {
-    loop {
-        let start = c.pos;
-        while matches!(c.peek(), Some(b) if b.is_ascii_alphanumeric() || b == b'-') {
-            c.pos += 1;
-        }
-        let ident = &c.s[start..c.pos];
-        if ident.is_empty() {
-            return Err("empty pre-release or build identifier".into());
-        }
-        if prerelease && ident.len() > 1 && ident[0] == b'0' && ident.iter().all(u8::is_ascii_digit)
-        {
-            return Err("numeric pre-release identifiers must not have leading zeros".into());
-        }
-        if !c.eat(b'.') {
-            return Ok(());
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn accepts_what_masterminds_accepts() {
-        for ok in [
-            "1.2.3",
-            "v1.2.3",
-            "1.2",
-            "1",
-            "*",
-            "x",
-            "1.x",
-            "1.2.x",
-            "1.X",
-            "^1.2.3",
-            "~1.2",
-            "~>1.2",
-            ">=1.2.3",
-            "=>1.2.3",
-            "<=2",
-            "=<2",
-            "!=1.2.3",
-            ">= 1.2.3",
-            ">=1.2.3 <2.0.0",
-            ">=1.2.3, <2.0.0",
-            ">=1.2.3 , <2.0.0",
-            "  >1 ",
-            "1.2.3 || 2.x",
-            ">=1.0 <2.0 || >=3.0",
-            "1.2 - 1.4.5",
-            "1.2.3-beta.1",
-            "1.2.3-beta.1+build.5",
-            "1.2.3+build",
-            "=1.2.3",
-            "0.1.0-rc.0",
-        ] {
-            assert_eq!(constraint_error(ok), None, "{ok:?} should be valid");
-        }
-    }
-
-    #[test]
-    fn rejects_what_masterminds_rejects() {
-        for bad in [
-            "latest",
-            "stable",
-            "1.2.3.4",
-            "1..2",
-            ">",
-            "1.2.3 ||",
-            "|| 1",
-            ">=1.2.3<2",
-            "1.2.3-",
-            "1.2.3-01",
-            "1.2.3+",
-            "1x",
-            "1.2.3,",
-            "abc",
-            "=>=1",
-            "1.2 -1.4",
-            ">1.2 - 1.4",
-            "99999999999999999999",
-            "V1.2.3",
-        ] {
-            assert!(constraint_error(bad).is_some(), "{bad:?} should be invalid");
-        }
-    }
-}
+mod tests;

@@ -8,6 +8,9 @@ use super::{Ctx, helm, index, join, names, targets};
 
 /// What the cross-reference rules need from the spec.
 pub(crate) struct SpecModel {
+    /// The release namespace downstream, where the spec states it (`namespace`, else
+    /// `defaultNamespace`); `None` leaves it to the agent's default.
+    pub root_dest: Option<String>,
     pub root_entries: Vec<Entry>,
     pub root_values_from: Vec<helm::ValuesFromRef>,
     pub targets: Vec<TargetModel>,
@@ -15,11 +18,13 @@ pub(crate) struct SpecModel {
 }
 
 pub(crate) struct TargetModel {
+    /// As `SpecModel::root_dest`, with this target's options merged over the root's.
+    pub dest: Option<String>,
     pub entries: Vec<Entry>,
     pub values_from: Vec<helm::ValuesFromRef>,
 }
 
-pub(crate) fn check_spec(cx: &mut Ctx<'_>, spec: &Map<String, Value>) -> SpecModel {
+pub(crate) fn check_spec(cx: &mut Ctx, spec: &Map<String, Value>) -> SpecModel {
     let base = "spec";
     check_namespaces(cx, spec, base);
     check_namespace_metadata(cx, spec, base);
@@ -92,7 +97,7 @@ pub(crate) fn check_spec(cx: &mut Ctx<'_>, spec: &Map<String, Value>) -> SpecMod
                 );
                 continue;
             };
-            target_models.push(check_target(cx, target, path, root_helm));
+            target_models.push(check_target(cx, target, path, root_helm, spec));
         }
     }
 
@@ -116,6 +121,7 @@ pub(crate) fn check_spec(cx: &mut Ctx<'_>, spec: &Map<String, Value>) -> SpecMod
     }
 
     SpecModel {
+        root_dest: destination(&[spec]),
         root_entries,
         root_values_from,
         targets: target_models,
@@ -124,10 +130,11 @@ pub(crate) fn check_spec(cx: &mut Ctx<'_>, spec: &Map<String, Value>) -> SpecMod
 }
 
 fn check_target(
-    cx: &mut Ctx<'_>,
+    cx: &mut Ctx,
     target: &Map<String, Value>,
     path: String,
     root_helm: Option<&Map<String, Value>>,
+    root: &Map<String, Value>,
 ) -> TargetModel {
     cx.string(target, "name", &path);
     let has_criteria = targets::check_criteria(cx, target, &path);
@@ -147,6 +154,7 @@ fn check_target(
     };
     let entries = resources::check_list(cx, target, &path);
     TargetModel {
+        dest: destination(&[target, root]),
         entries,
         values_from,
     }
@@ -155,7 +163,7 @@ fn check_target(
 /// With restrictions, Fleet treats the leading `targets - restrictions` targets as fleet.yaml
 /// customizations (`target/matcher/bundlematch.go`): say so on each, since a HelmOp author
 /// usually means them to select clusters.
-fn warn_customizations(cx: &mut Ctx<'_>, spec: &Map<String, Value>, restrictions: usize) {
+fn warn_customizations(cx: &mut Ctx, spec: &Map<String, Value>, restrictions: usize) {
     let targets = spec
         .get("targets")
         .and_then(Value::as_array)
@@ -177,7 +185,7 @@ fn warn_customizations(cx: &mut Ctx<'_>, spec: &Map<String, Value>, restrictions
 /// `namespaceLabels`/`namespaceAnnotations`: string maps (the CRD), which Fleet's agent writes
 /// on the release namespace. Keys or values the API server refuses make that write, and so the
 /// deployment, fail; pod-security labels are ignored by the agent (and by helmop).
-fn check_namespace_metadata(cx: &mut Ctx<'_>, obj: &Map<String, Value>, base: &str) {
+fn check_namespace_metadata(cx: &mut Ctx, obj: &Map<String, Value>, base: &str) {
     for key in ["namespaceLabels", "namespaceAnnotations"] {
         let Some(map) = cx.object(obj, key, base) else {
             continue;
@@ -211,9 +219,23 @@ fn check_namespace_metadata(cx: &mut Ctx<'_>, obj: &Map<String, Value>, base: &s
     }
 }
 
+/// Fleet's release (and copy) namespace, `namespaces.GetDeploymentNS` over merged options:
+/// the first `namespace` set, else the first `defaultNamespace` set (`layers` most specific
+/// first, as `options.Merge` lets a target's non-empty value win).
+fn destination(layers: &[&Map<String, Value>]) -> Option<String> {
+    ["namespace", "defaultNamespace"].iter().find_map(|key| {
+        layers.iter().find_map(|l| {
+            l.get(*key)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+        })
+    })
+}
+
 /// `namespace` and `defaultNamespace` become the destination namespace of the copies, so they
 /// must be namespace names.
-fn check_namespaces(cx: &mut Ctx<'_>, obj: &Map<String, Value>, base: &str) {
+fn check_namespaces(cx: &mut Ctx, obj: &Map<String, Value>, base: &str) {
     for key in ["namespace", "defaultNamespace"] {
         if let Some(ns) = cx.string(obj, key, base)
             && !ns.is_empty()

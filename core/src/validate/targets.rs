@@ -11,7 +11,7 @@ use crate::selector::Selector;
 /// Checks `clusterName`, `clusterGroup`, `clusterSelector`, `clusterGroupSelector` of a target
 /// (or target restriction). Returns whether the entry has at least one criterion; Fleet's
 /// `ClusterMatcher` matches nothing without one.
-pub(crate) fn check_criteria(cx: &mut Ctx<'_>, obj: &Map<String, Value>, base: &str) -> bool {
+pub(crate) fn check_criteria(cx: &mut Ctx, obj: &Map<String, Value>, base: &str) -> bool {
     let mut has = false;
     for key in ["clusterName", "clusterGroup"] {
         if cx.string(obj, key, base).is_some_and(|s| !s.is_empty()) {
@@ -44,7 +44,7 @@ pub(crate) fn check_criteria(cx: &mut Ctx<'_>, obj: &Map<String, Value>, base: &
 }
 
 /// Reads a raw label selector, denying type errors with their exact path.
-pub(crate) fn parse_selector(cx: &mut Ctx<'_>, value: &Value, path: &str) -> Option<LabelSelector> {
+pub(crate) fn parse_selector(cx: &mut Ctx, value: &Value, path: &str) -> Option<LabelSelector> {
     let Some(obj) = value.as_object() else {
         cx.deny(
             path.to_string(),

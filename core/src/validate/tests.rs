@@ -54,8 +54,20 @@ fn cases() -> Vec<Case> {
             "",
         ),
         (
-            "valid OCI chart, no version",
-            json!({"helm": {"repo": "OCI://ghcr.io/acme/app"}}),
+            "valid OCI chart, newest version",
+            json!({"helm": {"repo": "oci://ghcr.io/acme/app", "version": "*"}}),
+            vec![],
+            "",
+        ),
+        (
+            "valid HTTPS repo, scheme in capitals",
+            json!({"helm": {"repo": "HTTPS://charts.example.com", "chart": "app"}}),
+            vec![],
+            "",
+        ),
+        (
+            "valid HTTP repo, no version",
+            json!({"helm": {"repo": "http://charts.example.com:8080/sub", "chart": "app"}}),
             vec![],
             "",
         ),
@@ -329,16 +341,36 @@ fn cases() -> Vec<Case> {
                 json!({"downstreamResources": [{"kind": "Secret", "name": "db"}]}),
             ),
             vec![warn("spec.helm.valuesFrom[0].secretKeyRef.namespace")],
-            "Fleet ignores namespace \"other\"",
+            "reads it on each downstream cluster from the copy in the release namespace (namespace, else defaultNamespace, else the agent's default namespace (default)) and ignores namespace \"other\"",
         ),
         (
-            "valuesFrom same namespace is fine",
+            "valuesFrom naming the HelmOp's own namespace is still ignored downstream",
             with(
                 json!({"helm": {"repo": "https://x", "chart": "y", "valuesFrom": [{"secretKeyRef": {"name": "db", "namespace": "apps"}}]}}),
-                json!({"downstreamResources": [{"kind": "Secret", "name": "db"}]}),
+                json!({"defaultNamespace": "web", "downstreamResources": [{"kind": "Secret", "name": "db"}]}),
+            ),
+            vec![warn("spec.helm.valuesFrom[0].secretKeyRef.namespace")],
+            "release namespace (namespace \"web\") and ignores namespace \"apps\"",
+        ),
+        (
+            "valuesFrom naming the release namespace is fine",
+            with(
+                json!({"helm": {"repo": "https://x", "chart": "y", "valuesFrom": [{"secretKeyRef": {"name": "db", "namespace": "web"}}]}}),
+                json!({"namespace": "web", "defaultNamespace": "other", "downstreamResources": [{"kind": "Secret", "name": "db"}]}),
             ),
             vec![],
             "",
+        ),
+        (
+            "target valuesFrom: the target's namespace wins over the root's",
+            with(
+                b(),
+                json!({"namespace": "root-ns", "downstreamResources": [{"kind": "Secret", "name": "db"}], "targets": [{"clusterSelector": {}, "namespace": "eu", "helm": {"valuesFrom": [{"secretKeyRef": {"name": "db", "namespace": "root-ns"}}]}}]}),
+            ),
+            vec![warn(
+                "spec.targets[0].helm.valuesFrom[0].secretKeyRef.namespace",
+            )],
+            "(namespace \"eu\") and ignores namespace \"root-ns\"",
         ),
         (
             "valuesFrom without namespace is fine",
@@ -385,7 +417,7 @@ fn cases() -> Vec<Case> {
             vec![warn(
                 "spec.targets[0].helm.valuesFrom[0].secretKeyRef.namespace",
             )],
-            "remove namespace or set it to \"apps\"",
+            "ignores namespace \"x\" here: remove namespace",
         ),
         (
             "target valuesFrom does not see another target's list",
@@ -437,9 +469,63 @@ fn cases() -> Vec<Case> {
         ),
         (
             "OCI repo with chart",
-            json!({"helm": {"repo": "oci://ghcr.io/acme/charts", "chart": "app"}}),
+            json!({"helm": {"repo": "oci://ghcr.io/acme/charts", "chart": "app", "version": "1.x"}}),
             vec![deny("spec.helm.chart")],
             "e.g. oci://ghcr.io/acme/charts/app",
+        ),
+        (
+            "OCI repo without version",
+            json!({"helm": {"repo": "oci://ghcr.io/acme/app"}}),
+            vec![deny("spec.helm.version")],
+            "an oci:// repo needs a version",
+        ),
+        (
+            "OCI scheme in capitals",
+            json!({"helm": {"repo": "OCI://ghcr.io/acme/app", "version": "1.x"}}),
+            vec![deny("spec.helm.repo")],
+            "in lower case",
+        ),
+        (
+            "OCI scheme in capitals with a chart",
+            json!({"helm": {"repo": "Oci://ghcr.io/acme", "chart": "app"}}),
+            vec![deny("spec.helm.chart"), deny("spec.helm.repo")],
+            "remove chart",
+        ),
+        (
+            "scheme-less repo",
+            json!({"helm": {"repo": "charts.example.com/stable", "chart": "app"}}),
+            vec![deny("spec.helm.repo")],
+            "is not an http:// or https:// URL",
+        ),
+        (
+            "host:port repo without scheme",
+            json!({"helm": {"repo": "localhost:8080", "chart": "app"}}),
+            vec![deny("spec.helm.repo")],
+            "is not an http:// or https:// URL",
+        ),
+        (
+            "repo of another scheme",
+            json!({"helm": {"repo": "git://example.com/charts", "chart": "app"}}),
+            vec![deny("spec.helm.repo")],
+            "is not an http:// or https:// URL",
+        ),
+        (
+            "repo without host",
+            json!({"helm": {"repo": "https:///charts", "chart": "app"}}),
+            vec![deny("spec.helm.repo")],
+            "has no host",
+        ),
+        (
+            "target OCI scheme in capitals",
+            with(
+                b(),
+                json!({"targets": [{"clusterSelector": {}, "helm": {"repo": "OCI://x/app", "chart": ""}}]}),
+            ),
+            vec![
+                warn("spec.targets[0].helm.chart"),
+                warn("spec.targets[0].helm.repo"),
+            ],
+            "Fleet's agent fails",
         ),
         (
             "OCI in chart without repo",
@@ -742,7 +828,7 @@ fn rule_table() {
 #[test]
 fn every_problem_is_listed() {
     let spec = json!({
-        "helm": {"repo": "oci://r/app", "chart": "app", "releaseName": "Bad"},
+        "helm": {"repo": "oci://r/app", "chart": "app", "version": "1.x", "releaseName": "Bad"},
         "downstreamResources": [{"kind": "Deployment", "name": "x"}, {"kind": "Secret", "name": "Bad"}],
         "targets": [{"clusterSelector": {}, "downstreamResources": [{"kind": "configmap", "name": "ok"}]}],
     });
@@ -776,21 +862,17 @@ fn document_level_problems() {
 }
 
 #[test]
-fn values_from_check_needs_a_known_namespace() {
+fn values_from_rule_ignores_the_helmops_namespace() {
+    // Fleet reads valuesFrom downstream, so where the HelmOp lives upstream changes nothing.
     let mut obj = helmop(with(
         json!({"helm": {"repo": "https://x", "chart": "y", "valuesFrom": [{"secretKeyRef": {"name": "db", "namespace": "other"}}]}}),
         json!({"downstreamResources": [{"kind": "Secret", "name": "db"}]}),
     ));
     obj["metadata"].as_object_mut().unwrap().remove("namespace");
-    // Offline without a namespace: nothing to compare against.
-    assert!(validate_helmop(&obj).is_empty());
-    // On admission the request's namespace is authoritative.
-    let got = validate_helmop_in(&obj, Some("apps"));
-    assert_eq!(
-        summary(&got),
-        vec![warn("spec.helm.valuesFrom[0].secretKeyRef.namespace")]
-    );
-    assert!(validate_helmop_in(&obj, Some("other")).is_empty());
+    let want = vec![warn("spec.helm.valuesFrom[0].secretKeyRef.namespace")];
+    assert_eq!(summary(&validate_helmop(&obj)), want);
+    assert_eq!(summary(&validate_helmop_in(&obj, Some("apps"))), want);
+    assert_eq!(summary(&validate_helmop_in(&obj, Some("other"))), want);
 }
 
 #[test]

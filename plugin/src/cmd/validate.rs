@@ -449,7 +449,7 @@ spec:
         let text = format!(
             "{VALID}---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: cfg}}\n---\n\
              apiVersion: fleet.cattle.io/v1alpha1\nkind: HelmOp\nmetadata: {{name: bad}}\n\
-             spec:\n  helm: {{repo: 'oci://r/app'}}\n  downstreamResources:\n  - {{kind: secret, name: db}}\n  - {{kind: Pod, name: p}}\n"
+             spec:\n  helm: {{repo: 'oci://r/app', version: '*'}}\n  downstreamResources:\n  - {{kind: secret, name: db}}\n  - {{kind: Pod, name: p}}\n"
         );
         let report = build_report(vec![input("m.yaml", &text)]);
         assert!(!report.valid);
@@ -510,7 +510,7 @@ spec:
 
     #[test]
     fn wrong_api_version_and_non_objects() {
-        let text = "apiVersion: fleet.cattle.io/v1beta1\nkind: HelmOp\nspec: {helm: {repo: 'oci://x/y'}}\n---\njust a string\n";
+        let text = "apiVersion: fleet.cattle.io/v1beta1\nkind: HelmOp\nspec: {helm: {repo: 'oci://x/y', version: '*'}}\n---\njust a string\n";
         let report = build_report(vec![input("v.yaml", text)]);
         let docs = &report.files[0].documents;
         assert_eq!(docs[0].findings[0].path, "apiVersion");

@@ -223,6 +223,7 @@ async fn refuse_replacing_the_key(
                         state: String::new(),
                         reason: String::new(),
                         in_sync: None,
+                        fleet_copy: None,
                     })
                     .collect())
             },
@@ -277,6 +278,7 @@ pub fn unreachable_rows(inv: &Inventory, downstream: &Downstream, reason: &str) 
             state: "Unreachable".into(),
             reason: reason.to_string(),
             in_sync: None,
+            fleet_copy: None,
         }];
     }
     by_place
@@ -291,6 +293,7 @@ pub fn unreachable_rows(inv: &Inventory, downstream: &Downstream, reason: &str) 
             state: "Unreachable".into(),
             reason: reason.to_string(),
             in_sync: None,
+            fleet_copy: None,
         })
         .collect()
 }
@@ -393,6 +396,7 @@ pub fn row(downstream: &Downstream, action: &Action, state: &str, reason: String
         state: state.into(),
         reason,
         in_sync: None,
+        fleet_copy: None,
     }
 }
 
@@ -654,6 +658,7 @@ impl ClusterRun<'_> {
             state: String::new(),
             reason: String::new(),
             in_sync: None,
+            fleet_copy: None,
         };
         let found = match workloads::list_opted_in(&self.client, namespace).await {
             Ok(w) => w,
@@ -803,6 +808,7 @@ pub fn uncopyable_rows(inv: &Inventory) -> Vec<Row> {
                     e.kind, e.name
                 ),
                 in_sync: None,
+                fleet_copy: None,
             });
         }
     }
@@ -823,6 +829,7 @@ pub fn problem_rows(problems: &[Problem]) -> Vec<Row> {
             state: "Invalid".into(),
             reason: p.message.clone(),
             in_sync: None,
+            fleet_copy: None,
         })
         .collect()
 }

@@ -239,6 +239,7 @@ mod tests {
             state: state.into(),
             reason: String::new(),
             in_sync: None,
+            fleet_copy: None,
         }
     }
 

@@ -176,6 +176,7 @@ mod tests {
             state: state.into(),
             reason: "why".into(),
             in_sync: None,
+            fleet_copy: None,
         }
     }
 
