@@ -11,6 +11,7 @@
 
 mod cluster;
 mod helmop;
+mod policy;
 
 pub use cluster::{
     Cluster, ClusterGroup, ClusterGroupSpec, ClusterSpec, FLEET_KUBECONFIG_NAMESPACES,
@@ -19,6 +20,7 @@ pub use helmop::{
     BundleTarget, DownstreamResource, HelmOp, HelmOpSpec, HelmOptions, KeyRef, TargetRestriction,
     ValuesFrom,
 };
+pub use policy::{HelmOpPolicy, Policy};
 
 /// Fleet's API group.
 pub const FLEET_GROUP: &str = "fleet.cattle.io";
