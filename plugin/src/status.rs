@@ -21,7 +21,7 @@ use crate::error::{ExitStatus, PluginError};
 use crate::hash_key::KeyOrigin;
 use crate::inventory::{Inventory, Problem};
 use crate::propagate::{
-    load_key, observe_and_plan, problem_rows, row, uncopyable_rows, unreachable_rows,
+    load_key, observe_and_plan, problem_rows, reported, row, uncopyable_rows, unreachable_rows,
 };
 use crate::report::{self, Row};
 use crate::scope::Scope;
@@ -41,6 +41,8 @@ pub struct StatusReport {
     pub hash_key: KeyOrigin,
     pub rows: Vec<Row>,
     pub problems: Vec<Problem>,
+    /// HelmOps Fleet's controller rejects (their copies are left as they are).
+    pub rejected: Vec<Problem>,
     /// Rows per state.
     pub summary: BTreeMap<String, usize>,
     pub unreachable_clusters: usize,
@@ -80,6 +82,7 @@ pub async fn status(ctx: &Ctx, opts: &StatusOpts) -> Result<StatusReport, Plugin
             )
             .await;
     rows.extend(problem_rows(&inv.problems));
+    rows.extend(problem_rows(&inv.rejected));
     rows.extend(uncopyable_rows(&inv));
     report::sort(&mut rows);
     Ok(StatusReport {
@@ -88,6 +91,7 @@ pub async fn status(ctx: &Ctx, opts: &StatusOpts) -> Result<StatusReport, Plugin
         summary: report::counts(&rows),
         rows,
         problems: inv.problems.clone(),
+        rejected: inv.rejected.clone(),
         unreachable_clusters: unreachable,
     })
 }
@@ -110,6 +114,7 @@ pub fn state_of(action: &Action) -> &'static str {
             "Orphaned"
         }
         ActionKind::Keep { .. } => "Kept",
+        ActionKind::Held { .. } => action.kind.name(),
     }
 }
 
@@ -128,7 +133,7 @@ async fn cluster_status(
     // Our copies in sync or stale, per namespace: resource -> (content hash, HelmOps).
     let mut copies: BTreeMap<String, BTreeMap<ResourceRef, (String, Vec<String>)>> =
         BTreeMap::new();
-    for action in &actions {
+    for action in actions.iter().filter(|a| reported(a)) {
         let state = state_of(action);
         let mut reason = match &action.kind {
             ActionKind::Create { .. } => "no copy yet; run `kubectl helmop propagate`".into(),
