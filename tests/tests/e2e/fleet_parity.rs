@@ -9,10 +9,20 @@
 //! - `kinds_are_lower_cased_as_go_does`: Fleet compares `strings.ToLower(kind)` with `configmap`
 //!   and `secret`, so `CONF\u{130}GMAP` (capital I with dot, which Go lower-cases to `i`) names a
 //!   ConfigMap: `validate` accepts it and `propagate` copies it, as Fleet's agent would.
+//! - `a_paused_cluster_gets_nothing_new_until_unpaused` and
+//!   `a_paused_helmop_is_neither_copied_updated_nor_pruned`: Fleet stops a BundleDeployment when
+//!   its Cluster or its HelmOp is paused (`target.go` `IsPaused`); helmop freezes the copies the
+//!   same way (no create, no update, no prune) and reports `Paused` rows saying whether the copy
+//!   is current; unpausing resumes.
+//! - `helmops_fleet_rejects_get_no_copies`: a HelmOp Fleet's controller would not turn into a
+//!   Bundle (a Policy of its namespace forbids its repo; its `helmSecretName` Secret does not
+//!   exist) is `Invalid` with Fleet's reason and gets no copies; a copy made while it was accepted
+//!   is left as it is, as Fleet keeps the previous Bundle.
 
 use helmop_tests::*;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
+use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::plugin::support::*;
@@ -148,5 +158,380 @@ async fn kinds_are_lower_cased_as_go_does() -> anyhow::Result<()> {
         .await?;
     let data = copy.and_then(|c| c.data).unwrap_or_default();
     assert_eq!(data.get("level").map(String::as_str), Some("debug"));
+    Ok(())
+}
+
+/// Sets `spec.paused` of a Fleet Cluster or HelmOp.
+async fn set_paused(
+    f: &Fleet,
+    resource: &kube::api::ApiResource,
+    name: &str,
+    paused: bool,
+) -> anyhow::Result<()> {
+    fleet_api(&f.upstream, &f.ns, resource)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": paused}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Replaces the data of the source Secret `name` upstream.
+async fn set_source(f: &Fleet, name: &str, value: &str) -> anyhow::Result<()> {
+    Api::<Secret>::namespaced(f.upstream.clone(), &f.ns)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"k": value}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// The value of key `k` of a Secret downstream, if the Secret exists.
+async fn copy_value(client: &kube::Client, ns: &str, name: &str) -> anyhow::Result<Option<String>> {
+    Ok(get_secret(client, ns, name).await?.map(|s| {
+        s.data
+            .and_then(|d| {
+                d.get("k")
+                    .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+            })
+            .unwrap_or_default()
+    }))
+}
+
+/// The row of `name` on `cluster`, or a panic listing the rows.
+fn expect_row<'a>(rows_: &'a [Value], cluster: &str, name: &str) -> &'a Value {
+    row_for(rows_, cluster, name).unwrap_or_else(|| panic!("no {cluster} {name} row: {rows_:#?}"))
+}
+
+#[tokio::test]
+async fn a_paused_cluster_gets_nothing_new_until_unpaused() -> anyhow::Result<()> {
+    let f = Fleet::new("fp-pausec").await?;
+    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v1")]).await?;
+    let dest = f.dest("apps");
+    f.helmop(&helmop_yaml(
+        "app",
+        &format!(
+            "defaultNamespace: {dest}\ndownstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterName: down1\n- clusterName: down2\n"
+        ),
+    ))
+    .await?;
+    set_paused(&f, &cluster_resource(), "down2", true).await?;
+
+    // The dry run says exactly what the run does: nothing for the paused Cluster.
+    let dry = helmop(&["propagate", "app", "-n", &f.ns, "--dry-run", "-o", "json"]).await?;
+    let report = dry.expect(0).json();
+    let rows_ = rows(&report);
+    assert_eq!(expect_row(&rows_, "down1", "db")["state"], "Create");
+    let paused = expect_row(&rows_, "down2", "db");
+    assert_eq!(paused["state"], "Paused", "{paused:#}");
+    assert_eq!(paused["inSync"], false, "{paused:#}");
+    assert!(
+        paused["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("the Cluster is paused") && r.contains("no copy yet")),
+        "{paused:#}"
+    );
+    assert_eq!(writes(&report), 0);
+
+    let run = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"]).await?;
+    let report = run.expect(0).json();
+    let rows_ = rows(&report);
+    assert_eq!(expect_row(&rows_, "down1", "db")["state"], "Created");
+    assert_eq!(expect_row(&rows_, "down2", "db")["state"], "Paused");
+    assert_eq!(
+        copy_value(&f.down1, &dest, "db").await?.as_deref(),
+        Some("v1")
+    );
+    assert_eq!(
+        copy_value(&f.down2, &dest, "db").await?,
+        None,
+        "no copy on a paused Cluster"
+    );
+
+    // Unpaused: copied. Paused again: a source change reaches only down1.
+    set_paused(&f, &cluster_resource(), "down2", false).await?;
+    helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    assert_eq!(
+        copy_value(&f.down2, &dest, "db").await?.as_deref(),
+        Some("v1")
+    );
+    set_paused(&f, &cluster_resource(), "down2", true).await?;
+    let status = helmop(&["status", "app", "-n", &f.ns, "-o", "json"]).await?;
+    let rows_ = rows(&status.expect(0).json());
+    let paused = expect_row(&rows_, "down2", "db");
+    assert_eq!(
+        (&paused["state"], &paused["inSync"]),
+        (&json!("Paused"), &json!(true)),
+        "{paused:#}"
+    );
+
+    set_source(&f, "db", "v2").await?;
+    let run = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"]).await?;
+    let rows_ = rows(&run.expect(0).json());
+    assert_eq!(expect_row(&rows_, "down1", "db")["state"], "Updated");
+    assert_eq!(expect_row(&rows_, "down2", "db")["state"], "Paused");
+    assert_eq!(
+        copy_value(&f.down1, &dest, "db").await?.as_deref(),
+        Some("v2")
+    );
+    assert_eq!(
+        copy_value(&f.down2, &dest, "db").await?.as_deref(),
+        Some("v1"),
+        "not updated while paused"
+    );
+    let status = helmop(&["status", "app", "-n", &f.ns, "-o", "json"]).await?;
+    let rows_ = rows(&status.expect(0).json());
+    let paused = expect_row(&rows_, "down2", "db");
+    assert_eq!(
+        (&paused["state"], &paused["inSync"]),
+        (&json!("Paused"), &json!(false)),
+        "{paused:#}"
+    );
+    assert!(
+        paused["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("outdated")),
+        "{paused:#}"
+    );
+    assert_eq!(expect_row(&rows_, "down1", "db")["state"], "Synced");
+
+    // Untargeted while paused: not pruned.
+    f.helmop(&helmop_yaml(
+        "app",
+        &format!(
+            "defaultNamespace: {dest}\ndownstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterName: down1\n"
+        ),
+    ))
+    .await?;
+    let pruned = helmop(&["prune", "app", "-n", &f.ns, "-o", "json"]).await?;
+    let rows_ = rows(&pruned.expect(0).json());
+    assert_eq!(
+        expect_row(&rows_, "down2", "db")["state"],
+        "Paused",
+        "{rows_:#?}"
+    );
+    assert!(
+        get_secret(&f.down2, &dest, "db").await?.is_some(),
+        "pruned on a paused Cluster"
+    );
+
+    // Unpaused: the run resumes (prune now removes the untargeted copy).
+    set_paused(&f, &cluster_resource(), "down2", false).await?;
+    helmop(&["prune", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    assert!(
+        get_secret(&f.down2, &dest, "db").await?.is_none(),
+        "not pruned after unpausing"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_paused_helmop_is_neither_copied_updated_nor_pruned() -> anyhow::Result<()> {
+    let f = Fleet::new("fp-pauseh").await?;
+    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v1")]).await?;
+    let dest = f.dest("apps");
+    let spec = |paused: bool, resources: &str| {
+        helmop_yaml(
+            "app",
+            &format!(
+                "paused: {paused}\ndefaultNamespace: {dest}\ndownstreamResources:\n{resources}targets:\n- clusterName: down1\n"
+            ),
+        )
+    };
+    let with_db = "- {kind: Secret, name: db}\n";
+    f.helmop(&spec(true, with_db)).await?;
+    let run = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"]).await?;
+    let report = run.expect(0).json();
+    let row_ = expect_row(&rows(&report), "down1", "db").clone();
+    assert_eq!(row_["state"], "Paused", "{row_:#}");
+    assert!(
+        row_["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("the HelmOp is paused")),
+        "{row_:#}"
+    );
+    assert_eq!(writes(&report), 0, "{report:#}");
+    assert!(get_secret(&f.down1, &dest, "db").await?.is_none());
+
+    set_paused(&f, &helmop_resource(), "app", false).await?;
+    helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    assert_eq!(
+        copy_value(&f.down1, &dest, "db").await?.as_deref(),
+        Some("v1")
+    );
+
+    set_paused(&f, &helmop_resource(), "app", true).await?;
+    set_source(&f, "db", "v2").await?;
+    let run = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"]).await?;
+    let report = run.expect(0).json();
+    let row_ = expect_row(&rows(&report), "down1", "db").clone();
+    assert_eq!(
+        (&row_["state"], &row_["inSync"]),
+        (&json!("Paused"), &json!(false)),
+        "{row_:#}"
+    );
+    assert_eq!(writes(&report), 0, "{report:#}");
+    assert_eq!(
+        copy_value(&f.down1, &dest, "db").await?.as_deref(),
+        Some("v1")
+    );
+
+    // The entry removed while paused: the copy stays.
+    f.helmop(&spec(true, "- {kind: ConfigMap, name: other}\n"))
+        .await?;
+    let pruned = helmop(&["prune", "app", "-n", &f.ns, "-o", "json"]).await?;
+    let rows_ = rows(&pruned.expect(0).json());
+    let row_ = expect_row(&rows_, "down1", "db");
+    assert_eq!(row_["state"], "Paused", "{rows_:#?}");
+    assert!(
+        row_["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("not pruned")),
+        "{row_:#}"
+    );
+    assert!(
+        get_secret(&f.down1, &dest, "db").await?.is_some(),
+        "pruned while paused"
+    );
+
+    // Unpaused with db again: updated, as Fleet resumes the BundleDeployment.
+    f.helmop(&spec(false, with_db)).await?;
+    let run = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"]).await?;
+    let rows_ = rows(&run.expect(0).json());
+    assert_eq!(expect_row(&rows_, "down1", "db")["state"], "Updated");
+    assert_eq!(
+        copy_value(&f.down1, &dest, "db").await?.as_deref(),
+        Some("v2")
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn helmops_fleet_rejects_get_no_copies() -> anyhow::Result<()> {
+    let f = Fleet::new("fp-reject").await?;
+    install_fleet_crd(&f.upstream, "policies").await?;
+    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v1")]).await?;
+    create_fleet_object(
+        &f.upstream,
+        &f.ns,
+        &policy_resource(),
+        json!({
+            "metadata": {"name": "internal-charts"},
+            "helmOp": {"allowedHelmRepoPatterns": ["https://charts\\.internal\\..*"]},
+        }),
+    )
+    .await?;
+    let dest = f.dest("apps");
+    let resources = format!(
+        "defaultNamespace: {dest}\ndownstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterName: down1\n"
+    );
+    // helmop_yaml's repo is https://charts.example.com: the Policy forbids it.
+    f.helmop(&helmop_yaml("public", &resources)).await?;
+    let run = helmop(&["propagate", "public", "-n", &f.ns, "-o", "json"]).await?;
+    let report = run.expect(1).json();
+    let rows_ = rows(&report);
+    let invalid: Vec<&Value> = rows_.iter().filter(|r| r["state"] == "Invalid").collect();
+    assert_eq!(invalid.len(), 1, "one row for the HelmOp: {rows_:#?}");
+    let reason = invalid[0]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason
+            .contains("a Fleet Policy forbids it: disallowed helm repo https://charts.example.com"),
+        "{reason}"
+    );
+    assert_eq!(
+        report["rejected"][0]["helmop"],
+        format!("{}/public", f.ns),
+        "{report:#}"
+    );
+    assert!(
+        rows_
+            .iter()
+            .all(|r| r["state"] != "Created" && r["state"] != "Create"),
+        "{rows_:#?}"
+    );
+    assert_eq!(writes(&report), 0, "{report:#}");
+    assert!(get_secret(&f.down1, &dest, "db").await?.is_none());
+    let status = helmop(&["status", "public", "-n", &f.ns, "-o", "json"]).await?;
+    let status = status.expect(1).json();
+    assert!(
+        rows(&status).iter().any(|r| r["state"] == "Invalid"
+            && r["reason"]
+                .as_str()
+                .is_some_and(|s| s.contains("disallowed helm repo"))),
+        "{status:#}"
+    );
+
+    // Allowed repo, but its helmSecretName Secret does not exist.
+    let private = format!(
+        "apiVersion: fleet.cattle.io/v1alpha1\nkind: HelmOp\nmetadata:\n  name: private\nspec:\n  helm:\n    repo: https://charts.internal.example\n    chart: app\n  helmSecretName: repo-creds\n{}",
+        resources
+            .lines()
+            .map(|l| format!("  {l}\n"))
+            .collect::<String>()
+    );
+    f.helmop(&private).await?;
+    let run = helmop(&["propagate", "private", "-n", &f.ns, "-o", "json"]).await?;
+    let report = run.expect(1).json();
+    let rows_ = rows(&report);
+    assert!(
+        rows_.iter().any(|r| r["state"] == "Invalid"
+            && r["reason"]
+                .as_str()
+                .is_some_and(|s| s.contains("helmSecretName Secret repo-creds does not exist"))),
+        "{rows_:#?}"
+    );
+    assert!(get_secret(&f.down1, &dest, "db").await?.is_none());
+
+    // Once the Secret exists, Fleet accepts it: copied.
+    create_secret(
+        &f.upstream,
+        &f.ns,
+        "repo-creds",
+        &[("username", b"u"), ("password", b"p")],
+    )
+    .await?;
+    helmop(&["propagate", "private", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    assert_eq!(
+        copy_value(&f.down1, &dest, "db").await?.as_deref(),
+        Some("v1")
+    );
+
+    // Rejected again: Fleet keeps the previous Bundle, so the copy stays as it is (not updated,
+    // not pruned) and is listed as Invalid.
+    Api::<Secret>::namespaced(f.upstream.clone(), &f.ns)
+        .delete("repo-creds", &Default::default())
+        .await?;
+    set_source(&f, "db", "v2").await?;
+    let run = helmop(&["propagate", "private", "-n", &f.ns, "-o", "json"]).await?;
+    let rows_ = rows(&run.expect(1).json());
+    let kept = expect_row(&rows_, "down1", "db");
+    assert_eq!(
+        (&kept["state"], &kept["inSync"]),
+        (&json!("Invalid"), &json!(false)),
+        "{kept:#}"
+    );
+    assert_eq!(
+        copy_value(&f.down1, &dest, "db").await?.as_deref(),
+        Some("v1")
+    );
+    helmop(&["prune", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    assert!(
+        get_secret(&f.down1, &dest, "db").await?.is_some(),
+        "pruned while rejected"
+    );
     Ok(())
 }
