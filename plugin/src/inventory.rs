@@ -16,7 +16,7 @@ use helmop_core::plan::{
     DesiredCopy, HelmOpKey, HoldReason, Holds, ObservedCopy, OwnerRef, Scope, parse_owners,
 };
 use helmop_core::targeting::{TargetMatch, cluster_options, match_cluster};
-use helmop_core::validate::fleet::{FleetFacts, authorize, rejection, spec_rejection};
+use helmop_core::validate::fleet::{FleetFacts, helm_secret_to_check, rejection, spec_rejection};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
@@ -155,7 +155,7 @@ pub async fn enumerate(
     let (downstreams, desired, problems) = if target_contexts.is_empty() {
         let (clusters, groups) = list_fleet(ctx, selection.namespace(), false).await?;
         let (downstreams, keys) = clusters::resolve_fleet(ctx, &clusters, limits).await;
-        holds.clusters.extend(paused_clusters(&clusters, &keys));
+        pause_clusters(&mut holds, &clusters, &keys);
         let (desired, problems) = desired_fleet(&helmops, &clusters, &keys, &groups);
         (downstreams, desired, problems)
     } else {
@@ -171,7 +171,7 @@ pub async fn enumerate(
         };
         if let Some((clusters, groups)) = fleet {
             let (_, keys) = clusters::resolve_fleet(ctx, &clusters, limits).await;
-            holds.clusters.extend(paused_clusters(&clusters, &keys));
+            pause_clusters(&mut holds, &clusters, &keys);
             let (fleet_desired, fleet_problems) =
                 desired_fleet(&helmops, &clusters, &keys, &groups);
             // Wants on the contexts' clusters, and those of Clusters that could not be
@@ -199,15 +199,14 @@ pub async fn enumerate(
     })
 }
 
-/// Downstream keys of the paused Clusters. One physical cluster reached through several
-/// Cluster objects is frozen when any of them is paused (a copy there is one object).
-fn paused_clusters(clusters: &[Cluster], keys: &[String]) -> Vec<String> {
-    clusters
-        .iter()
-        .zip(keys)
-        .filter(|(c, _)| c.spec.paused())
-        .map(|(_, k)| k.clone())
-        .collect()
+/// Records the paused Clusters: each freezes the copies of its own namespace's HelmOps on the
+/// cluster it reaches.
+fn pause_clusters(holds: &mut Holds, clusters: &[Cluster], keys: &[String]) {
+    for (cluster, key) in clusters.iter().zip(keys) {
+        if let (true, Some(ns)) = (cluster.spec.paused(), &cluster.metadata.namespace) {
+            holds.pause_cluster(key, ns);
+        }
+    }
 }
 
 /// Fleet's Bundle, read dynamically: only `spec.helmOpOptions` matters here.
@@ -265,10 +264,7 @@ async fn fleet_rejection(
     key: &HelmOpKey,
     policies: &[Policy],
 ) -> Result<Option<String>, PluginError> {
-    // A Policy violation needs no lookup; the Secret to check is the one after Policy defaults.
-    let secret = authorize(helmop, policies)
-        .ok()
-        .and_then(|a| a.helm_secret_name);
+    let secret = helm_secret_to_check(helmop, policies);
     let secret_exists = match &secret {
         Some(name) => Api::<Secret>::namespaced(ctx.upstream.clone(), &key.namespace)
             .get_metadata_opt(name)

@@ -184,6 +184,7 @@ fn the_webhook_itself_only_reads() {
     }
     let expected: BTreeSet<String> = [
         "helmops",
+        "policies",
         "secrets",
         "configmaps",
         "namespaces",

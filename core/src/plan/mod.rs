@@ -123,8 +123,10 @@ impl fmt::Display for HoldReason {
 /// over its cluster's (an invalid HelmOp on a paused cluster is reported invalid).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Holds {
-    /// Paused clusters, by the caller's cluster name.
-    pub clusters: BTreeSet<String>,
+    /// Paused clusters: the caller's cluster name -> the namespaces whose Cluster object for it
+    /// is paused. A Fleet Cluster serves the HelmOps of its own namespace, so pausing it freezes
+    /// only theirs (the same physical cluster may be registered, unpaused, elsewhere).
+    pub clusters: BTreeMap<String, BTreeSet<String>>,
     pub helmops: BTreeMap<HelmOpKey, HoldReason>,
 }
 
@@ -133,13 +135,22 @@ impl Holds {
         self.clusters.is_empty() && self.helmops.is_empty()
     }
 
+    /// Records that the Cluster object of `namespace` for `cluster` is paused.
+    pub fn pause_cluster(&mut self, cluster: &str, namespace: &str) {
+        self.clusters
+            .entry(cluster.to_string())
+            .or_default()
+            .insert(namespace.to_string());
+    }
+
     /// Why `helmop`'s copies on `cluster` are frozen, if they are.
     pub fn reason(&self, cluster: &str, helmop: &HelmOpKey) -> Option<HoldReason> {
         if let Some(r) = self.helmops.get(helmop) {
             return Some(r.clone());
         }
         self.clusters
-            .contains(cluster)
+            .get(cluster)
+            .is_some_and(|namespaces| namespaces.contains(&helmop.namespace))
             .then_some(HoldReason::ClusterPaused)
     }
 }
@@ -581,12 +592,14 @@ impl<'a> Planner<'a> {
     /// held one).
     fn releasable(&self, cluster: &str, entry: &str) -> Option<HelmOpKey> {
         let (key, hold) = self.our_owner(cluster, entry)?;
-        if hold.is_some() {
-            return None;
-        }
+        (hold.is_none() && self.in_scope(&key)).then_some(key)
+    }
+
+    /// Whether this run speaks for `key` ([`Scope`]).
+    fn in_scope(&self, key: &HelmOpKey) -> bool {
         match &self.input.scope {
-            Scope::All => Some(key),
-            Scope::HelmOps(set) => set.contains(&key).then_some(key),
+            Scope::All => true,
+            Scope::HelmOps(set) => set.contains(key),
         }
     }
 
@@ -898,8 +911,8 @@ impl<'a> Planner<'a> {
             let held: BTreeMap<HelmOpKey, HoldReason> = existing
                 .iter()
                 .filter_map(|e| match self.our_owner(at.cluster, e)? {
-                    (key, Some(why)) => Some((key, why)),
-                    (_, None) => None,
+                    (key, Some(why)) if self.in_scope(&key) => Some((key, why)),
+                    _ => None,
                 })
                 .collect();
             if let Some(why) = held.values().next().cloned() {

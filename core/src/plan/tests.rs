@@ -935,7 +935,7 @@ proptest! {
 }
 
 fn paused_cluster(mut i: PlanInput) -> PlanInput {
-    i.holds.clusters.insert("c1".into());
+    i.holds.pause_cluster("c1", "team");
     i
 }
 
@@ -1063,4 +1063,39 @@ fn a_helmop_hold_wins_over_its_cluster_pause() {
         HoldReason::Invalid("x".into()),
     );
     assert_eq!(held(&only(plan(&i))).0, &HoldReason::Invalid("x".into()));
+}
+
+#[test]
+fn a_paused_cluster_freezes_only_the_helmops_of_its_namespace() {
+    let mut i = input(
+        vec![
+            want("team", "app", db(), false),
+            want("other", "app", db(), false),
+        ],
+        vec![],
+    );
+    i.sources.push(source("other", db(), "uid-other", "v1:bb"));
+    i.holds.pause_cluster("c1", "other");
+    let actions = plan(&i);
+    let kinds: Vec<(&str, String)> = actions
+        .iter()
+        .map(|a| (a.kind.name(), a.helmops[0].to_string()))
+        .collect();
+    // Competing sources aside, team/app is planned and other/app is held.
+    assert!(
+        kinds.contains(&("Paused", "other/app".to_string())),
+        "{kinds:?}"
+    );
+    assert!(
+        !kinds.iter().any(|(k, h)| *k == "Paused" && h == "team/app"),
+        "{kinds:?}"
+    );
+}
+
+#[test]
+fn held_copies_outside_the_scope_are_not_reported() {
+    let observed = copy(&db_source(), &["up1/team/app"], false);
+    let mut i = paused_cluster(input(vec![], vec![observed]));
+    i.scope = Scope::HelmOps(BTreeSet::from([HelmOpKey::new("team", "else")]));
+    assert!(plan(&i).is_empty());
 }

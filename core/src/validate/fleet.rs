@@ -173,6 +173,14 @@ fn allowed_by_regex(value: &str, patterns: &[String]) -> Result<(), String> {
     ))
 }
 
+/// The `helmSecretName` Secret whose existence [`rejection`] depends on (after Policy defaults),
+/// for the caller to look up; `None` when there is none or a Policy rejects the HelmOp anyway.
+pub fn helm_secret_to_check(op: &HelmOp, policies: &[Policy]) -> Option<String> {
+    authorize(op, policies)
+        .ok()
+        .and_then(|a| a.helm_secret_name)
+}
+
 /// What the caller looked up for [`rejection`].
 pub struct FleetFacts<'a> {
     /// The Policies of the HelmOp's namespace (none when the kind is not served).
