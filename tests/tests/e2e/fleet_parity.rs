@@ -535,3 +535,110 @@ async fn helmops_fleet_rejects_get_no_copies() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// `kubectl apply` of a HelmOp through the webhook: (admitted, stderr).
+async fn admit(object: &Value, extra: &[&str]) -> anyhow::Result<(bool, String)> {
+    let mut args = vec!["--validate=false"];
+    args.extend_from_slice(extra);
+    let out = kubectl_apply(control_plane().upstream(), object, &args).await?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_denies_what_fleet_rejects_from_the_spec_and_warns_about_the_rest()
+-> anyhow::Result<()> {
+    let client = control_plane().upstream().client().await;
+    install_fleet_crd(&client, "policies").await?;
+    let ns = fresh_namespace(&client, "fp-admit").await?;
+    let webhook = LocalWebhook::start(client.clone(), Default::default()).await?;
+    let registered = webhook.register(&client, &ns).await?;
+    let op = |name: &str, helm: Value, extra: Value| {
+        let mut spec = json!({"helm": helm});
+        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+            spec.extend(extra.clone());
+        }
+        json!({
+            "apiVersion": "fleet.cattle.io/v1alpha1",
+            "kind": "HelmOp",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": spec,
+        })
+    };
+
+    // Fleet's validate(): a tarball chart takes no repo; an OCI repo takes no chart.
+    for (name, helm, path) in [
+        (
+            "tarball",
+            json!({"chart": "https://example.com/app-1.0.0.TGZ", "repo": "https://charts.example.com"}),
+            "spec.helm.repo",
+        ),
+        (
+            "oci",
+            json!({"repo": "oci://registry.example.com/charts/app", "chart": "app"}),
+            "spec.helm.chart",
+        ),
+    ] {
+        let (admitted, stderr) = admit(&op(name, helm, json!({})), &[]).await?;
+        assert!(!admitted, "{name} admitted: {stderr}");
+        assert!(
+            stderr.contains(path),
+            "{name}: {path} missing from: {stderr}"
+        );
+    }
+
+    // A Policy forbidding the repo: a warning, never a denial (the Policy may well arrive after
+    // the HelmOp). The Policy reaches the webhook through its watch: poll with dry runs.
+    create_fleet_object(
+        &client,
+        &ns,
+        &policy_resource(),
+        json!({
+            "metadata": {"name": "internal-only"},
+            "helmOp": {"allowedHelmRepoPatterns": ["https://charts\\.internal\\..*"]},
+        }),
+    )
+    .await?;
+    let public = op(
+        "public",
+        json!({"repo": "https://charts.example.com", "chart": "app"}),
+        json!({}),
+    );
+    wait_until("the Policy warning", DEFAULT_TIMEOUT, || {
+        let public = public.clone();
+        async move {
+            let (admitted, stderr) = admit(&public, &["--dry-run=server"]).await?;
+            anyhow::ensure!(admitted, "denied: {stderr}");
+            Ok(stderr.contains(
+                "a Fleet Policy forbids it: disallowed helm repo https://charts.example.com",
+            ))
+        }
+    })
+    .await?;
+    let (admitted, stderr) = admit(&public, &[]).await?;
+    assert!(admitted && stderr.contains("Warning:"), "{stderr}");
+
+    // An allowed repo whose helmSecretName Secret does not exist: a warning as well.
+    let private = op(
+        "private",
+        json!({"repo": "https://charts.internal.example", "chart": "app"}),
+        json!({"helmSecretName": "repo-creds"}),
+    );
+    let (admitted, stderr) = admit(&private, &[]).await?;
+    assert!(admitted, "{stderr}");
+    assert!(
+        stderr.contains("helmSecretName Secret repo-creds does not exist"),
+        "{stderr}"
+    );
+    create_secret(&client, &ns, "repo-creds", &[("username", b"u")]).await?;
+    // A spec change, so the apply reaches the webhook again.
+    let mut private = private;
+    private["spec"]["helm"]["version"] = json!("1.0.0");
+    let (admitted, stderr) = admit(&private, &[]).await?;
+    assert!(admitted && !stderr.contains("repo-creds"), "{stderr}");
+
+    registered.remove().await?;
+    Ok(())
+}
