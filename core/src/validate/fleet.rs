@@ -14,6 +14,7 @@
 
 use crate::model::{HelmOp, Policy};
 
+use super::Finding;
 use super::helm::source_problems;
 
 /// A HelmOp Fleet's controller would not turn into a Bundle, and why.
@@ -23,6 +24,25 @@ pub struct Rejection {
     pub check: RejectionCheck,
     /// A one-line reason (never any Secret data).
     pub reason: String,
+}
+
+impl Rejection {
+    /// What admission (the webhook, `validate --cluster`) says about it: the spec rules deny;
+    /// the others depend on objects that may arrive in any order, so they only warn.
+    pub fn admission_finding(&self) -> Finding {
+        let (path, message) = match self.check {
+            RejectionCheck::Spec => return Finding::deny("", self.reason.clone()),
+            RejectionCheck::Policy => ("spec", self.reason.clone()),
+            RejectionCheck::ForeignBundle => ("metadata.name", self.reason.clone()),
+            RejectionCheck::HelmSecret => ("spec.helmSecretName", self.reason.clone()),
+        };
+        Finding::warn(
+            path,
+            format!(
+                "{message}: Fleet's controller will not deploy this HelmOp (and helmop copies none of its downstream resources) until this changes"
+            ),
+        )
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -418,6 +438,22 @@ mod tests {
         let mut o = ok();
         o.spec.service_account = Some("x".into());
         assert!(authorize(&o, &[p]).is_err());
+    }
+
+    #[test]
+    fn admission_denies_only_spec_rules() {
+        let spec = verdict(&op("", "", ""), &[], &[]).map(|r| r.admission_finding());
+        assert!(spec.is_some_and(|f| f.is_deny()));
+        let mut o = ok();
+        o.spec.helm_secret_name = Some("creds".into());
+        let f = verdict(&o, &[], &[]).map(|r| r.admission_finding());
+        let f = f.unwrap_or_else(|| panic!("no finding"));
+        assert!(!f.is_deny());
+        assert_eq!(f.path, "spec.helmSecretName");
+        assert!(
+            f.message
+                .starts_with("helmSecretName Secret creds does not exist")
+        );
     }
 
     #[test]

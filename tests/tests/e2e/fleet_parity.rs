@@ -336,6 +336,8 @@ async fn a_paused_cluster_gets_nothing_new_until_unpaused() -> anyhow::Result<()
 #[tokio::test]
 async fn a_paused_helmop_is_neither_copied_updated_nor_pruned() -> anyhow::Result<()> {
     let f = Fleet::new("fp-pauseh").await?;
+    // The runs below must write nothing at all, not even the upstream hash key.
+    ensure_hash_key(&f.upstream).await?;
     create_secret(&f.upstream, &f.ns, "db", &[("k", b"v1")]).await?;
     let dest = f.dest("apps");
     let spec = |paused: bool, resources: &str| {
@@ -419,6 +421,8 @@ async fn a_paused_helmop_is_neither_copied_updated_nor_pruned() -> anyhow::Resul
 #[tokio::test]
 async fn helmops_fleet_rejects_get_no_copies() -> anyhow::Result<()> {
     let f = Fleet::new("fp-reject").await?;
+    // The runs below must write nothing at all, not even the upstream hash key.
+    ensure_hash_key(&f.upstream).await?;
     install_fleet_crd(&f.upstream, "policies").await?;
     create_secret(&f.upstream, &f.ns, "db", &[("k", b"v1")]).await?;
     create_fleet_object(
@@ -533,6 +537,35 @@ async fn helmops_fleet_rejects_get_no_copies() -> anyhow::Result<()> {
         get_secret(&f.down1, &dest, "db").await?.is_some(),
         "pruned while rejected"
     );
+
+    // `validate --cluster` says the same before anything is applied, as warnings (like the
+    // webhook): the Policy and the missing Secret depend on objects that may come later.
+    let with_ns = |doc: String, name: &str| {
+        doc.replacen(
+            &format!("name: {name}"),
+            &format!("name: {name}\n  namespace: {}", f.ns),
+            1,
+        )
+    };
+    let file = std::env::temp_dir().join(format!("{}-helmops.yaml", f.ns));
+    std::fs::write(
+        &file,
+        format!(
+            "{}---\n{}",
+            with_ns(helmop_yaml("public", &resources), "public"),
+            with_ns(private.clone(), "private")
+        ),
+    )?;
+    let file_arg = file.display().to_string();
+    let validated = helmop(&["validate", "-f", &file_arg, "--cluster", "-o", "json"]).await?;
+    std::fs::remove_file(&file)?;
+    let out = validated.expect(0).stdout;
+    for warning in [
+        "a Fleet Policy forbids it: disallowed helm repo https://charts.example.com",
+        "helmSecretName Secret repo-creds does not exist",
+    ] {
+        assert!(out.contains(warning), "{warning} missing from: {out}");
+    }
     Ok(())
 }
 

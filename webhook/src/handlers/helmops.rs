@@ -9,7 +9,7 @@ use kube::core::admission::{AdmissionRequest, Operation};
 
 use helmop_core::model::HelmOp;
 use helmop_core::resource::ResourceRef;
-use helmop_core::validate::fleet::{FleetFacts, RejectionCheck, helm_secret_to_check, rejection};
+use helmop_core::validate::fleet::{FleetFacts, helm_secret_to_check, rejection};
 use helmop_core::validate::{
     Finding, allows_missing, downstream_refs, has_denials, missing_reference_finding,
     validate_helmop_in,
@@ -153,14 +153,12 @@ async fn fleet_warnings(
         foreign_bundle: false,
         secret_exists: &found,
     };
-    if let Some(r) = rejection(&op, &facts)
-        && r.check != RejectionCheck::Spec
+    // Spec rules are denied by the core findings already.
+    if let Some(finding) = rejection(&op, &facts)
+        .map(|r| r.admission_finding())
+        .filter(|f| !f.is_deny())
     {
-        warnings.push(format!(
-            "{}: Fleet's controller will not deploy HelmOp {name} (and helmop copies none of its \
-             downstream resources) until this changes",
-            r.reason
-        ));
+        warnings.push(finding.to_string());
     }
     warnings
 }
