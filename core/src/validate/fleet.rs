@@ -360,7 +360,7 @@ mod tests {
         let mut other = ok();
         other.spec.service_account = Some("root".into());
         assert_eq!(
-            authorize(&other, &[allowed.clone()]),
+            authorize(&other, std::slice::from_ref(&allowed)),
             Err("disallowed serviceAccount root: root not in allowed set [deployer]".into())
         );
         other.spec.service_account = Some("deployer".into());
