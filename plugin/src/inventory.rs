@@ -16,19 +16,22 @@
 //! `--target-context`, the Fleet Clusters reaching the same clusters as the contexts add their
 //! wants too, since copies are planned per physical cluster, not per way of reaching it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use helmop_core::mapping::Mappings;
-use helmop_core::model::{BundleNamespaceMapping, Cluster, ClusterGroup, HelmOp};
+use helmop_core::model::{BundleNamespaceMapping, Cluster, ClusterGroup, HelmOp, Policy};
 use helmop_core::names;
-use helmop_core::plan::{DesiredCopy, HelmOpKey, ObservedCopy, OwnerRef, Scope, parse_owners};
+use helmop_core::plan::{
+    DesiredCopy, HelmOpKey, HoldReason, Holds, ObservedCopy, OwnerRef, Scope, parse_owners,
+};
 use helmop_core::targeting::{
     Matcher, NamespaceMetadata, TargetMatch, cluster_options, combine_namespace_metadata,
     match_cluster, namespace_metadata,
 };
-use k8s_openapi::api::core::v1::Namespace;
+use helmop_core::validate::fleet::{FleetFacts, helm_secret_to_check, rejection, spec_rejection};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::Api;
-use kube::api::ListParams;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use serde::Serialize;
 
 use crate::api_error;
@@ -83,6 +86,11 @@ pub struct Inventory {
     pub downstreams: Vec<Downstream>,
     pub desired: Vec<DesiredCopy>,
     pub problems: Vec<Problem>,
+    /// Paused Clusters (by downstream key) and HelmOps, and HelmOps Fleet's controller rejects:
+    /// their copies are frozen (docs/fleet-parity.md).
+    pub holds: Holds,
+    /// The HelmOps Fleet's controller rejects, with the reason.
+    pub rejected: Vec<Problem>,
 }
 
 impl Inventory {
@@ -177,9 +185,11 @@ pub async fn enumerate(
         other => other.clone(),
     };
     let helmops = list_helmops(ctx, &listing, for_prune).await?;
+    let (mut holds, rejected) = helmop_holds(ctx, &helmops).await?;
     let (downstreams, desired, problems) = if target_contexts.is_empty() {
         let fleet = list_fleet(ctx, selection.namespace(), &helmops, false).await?;
         let (downstreams, keys) = clusters::resolve_fleet(ctx, &fleet.clusters, limits).await;
+        pause_clusters(&mut holds, &fleet.clusters, &keys);
         let (desired, problems) = desired_fleet(&helmops, &fleet, &keys);
         (downstreams, desired, problems)
     } else {
@@ -195,6 +205,7 @@ pub async fn enumerate(
         };
         if let Some(fleet) = fleet {
             let (_, keys) = clusters::resolve_fleet(ctx, &fleet.clusters, limits).await;
+            pause_clusters(&mut holds, &fleet.clusters, &keys);
             let (fleet_desired, fleet_problems) = desired_fleet(&helmops, &fleet, &keys);
             // Wants on the contexts' clusters, and those of Clusters that could not be
             // identified (prune keeps what they want everywhere).
@@ -216,7 +227,120 @@ pub async fn enumerate(
         downstreams,
         desired,
         problems,
+        holds,
+        rejected,
     })
+}
+
+/// Records the paused Clusters: each freezes the copies of its own namespace's HelmOps on the
+/// cluster it reaches.
+fn pause_clusters(holds: &mut Holds, clusters: &[Cluster], keys: &[String]) {
+    for (cluster, key) in clusters.iter().zip(keys) {
+        if let (true, Some(ns)) = (cluster.spec.paused(), &cluster.metadata.namespace) {
+            holds.pause_cluster(key, ns);
+        }
+    }
+}
+
+/// Fleet's Bundle, read dynamically: only `spec.helmOpOptions` matters here.
+fn bundle_api_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("fleet.cattle.io", "v1alpha1", "Bundle"),
+        "bundles",
+    )
+}
+
+/// The holds of the HelmOps themselves: Fleet's controller rejects a HelmOp (reported
+/// `Invalid`, and also returned as a [`Problem`] for its row) or it is paused. Looks up what
+/// Fleet's checks need (the Policies of each namespace, the `helmSecretName` Secret, a Bundle
+/// of the same name); failing to read any of it fails the enumeration.
+async fn helmop_holds(ctx: &Ctx, helmops: &[HelmOp]) -> Result<(Holds, Vec<Problem>), PluginError> {
+    let mut holds = Holds::default();
+    let mut rejected = Vec::new();
+    let mut policies: BTreeMap<String, Vec<Policy>> = BTreeMap::new();
+    for helmop in helmops {
+        let Some(key) = key_of(helmop) else { continue };
+        let reason = match spec_rejection(helmop) {
+            Some(reason) => Some(reason),
+            None => {
+                if !policies.contains_key(&key.namespace) {
+                    let listed = match list(ctx, Some(&key.namespace), "Policies").await {
+                        Err(ListError::NoSuchKind(_)) => Vec::new(),
+                        other => other?,
+                    };
+                    policies.insert(key.namespace.clone(), listed);
+                }
+                let in_ns = policies.get(&key.namespace).map_or(&[][..], Vec::as_slice);
+                fleet_rejection(ctx, helmop, &key, in_ns).await?
+            }
+        };
+        if let Some(reason) = reason {
+            tracing::info!(helmop = %key, %reason, "Fleet rejects the HelmOp; its copies are frozen");
+            rejected.push(Problem {
+                helmop: key.to_string(),
+                message: format!(
+                    "Fleet rejects this HelmOp: {reason}; it gets no copies and existing ones are left as they are"
+                ),
+            });
+            holds.helmops.insert(key, HoldReason::Invalid(reason));
+        } else if helmop.spec.paused() {
+            holds.helmops.insert(key, HoldReason::HelmOpPaused);
+        }
+    }
+    Ok((holds, rejected))
+}
+
+/// Looks up the objects Fleet's checks after `validate()` depend on, then asks core.
+async fn fleet_rejection(
+    ctx: &Ctx,
+    helmop: &HelmOp,
+    key: &HelmOpKey,
+    policies: &[Policy],
+) -> Result<Option<String>, PluginError> {
+    let secret = helm_secret_to_check(helmop, policies);
+    let secret_exists = match &secret {
+        Some(name) => Api::<Secret>::namespaced(ctx.upstream.clone(), &key.namespace)
+            .get_metadata_opt(name)
+            .await
+            .map_err(|e| {
+                api_error::upstream(
+                    &format!(
+                        "reading helmSecretName Secret {}/{name} of HelmOp {key}",
+                        key.namespace
+                    ),
+                    &e,
+                )
+            })?
+            .is_some(),
+        None => true,
+    };
+    let bundles: Api<DynamicObject> =
+        Api::namespaced_with(ctx.upstream.clone(), &key.namespace, &bundle_api_resource());
+    // Not served (Fleet not installed) or absent: no Bundle in the way.
+    let foreign_bundle = match bundles.get_opt(&key.name).await {
+        Ok(found) => found.is_some_and(|b| {
+            b.data
+                .get("spec")
+                .and_then(|s| s.get("helmOpOptions"))
+                .is_none_or(serde_json::Value::is_null)
+        }),
+        Err(e) if api_error::is_not_found(&e) => false,
+        Err(e) => {
+            return Err(api_error::upstream(
+                &format!(
+                    "reading Bundle {key} (Fleet refuses a HelmOp whose name a non-HelmOp Bundle holds)"
+                ),
+                &e,
+            ));
+        }
+    };
+    let exists = |name: &str| secret.as_deref() != Some(name) || secret_exists;
+    let facts = FleetFacts {
+        policies,
+        foreign_bundle,
+        secret_exists: &exists,
+    };
+    Ok(rejection(helmop, &facts).map(|r| r.reason))
 }
 
 /// What Fleet's targeting reads on the upstream cluster.
@@ -696,6 +820,8 @@ mod tests {
             downstreams: Vec::new(),
             desired: Vec::new(),
             problems: Vec::new(),
+            holds: Holds::default(),
+            rejected: Vec::new(),
         };
         let copy = ObservedCopy {
             cluster: "c".into(),
@@ -797,6 +923,8 @@ mod tests {
             downstreams: Vec::new(),
             desired,
             problems: Vec::new(),
+            holds: Holds::default(),
+            rejected: Vec::new(),
         };
         let (meta, disputed) = inv.namespace_metadata("k1", "apps");
         assert_eq!(

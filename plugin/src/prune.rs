@@ -29,7 +29,7 @@ use tokio::sync::Mutex;
 
 use helmop_core::names;
 use helmop_core::plan::{
-    Action, ActionKind, ConflictReason, DesiredCopy, HelmOpKey, SourceRef, UpdateReason,
+    Action, ActionKind, ConflictReason, DesiredCopy, HeldCopy, HelmOpKey, SourceRef, UpdateReason,
 };
 use helmop_core::resource::ResourceKind;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -241,6 +241,11 @@ async fn prune_cluster(
             }
             ActionKind::Keep { rewrite: false, .. } => (action.clone(), "Kept", action.reason()),
             ActionKind::Orphaned(_) => (action.clone(), "Orphaned", action.reason()),
+            // Not pruned while paused or rejected: say so instead of staying silent.
+            ActionKind::Held {
+                copy: HeldCopy::Unwanted,
+                ..
+            } => (action.clone(), action.kind.name(), action.reason()),
             ActionKind::Conflict(ConflictReason::IsSource) => {
                 (action.clone(), "Conflict", action.reason())
             }
@@ -511,6 +516,8 @@ mod tests {
             ],
             desired: vec![want(&a, "x"), want("cluster:team/down", "y")],
             problems: Vec::new(),
+            holds: Default::default(),
+            rejected: Vec::new(),
         };
         protect_unidentified_wants(&mut inv);
         let got: Vec<(String, String)> = inv

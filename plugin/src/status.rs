@@ -23,7 +23,7 @@ use crate::error::{ExitStatus, PluginError};
 use crate::hash_key::KeyOrigin;
 use crate::inventory::{Inventory, Problem};
 use crate::propagate::{
-    load_key, observe_and_plan, problem_rows, row, uncopyable_rows, unreachable_rows,
+    load_key, observe_and_plan, problem_rows, reported, row, uncopyable_rows, unreachable_rows,
 };
 use crate::report::{self, Row};
 use crate::scope::Scope;
@@ -43,6 +43,8 @@ pub struct StatusReport {
     pub hash_key: KeyOrigin,
     pub rows: Vec<Row>,
     pub problems: Vec<Problem>,
+    /// HelmOps Fleet's controller rejects (their copies are left as they are).
+    pub rejected: Vec<Problem>,
     /// Rows per state.
     pub summary: BTreeMap<String, usize>,
     pub unreachable_clusters: usize,
@@ -82,6 +84,7 @@ pub async fn status(ctx: &Ctx, opts: &StatusOpts) -> Result<StatusReport, Plugin
             )
             .await;
     rows.extend(problem_rows(&inv.problems));
+    rows.extend(problem_rows(&inv.rejected));
     rows.extend(uncopyable_rows(&inv));
     judge_fleet_copies(ctx, &inv, &mut rows).await;
     report::sort(&mut rows);
@@ -91,6 +94,7 @@ pub async fn status(ctx: &Ctx, opts: &StatusOpts) -> Result<StatusReport, Plugin
         summary: report::counts(&rows),
         rows,
         problems: inv.problems.clone(),
+        rejected: inv.rejected.clone(),
         unreachable_clusters: unreachable,
     })
 }
@@ -113,6 +117,7 @@ pub fn state_of(action: &Action) -> &'static str {
             "Orphaned"
         }
         ActionKind::Keep { .. } => "Kept",
+        ActionKind::Held { .. } => action.kind.name(),
     }
 }
 
@@ -131,7 +136,7 @@ async fn cluster_status(
     // Our copies in sync or stale, per namespace: resource -> (content hash, HelmOps).
     let mut copies: BTreeMap<String, BTreeMap<ResourceRef, (String, Vec<String>)>> =
         BTreeMap::new();
-    for action in &actions {
+    for action in actions.iter().filter(|a| reported(a)) {
         let state = state_of(action);
         let mut reason = match &action.kind {
             ActionKind::Create { .. } => "no copy yet; run `kubectl helmop propagate`".into(),

@@ -38,6 +38,9 @@ pub fn cluster_group_resource() -> ApiResource {
 pub fn bundle_namespace_mapping_resource() -> ApiResource {
     fleet_resource("BundleNamespaceMapping", "bundlenamespacemappings")
 }
+pub fn policy_resource() -> ApiResource {
+    fleet_resource("Policy", "policies")
+}
 pub fn bundle_deployment_resource() -> ApiResource {
     fleet_resource("BundleDeployment", "bundledeployments")
 }
@@ -200,4 +203,46 @@ pub async fn propagator_events(
             }) && e.reporting_controller.as_deref() == Some("helmop.dev/propagator")
         })
         .collect())
+}
+
+/// Installs the Fleet CRD `<plural>.fleet.cattle.io` from `$HELMOP_SHARED/fleet-crds` on a
+/// cluster started without it (the harness installs only the kinds most tests need), and waits
+/// until the API server serves it. Installing it twice is fine: tests of one binary share the
+/// control plane.
+pub async fn install_fleet_crd(client: &Client, plural: &str) -> anyhow::Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+    let shared = std::env::var("HELMOP_SHARED")
+        .context("HELMOP_SHARED is not set (the directory holding fleet-crds/)")?;
+    let path = std::path::Path::new(&shared)
+        .join("fleet-crds")
+        .join(format!("{plural}.fleet.cattle.io.yaml"));
+    let yaml =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let crd: CustomResourceDefinition =
+        serde_saphyr::from_str(&yaml).with_context(|| format!("parsing {}", path.display()))?;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    match crds.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e).with_context(|| format!("creating CRD {plural}.fleet.cattle.io")),
+    }
+    let kind = crd.spec.names.kind.clone();
+    let served = ApiResource {
+        group: "fleet.cattle.io".to_owned(),
+        version: "v1alpha1".to_owned(),
+        api_version: FLEET_API_VERSION.to_owned(),
+        kind,
+        plural: plural.to_owned(),
+    };
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &served);
+    crate::wait_until(
+        &format!("{plural}.fleet.cattle.io to be served"),
+        crate::DEFAULT_TIMEOUT,
+        || {
+            let api = api.clone();
+            async move { Ok(api.list(&Default::default()).await.is_ok()) }
+        },
+    )
+    .await
 }

@@ -185,6 +185,7 @@ fn the_webhook_itself_only_reads() {
     }
     let expected: BTreeSet<String> = [
         "helmops",
+        "policies",
         "secrets",
         "configmaps",
         "namespaces",

@@ -92,8 +92,17 @@ pub struct ClusterSpec {
     pub kube_config_secret: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kube_config_secret_namespace: Option<String>,
+    /// Fleet stops updating every BundleDeployment of a paused Cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
     #[serde(flatten)]
     pub extra: Extra,
+}
+
+impl ClusterSpec {
+    pub fn paused(&self) -> bool {
+        self.paused.unwrap_or(false)
+    }
 }
 
 /// A Fleet `ClusterGroup`: a named label selector over the Clusters of its namespace.

@@ -81,11 +81,25 @@ pub struct HelmOpSpec {
     /// Labels Fleet copies to the HelmOp's Bundle (what a `BundleNamespaceMapping` selects on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub labels: Option<BTreeMap<String, String>>,
+    /// Fleet stops updating the BundleDeployments of a paused HelmOp.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
+    /// The ServiceAccount the agent deploys as; Fleet Policies can require or restrict it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
 }
 
 impl HelmOpSpec {
+    pub fn paused(&self) -> bool {
+        self.paused.unwrap_or(false)
+    }
+
+    pub fn service_account(&self) -> Option<&str> {
+        non_empty(&self.service_account)
+    }
+
     pub fn targets(&self) -> &[BundleTarget] {
         self.targets.as_deref().unwrap_or_default()
     }

@@ -12,6 +12,7 @@
 mod cluster;
 mod helmop;
 mod mapping;
+mod policy;
 
 pub use cluster::{
     Cluster, ClusterGroup, ClusterGroupSpec, ClusterSpec, FLEET_KUBECONFIG_NAMESPACES,
@@ -21,6 +22,7 @@ pub use helmop::{
     ValuesFrom,
 };
 pub use mapping::BundleNamespaceMapping;
+pub use policy::{HelmOpPolicy, Policy};
 
 /// Fleet's API group.
 pub const FLEET_GROUP: &str = "fleet.cattle.io";

@@ -223,6 +223,7 @@ mod tests {
             scope: Scope::All,
             complete: true,
             adopt,
+            holds: Default::default(),
         }
     }
 

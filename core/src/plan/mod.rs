@@ -14,6 +14,9 @@
 //!   whose last owner lets go is kept even when that HelmOp no longer exists. A later HelmOp
 //!   whose source and source-uid match re-adopts a kept copy like any of its own: it adds itself
 //!   as owner, and the keep marker then follows the new owners' `keepResources`.
+//! - held copies ([`Holds`]: a paused Cluster or HelmOp, a HelmOp Fleet rejects) are frozen:
+//!   no copy is created or updated for a held HelmOp, and a held owner is never released, so
+//!   nothing it owns is pruned. They are reported [`ActionKind::Held`] with the copy's state.
 
 mod identity;
 mod markers;
@@ -95,6 +98,78 @@ pub enum Scope {
     HelmOps(BTreeSet<HelmOpKey>),
 }
 
+/// Why a HelmOp's copies on a cluster are frozen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HoldReason {
+    /// The Cluster's `spec.paused`.
+    ClusterPaused,
+    /// The HelmOp's `spec.paused`.
+    HelmOpPaused,
+    /// Fleet's controller rejects the HelmOp (and keeps its previous Bundle); the reason.
+    Invalid(String),
+}
+
+impl fmt::Display for HoldReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HoldReason::ClusterPaused => f.write_str("the Cluster is paused"),
+            HoldReason::HelmOpPaused => f.write_str("the HelmOp is paused"),
+            HoldReason::Invalid(why) => write!(f, "Fleet rejects the HelmOp: {why}"),
+        }
+    }
+}
+
+/// Clusters and HelmOps whose copies are frozen ([`HoldReason`]). A HelmOp's own reason wins
+/// over its cluster's (an invalid HelmOp on a paused cluster is reported invalid).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Holds {
+    /// Paused clusters: the caller's cluster name -> the namespaces whose Cluster object for it
+    /// is paused. A Fleet Cluster serves the HelmOps of its own namespace, so pausing it freezes
+    /// only theirs (the same physical cluster may be registered, unpaused, elsewhere).
+    pub clusters: BTreeMap<String, BTreeSet<String>>,
+    pub helmops: BTreeMap<HelmOpKey, HoldReason>,
+}
+
+impl Holds {
+    pub fn is_empty(&self) -> bool {
+        self.clusters.is_empty() && self.helmops.is_empty()
+    }
+
+    /// Records that the Cluster object of `namespace` for `cluster` is paused.
+    pub fn pause_cluster(&mut self, cluster: &str, namespace: &str) {
+        self.clusters
+            .entry(cluster.to_string())
+            .or_default()
+            .insert(namespace.to_string());
+    }
+
+    /// Why `helmop`'s copies on `cluster` are frozen, if they are.
+    pub fn reason(&self, cluster: &str, helmop: &HelmOpKey) -> Option<HoldReason> {
+        if let Some(r) = self.helmops.get(helmop) {
+            return Some(r.clone());
+        }
+        self.clusters
+            .get(cluster)
+            .is_some_and(|namespaces| namespaces.contains(&helmop.namespace))
+            .then_some(HoldReason::ClusterPaused)
+    }
+}
+
+/// The state of a frozen copy, for the report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeldCopy {
+    /// No object there yet (none is created while held).
+    Absent,
+    /// helmop's copy of the wanted source with its current content.
+    Current,
+    /// helmop's copy, but the source changed since (or it was edited downstream).
+    Outdated,
+    /// helmop's copy that no HelmOp wants any more (not pruned while held).
+    Unwanted,
+    /// An object helmop does not own (it stays untouched either way).
+    NotOurs,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanInput {
     pub upstream_id: String,
@@ -108,6 +183,8 @@ pub struct PlanInput {
     pub complete: bool,
     /// `--adopt`: take over same-named objects helmop does not own (never Fleet's).
     pub adopt: bool,
+    /// Frozen clusters and HelmOps.
+    pub holds: Holds,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -167,6 +244,11 @@ pub enum ActionKind {
     },
     /// helmop's copy, not wanted, but not removable now.
     Orphaned(OrphanReason),
+    /// Frozen ([`Holds`]): nothing is written. `helmops` are the held ones.
+    Held {
+        why: HoldReason,
+        copy: HeldCopy,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -240,6 +322,11 @@ impl ActionKind {
             ActionKind::RemoveOwner { .. } => "RemoveOwner",
             ActionKind::Keep { .. } => "Kept",
             ActionKind::Orphaned(_) => "Orphaned",
+            ActionKind::Held {
+                why: HoldReason::Invalid(_),
+                ..
+            } => "Invalid",
+            ActionKind::Held { .. } => "Paused",
         }
     }
 
@@ -376,6 +463,24 @@ impl Action {
             }
             ActionKind::Keep { .. } => "kept: copied for a HelmOp with keepResources".into(),
             ActionKind::Orphaned(r) => r.to_string(),
+            ActionKind::Held { why, copy } => {
+                let until = match why {
+                    HoldReason::Invalid(_) => "the HelmOp is accepted again",
+                    _ => "it is unpaused",
+                };
+                let copy = match copy {
+                    HeldCopy::Absent => format!("no copy yet; none is created until {until}"),
+                    HeldCopy::Current => "the copy is current".to_string(),
+                    HeldCopy::Outdated => format!(
+                        "the copy is outdated (the source changed or the copy was edited); it is updated once {until}"
+                    ),
+                    HeldCopy::Unwanted => {
+                        format!("the copy is no longer wanted; it is not pruned until {until}")
+                    }
+                    HeldCopy::NotOurs => "an object helmop does not own is there".to_string(),
+                };
+                format!("{why}; {copy}")
+            }
         }
     }
 }
@@ -472,16 +577,29 @@ impl<'a> Planner<'a> {
         OwnerRef::new(&self.input.upstream_id, &helmop.namespace, &helmop.name).to_string()
     }
 
-    /// An owners entry of our upstream id that this run may release.
-    fn releasable(&self, entry: &str) -> Option<HelmOpKey> {
+    /// An owners entry of our upstream id; with its hold on `cluster`, if any.
+    fn our_owner(&self, cluster: &str, entry: &str) -> Option<(HelmOpKey, Option<HoldReason>)> {
         let owner = OwnerRef::parse(entry)?;
         if owner.upstream_id != self.input.upstream_id {
             return None;
         }
         let key = HelmOpKey::new(&owner.namespace, &owner.name);
+        let hold = self.input.holds.reason(cluster, &key);
+        Some((key, hold))
+    }
+
+    /// An owners entry of our upstream id that this run may release on `cluster` (never a
+    /// held one).
+    fn releasable(&self, cluster: &str, entry: &str) -> Option<HelmOpKey> {
+        let (key, hold) = self.our_owner(cluster, entry)?;
+        (hold.is_none() && self.in_scope(&key)).then_some(key)
+    }
+
+    /// Whether this run speaks for `key` ([`Scope`]).
+    fn in_scope(&self, key: &HelmOpKey) -> bool {
         match &self.input.scope {
-            Scope::All => Some(key),
-            Scope::HelmOps(set) => set.contains(&key).then_some(key),
+            Scope::All => true,
+            Scope::HelmOps(set) => set.contains(key),
         }
     }
 
@@ -534,6 +652,28 @@ impl<'a> Planner<'a> {
             ));
             return;
         }
+        let mut held: BTreeMap<String, (HoldReason, Vec<&DesiredCopy>)> = BTreeMap::new();
+        for d in wants {
+            if let Some(why) = self.input.holds.reason(at.cluster, &d.helmop) {
+                held.entry(why.to_string())
+                    .or_insert_with(|| (why, Vec::new()))
+                    .1
+                    .push(d);
+            }
+        }
+        for (why, group) in held.into_values() {
+            let copy = self.held_copy(group[0], observed);
+            out.push(self.action(
+                at,
+                resource,
+                helmops_of(&group),
+                ActionKind::Held { why, copy },
+            ));
+        }
+        by_source.retain(|_, group| {
+            group.retain(|d| self.input.holds.reason(at.cluster, &d.helmop).is_none());
+            !group.is_empty()
+        });
         if by_source.len() > 1 {
             let sources: Vec<String> = by_source.keys().map(ToString::to_string).collect();
             let winner = observed
@@ -559,6 +699,37 @@ impl<'a> Planner<'a> {
         }
         for (source, group) in &by_source {
             self.one_source(at, source, group, observed, out);
+        }
+    }
+
+    /// The state of a held HelmOp's copy: helmop's copy of its source, and current or not.
+    fn held_copy(&self, want: &DesiredCopy, observed: Option<&ObservedCopy>) -> HeldCopy {
+        let Some(o) = observed else {
+            return HeldCopy::Absent;
+        };
+        let source_ref = SourceRef::new(
+            &self.input.upstream_id,
+            &want.helmop.namespace,
+            want.resource.clone(),
+        );
+        let found = o
+            .annotations
+            .get(names::ANN_SOURCE)
+            .and_then(|s| SourceRef::parse(s));
+        if !is_managed(o) || found.as_ref() != Some(&source_ref) {
+            return HeldCopy::NotOurs;
+        }
+        let source = self
+            .sources
+            .get(&(source_ref.namespace.as_str(), &source_ref.resource));
+        let current = source.is_some_and(|s| {
+            o.annotations.get(names::ANN_CONTENT_HASH) == Some(&s.content_hash)
+                && o.annotations.get(names::ANN_SOURCE_UID) == Some(&s.uid)
+        }) && !drifted(o);
+        if current {
+            HeldCopy::Current
+        } else {
+            HeldCopy::Outdated
         }
     }
 
@@ -652,7 +823,7 @@ impl<'a> Planner<'a> {
             existing
                 .iter()
                 .filter(|e| !wanted.contains(*e))
-                .filter_map(|e| self.releasable(e))
+                .filter_map(|e| self.releasable(at.cluster, e))
                 .collect()
         } else {
             Vec::new()
@@ -719,7 +890,7 @@ impl<'a> Planner<'a> {
         let existing = owners_of(o);
         let mine: BTreeMap<String, HelmOpKey> = existing
             .iter()
-            .filter_map(|e| Some((e.clone(), self.releasable(e)?)))
+            .filter_map(|e| Some((e.clone(), self.releasable(at.cluster, e)?)))
             .collect();
         let helmops: Vec<HelmOpKey> = mine
             .values()
@@ -737,6 +908,25 @@ impl<'a> Planner<'a> {
             return;
         }
         if mine.is_empty() {
+            let held: BTreeMap<HelmOpKey, HoldReason> = existing
+                .iter()
+                .filter_map(|e| match self.our_owner(at.cluster, e)? {
+                    (key, Some(why)) if self.in_scope(&key) => Some((key, why)),
+                    _ => None,
+                })
+                .collect();
+            if let Some(why) = held.values().next().cloned() {
+                out.push(self.action(
+                    at,
+                    &o.resource,
+                    held.into_keys().collect(),
+                    ActionKind::Held {
+                        why,
+                        copy: HeldCopy::Unwanted,
+                    },
+                ));
+                return;
+            }
             let our_source = o
                 .annotations
                 .get(names::ANN_SOURCE)

@@ -57,6 +57,7 @@ fn input(desired: Vec<DesiredCopy>, observed: Vec<ObservedCopy>) -> PlanInput {
         scope: Scope::All,
         complete: true,
         adopt: false,
+        holds: Default::default(),
     }
 }
 
@@ -810,6 +811,7 @@ fn arb_input() -> impl Strategy<Value = PlanInput> {
                 },
                 complete,
                 adopt,
+                holds: Default::default(),
             }
         })
 }
@@ -930,4 +932,170 @@ proptest! {
         prop_assume!(names.len() == inp.observed.len());
         prop_assert_eq!(plan(&inp), plan(&reversed));
     }
+}
+
+fn paused_cluster(mut i: PlanInput) -> PlanInput {
+    i.holds.pause_cluster("c1", "team");
+    i
+}
+
+fn held_helmop(mut i: PlanInput, name: &str, why: HoldReason) -> PlanInput {
+    i.holds.helmops.insert(HelmOpKey::new("team", name), why);
+    i
+}
+
+fn held(a: &Action) -> (&HoldReason, HeldCopy) {
+    match &a.kind {
+        ActionKind::Held { why, copy } => (why, *copy),
+        other => panic!("expected Held, got {other:?}"),
+    }
+}
+
+#[test]
+fn paused_cluster_creates_nothing() {
+    let a = only(plan(&paused_cluster(input(
+        vec![want("team", "app", db(), false)],
+        vec![],
+    ))));
+    assert_eq!(held(&a), (&HoldReason::ClusterPaused, HeldCopy::Absent));
+    assert!(!a.kind.writes());
+    assert_eq!(a.kind.name(), "Paused");
+    assert_eq!(
+        a.reason(),
+        "the Cluster is paused; no copy yet; none is created until it is unpaused"
+    );
+}
+
+#[test]
+fn paused_helmop_does_not_update_and_says_whether_the_copy_is_current() {
+    let current = copy(&db_source(), &["up1/team/app"], false);
+    let i = held_helmop(
+        input(
+            vec![want("team", "app", db(), false)],
+            vec![current.clone()],
+        ),
+        "app",
+        HoldReason::HelmOpPaused,
+    );
+    assert_eq!(
+        held(&only(plan(&i))),
+        (&HoldReason::HelmOpPaused, HeldCopy::Current)
+    );
+    let old = copy(
+        &source("team", db(), "uid-src", "v1:old"),
+        &["up1/team/app"],
+        false,
+    );
+    let i = held_helmop(
+        input(vec![want("team", "app", db(), false)], vec![old]),
+        "app",
+        HoldReason::HelmOpPaused,
+    );
+    let a = only(plan(&i));
+    assert_eq!(held(&a), (&HoldReason::HelmOpPaused, HeldCopy::Outdated));
+    assert!(!a.kind.writes());
+}
+
+#[test]
+fn held_owners_are_never_released() {
+    // Unwanted copy of a paused HelmOp: not pruned.
+    let observed = copy(&db_source(), &["up1/team/app"], false);
+    let i = held_helmop(
+        input(vec![], vec![observed.clone()]),
+        "app",
+        HoldReason::HelmOpPaused,
+    );
+    let a = only(plan(&i));
+    assert_eq!(held(&a), (&HoldReason::HelmOpPaused, HeldCopy::Unwanted));
+    // On a paused cluster, nothing is pruned either.
+    let a = only(plan(&paused_cluster(input(vec![], vec![observed.clone()]))));
+    assert_eq!(held(&a), (&HoldReason::ClusterPaused, HeldCopy::Unwanted));
+    // Another HelmOp releasing a shared copy keeps the held owner.
+    let shared = copy(&db_source(), &["up1/team/app", "up1/team/other"], false);
+    let i = held_helmop(
+        input(vec![], vec![shared.clone()]),
+        "app",
+        HoldReason::HelmOpPaused,
+    );
+    let a = only(plan(&i));
+    assert!(matches!(a.kind, ActionKind::RemoveOwner { .. }), "{a:?}");
+    assert_eq!(written_owners(&a), Some("up1/team/app"));
+    // An active HelmOp updating a shared copy keeps the held owner listed.
+    let i = held_helmop(
+        input(vec![want("team", "other", db(), false)], vec![shared]),
+        "app",
+        HoldReason::Invalid("bad".into()),
+    );
+    let a = only(plan(&i));
+    assert_eq!(a.kind, ActionKind::Unchanged, "{a:?}");
+}
+
+#[test]
+fn invalid_helmop_beside_an_active_one_reports_both() {
+    let i = held_helmop(
+        input(
+            vec![
+                want("team", "app", db(), false),
+                want("team", "other", db(), false),
+            ],
+            vec![],
+        ),
+        "app",
+        HoldReason::Invalid("spec.helm: helm options are empty".into()),
+    );
+    let actions = plan(&i);
+    assert_eq!(actions.len(), 2, "{actions:#?}");
+    assert_eq!(actions[0].kind.name(), "Invalid");
+    assert_eq!(actions[0].helmops, [HelmOpKey::new("team", "app")]);
+    assert_eq!(
+        actions[0].reason(),
+        "Fleet rejects the HelmOp: spec.helm: helm options are empty; no copy yet; none is created until the HelmOp is accepted again"
+    );
+    assert!(matches!(actions[1].kind, ActionKind::Create { .. }));
+    assert_eq!(written_owners(&actions[1]), Some("up1/team/other"));
+}
+
+#[test]
+fn a_helmop_hold_wins_over_its_cluster_pause() {
+    let i = held_helmop(
+        paused_cluster(input(vec![want("team", "app", db(), false)], vec![])),
+        "app",
+        HoldReason::Invalid("x".into()),
+    );
+    assert_eq!(held(&only(plan(&i))).0, &HoldReason::Invalid("x".into()));
+}
+
+#[test]
+fn a_paused_cluster_freezes_only_the_helmops_of_its_namespace() {
+    let mut i = input(
+        vec![
+            want("team", "app", db(), false),
+            want("other", "app", db(), false),
+        ],
+        vec![],
+    );
+    i.sources.push(source("other", db(), "uid-other", "v1:bb"));
+    i.holds.pause_cluster("c1", "other");
+    let actions = plan(&i);
+    let kinds: Vec<(&str, String)> = actions
+        .iter()
+        .map(|a| (a.kind.name(), a.helmops[0].to_string()))
+        .collect();
+    // Competing sources aside, team/app is planned and other/app is held.
+    assert!(
+        kinds.contains(&("Paused", "other/app".to_string())),
+        "{kinds:?}"
+    );
+    assert!(
+        !kinds.iter().any(|(k, h)| *k == "Paused" && h == "team/app"),
+        "{kinds:?}"
+    );
+}
+
+#[test]
+fn held_copies_outside_the_scope_are_not_reported() {
+    let observed = copy(&db_source(), &["up1/team/app"], false);
+    let mut i = paused_cluster(input(vec![], vec![observed]));
+    i.scope = Scope::HelmOps(BTreeSet::from([HelmOpKey::new("team", "else")]));
+    assert!(plan(&i).is_empty());
 }

@@ -5,6 +5,7 @@
 //! and so that one pass can list every problem. The webhook (admission), `kubectl helmop
 //! validate` and any later existence check share these functions.
 
+pub mod fleet;
 mod helm;
 mod missing;
 pub mod names;

@@ -22,7 +22,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use helmop_core::hash::HashKey;
 use helmop_core::names;
 use helmop_core::plan::{
-    Action, ActionKind, PlanInput, migrate_upstream_ids, plan, refine, take_sources,
+    Action, ActionKind, HeldCopy, HoldReason, PlanInput, migrate_upstream_ids, plan, refine,
+    take_sources,
 };
 use helmop_core::resource::ResourceRef;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -69,6 +70,8 @@ pub struct Report {
     pub rows: Vec<Row>,
     /// HelmOps whose targets could not be evaluated.
     pub problems: Vec<Problem>,
+    /// HelmOps Fleet's controller rejects (their copies are left as they are).
+    pub rejected: Vec<Problem>,
     pub summary: Summary,
     /// Namespaces of the HelmOps involved upstream (where their sources live).
     #[serde(skip)]
@@ -167,6 +170,7 @@ pub async fn propagate_once(ctx: &Ctx, opts: &PropagateOpts) -> Result<Report, P
         )
         .await;
     rows.extend(problem_rows(&inv.problems));
+    rows.extend(problem_rows(&inv.rejected));
     rows.extend(uncopyable_rows(&inv));
     report::sort(&mut rows);
     Ok(Report {
@@ -182,6 +186,7 @@ pub async fn propagate_once(ctx: &Ctx, opts: &PropagateOpts) -> Result<Report, P
         },
         rows,
         problems: inv.problems.clone(),
+        rejected: inv.rejected.clone(),
         namespaces: inv.helmop_namespaces(),
         helmop_refs: inv
             .helmops
@@ -361,6 +366,7 @@ pub fn plan_observed(
         scope: inv.scope(&ctx.upstream_id, &obs.copies),
         complete: inv.complete(),
         adopt,
+        holds: inv.holds.clone(),
     };
     let refused = if ctx.upstream_cluster.as_deref() == Ok(cluster) {
         take_sources(&mut input)
@@ -384,8 +390,31 @@ pub fn plan_observed(
     actions
 }
 
-/// A row for an action, in `state`.
+/// Whether an action gets a row: a HelmOp Fleet rejects has one row of its own saying why, so
+/// only the places where it already has a copy are listed besides.
+pub fn reported(action: &Action) -> bool {
+    !matches!(
+        action.kind,
+        ActionKind::Held {
+            why: HoldReason::Invalid(_),
+            copy: HeldCopy::Absent,
+        }
+    )
+}
+
+/// A row for an action, in `state`. A frozen copy says in `inSync` whether it is current.
 pub fn row(downstream: &Downstream, action: &Action, state: &str, reason: String) -> Row {
+    let in_sync = match action.kind {
+        ActionKind::Held {
+            copy: HeldCopy::Current,
+            ..
+        } => Some(true),
+        ActionKind::Held {
+            copy: HeldCopy::Outdated | HeldCopy::Absent,
+            ..
+        } => Some(false),
+        _ => None,
+    };
     Row {
         helmops: action.helmops.iter().map(ToString::to_string).collect(),
         cluster: downstream.display(),
@@ -395,7 +424,7 @@ pub fn row(downstream: &Downstream, action: &Action, state: &str, reason: String
         workload: None,
         state: state.into(),
         reason,
-        in_sync: None,
+        in_sync,
         fleet_copy: None,
     }
 }
@@ -456,7 +485,7 @@ impl ClusterRun<'_> {
         // from this state (not from what this run wrote), so a run killed between its copy
         // writes and its restamps is repaired by the next one.
         let mut copies: BTreeMap<String, BTreeMap<ResourceRef, CopyState>> = BTreeMap::new();
-        for action in &actions {
+        for action in actions.iter().filter(|a| reported(a)) {
             let out = self.execute(action, &obs, &mut namespaces).await;
             if let Some(hash) = out.hash {
                 copies.entry(action.namespace.clone()).or_default().insert(
@@ -618,6 +647,8 @@ impl ClusterRun<'_> {
             ),
             ActionKind::Keep { .. } => Outcome::new("Kept", action.reason(), None),
             ActionKind::Orphaned(_) => Outcome::new("Orphaned", action.reason(), None),
+            // Frozen: never written, and no hash, so its readers are not restamped either.
+            ActionKind::Held { .. } => Outcome::new(action.kind.name(), action.reason(), None),
         }
     }
 
@@ -852,6 +883,7 @@ mod tests {
                     message: "bad selector".into(),
                 })
                 .collect(),
+            rejected: Vec::new(),
             summary: Summary {
                 unreachable_clusters: unreachable,
                 states: states.iter().map(|s| (s.to_string(), 1)).collect(),
@@ -911,6 +943,8 @@ mod tests {
             downstreams: Vec::new(),
             desired: Vec::new(),
             problems: Vec::new(),
+            holds: Default::default(),
+            rejected: Vec::new(),
         };
         let rows = uncopyable_rows(&inv);
         let got: Vec<(&str, &str, &str)> = rows
@@ -951,6 +985,8 @@ mod tests {
                 },
             ],
             problems: Vec::new(),
+            holds: Default::default(),
+            rejected: Vec::new(),
         };
         let d1 = Downstream {
             key: "https://d1".into(),

@@ -247,6 +247,7 @@ mod tests {
         Report {
             upstream_id: "up".into(),
             dry_run: false,
+            rejected: Vec::new(),
             hash_key: KeyOrigin::Existing,
             summary: Summary {
                 helmops: 1,

@@ -237,7 +237,7 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
                 // The heartbeat goes on during a run: a long run is not a dead process.
                 let outcome = loop {
                     tokio::select! {
-                        result = &mut run => break Outcome::Done(result),
+                        result = &mut run => break Outcome::Done(result.map(Box::new)),
                         _ = lost(&mut leading), if election.is_some() => break Outcome::LostLease,
                         signal = signals.recv() => break Outcome::Signal(signal),
                         _ = heartbeat.tick() => health.beat(),
@@ -312,7 +312,8 @@ fn leader_note(leading: bool) -> &'static str {
 }
 
 enum Outcome {
-    Done(Result<crate::propagate::Report, PluginError>),
+    // Boxed: a report is far larger than the other outcomes.
+    Done(Result<Box<crate::propagate::Report>, PluginError>),
     LostLease,
     Signal(&'static str),
 }

@@ -185,6 +185,7 @@ mod tests {
         let mut r = crate::propagate::Report {
             upstream_id: "up".into(),
             dry_run: false,
+            rejected: Vec::new(),
             hash_key: crate::hash_key::KeyOrigin::Existing,
             rows: vec![
                 row(&["t/a", "t/b"], "t/d1", "db", "Conflict"),

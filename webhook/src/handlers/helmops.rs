@@ -7,9 +7,12 @@ use futures::future::join_all;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, Operation};
 
+use helmop_core::model::HelmOp;
 use helmop_core::resource::ResourceRef;
+use helmop_core::validate::fleet::{FleetFacts, helm_secret_to_check, rejection};
 use helmop_core::validate::{
-    Finding, allows_missing, downstream_refs, missing_reference_finding, validate_helmop_in,
+    Finding, allows_missing, downstream_refs, has_denials, missing_reference_finding,
+    validate_helmop_in,
 };
 
 use super::object_name;
@@ -93,6 +96,9 @@ pub(super) async fn validate(state: &AppState, req: &AdmissionRequest<DynamicObj
             };
         }
     };
+    if !has_denials(&findings) {
+        warnings.extend(fleet_warnings(state, &name, &namespace, &value).await);
+    }
     let allow_missing = allows_missing(&value);
     decide(
         &name,
@@ -105,6 +111,56 @@ pub(super) async fn validate(state: &AppState, req: &AdmissionRequest<DynamicObj
         },
     )
     .with_warnings(warnings)
+}
+
+/// Warnings for what Fleet's controller rejects depending on other objects: a Policy of the
+/// namespace forbids the HelmOp, or its `helmSecretName` Secret (after Policy defaults) does not
+/// exist. Never a denial: a Policy or a Secret created after the HelmOp must not leave Fleet (or
+/// whoever applies both) wedged on the order of creation; `propagate`/`status` report such a
+/// HelmOp `Invalid`. No Policy cache yet (no Policy CRD, not listed yet) means no Policy warning.
+async fn fleet_warnings(
+    state: &AppState,
+    name: &str,
+    namespace: &str,
+    value: &serde_json::Value,
+) -> Vec<String> {
+    let Ok(op) = serde_json::from_value::<HelmOp>(value.clone()) else {
+        return Vec::new();
+    };
+    let policies = state.caches().policies_in(namespace).unwrap_or_default();
+    let secret = helm_secret_to_check(&op, &policies);
+    let mut warnings = Vec::new();
+    let exists = match &secret {
+        Some(s) => match state
+            .caches()
+            .exists(namespace, &ResourceRef::secret(s))
+            .await
+        {
+            Ok(found) => found,
+            Err(error) => {
+                tracing::warn!(helmop = %name, secret = %s, %error, "helmSecretName lookup failed");
+                warnings.push(format!(
+                    "cannot check that helmSecretName Secret {s:?} exists in namespace {namespace:?} ({error})"
+                ));
+                true
+            }
+        },
+        None => true,
+    };
+    let found = |_: &str| exists;
+    let facts = FleetFacts {
+        policies: &policies,
+        foreign_bundle: false,
+        secret_exists: &found,
+    };
+    // Spec rules are denied by the core findings already.
+    if let Some(finding) = rejection(&op, &facts)
+        .map(|r| r.admission_finding())
+        .filter(|f| !f.is_deny())
+    {
+        warnings.push(finding.to_string());
+    }
+    warnings
 }
 
 /// The entries (path, reference) whose object does not exist. Each distinct object is looked up once,

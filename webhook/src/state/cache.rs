@@ -20,6 +20,7 @@ use kube::runtime::watcher::{self, watcher};
 use kube::{Client, Resource};
 
 use helmop_core::hash::ObjectData;
+use helmop_core::model::Policy;
 use helmop_core::names::PREFIX;
 use helmop_core::resource::{ResourceKind, ResourceRef};
 
@@ -31,6 +32,7 @@ pub const CACHE_SECRETS: &str = "secrets";
 pub const CACHE_CONFIGMAPS: &str = "configmaps";
 pub const CACHE_NAMESPACES: &str = "namespaces";
 pub const CACHE_HELMOPS: &str = "helmops";
+pub const CACHE_POLICIES: &str = "policies";
 pub const CACHE_DIGESTS: &str = "digests";
 
 /// Fleet's HelmOp, read as a dynamic object: the webhook needs only a few fields and must not drop
@@ -75,6 +77,9 @@ pub struct Caches {
     config_maps: Store<PartialObjectMeta<ConfigMap>>,
     namespaces: Store<PartialObjectMeta<Namespace>>,
     helmops: Store<DynamicObject>,
+    /// Fleet Policies: only for admission warnings, so readiness never waits for them.
+    policies: Store<Policy>,
+    policies_synced: Arc<[AtomicBool; 1]>,
     live: LiveGets,
     synced: Arc<[AtomicBool; 4]>,
     /// True while discovery says the API server serves no HelmOps (no Fleet CRD): then there are no
@@ -126,12 +131,23 @@ impl Caches {
             synced.clone(),
             helmops_absent.clone(),
         ));
+        let policies_synced: Arc<[AtomicBool; 1]> = Arc::new(Default::default());
+        let policy_writer = reflector::store::Writer::default();
+        let policies = policy_writer.as_reader();
+        tokio::spawn(watch_policies_when_served(
+            client.clone(),
+            policy_writer,
+            metrics.clone(),
+            policies_synced.clone(),
+        ));
         Caches {
             client,
             secrets,
             config_maps,
             namespaces,
             helmops,
+            policies,
+            policies_synced,
             live: LiveGets::new(max_live_gets, metrics),
             synced,
             helmops_absent,
@@ -275,6 +291,21 @@ impl Caches {
             })
             .await
             .map_err(unshare)
+    }
+
+    /// The Fleet Policies of `namespace`, from the watch cache; `None` until that cache is synced
+    /// (no Policy CRD, or not listed yet): the caller then cannot tell.
+    pub fn policies_in(&self, namespace: &str) -> Option<Vec<Policy>> {
+        if !self.policies_synced[0].load(Ordering::Acquire) {
+            return None;
+        }
+        Some(
+            self.policies
+                .state_filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+                .iter()
+                .map(|p| Policy::clone(p))
+                .collect(),
+        )
     }
 
     /// HelmOps of `namespace` that are not being deleted, from the watch cache.
@@ -466,13 +497,51 @@ async fn watch_helmops_when_served(
     );
 }
 
-fn spawn_reflector<K>(
+/// Waits (asking discovery every [`HELMOP_DISCOVERY_PERIOD`]) until Fleet's Policy kind is
+/// served, then watches Policies. Older Fleets have none; then nothing is ever warned about.
+async fn watch_policies_when_served(
+    client: Client,
+    writer: reflector::store::Writer<Policy>,
+    metrics: Metrics,
+    synced: Arc<[AtomicBool; 1]>,
+) {
+    let ar = ApiResource::erase::<Policy>(&());
+    loop {
+        match served(&client, &ar).await {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(cache = CACHE_POLICIES, %error, "Policy discovery failed, retrying")
+            }
+        }
+        tokio::time::sleep(HELMOP_DISCOVERY_PERIOD).await;
+    }
+    tracing::info!(
+        cache = CACHE_POLICIES,
+        "the API server serves Fleet Policies: starting their watch"
+    );
+    spawn_reflector(
+        Api::<Policy>::all(client),
+        writer,
+        strip_policy,
+        CACHE_POLICIES,
+        metrics,
+        (synced, 0),
+    );
+}
+
+fn strip_policy(p: &mut Policy) {
+    p.metadata.managed_fields = None;
+    p.metadata.annotations = None;
+}
+
+fn spawn_reflector<K, const N: usize>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
     strip: fn(&mut K),
     cache: &'static str,
     metrics: Metrics,
-    (synced, index): (Arc<[AtomicBool; 4]>, usize),
+    (synced, index): (Arc<[AtomicBool; N]>, usize),
 ) -> Store<K>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,

@@ -6,10 +6,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use futures::{StreamExt, stream};
+use helmop_core::model::{HelmOp, Policy};
 use helmop_core::resource::{ResourceKind, ResourceRef};
+use helmop_core::validate::fleet::{FleetFacts, helm_secret_to_check, rejection};
 use helmop_core::validate::{allows_missing, downstream_refs, missing_reference_finding};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
+use kube::api::ListParams;
 use serde::Serialize;
 
 use super::{DocumentReport, HELMOP_KIND};
@@ -48,6 +51,7 @@ pub async fn check(
     let lookups: BTreeSet<&Lookup> = wanted.iter().flat_map(|w| &w.entries).collect();
     let exists = look_up(&ctx.upstream, lookups.into_iter().cloned().collect()).await?;
     let missing = exists.values().filter(|found| !**found).count();
+    fleet_findings(&ctx.upstream, docs, &wanted).await?;
     for (doc, w) in docs.iter_mut().zip(&wanted) {
         for ((namespace, reference), path) in w.entries.iter().zip(&w.paths) {
             if exists.get(&(namespace.clone(), reference.clone())) == Some(&false) {
@@ -67,9 +71,76 @@ pub async fn check(
     })
 }
 
+/// The Fleet checks that depend on other objects (core `validate::fleet`): a Policy of the
+/// HelmOp's namespace forbids it, or its `helmSecretName` Secret does not exist. Warnings, as
+/// at admission. Namespaces without the Policy kind have no Policies.
+async fn fleet_findings(
+    client: &kube::Client,
+    docs: &mut [&mut DocumentReport],
+    wanted: &[Wanted],
+) -> Result<(), PluginError> {
+    let mut policies: BTreeMap<String, Vec<Policy>> = BTreeMap::new();
+    let mut checks = Vec::new();
+    for (i, (doc, w)) in docs.iter().zip(wanted).enumerate() {
+        let Some(namespace) = &w.namespace else {
+            continue;
+        };
+        let Ok(op) = serde_json::from_value::<HelmOp>(doc.object.clone()) else {
+            continue;
+        };
+        if !policies.contains_key(namespace) {
+            let listed = match Api::<Policy>::namespaced(client.clone(), namespace)
+                .list(&ListParams::default())
+                .await
+            {
+                Ok(list) => list.items,
+                Err(e) if api_error::is_not_found(&e) => Vec::new(),
+                Err(e) => {
+                    return Err(api_error::upstream(
+                        &format!("listing Fleet Policies in {namespace}"),
+                        &e,
+                    ));
+                }
+            };
+            policies.insert(namespace.clone(), listed);
+        }
+        let in_ns = policies.get(namespace).map_or(&[][..], Vec::as_slice);
+        let secret = helm_secret_to_check(&op, in_ns);
+        checks.push((i, namespace.clone(), op, secret));
+    }
+    let lookups: Vec<Lookup> = checks
+        .iter()
+        .filter_map(|(_, ns, _, secret)| Some((ns.clone(), ResourceRef::secret(secret.as_ref()?))))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let exists = look_up(client, lookups).await?;
+    for (i, namespace, op, _) in checks {
+        let found = |name: &str| {
+            exists.get(&(namespace.clone(), ResourceRef::secret(name))) != Some(&false)
+        };
+        let facts = FleetFacts {
+            policies: policies.get(&namespace).map_or(&[][..], Vec::as_slice),
+            foreign_bundle: false,
+            secret_exists: &found,
+        };
+        // Spec rules are among the offline findings already.
+        if let Some(finding) = rejection(&op, &facts)
+            .map(|r| r.admission_finding())
+            .filter(|f| !f.is_deny())
+            && let Some(doc) = docs.get_mut(i)
+        {
+            doc.findings.push(finding);
+        }
+    }
+    Ok(())
+}
+
 /// The entries of one document to check (empty for anything but a HelmOp).
 #[derive(Debug, Default)]
 struct Wanted {
+    /// The HelmOp's namespace (`None` for anything but a HelmOp).
+    namespace: Option<String>,
     entries: Vec<Lookup>,
     /// JSON path of each entry, parallel to `entries`.
     paths: Vec<String>,
@@ -92,6 +163,7 @@ fn wanted(docs: &[&mut DocumentReport], default_namespace: &str) -> Vec<Wanted> 
             let (paths, refs): (Vec<String>, Vec<ResourceRef>) =
                 downstream_refs(&doc.object).into_iter().unzip();
             Wanted {
+                namespace: Some(namespace.clone()),
                 entries: refs.into_iter().map(|r| (namespace.clone(), r)).collect(),
                 paths,
                 allow_missing: allows_missing(&doc.object),

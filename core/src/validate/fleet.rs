@@ -1,0 +1,481 @@
+//! Whether Fleet v0.16's HelmOp controller turns a HelmOp into a Bundle (rancher/fleet
+//! `internal/cmd/controller/helmops/reconciler/helmop_controller.go` `Reconcile`, and
+//! `restrictions.go`). Its checks, in its order; the first failure stops the reconcile, so Fleet
+//! neither creates nor updates the Bundle (an existing one stays as it was):
+//!
+//! 1. `validate()`: `spec.helm` present; chart/repo/version combination ([`spec_rejection`],
+//!    the same rules the webhook denies);
+//! 2. `AuthorizeAndAssignDefaults`: the Policies of the HelmOp's namespace ([`authorize`]);
+//! 3. a Bundle of the same name that is not a HelmOp's;
+//! 4. `getChartVersion`: the `helmSecretName` Secret (after Policy defaults) must be readable,
+//!    and the version constraint must parse (checked in 1 here, as the webhook does).
+//!
+//! Steps 2 to 4 depend on other objects, so the caller looks them up and passes [`FleetFacts`].
+
+use crate::model::{HelmOp, Policy};
+
+use super::Finding;
+use super::helm::source_problems;
+
+/// A HelmOp Fleet's controller would not turn into a Bundle, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    /// Which of Fleet's checks failed.
+    pub check: RejectionCheck,
+    /// A one-line reason (never any Secret data).
+    pub reason: String,
+}
+
+impl Rejection {
+    /// What admission (the webhook, `validate --cluster`) says about it: the spec rules deny;
+    /// the others depend on objects that may arrive in any order, so they only warn.
+    pub fn admission_finding(&self) -> Finding {
+        let (path, message) = match self.check {
+            RejectionCheck::Spec => return Finding::deny("", self.reason.clone()),
+            RejectionCheck::Policy => ("spec", self.reason.clone()),
+            RejectionCheck::ForeignBundle => ("metadata.name", self.reason.clone()),
+            RejectionCheck::HelmSecret => ("spec.helmSecretName", self.reason.clone()),
+        };
+        Finding::warn(
+            path,
+            format!(
+                "{message}: Fleet's controller will not deploy this HelmOp (and helmop copies none of its downstream resources) until this changes"
+            ),
+        )
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RejectionCheck {
+    /// Decided by the spec alone: the webhook denies these at admission.
+    Spec,
+    /// A Fleet Policy of the HelmOp's namespace forbids it.
+    Policy,
+    /// A Bundle of the same name exists that is not a HelmOp's.
+    ForeignBundle,
+    /// The `helmSecretName` Secret does not exist.
+    HelmSecret,
+}
+
+/// Fleet's `validate()` plus the version constraint: `None` when the spec alone is acceptable.
+pub fn spec_rejection(op: &HelmOp) -> Option<String> {
+    let Some(helm) = &op.spec.helm else {
+        return Some("spec.helm: helm options are empty in the HelmOp's spec".into());
+    };
+    let field = |f: &Option<String>| f.as_deref().unwrap_or_default().to_string();
+    let (chart, repo, version) = (field(&helm.chart), field(&helm.repo), field(&helm.version));
+    source_problems(&chart, &repo, &version)
+        .into_iter()
+        .next()
+        .map(|(path, message)| format!("spec.helm.{path}: {message}"))
+}
+
+/// Fleet's `policyrestrictions.Aggregate` restricted to what the HelmOp controller reads:
+/// Policies in name order, booleans ORed, lists unioned, defaults first non-empty.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MergedPolicy {
+    pub require_service_account: bool,
+    pub allowed_service_accounts: Vec<String>,
+    pub default_service_account: String,
+    pub default_helm_secret_name: String,
+    pub allowed_helm_secret_names: Vec<String>,
+    pub allowed_repo_patterns: Vec<String>,
+    pub allowed_chart_patterns: Vec<String>,
+}
+
+pub fn aggregate(policies: &[Policy]) -> MergedPolicy {
+    let mut sorted: Vec<&Policy> = policies.iter().collect();
+    sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let mut m = MergedPolicy::default();
+    let list = |l: &Option<Vec<String>>| l.clone().unwrap_or_default();
+    for p in sorted {
+        m.require_service_account |= p.require_service_account.unwrap_or(false);
+        m.allowed_service_accounts
+            .extend(list(&p.allowed_service_accounts));
+        let Some(h) = &p.helm_op else { continue };
+        if m.default_service_account.is_empty() {
+            m.default_service_account = h.default_service_account.clone().unwrap_or_default();
+        }
+        if m.default_helm_secret_name.is_empty() {
+            m.default_helm_secret_name = h.default_helm_secret_name.clone().unwrap_or_default();
+        }
+        m.allowed_helm_secret_names
+            .extend(list(&h.allowed_helm_secret_names));
+        m.allowed_repo_patterns
+            .extend(list(&h.allowed_helm_repo_patterns));
+        m.allowed_chart_patterns
+            .extend(list(&h.allowed_chart_patterns));
+    }
+    m
+}
+
+/// What Fleet uses after applying the Policies' defaults.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Authorized {
+    pub service_account: Option<String>,
+    pub helm_secret_name: Option<String>,
+}
+
+/// Fleet's `AuthorizeAndAssignDefaults`: no Policy means no restriction; otherwise the
+/// defaults fill empty fields, then each restriction is checked in Fleet's order.
+pub fn authorize(op: &HelmOp, policies: &[Policy]) -> Result<Authorized, String> {
+    let own = |s: Option<&str>| s.unwrap_or_default().to_string();
+    let mut service_account = own(op.spec.service_account());
+    let mut helm_secret_name = own(op.spec.helm_secret_name());
+    let non_empty = |s: String| (!s.is_empty()).then_some(s);
+    if policies.is_empty() {
+        return Ok(Authorized {
+            service_account: non_empty(service_account),
+            helm_secret_name: non_empty(helm_secret_name),
+        });
+    }
+    let pol = aggregate(policies);
+    if service_account.is_empty() {
+        service_account = pol.default_service_account.clone();
+    }
+    if helm_secret_name.is_empty() {
+        helm_secret_name = pol.default_helm_secret_name.clone();
+    }
+    if pol.require_service_account && service_account.is_empty() {
+        return Err("serviceAccount is required by Policy but is not set".into());
+    }
+    if let Err(e) = allowed(&service_account, &pol.allowed_service_accounts) {
+        return Err(format!("disallowed serviceAccount {service_account}: {e}"));
+    }
+    if let Err(e) = allowed(&helm_secret_name, &pol.allowed_helm_secret_names) {
+        return Err(format!("disallowed helmSecretName {helm_secret_name}: {e}"));
+    }
+    if let Some(helm) = &op.spec.helm {
+        let repo = helm.repo.as_deref().unwrap_or_default();
+        if let Err(e) = allowed_by_regex(repo, &pol.allowed_repo_patterns) {
+            return Err(format!("disallowed helm repo {repo}: {e}"));
+        }
+        let chart = helm.chart.as_deref().unwrap_or_default();
+        if let Err(e) = allowed_by_regex(chart, &pol.allowed_chart_patterns) {
+            return Err(format!("disallowed helm chart {chart}: {e}"));
+        }
+    }
+    Ok(Authorized {
+        service_account: non_empty(service_account),
+        helm_secret_name: non_empty(helm_secret_name),
+    })
+}
+
+/// Fleet's `IsAllowed`: empty values and empty lists allow.
+fn allowed(value: &str, list: &[String]) -> Result<(), String> {
+    if value.is_empty() || list.is_empty() || list.iter().any(|v| v == value) {
+        Ok(())
+    } else {
+        Err(format!("{value} not in allowed set [{}]", list.join(" ")))
+    }
+}
+
+/// Fleet's `IsAllowedByRegex`: a pattern matches verbatim or as an anchored regular
+/// expression; patterns are tried in order and one that does not compile fails the check
+/// (Go's RE2 syntax and Rust's `regex` agree on everything but a few escapes).
+fn allowed_by_regex(value: &str, patterns: &[String]) -> Result<(), String> {
+    if value.is_empty() || patterns.is_empty() {
+        return Ok(());
+    }
+    for pattern in patterns {
+        if pattern == value {
+            return Ok(());
+        }
+        let re = regex::Regex::new(&format!("^(?:{pattern})$"))
+            .map_err(|e| format!("policy failed to compile regex {pattern:?}: {e}"))?;
+        if re.is_match(value) {
+            return Ok(());
+        }
+    }
+    Err(format!(
+        "{value} not in allowed set [{}]",
+        patterns.join(" ")
+    ))
+}
+
+/// The `helmSecretName` Secret whose existence [`rejection`] depends on (after Policy defaults),
+/// for the caller to look up; `None` when there is none or a Policy rejects the HelmOp anyway.
+pub fn helm_secret_to_check(op: &HelmOp, policies: &[Policy]) -> Option<String> {
+    authorize(op, policies)
+        .ok()
+        .and_then(|a| a.helm_secret_name)
+}
+
+/// What the caller looked up for [`rejection`].
+pub struct FleetFacts<'a> {
+    /// The Policies of the HelmOp's namespace (none when the kind is not served).
+    pub policies: &'a [Policy],
+    /// A Bundle of the HelmOp's name exists without `spec.helmOpOptions`.
+    pub foreign_bundle: bool,
+    /// Whether a Secret of this name exists in the HelmOp's namespace.
+    pub secret_exists: &'a dyn Fn(&str) -> bool,
+}
+
+/// The first of Fleet's checks the HelmOp fails, in Fleet's order; `None` when Fleet would
+/// produce its Bundle.
+pub fn rejection(op: &HelmOp, facts: &FleetFacts<'_>) -> Option<Rejection> {
+    let reject = |check, reason| Some(Rejection { check, reason });
+    if let Some(reason) = spec_rejection(op) {
+        return reject(RejectionCheck::Spec, reason);
+    }
+    let authorized = match authorize(op, facts.policies) {
+        Ok(a) => a,
+        Err(reason) => {
+            return reject(
+                RejectionCheck::Policy,
+                format!("a Fleet Policy forbids it: {reason}"),
+            );
+        }
+    };
+    if facts.foreign_bundle {
+        return reject(
+            RejectionCheck::ForeignBundle,
+            "a Bundle of this name exists that is not a HelmOp's (Fleet will not replace it)"
+                .into(),
+        );
+    }
+    if let Some(name) = authorized.helm_secret_name
+        && !(facts.secret_exists)(&name)
+    {
+        return reject(
+            RejectionCheck::HelmSecret,
+            format!("helmSecretName Secret {name} does not exist in the HelmOp's namespace"),
+        );
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{HelmOpPolicy, HelmOpSpec, HelmOptions};
+
+    fn op(chart: &str, repo: &str, version: &str) -> HelmOp {
+        let s = |v: &str| (!v.is_empty()).then(|| v.to_string());
+        HelmOp::new(
+            "team",
+            "app",
+            HelmOpSpec {
+                helm: Some(HelmOptions {
+                    chart: s(chart),
+                    repo: s(repo),
+                    version: s(version),
+                    ..HelmOptions::default()
+                }),
+                ..HelmOpSpec::default()
+            },
+        )
+    }
+
+    fn ok() -> HelmOp {
+        op("web", "https://charts.example.com", "1.2.3")
+    }
+
+    fn policy(name: &str, f: impl FnOnce(&mut Policy)) -> Policy {
+        let mut p = Policy::new("team", name);
+        f(&mut p);
+        p
+    }
+
+    fn helm_policy(name: &str, f: impl FnOnce(&mut HelmOpPolicy)) -> Policy {
+        policy(name, |p| {
+            let mut h = HelmOpPolicy::default();
+            f(&mut h);
+            p.helm_op = Some(h);
+        })
+    }
+
+    fn v(items: &[&str]) -> Option<Vec<String>> {
+        Some(items.iter().map(|s| s.to_string()).collect())
+    }
+
+    fn verdict(op: &HelmOp, policies: &[Policy], secrets: &[&str]) -> Option<Rejection> {
+        let exists = |name: &str| secrets.contains(&name);
+        rejection(
+            op,
+            &FleetFacts {
+                policies,
+                foreign_bundle: false,
+                secret_exists: &exists,
+            },
+        )
+    }
+
+    #[test]
+    fn spec_rules_are_fleets_validate() {
+        assert_eq!(spec_rejection(&ok()), None);
+        let mut no_helm = ok();
+        no_helm.spec.helm = None;
+        assert_eq!(
+            spec_rejection(&no_helm).as_deref(),
+            Some("spec.helm: helm options are empty in the HelmOp's spec")
+        );
+        assert!(
+            spec_rejection(&op("https://x/c.TGZ", "https://r", ""))
+                .is_some_and(|r| r.starts_with("spec.helm.repo: "))
+        );
+        assert!(
+            spec_rejection(&op("c", "OCI://r/c", ""))
+                .is_some_and(|r| r.starts_with("spec.helm.chart: "))
+        );
+        assert!(spec_rejection(&op("", "oci://r/c", "")).is_none());
+        assert!(
+            spec_rejection(&op("web", "https://r", "not a version"))
+                .is_some_and(|r| r.starts_with("spec.helm.version: "))
+        );
+        let r = verdict(&op("", "", ""), &[], &[]).map(|r| r.check);
+        assert_eq!(r, Some(RejectionCheck::Spec));
+    }
+
+    #[test]
+    fn no_policy_restricts_nothing() {
+        assert_eq!(verdict(&ok(), &[], &[]), None);
+        assert_eq!(
+            authorize(&ok(), &[]),
+            Ok(Authorized {
+                service_account: None,
+                helm_secret_name: None
+            })
+        );
+    }
+
+    #[test]
+    fn require_and_allowed_service_accounts() {
+        let require = policy("a", |p| p.require_service_account = Some(true));
+        assert_eq!(
+            authorize(&ok(), std::slice::from_ref(&require)),
+            Err("serviceAccount is required by Policy but is not set".into())
+        );
+        // A default from a Policy (first non-empty in name order) satisfies it.
+        let defaults = [
+            helm_policy("c", |h| h.default_service_account = Some("late".into())),
+            helm_policy("b", |h| h.default_service_account = Some("deployer".into())),
+            require.clone(),
+        ];
+        assert_eq!(
+            authorize(&ok(), &defaults).map(|a| a.service_account),
+            Ok(Some("deployer".into()))
+        );
+        let allowed = policy("d", |p| p.allowed_service_accounts = v(&["deployer"]));
+        let mut other = ok();
+        other.spec.service_account = Some("root".into());
+        assert_eq!(
+            authorize(&other, std::slice::from_ref(&allowed)),
+            Err("disallowed serviceAccount root: root not in allowed set [deployer]".into())
+        );
+        other.spec.service_account = Some("deployer".into());
+        assert!(authorize(&other, &[allowed]).is_ok());
+    }
+
+    #[test]
+    fn helm_secret_names_are_restricted_and_defaulted() {
+        let p = helm_policy("p", |h| {
+            h.allowed_helm_secret_names = v(&["repo-auth"]);
+            h.default_helm_secret_name = Some("repo-auth".into());
+        });
+        let mut other = ok();
+        other.spec.helm_secret_name = Some("stolen".into());
+        let r = verdict(&other, std::slice::from_ref(&p), &["stolen"]);
+        assert_eq!(r.as_ref().map(|r| r.check), Some(RejectionCheck::Policy));
+        assert!(r.is_some_and(|r| r.reason.contains("disallowed helmSecretName stolen")));
+        // The default applies, and then must exist.
+        let r = verdict(&ok(), std::slice::from_ref(&p), &[]);
+        assert_eq!(
+            r,
+            Some(Rejection {
+                check: RejectionCheck::HelmSecret,
+                reason: "helmSecretName Secret repo-auth does not exist in the HelmOp's namespace"
+                    .into()
+            })
+        );
+        assert_eq!(verdict(&ok(), &[p], &["repo-auth"]), None);
+    }
+
+    #[test]
+    fn missing_helm_secret_without_policies() {
+        let mut o = ok();
+        o.spec.helm_secret_name = Some("creds".into());
+        assert_eq!(
+            verdict(&o, &[], &[]).map(|r| r.check),
+            Some(RejectionCheck::HelmSecret)
+        );
+        assert_eq!(verdict(&o, &[], &["creds"]), None);
+        o.spec.helm_secret_name = Some(String::new());
+        assert_eq!(verdict(&o, &[], &[]), None, "empty means none");
+    }
+
+    #[test]
+    fn repo_and_chart_patterns_are_anchored_regexes_or_verbatim() {
+        let p = [helm_policy("p", |h| {
+            h.allowed_helm_repo_patterns = v(&["https://charts\\.example\\.com(/.*)?"]);
+            h.allowed_chart_patterns = v(&["web|api", "a+b"]);
+        })];
+        assert!(authorize(&ok(), &p).is_ok());
+        assert!(authorize(&op("api", "https://charts.example.com/stable", ""), &p).is_ok());
+        // Anchored: a prefix or suffix match is not enough.
+        assert_eq!(
+            authorize(&op("web", "https://evil.example/https://charts.example.com", ""), &p),
+            Err("disallowed helm repo https://evil.example/https://charts.example.com: https://evil.example/https://charts.example.com not in allowed set [https://charts\\.example\\.com(/.*)?]".into())
+        );
+        assert!(authorize(&op("webx", "https://charts.example.com", ""), &p).is_err());
+        // Verbatim match even where the regex would not match itself.
+        assert!(authorize(&op("a+b", "https://charts.example.com", ""), &p).is_ok());
+        // An OCI HelmOp has no chart: an empty chart is allowed.
+        assert!(authorize(&op("", "https://charts.example.com/oci", ""), &p).is_ok());
+        let broken = [helm_policy("p", |h| {
+            h.allowed_chart_patterns = v(&["(unclosed"]);
+        })];
+        assert!(
+            authorize(&ok(), &broken).is_err_and(|e| e.contains("policy failed to compile regex"))
+        );
+    }
+
+    #[test]
+    fn policies_for_gitrepos_only_still_count_as_policies() {
+        // A Policy with no helmOp section still triggers the top-level checks.
+        let p = policy("p", |p| p.allowed_service_accounts = v(&["sa"]));
+        assert!(authorize(&ok(), std::slice::from_ref(&p)).is_ok());
+        let mut o = ok();
+        o.spec.service_account = Some("x".into());
+        assert!(authorize(&o, &[p]).is_err());
+    }
+
+    #[test]
+    fn admission_denies_only_spec_rules() {
+        let spec = verdict(&op("", "", ""), &[], &[]).map(|r| r.admission_finding());
+        assert!(spec.is_some_and(|f| f.is_deny()));
+        let mut o = ok();
+        o.spec.helm_secret_name = Some("creds".into());
+        let f = verdict(&o, &[], &[]).map(|r| r.admission_finding());
+        let f = f.unwrap_or_else(|| panic!("no finding"));
+        assert!(!f.is_deny());
+        assert_eq!(f.path, "spec.helmSecretName");
+        assert!(
+            f.message
+                .starts_with("helmSecretName Secret creds does not exist")
+        );
+    }
+
+    #[test]
+    fn foreign_bundle_comes_after_policies() {
+        let exists = |_: &str| true;
+        let facts = FleetFacts {
+            policies: &[],
+            foreign_bundle: true,
+            secret_exists: &exists,
+        };
+        assert_eq!(
+            rejection(&ok(), &facts).map(|r| r.check),
+            Some(RejectionCheck::ForeignBundle)
+        );
+        let p = [policy("p", |p| p.require_service_account = Some(true))];
+        let facts = FleetFacts {
+            policies: &p,
+            ..facts
+        };
+        assert_eq!(
+            rejection(&ok(), &facts).map(|r| r.check),
+            Some(RejectionCheck::Policy)
+        );
+    }
+}
