@@ -232,6 +232,65 @@ pub async fn run(target: &Target, load: &Load) -> Outcome {
     outcome
 }
 
+/// Runs `load.connections` closed loops of `call` (no HTTP of its own: e.g. a kube client's GET), with the same
+/// warm-up, window and percentiles as [`run`]; `requests_per_connection` does not apply.
+pub async fn run_calls<F, Fut>(load: &Load, call: F) -> Outcome
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), String>> + Send,
+{
+    let measure_from = Instant::now() + load.warmup;
+    let end = measure_from + load.duration;
+    let workers: Vec<_> = (0..load.connections.max(1))
+        .map(|_| {
+            let call = call.clone();
+            tokio::spawn(async move {
+                let mut out = WorkerOutcome::default();
+                while Instant::now() < end {
+                    let sent = Instant::now();
+                    let result = call().await;
+                    let latency = sent.elapsed();
+                    if sent < measure_from || sent >= end {
+                        continue;
+                    }
+                    match result {
+                        Ok(()) => {
+                            out.ok += 1;
+                            out.samples
+                                .push(u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX));
+                        }
+                        Err(what) => out.error(what),
+                    }
+                }
+                out
+            })
+        })
+        .collect();
+    let mut outcome = Outcome::default();
+    let mut samples = Vec::new();
+    for w in workers {
+        match w.await {
+            Ok(w) => {
+                outcome.ok += w.ok;
+                outcome.errors += w.errors;
+                samples.extend(w.samples);
+                if outcome.first_error.is_none() {
+                    outcome.first_error = w.first_error;
+                }
+            }
+            Err(e) => {
+                outcome.errors += 1;
+                outcome
+                    .first_error
+                    .get_or_insert(format!("worker failed: {e}"));
+            }
+        }
+    }
+    outcome.elapsed = load.duration;
+    outcome.latencies = Latencies::from_samples(samples);
+    outcome
+}
+
 /// Sends one request and returns the answer body (to check a scenario before loading it).
 pub async fn probe(target: &Target) -> anyhow::Result<Bytes> {
     let mut sender = connect(target).await?;

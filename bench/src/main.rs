@@ -37,7 +37,7 @@ enum Command {
         /// Keep the webhook's JSON log here (default: a temporary file).
         #[arg(long)]
         log_file: Option<PathBuf>,
-        /// Only the scenarios starting with this: `validate` or `mutate`.
+        /// Only the scenarios starting with this: `validate`, `mutate` or `floor` (mutate against one GET).
         #[arg(long)]
         only: Option<String>,
     },
@@ -151,6 +151,9 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             };
             let report = webhook::run(&settings).await?;
             println!("{}", webhook::table(&report, &settings));
+            if !report.floor.is_empty() {
+                println!("{}", webhook::floor_table(&report));
+            }
         }
         Command::Hash { rounds } => {
             let rows = tokio::task::spawn_blocking(move || hash::run(rounds)).await??;

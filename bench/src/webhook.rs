@@ -36,8 +36,23 @@ pub struct Row {
     pub response_bytes: usize,
 }
 
+/// Mutate against its floor: a Deployment reading `refs` Secrets through the webhook, and one metadata GET of
+/// one of those Secrets by a bare kube client, at the same concurrency against the same API server.
+pub struct FloorRow {
+    pub refs: usize,
+    pub concurrency: usize,
+    pub get: Outcome,
+    pub mutate: Outcome,
+    /// Live GETs the webhook sent per measured admission (its own count, `helmop_webhook_live_gets_total`).
+    pub gets_per_admission: f64,
+}
+
+/// Reference counts of the floor scenarios.
+pub const FLOOR_REFS: [usize; 2] = [1, 8];
+
 pub struct Report {
     pub rows: Vec<Row>,
+    pub floor: Vec<FloorRow>,
     pub digest_hit: Duration,
     pub digest_miss: Duration,
 }
@@ -109,6 +124,8 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Report> {
     let cluster = fixtures::start(&["bench"]).await?;
     fixtures::create_hash_key(&cluster.client).await?;
     fixtures::create_scenario_objects(&cluster.client).await?;
+    let max_refs = FLOOR_REFS.into_iter().max().unwrap_or(0);
+    fixtures::create_ref_secrets(&cluster.client, max_refs).await?;
 
     let metrics = Metrics::new();
     // Options::default(): no image resolver; the scenario's image has a fixed tag so production would not
@@ -205,15 +222,126 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Report> {
         }
         drop(base);
     }
+    let floor = if settings.only.as_deref().is_none_or(|o| "floor".starts_with(o)) {
+        floor_rows(&cluster, &tls, webhook_addr, &metrics, settings).await?
+    } else {
+        Vec::new()
+    };
     let (digest_hit, digest_miss) = digest_costs(&state, 200).await?;
 
     let _ = stop.send(());
     let _ = serving.await;
     Ok(Report {
         rows,
+        floor,
         digest_hit,
         digest_miss,
     })
+}
+
+/// Each floor scenario: the bare GET loop, then the webhook, at each concurrency.
+async fn floor_rows(
+    cluster: &fixtures::Cluster,
+    tls: &Arc<rustls::ClientConfig>,
+    webhook_addr: std::net::SocketAddr,
+    metrics: &Metrics,
+    settings: &Settings,
+) -> anyhow::Result<Vec<FloorRow>> {
+    // Its own client, built like the webhook's (same kubeconfig, same kube client stack), so neither shares the
+    // other's connections.
+    let client = cluster.info().client().await;
+    let mut rows = Vec::new();
+    for refs in FLOOR_REFS {
+        let target = Target {
+            addr: webhook_addr,
+            tls: tls.clone(),
+            path: "/mutate/workloads".to_owned(),
+            body: scenarios::mutate_reading(refs),
+            check: scenarios::patched(),
+        };
+        let answer = load::probe(&target)
+            .await
+            .with_context(|| format!("probing mutate with {refs} references"))?;
+        anyhow::ensure!(
+            (target.check)(&answer),
+            "mutate with {refs} references: unexpected answer {}",
+            String::from_utf8_lossy(&answer)
+        );
+        for &concurrency in &settings.connections {
+            let load = Load {
+                connections: concurrency,
+                duration: settings.duration,
+                warmup: settings.warmup,
+                requests_per_connection: None,
+            };
+            eprintln!("floor, {refs} reference(s), concurrency {concurrency}: one metadata GET ...");
+            let api = kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
+                client.clone(),
+                fixtures::NAMESPACE,
+            );
+            let name = fixtures::ref_secret(0);
+            let get = load::run_calls(&load, move || {
+                let (api, name) = (api.clone(), name.clone());
+                async move {
+                    api.get_metadata(&name)
+                        .await
+                        .map(|m| {
+                            std::hint::black_box(m);
+                        })
+                        .map_err(|e| e.to_string())
+                }
+            })
+            .await;
+            eprintln!("floor, {refs} reference(s), concurrency {concurrency}: webhook ...");
+            let before = metrics.live_gets("secrets");
+            let requests_before = metrics.requests("workloads", helmop_webhook::metrics::Outcome::Patched);
+            let mutate = load::run(&target, &load).await;
+            let sent = metrics.live_gets("secrets") - before;
+            let answered = metrics.requests("workloads", helmop_webhook::metrics::Outcome::Patched)
+                - requests_before;
+            rows.push(FloorRow {
+                refs,
+                concurrency,
+                get,
+                mutate,
+                gets_per_admission: sent as f64 / (answered.max(1)) as f64,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+pub fn floor_table(report: &Report) -> String {
+    let mut out = String::from(
+        "Mutate against its floor: a Deployment reading N small Secrets (envFrom) through the webhook, against one \
+         metadata GET of one of those Secrets by a bare kube client (same kubeconfig, same client stack), at the \
+         same concurrency against the same API server, in the same run.\n\n\
+         | references | concurrency | one GET: req/s | p50 ms | p99 ms | mutate: req/s | p50 ms | p99 ms | live GETs per admission | errors (GET / mutate) | p50 ratio (goal <= 1.25) | p99 ratio |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n",
+    );
+    for row in &report.floor {
+        let ratio = |q: f64| {
+            row.mutate.latencies.quantile(q).as_secs_f64()
+                / row.get.latencies.quantile(q).as_secs_f64().max(1e-9)
+        };
+        out.push_str(&format!(
+            "| {} | {} | {:.0} | {} | {} | {:.0} | {} | {} | {:.2} | {} / {} | {:.2} | {:.2} |\n",
+            row.refs,
+            row.concurrency,
+            row.get.per_second(),
+            ms(row.get.latencies.quantile(0.5)),
+            ms(row.get.latencies.quantile(0.99)),
+            row.mutate.per_second(),
+            ms(row.mutate.latencies.quantile(0.5)),
+            ms(row.mutate.latencies.quantile(0.99)),
+            row.gets_per_admission,
+            errors(&row.get),
+            errors(&row.mutate),
+            ratio(0.5),
+            ratio(0.99),
+        ));
+    }
+    out
 }
 
 fn errors(o: &Outcome) -> String {

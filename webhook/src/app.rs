@@ -3,9 +3,8 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use kube::core::DynamicObject;
-use kube::core::admission::AdmissionRequest;
 
+use crate::admission::Request;
 use crate::cli::{Cli, LogFormat};
 use crate::error::{Error, Result};
 use crate::handlers;
@@ -19,7 +18,7 @@ impl Handlers for AppState {
     fn review<'a>(
         &'a self,
         webhook: Webhook,
-        req: &'a AdmissionRequest<DynamicObject>,
+        req: &'a Request,
     ) -> BoxFuture<'a, Verdict> {
         match webhook {
             Webhook::Helmops => Box::pin(handlers::validate_helmop(self, req)),

@@ -14,8 +14,7 @@ use helmop_webhook::{Handlers, Metrics, ServeOptions, Server, Verdict, Webhook};
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use kube::core::DynamicObject;
-use kube::core::admission::AdmissionRequest;
+use helmop_webhook::admission::Request as AdmissionRequest;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -24,7 +23,7 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
 pub type Behaviour = Arc<
-    dyn Fn(Webhook, AdmissionRequest<DynamicObject>) -> BoxFuture<'static, Verdict> + Send + Sync,
+    dyn Fn(Webhook, AdmissionRequest) -> BoxFuture<'static, Verdict> + Send + Sync,
 >;
 
 /// What the fake handlers saw, per request.
@@ -72,7 +71,7 @@ impl Handlers for FakeHandlers {
     fn review<'a>(
         &'a self,
         webhook: Webhook,
-        req: &'a AdmissionRequest<DynamicObject>,
+        req: &'a AdmissionRequest,
     ) -> BoxFuture<'a, Verdict> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.seen.lock().unwrap().push(Seen {
