@@ -153,7 +153,10 @@ pub async fn create_ref_secrets(client: &Client, n: usize) -> anyhow::Result<()>
     let secrets = Api::<Secret>::namespaced(client.clone(), NAMESPACE);
     for i in 0..n {
         let name = ref_secret(i);
-        let data = BTreeMap::from([("token".to_owned(), format!("{name}-0123456789").into_bytes())]);
+        let data = BTreeMap::from([(
+            "token".to_owned(),
+            format!("{name}-0123456789").into_bytes(),
+        )]);
         secrets
             .create(&PostParams::default(), &secret(NAMESPACE, &name, data))
             .await

@@ -52,11 +52,33 @@ pub struct Outcome {
     pub elapsed: Duration,
     pub latencies: Latencies,
     pub first_error: Option<String>,
+    /// CPU time of this whole process (load generator and in-process servers) during the measured window: on a
+    /// machine shared with other work this, per request, is steadier than throughput.
+    pub cpu: Duration,
 }
 
 impl Outcome {
     pub fn per_second(&self) -> f64 {
         self.ok as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Process CPU microseconds per request answered in the measured window.
+    pub fn cpu_us_per_request(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1e6 / (self.ok.max(1)) as f64
+    }
+
+    /// Adds a later run of the same contender (rounds interleaved with its baseline's).
+    pub fn absorb(&mut self, other: Outcome) {
+        self.ok += other.ok;
+        self.errors += other.errors;
+        self.connection_errors += other.connection_errors;
+        self.handshakes += other.handshakes;
+        self.elapsed += other.elapsed;
+        self.cpu += other.cpu;
+        self.latencies.merge(other.latencies);
+        if self.first_error.is_none() {
+            self.first_error = other.first_error;
+        }
     }
 }
 
@@ -199,9 +221,23 @@ async fn worker(target: Target, load: Load, measure_from: Instant) -> WorkerOutc
     out
 }
 
+/// The process CPU time used between `from` and `to` (zero where it cannot be read).
+fn cpu_window(from: Instant, to: Instant) -> tokio::task::JoinHandle<Duration> {
+    tokio::spawn(async move {
+        tokio::time::sleep_until(from.into()).await;
+        let start = crate::machine::process_cpu();
+        tokio::time::sleep_until(to.into()).await;
+        match (start, crate::machine::process_cpu()) {
+            (Some(start), Some(end)) => end.saturating_sub(start),
+            _ => Duration::ZERO,
+        }
+    })
+}
+
 /// Runs `load` against `target`; throughput counts requests completed inside the measured window.
 pub async fn run(target: &Target, load: &Load) -> Outcome {
     let measure_from = Instant::now() + load.warmup;
+    let cpu = cpu_window(measure_from, measure_from + load.duration);
     let workers: Vec<_> = (0..load.connections.max(1))
         .map(|_| tokio::spawn(worker(target.clone(), load.clone(), measure_from)))
         .collect();
@@ -229,6 +265,7 @@ pub async fn run(target: &Target, load: &Load) -> Outcome {
     }
     outcome.elapsed = load.duration;
     outcome.latencies = Latencies::from_samples(samples);
+    outcome.cpu = cpu.await.unwrap_or_default();
     outcome
 }
 
@@ -241,6 +278,7 @@ where
 {
     let measure_from = Instant::now() + load.warmup;
     let end = measure_from + load.duration;
+    let cpu = cpu_window(measure_from, end);
     let workers: Vec<_> = (0..load.connections.max(1))
         .map(|_| {
             let call = call.clone();
@@ -288,6 +326,7 @@ where
     }
     outcome.elapsed = load.duration;
     outcome.latencies = Latencies::from_samples(samples);
+    outcome.cpu = cpu.await.unwrap_or_default();
     outcome
 }
 

@@ -24,6 +24,18 @@ pub fn describe() -> String {
     )
 }
 
+/// CPU time (user + system, all threads) this process has used so far, from `/proc/self/stat` (clock ticks of
+/// 10 ms; `None` where that file cannot be read).
+pub fn process_cpu() -> Option<std::time::Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses and may contain spaces.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(std::time::Duration::from_millis(ticks * 10))
+}
+
 /// Resident set size of a process in KiB (`VmRSS` of `/proc/PID/status`; `self` for this process).
 pub fn rss_kib(pid: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

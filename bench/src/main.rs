@@ -34,6 +34,10 @@ enum Command {
         seconds: u64,
         #[arg(long, default_value_t = 3)]
         warmup_seconds: u64,
+        /// Rounds the measured seconds are split into, baseline and webhook alternating, so that a change of
+        /// the machine's load (other processes) hits both alike; the warm-up is split the same way.
+        #[arg(long, default_value_t = 5)]
+        rounds: u32,
         /// Keep the webhook's JSON log here (default: a temporary file).
         #[arg(long)]
         log_file: Option<PathBuf>,
@@ -139,6 +143,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             connections,
             seconds,
             warmup_seconds,
+            rounds,
             log_file,
             only,
         } => {
@@ -146,6 +151,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 connections,
                 duration: Duration::from_secs(seconds),
                 warmup: Duration::from_secs(warmup_seconds),
+                rounds: rounds.max(1),
                 log_file,
                 only,
             };

@@ -124,7 +124,14 @@ pub fn mutate_reading(n: usize) -> Bytes {
             },
         },
     });
-    review("apps", "v1", "Deployment", "deployments", "reader", deployment)
+    review(
+        "apps",
+        "v1",
+        "Deployment",
+        "deployments",
+        "reader",
+        deployment,
+    )
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

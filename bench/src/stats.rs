@@ -34,6 +34,12 @@ impl Latencies {
         Duration::from_nanos(self.sorted_ns[rank - 1])
     }
 
+    /// The samples of both runs.
+    pub fn merge(&mut self, other: Latencies) {
+        self.sorted_ns.extend(other.sorted_ns);
+        self.sorted_ns.sort_unstable();
+    }
+
     pub fn max(&self) -> Duration {
         Duration::from_nanos(self.sorted_ns.last().copied().unwrap_or(0))
     }

@@ -141,7 +141,9 @@ impl Object {
     /// The object `value`, which must be a JSON object whose `metadata` (if any) is a valid `ObjectMeta`.
     pub fn new(value: Value) -> Result<Self, serde_json::Error> {
         if !value.is_object() {
-            return Err(de::Error::custom("an object of the review is not a JSON object"));
+            return Err(de::Error::custom(
+                "an object of the review is not a JSON object",
+            ));
         }
         let metadata = match value.get("metadata") {
             None | Some(Value::Null) => ObjectMeta::default(),
@@ -162,9 +164,7 @@ impl<'de> Deserialize<'de> for Object {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct ReviewIn {
-    #[serde(default)]
     api_version: String,
-    #[serde(default)]
     kind: String,
     #[serde(default)]
     request: Option<Request>,
@@ -378,7 +378,10 @@ mod tests {
             ("object", json!("PLANTED-s3cr3t")),
             ("object", json!([1])),
             ("oldObject", json!({"metadata": "PLANTED-s3cr3t"})),
-            ("oldObject", json!({"metadata": {"labels": {"a": ["PLANTED-s3cr3t"]}}})),
+            (
+                "oldObject",
+                json!({"metadata": {"labels": {"a": ["PLANTED-s3cr3t"]}}}),
+            ),
         ] {
             let mut r = request();
             r[field] = bad;
@@ -392,7 +395,10 @@ mod tests {
         let mut no_user = request();
         no_user.as_object_mut().unwrap().remove("userInfo");
         let err = decode(&review(API_VERSION, Some(no_user))).unwrap_err();
-        assert!(err.to_string().contains("missing field `userInfo`"), "{err}");
+        assert!(
+            err.to_string().contains("missing field `userInfo`"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -15,11 +15,7 @@ use crate::state::{AppState, Options};
 use crate::verdict::Verdict;
 
 impl Handlers for AppState {
-    fn review<'a>(
-        &'a self,
-        webhook: Webhook,
-        req: &'a Request,
-    ) -> BoxFuture<'a, Verdict> {
+    fn review<'a>(&'a self, webhook: Webhook, req: &'a Request) -> BoxFuture<'a, Verdict> {
         match webhook {
             Webhook::Helmops => Box::pin(handlers::validate_helmop(self, req)),
             Webhook::References => Box::pin(handlers::guard_reference(self, req)),

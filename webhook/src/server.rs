@@ -97,11 +97,7 @@ impl Webhook {
 /// The decision logic behind the endpoints.
 pub trait Handlers: Send + Sync + 'static {
     /// Decides one admission request.
-    fn review<'a>(
-        &'a self,
-        webhook: Webhook,
-        req: &'a AdmissionRequest,
-    ) -> BoxFuture<'a, Verdict>;
+    fn review<'a>(&'a self, webhook: Webhook, req: &'a AdmissionRequest) -> BoxFuture<'a, Verdict>;
 
     /// True once everything needed to answer correctly is loaded (caches synced); drives `/readyz`.
     fn ready(&self) -> bool;

@@ -189,7 +189,9 @@ pub(super) async fn mutate(state: &AppState, req: &Request) -> Verdict {
     let Some(object) = req.object.as_ref() else {
         return Verdict::allow();
     };
-    if object.metadata.deletion_timestamp.is_some() || inherits_stamped_template(kind, &object.metadata) {
+    if object.metadata.deletion_timestamp.is_some()
+        || inherits_stamped_template(kind, &object.metadata)
+    {
         return Verdict::allow();
     }
     let namespace = req
@@ -243,9 +245,9 @@ pub(super) async fn mutate(state: &AppState, req: &Request) -> Verdict {
     // On UPDATE, the stored stamp: a v1 stamp is kept while what the pods read is unchanged.
     let previous = if req.operation == Operation::Update {
         req.old_object.as_ref().and_then(|old| {
-                pod_template(kind, &old.value)
-                    .and_then(|t| t.annotation(ANN_CONFIG_HASH).map(str::to_owned))
-            })
+            pod_template(kind, &old.value)
+                .and_then(|t| t.annotation(ANN_CONFIG_HASH).map(str::to_owned))
+        })
     } else {
         None
     };
@@ -324,11 +326,7 @@ fn unstamped_outcome(kept: bool) -> &'static str {
 /// be computed (no hash key, a failed lookup): dropping it would roll the workload now, and restamping it
 /// later would roll it back, two rollouts without a change of content. Empty on CREATE, when the stored
 /// object has no stamp, or when `object` already carries it (e.g. a `kubectl apply` or an annotation).
-fn keep_previous_stamp(
-    req: &Request,
-    kind: WorkloadKind,
-    object: &Object,
-) -> Vec<PatchOperation> {
+fn keep_previous_stamp(req: &Request, kind: WorkloadKind, object: &Object) -> Vec<PatchOperation> {
     if req.operation != Operation::Update {
         return Vec::new();
     }
@@ -742,17 +740,17 @@ mod tests {
     #[test]
     fn only_templates_a_controller_stamps_are_skipped() {
         let owned = |api_version: &str, kind: &str, controller: Option<bool>| ObjectMeta {
-                owner_references: Some(vec![
-                    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                        api_version: api_version.into(),
-                        kind: kind.into(),
-                        name: "owner".into(),
-                        uid: "u".into(),
-                        controller,
-                        ..Default::default()
-                    },
-                ]),
-                ..Default::default()
+            owner_references: Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                    api_version: api_version.into(),
+                    kind: kind.into(),
+                    name: "owner".into(),
+                    uid: "u".into(),
+                    controller,
+                    ..Default::default()
+                },
+            ]),
+            ..Default::default()
         };
         let table = [
             (
