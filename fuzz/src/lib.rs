@@ -4,9 +4,9 @@
 
 use futures::future::BoxFuture;
 use helmop_core::validate::{Severity, validate_helmop_in};
+use helmop_webhook::admission::Request;
 use helmop_webhook::server::{Handlers, Webhook};
 use helmop_webhook::verdict::Verdict;
-use helmop_webhook::admission::Request;
 use serde_json::{Map, Value};
 
 /// Reads the fuzzer's bytes as a sequence of choices; when they run out every choice is 0 (the generator then
@@ -170,11 +170,7 @@ pub fn helmop_like(data: &[u8]) -> Value {
 pub struct CoreHandlers;
 
 impl Handlers for CoreHandlers {
-    fn review<'a>(
-        &'a self,
-        webhook: Webhook,
-        req: &'a Request,
-    ) -> BoxFuture<'a, Verdict> {
+    fn review<'a>(&'a self, webhook: Webhook, req: &'a Request) -> BoxFuture<'a, Verdict> {
         Box::pin(async move {
             match webhook {
                 Webhook::Helmops => {
