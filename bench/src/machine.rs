@@ -47,3 +47,29 @@ pub fn rss_kib(pid: &str) -> Option<u64> {
         .parse()
         .ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_cpu_is_read_and_grows_with_work() {
+        let before = process_cpu().expect("/proc/self/stat is readable on Linux");
+        // Busy until the clock tick advances; on a loaded machine that may take a while of wall time.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut x = 0u64;
+        loop {
+            for _ in 0..1_000_000 {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+            let now = process_cpu().expect("/proc/self/stat is readable on Linux");
+            if now > before {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "process CPU time did not advance from {before:?} in 30 s of busy work"
+            );
+        }
+    }
+}

@@ -66,4 +66,14 @@ mod tests {
         assert_eq!(one.quantile(0.001), Duration::from_nanos(7));
         assert_eq!(Latencies::default().quantile(0.5), Duration::ZERO);
     }
+
+    #[test]
+    fn merged_rounds_are_one_sorted_sample() {
+        let mut l = Latencies::from_samples(vec![5, 1, 9]);
+        l.merge(Latencies::from_samples(vec![4, 8]));
+        assert_eq!(l.len(), 5);
+        assert_eq!(l.quantile(0.5), Duration::from_nanos(5));
+        assert_eq!(l.quantile(0.2), Duration::from_nanos(1));
+        assert_eq!(l.max(), Duration::from_nanos(9));
+    }
 }
