@@ -143,6 +143,28 @@ pub async fn create_scenario_objects(client: &Client) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Name of the `i`-th small Secret the mutate-versus-GET scenarios read.
+pub fn ref_secret(i: usize) -> String {
+    format!("ref-{i}")
+}
+
+/// `n` small Secrets `ref-0` .. in the scenario namespace.
+pub async fn create_ref_secrets(client: &Client, n: usize) -> anyhow::Result<()> {
+    let secrets = Api::<Secret>::namespaced(client.clone(), NAMESPACE);
+    for i in 0..n {
+        let name = ref_secret(i);
+        let data = BTreeMap::from([(
+            "token".to_owned(),
+            format!("{name}-0123456789").into_bytes(),
+        )]);
+        secrets
+            .create(&PostParams::default(), &secret(NAMESPACE, &name, data))
+            .await
+            .with_context(|| format!("creating Secret {NAMESPACE}/{name}"))?;
+    }
+    Ok(())
+}
+
 /// Creates `per_kind` Secrets and as many ConfigMaps spread over `namespaces` namespaces, `parallel`
 /// requests at a time. Returns the time it took.
 pub async fn create_many(

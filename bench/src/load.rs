@@ -52,11 +52,33 @@ pub struct Outcome {
     pub elapsed: Duration,
     pub latencies: Latencies,
     pub first_error: Option<String>,
+    /// CPU time of this whole process (load generator and in-process servers) during the measured window: on a
+    /// machine shared with other work this, per request, is steadier than throughput.
+    pub cpu: Duration,
 }
 
 impl Outcome {
     pub fn per_second(&self) -> f64 {
         self.ok as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Process CPU microseconds per request answered in the measured window.
+    pub fn cpu_us_per_request(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1e6 / (self.ok.max(1)) as f64
+    }
+
+    /// Adds a later run of the same contender (rounds interleaved with its baseline's).
+    pub fn absorb(&mut self, other: Outcome) {
+        self.ok += other.ok;
+        self.errors += other.errors;
+        self.connection_errors += other.connection_errors;
+        self.handshakes += other.handshakes;
+        self.elapsed += other.elapsed;
+        self.cpu += other.cpu;
+        self.latencies.merge(other.latencies);
+        if self.first_error.is_none() {
+            self.first_error = other.first_error;
+        }
     }
 }
 
@@ -199,9 +221,23 @@ async fn worker(target: Target, load: Load, measure_from: Instant) -> WorkerOutc
     out
 }
 
+/// The process CPU time used between `from` and `to` (zero where it cannot be read).
+fn cpu_window(from: Instant, to: Instant) -> tokio::task::JoinHandle<Duration> {
+    tokio::spawn(async move {
+        tokio::time::sleep_until(from.into()).await;
+        let start = crate::machine::process_cpu();
+        tokio::time::sleep_until(to.into()).await;
+        match (start, crate::machine::process_cpu()) {
+            (Some(start), Some(end)) => end.saturating_sub(start),
+            _ => Duration::ZERO,
+        }
+    })
+}
+
 /// Runs `load` against `target`; throughput counts requests completed inside the measured window.
 pub async fn run(target: &Target, load: &Load) -> Outcome {
     let measure_from = Instant::now() + load.warmup;
+    let cpu = cpu_window(measure_from, measure_from + load.duration);
     let workers: Vec<_> = (0..load.connections.max(1))
         .map(|_| tokio::spawn(worker(target.clone(), load.clone(), measure_from)))
         .collect();
@@ -229,6 +265,68 @@ pub async fn run(target: &Target, load: &Load) -> Outcome {
     }
     outcome.elapsed = load.duration;
     outcome.latencies = Latencies::from_samples(samples);
+    outcome.cpu = cpu.await.unwrap_or_default();
+    outcome
+}
+
+/// Runs `load.connections` closed loops of `call` (no HTTP of its own: e.g. a kube client's GET), with the same
+/// warm-up, window and percentiles as [`run`]; `requests_per_connection` does not apply.
+pub async fn run_calls<F, Fut>(load: &Load, call: F) -> Outcome
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), String>> + Send,
+{
+    let measure_from = Instant::now() + load.warmup;
+    let end = measure_from + load.duration;
+    let cpu = cpu_window(measure_from, end);
+    let workers: Vec<_> = (0..load.connections.max(1))
+        .map(|_| {
+            let call = call.clone();
+            tokio::spawn(async move {
+                let mut out = WorkerOutcome::default();
+                while Instant::now() < end {
+                    let sent = Instant::now();
+                    let result = call().await;
+                    let latency = sent.elapsed();
+                    if sent < measure_from || sent >= end {
+                        continue;
+                    }
+                    match result {
+                        Ok(()) => {
+                            out.ok += 1;
+                            out.samples
+                                .push(u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX));
+                        }
+                        Err(what) => out.error(what),
+                    }
+                }
+                out
+            })
+        })
+        .collect();
+    let mut outcome = Outcome::default();
+    let mut samples = Vec::new();
+    for w in workers {
+        match w.await {
+            Ok(w) => {
+                outcome.ok += w.ok;
+                outcome.errors += w.errors;
+                samples.extend(w.samples);
+                if outcome.first_error.is_none() {
+                    outcome.first_error = w.first_error;
+                }
+            }
+            Err(e) => {
+                outcome.errors += 1;
+                outcome
+                    .first_error
+                    .get_or_insert(format!("worker failed: {e}"));
+            }
+        }
+    }
+    outcome.elapsed = load.duration;
+    outcome.latencies = Latencies::from_samples(samples);
+    outcome.cpu = cpu.await.unwrap_or_default();
     outcome
 }
 

@@ -24,6 +24,18 @@ pub fn describe() -> String {
     )
 }
 
+/// CPU time (user + system, all threads) this process has used so far, from `/proc/self/stat` (clock ticks of
+/// 10 ms; `None` where that file cannot be read).
+pub fn process_cpu() -> Option<std::time::Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses and may contain spaces.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(std::time::Duration::from_millis(ticks * 10))
+}
+
 /// Resident set size of a process in KiB (`VmRSS` of `/proc/PID/status`; `self` for this process).
 pub fn rss_kib(pid: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -34,4 +46,30 @@ pub fn rss_kib(pid: &str) -> Option<u64> {
         .nth(1)?
         .parse()
         .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_cpu_is_read_and_grows_with_work() {
+        let before = process_cpu().expect("/proc/self/stat is readable on Linux");
+        // Busy until the clock tick advances; on a loaded machine that may take a while of wall time.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut x = 0u64;
+        loop {
+            for _ in 0..1_000_000 {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+            let now = process_cpu().expect("/proc/self/stat is readable on Linux");
+            if now > before {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "process CPU time did not advance from {before:?} in 30 s of busy work"
+            );
+        }
+    }
 }

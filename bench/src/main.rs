@@ -34,10 +34,14 @@ enum Command {
         seconds: u64,
         #[arg(long, default_value_t = 3)]
         warmup_seconds: u64,
+        /// Rounds the measured seconds are split into, baseline and webhook alternating, so that a change of
+        /// the machine's load (other processes) hits both alike; the warm-up is split the same way.
+        #[arg(long, default_value_t = 5)]
+        rounds: u32,
         /// Keep the webhook's JSON log here (default: a temporary file).
         #[arg(long)]
         log_file: Option<PathBuf>,
-        /// Only the scenarios starting with this: `validate` or `mutate`.
+        /// Only the scenarios starting with this: `validate`, `mutate` or `floor` (mutate against one GET).
         #[arg(long)]
         only: Option<String>,
     },
@@ -139,6 +143,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             connections,
             seconds,
             warmup_seconds,
+            rounds,
             log_file,
             only,
         } => {
@@ -146,11 +151,15 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 connections,
                 duration: Duration::from_secs(seconds),
                 warmup: Duration::from_secs(warmup_seconds),
+                rounds: rounds.max(1),
                 log_file,
                 only,
             };
             let report = webhook::run(&settings).await?;
             println!("{}", webhook::table(&report, &settings));
+            if !report.floor.is_empty() {
+                println!("{}", webhook::floor_table(&report));
+            }
         }
         Command::Hash { rounds } => {
             let rows = tokio::task::spawn_blocking(move || hash::run(rounds)).await??;

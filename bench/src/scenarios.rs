@@ -3,7 +3,7 @@
 use axum::body::Bytes;
 use serde_json::{Value, json};
 
-use crate::fixtures::{BIG_CONFIG_MAP, NAMESPACE, SECRETS};
+use crate::fixtures::{BIG_CONFIG_MAP, NAMESPACE, SECRETS, ref_secret};
 use crate::load::Check;
 
 fn review(
@@ -99,6 +99,39 @@ pub fn mutate_deployment() -> Bytes {
         },
     });
     review("apps", "v1", "Deployment", "deployments", "web", deployment)
+}
+
+/// Deployment CREATE in the opted-in namespace reading `n` small Secrets whole (`envFrom`), so a stamp needs one
+/// live metadata GET per Secret and nothing else (digests cached after the first request, fixed image tag).
+pub fn mutate_reading(n: usize) -> Bytes {
+    let env_from: Vec<Value> = (0..n)
+        .map(|i| json!({"secretRef": {"name": ref_secret(i)}}))
+        .collect();
+    let deployment = json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "reader", "namespace": NAMESPACE, "labels": {"app": "reader"}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "reader"}},
+            "template": {
+                "metadata": {"labels": {"app": "reader"}},
+                "spec": {"containers": [{
+                    "name": "reader",
+                    "image": "registry.example.com/reader:1.2.3",
+                    "envFrom": env_from,
+                }]},
+            },
+        },
+    });
+    review(
+        "apps",
+        "v1",
+        "Deployment",
+        "deployments",
+        "reader",
+        deployment,
+    )
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

@@ -9,8 +9,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use futures::future::BoxFuture;
 use helmop_webhook::{Handlers, Metrics, ServeOptions, Server, Verdict, Webhook};
-use kube::core::DynamicObject;
-use kube::core::admission::AdmissionRequest;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -175,7 +173,7 @@ impl Handlers for StubHandlers {
     fn review<'a>(
         &'a self,
         webhook: Webhook,
-        _req: &'a AdmissionRequest<DynamicObject>,
+        _req: &'a helmop_webhook::admission::Request,
     ) -> BoxFuture<'a, Verdict> {
         Box::pin(async move {
             match webhook {

@@ -34,6 +34,12 @@ impl Latencies {
         Duration::from_nanos(self.sorted_ns[rank - 1])
     }
 
+    /// The samples of both runs.
+    pub fn merge(&mut self, other: Latencies) {
+        self.sorted_ns.extend(other.sorted_ns);
+        self.sorted_ns.sort_unstable();
+    }
+
     pub fn max(&self) -> Duration {
         Duration::from_nanos(self.sorted_ns.last().copied().unwrap_or(0))
     }
@@ -59,5 +65,15 @@ mod tests {
         let one = Latencies::from_samples(vec![7]);
         assert_eq!(one.quantile(0.001), Duration::from_nanos(7));
         assert_eq!(Latencies::default().quantile(0.5), Duration::ZERO);
+    }
+
+    #[test]
+    fn merged_rounds_are_one_sorted_sample() {
+        let mut l = Latencies::from_samples(vec![5, 1, 9]);
+        l.merge(Latencies::from_samples(vec![4, 8]));
+        assert_eq!(l.len(), 5);
+        assert_eq!(l.quantile(0.5), Duration::from_nanos(5));
+        assert_eq!(l.quantile(0.2), Duration::from_nanos(1));
+        assert_eq!(l.max(), Duration::from_nanos(9));
     }
 }

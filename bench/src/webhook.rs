@@ -22,6 +22,8 @@ pub struct Settings {
     pub connections: Vec<usize>,
     pub duration: Duration,
     pub warmup: Duration,
+    /// `duration` and `warmup` are split into this many rounds, the contenders alternating.
+    pub rounds: u32,
     /// Where the webhook's JSON log lines go (production logs one line per request; its cost is included).
     pub log_file: Option<std::path::PathBuf>,
     /// Run only the scenarios whose name starts with this (`validate`, `mutate`).
@@ -36,8 +38,26 @@ pub struct Row {
     pub response_bytes: usize,
 }
 
+/// Mutate against its floor: a Deployment reading `refs` Secrets through the webhook, and one metadata GET of
+/// one of those Secrets by a bare kube client, at the same concurrency against the same API server.
+pub struct FloorRow {
+    pub refs: usize,
+    pub concurrency: usize,
+    pub get: Outcome,
+    /// `refs` metadata GETs sent together by the bare client, one per Secret (for `refs` > 1): what reading every
+    /// reference afresh costs without the webhook.
+    pub gets: Option<Outcome>,
+    pub mutate: Outcome,
+    /// Live GETs the webhook sent per measured admission (its own count, `helmop_webhook_live_gets_total`).
+    pub gets_per_admission: f64,
+}
+
+/// Reference counts of the floor scenarios.
+pub const FLOOR_REFS: [usize; 2] = [1, 8];
+
 pub struct Report {
     pub rows: Vec<Row>,
+    pub floor: Vec<FloorRow>,
     pub digest_hit: Duration,
     pub digest_miss: Duration,
 }
@@ -109,6 +129,8 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Report> {
     let cluster = fixtures::start(&["bench"]).await?;
     fixtures::create_hash_key(&cluster.client).await?;
     fixtures::create_scenario_objects(&cluster.client).await?;
+    let max_refs = FLOOR_REFS.into_iter().max().unwrap_or(0);
+    fixtures::create_ref_secrets(&cluster.client, max_refs).await?;
 
     let metrics = Metrics::new();
     // Options::default(): no image resolver; the scenario's image has a fixed tag so production would not
@@ -185,16 +207,16 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Report> {
             ..target.clone()
         };
         for &connections in &settings.connections {
-            let load = Load {
-                connections,
-                duration: settings.duration,
-                warmup: settings.warmup,
-                requests_per_connection: None,
-            };
-            eprintln!("{scenario}, {connections} connection(s): baseline ...");
-            let baseline = load::run(&base_target, &load).await;
-            eprintln!("{scenario}, {connections} connection(s): webhook ...");
-            let webhook = load::run(&target, &load).await;
+            let load = round_load(settings, connections);
+            eprintln!(
+                "{scenario}, {connections} connection(s): baseline and webhook, {} rounds ...",
+                settings.rounds
+            );
+            let (mut baseline, mut webhook) = (Outcome::default(), Outcome::default());
+            for _ in 0..settings.rounds {
+                baseline.absorb(load::run(&base_target, &load).await);
+                webhook.absorb(load::run(&target, &load).await);
+            }
             rows.push(Row {
                 scenario,
                 connections,
@@ -205,15 +227,180 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Report> {
         }
         drop(base);
     }
+    let floor = if settings
+        .only
+        .as_deref()
+        .is_none_or(|o| "floor".starts_with(o))
+    {
+        floor_rows(&cluster, &tls, webhook_addr, &metrics, settings).await?
+    } else {
+        Vec::new()
+    };
     let (digest_hit, digest_miss) = digest_costs(&state, 200).await?;
 
     let _ = stop.send(());
     let _ = serving.await;
     Ok(Report {
         rows,
+        floor,
         digest_hit,
         digest_miss,
     })
+}
+
+/// One round of a contender: the measured seconds and the warm-up divided by the number of rounds.
+fn round_load(settings: &Settings, connections: usize) -> Load {
+    Load {
+        connections,
+        duration: settings.duration / settings.rounds,
+        warmup: settings.warmup / settings.rounds,
+        requests_per_connection: None,
+    }
+}
+
+/// Each floor scenario: the bare GET loop, the N GETs at once, then the webhook, in alternating rounds, at each
+/// concurrency.
+async fn floor_rows(
+    cluster: &fixtures::Cluster,
+    tls: &Arc<rustls::ClientConfig>,
+    webhook_addr: std::net::SocketAddr,
+    metrics: &Metrics,
+    settings: &Settings,
+) -> anyhow::Result<Vec<FloorRow>> {
+    // Its own client, built like the webhook's (same kubeconfig, same kube client stack), so neither shares the
+    // other's connections.
+    let client = cluster.info().client().await;
+    let mut rows = Vec::new();
+    for refs in FLOOR_REFS {
+        let target = Target {
+            addr: webhook_addr,
+            tls: tls.clone(),
+            path: "/mutate/workloads".to_owned(),
+            body: scenarios::mutate_reading(refs),
+            check: scenarios::patched(),
+        };
+        let answer = load::probe(&target)
+            .await
+            .with_context(|| format!("probing mutate with {refs} references"))?;
+        anyhow::ensure!(
+            (target.check)(&answer),
+            "mutate with {refs} references: unexpected answer {}",
+            String::from_utf8_lossy(&answer)
+        );
+        for &concurrency in &settings.connections {
+            let load = round_load(settings, concurrency);
+            eprintln!(
+                "floor, {refs} reference(s), concurrency {concurrency}: GETs and webhook, {} rounds ...",
+                settings.rounds
+            );
+            let (mut get, mut gets, mut mutate) =
+                (Outcome::default(), None::<Outcome>, Outcome::default());
+            let (mut sent, mut answered) = (0, 0);
+            for _ in 0..settings.rounds {
+                let api = kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
+                    client.clone(),
+                    fixtures::NAMESPACE,
+                );
+                let name = fixtures::ref_secret(0);
+                get.absorb(
+                    load::run_calls(&load, move || {
+                        let (api, name) = (api.clone(), name.clone());
+                        async move {
+                            api.get_metadata(&name)
+                                .await
+                                .map(|m| {
+                                    std::hint::black_box(m);
+                                })
+                                .map_err(|e| e.to_string())
+                        }
+                    })
+                    .await,
+                );
+                if refs > 1 {
+                    let api = kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
+                        client.clone(),
+                        fixtures::NAMESPACE,
+                    );
+                    let round = load::run_calls(&load, move || {
+                        let api = api.clone();
+                        async move {
+                            let all = (0..refs).map(|i| {
+                                let api = api.clone();
+                                async move { api.get_metadata(&fixtures::ref_secret(i)).await }
+                            });
+                            for result in futures::future::join_all(all).await {
+                                std::hint::black_box(result.map_err(|e| e.to_string())?);
+                            }
+                            Ok(())
+                        }
+                    })
+                    .await;
+                    gets.get_or_insert_with(Outcome::default).absorb(round);
+                }
+                let before = metrics.live_gets("secrets");
+                let requests_before =
+                    metrics.requests("workloads", helmop_webhook::metrics::Outcome::Patched);
+                mutate.absorb(load::run(&target, &load).await);
+                sent += metrics.live_gets("secrets") - before;
+                answered += metrics
+                    .requests("workloads", helmop_webhook::metrics::Outcome::Patched)
+                    - requests_before;
+            }
+            rows.push(FloorRow {
+                refs,
+                concurrency,
+                get,
+                gets,
+                mutate,
+                gets_per_admission: sent as f64 / (answered.max(1)) as f64,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+pub fn floor_table(report: &Report) -> String {
+    let mut out = String::from(
+        "Mutate against its floor: a Deployment reading N small Secrets (envFrom) through the webhook, against one \
+         metadata GET of one of those Secrets by a bare kube client (same kubeconfig, same client stack), at the \
+         same concurrency against the same API server, in the same run.\n\n\
+         For N > 1 the bare client also sends the N GETs at once (one per Secret, what a fresh read of every \
+         reference costs without the webhook).\n\n\
+         | references | concurrency | one GET: req/s | p50 ms | p99 ms | N GETs at once: p50 ms | p99 ms | mutate: req/s | p50 ms | p99 ms | live GETs per admission | errors (GET / N GETs / mutate) | p50 ratio to one GET (goal <= 1.25) | p99 ratio | p50 ratio to N GETs |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
+    );
+    for row in &report.floor {
+        let ratio = |q: f64| {
+            row.mutate.latencies.quantile(q).as_secs_f64()
+                / row.get.latencies.quantile(q).as_secs_f64().max(1e-9)
+        };
+        let gets = |f: &dyn Fn(&Outcome) -> String| row.gets.as_ref().map_or("-".to_owned(), f);
+        out.push_str(&format!(
+            "| {} | {} | {:.0} | {} | {} | {} | {} | {:.0} | {} | {} | {:.2} | {} / {} / {} | {:.2} | {:.2} | {} |\n",
+            row.refs,
+            row.concurrency,
+            row.get.per_second(),
+            ms(row.get.latencies.quantile(0.5)),
+            ms(row.get.latencies.quantile(0.99)),
+            gets(&|o| ms(o.latencies.quantile(0.5))),
+            gets(&|o| ms(o.latencies.quantile(0.99))),
+            row.mutate.per_second(),
+            ms(row.mutate.latencies.quantile(0.5)),
+            ms(row.mutate.latencies.quantile(0.99)),
+            row.gets_per_admission,
+            errors(&row.get),
+            gets(&errors),
+            errors(&row.mutate),
+            ratio(0.5),
+            ratio(0.99),
+            gets(&|o| format!(
+                "{:.2}",
+                row.mutate.latencies.quantile(0.5).as_secs_f64()
+                    / o.latencies.quantile(0.5).as_secs_f64().max(1e-9)
+            )),
+        ));
+    }
+    out
 }
 
 fn errors(o: &Outcome) -> String {
@@ -228,28 +415,40 @@ fn errors(o: &Outcome) -> String {
 pub fn table(report: &Report, settings: &Settings) -> String {
     let mut out = format!(
         "Keep-alive HTTP/1.1 connections over TLS 1.3 on loopback (closed loop: each connection sends its next request \
-         when the answer is in), {} s measured after {} s warm-up per server and connection count; load generator, \
-         servers and the kube-apiserver share the same 2 CPUs.\n\n\
-         | scenario | connections | server | req/s | p50 ms | p99 ms | p99.9 ms | errors | throughput ratio (goal >= 0.8) |\n\
-         |---|---:|---|---:|---:|---:|---:|---:|---:|\n",
+         when the answer is in), {} s measured after {} s warm-up per server and connection count, split into {} \
+         rounds with baseline and webhook alternating; load generator, servers and the kube-apiserver share the \
+         same 2 CPUs.\n\n\
+         CPU µs/request is this process's CPU time (load generator and server together, nothing else runs in it) \
+         over the requests answered; its ratio (baseline / webhook) is the throughput ratio the two would reach on \
+         CPUs of their own, which this shared machine does not give.\n\n\
+         | scenario | connections | server | req/s | p50 ms | p99 ms | p99.9 ms | errors | CPU µs/request | throughput ratio (goal >= 0.8) | CPU ratio |\n\
+         |---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         settings.duration.as_secs(),
-        settings.warmup.as_secs()
+        settings.warmup.as_secs(),
+        settings.rounds
     );
     for row in &report.rows {
         for (server, o) in [
             ("baseline", &row.baseline),
             ("helmop-webhook", &row.webhook),
         ] {
-            let ratio = if server == "baseline" {
-                String::new()
+            let (ratio, cpu_ratio) = if server == "baseline" {
+                (String::new(), String::new())
             } else {
-                format!(
-                    "{:.3}",
-                    row.webhook.per_second() / row.baseline.per_second().max(1e-9)
+                (
+                    format!(
+                        "{:.3}",
+                        row.webhook.per_second() / row.baseline.per_second().max(1e-9)
+                    ),
+                    format!(
+                        "{:.3}",
+                        row.baseline.cpu_us_per_request()
+                            / row.webhook.cpu_us_per_request().max(1e-9)
+                    ),
                 )
             };
             out.push_str(&format!(
-                "| {} ({} B answer) | {} | {server} | {:.0} | {} | {} | {} | {} | {ratio} |\n",
+                "| {} ({} B answer) | {} | {server} | {:.0} | {} | {} | {} | {} | {:.1} | {ratio} | {cpu_ratio} |\n",
                 row.scenario,
                 row.response_bytes,
                 row.connections,
@@ -258,6 +457,7 @@ pub fn table(report: &Report, settings: &Settings) -> String {
                 ms(o.latencies.quantile(0.99)),
                 ms(o.latencies.quantile(0.999)),
                 errors(o),
+                o.cpu_us_per_request(),
             ));
         }
     }

@@ -4,10 +4,9 @@
 
 use futures::future::BoxFuture;
 use helmop_core::validate::{Severity, validate_helmop_in};
+use helmop_webhook::admission::Request;
 use helmop_webhook::server::{Handlers, Webhook};
 use helmop_webhook::verdict::Verdict;
-use kube::core::DynamicObject;
-use kube::core::admission::AdmissionRequest;
 use serde_json::{Map, Value};
 
 /// Reads the fuzzer's bytes as a sequence of choices; when they run out every choice is 0 (the generator then
@@ -171,19 +170,14 @@ pub fn helmop_like(data: &[u8]) -> Value {
 pub struct CoreHandlers;
 
 impl Handlers for CoreHandlers {
-    fn review<'a>(
-        &'a self,
-        webhook: Webhook,
-        req: &'a AdmissionRequest<DynamicObject>,
-    ) -> BoxFuture<'a, Verdict> {
+    fn review<'a>(&'a self, webhook: Webhook, req: &'a Request) -> BoxFuture<'a, Verdict> {
         Box::pin(async move {
             match webhook {
                 Webhook::Helmops => {
                     let Some(object) = &req.object else {
                         return Verdict::allow();
                     };
-                    let value = serde_json::to_value(object).unwrap_or(Value::Null);
-                    let findings = validate_helmop_in(&value, req.namespace.as_deref());
+                    let findings = validate_helmop_in(&object.value, req.namespace.as_deref());
                     let (denials, warnings): (Vec<_>, Vec<_>) = findings
                         .into_iter()
                         .partition(|f| f.severity == Severity::Deny);

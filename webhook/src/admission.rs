@@ -1,6 +1,9 @@
 //! The AdmissionReview v1 wire format: decoding requests, encoding [`Verdict`]s.
 //!
-//! Requests are decoded with kube's `AdmissionReview<DynamicObject>`. Responses are encoded with our own structs:
+//! Requests are decoded in one pass into [`Request`], whose objects stay `serde_json::Value`s (what the rules read)
+//! next to their typed metadata. kube's `AdmissionReview<DynamicObject>` is not used: its flattened fields go through
+//! serde's buffered `Content` (the body is parsed twice) and the handlers had to serialize the object back into a
+//! `Value`, which together cost more than the rest of a validation. Responses are encoded with our own structs:
 //! kube 5's `AdmissionResponse` serializes `patch` as a JSON array of numbers (a `Vec<u8>`), while the API server
 //! wants the base64 string of the JSON patch, and it emits the whole `metav1.Status` even on success.
 //!
@@ -9,9 +12,12 @@
 //! field names from the schema are reported.
 
 use base64::Engine;
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionReview, Operation};
-use serde::{Deserialize, Serialize};
+use kube::api::ObjectMeta;
+use kube::core::admission::Operation;
+use kube::core::{GroupVersionKind, GroupVersionResource};
+use serde::de::{self, IgnoredAny};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
 
 use crate::verdict::Verdict;
 
@@ -99,9 +105,74 @@ fn from_serde(e: &serde_json::Error) -> DecodeError {
     }
 }
 
+/// One admission request of an AdmissionReview v1, as the handlers read it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Request {
+    pub uid: String,
+    pub kind: GroupVersionKind,
+    pub resource: GroupVersionResource,
+    #[serde(default)]
+    pub sub_resource: Option<String>,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    pub operation: Operation,
+    /// Required by the v1 schema (the API server always sends it); nothing here reads it.
+    #[serde(rename = "userInfo")]
+    _user_info: IgnoredAny,
+    #[serde(default)]
+    pub object: Option<Object>,
+    #[serde(default)]
+    pub old_object: Option<Object>,
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// An object of a review: the JSON as sent, and its `metadata` decoded (and so type-checked) once.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Object {
+    pub metadata: ObjectMeta,
+    pub value: Value,
+}
+
+impl Object {
+    /// The object `value`, which must be a JSON object whose `metadata` (if any) is a valid `ObjectMeta`.
+    pub fn new(value: Value) -> Result<Self, serde_json::Error> {
+        if !value.is_object() {
+            return Err(de::Error::custom(
+                "an object of the review is not a JSON object",
+            ));
+        }
+        let metadata = match value.get("metadata") {
+            None | Some(Value::Null) => ObjectMeta::default(),
+            Some(meta) => ObjectMeta::deserialize(meta)?,
+        };
+        Ok(Object { metadata, value })
+    }
+}
+
+impl<'de> Deserialize<'de> for Object {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        // The inner error may quote the input; `from_serde` never passes such a message on.
+        Object::new(Value::deserialize(deserializer)?).map_err(de::Error::custom)
+    }
+}
+
+/// The review around the request; no `#[serde(flatten)]`, so the body is parsed once.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewIn {
+    api_version: String,
+    kind: String,
+    #[serde(default)]
+    request: Option<Request>,
+}
+
 /// Decodes a request body into the request of an AdmissionReview v1.
-pub fn decode(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, DecodeError> {
-    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+pub fn decode(body: &[u8]) -> Result<Request, DecodeError> {
+    let review: ReviewIn = match serde_json::from_slice(body) {
         Ok(review) => review,
         Err(e) => {
             // A v1beta1 (or other) review may fail the v1 schema before its version is looked at; name the version
@@ -114,8 +185,8 @@ pub fn decode(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, DecodeErro
             return Err(from_serde(&e));
         }
     };
-    check_header(&review.types.api_version, &review.types.kind)?;
-    review.try_into().map_err(|_| DecodeError::MissingRequest)
+    check_header(&review.api_version, &review.kind)?;
+    review.request.ok_or(DecodeError::MissingRequest)
 }
 
 /// The short name of an operation, for logs and metric labels.
@@ -278,10 +349,55 @@ mod tests {
         assert_eq!(req.uid, "705ab4f5-6393-11e8-b7cc-42010a800002");
         assert!(req.dry_run);
         assert_eq!(operation_name(&req.operation), "DELETE");
-        assert_eq!(req.types.api_version, API_VERSION);
+        let old = req.old_object.unwrap();
+        assert_eq!(old.value["data"]["password"], "aHVudGVyMg==");
+        assert_eq!(old.metadata.name.as_deref(), Some("db"));
+    }
+
+    #[test]
+    fn objects_keep_their_json_as_sent_and_their_metadata_is_type_checked() {
+        let mut with_object = request();
+        with_object["object"] = json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "db", "labels": {"a": "b"}, "futureField": 1}, "data": {"k": "dg=="}});
+        let req = decode(&review(API_VERSION, Some(with_object.clone()))).unwrap();
+        let object = req.object.unwrap();
+        // Unknown metadata fields stay in the JSON the rules read (nothing is re-serialized through ObjectMeta).
+        assert_eq!(object.value, with_object["object"]);
         assert_eq!(
-            req.old_object.unwrap().data["data"]["password"],
-            "aHVudGVyMg=="
+            object.metadata.labels.unwrap().get("a").map(String::as_str),
+            Some("b")
+        );
+        let mut no_metadata = request();
+        no_metadata["oldObject"] = json!({"kind": "Secret"});
+        let old = decode(&review(API_VERSION, Some(no_metadata)))
+            .unwrap()
+            .old_object
+            .unwrap();
+        assert_eq!(old.metadata, ObjectMeta::default());
+        for (field, bad) in [
+            ("object", json!("PLANTED-s3cr3t")),
+            ("object", json!([1])),
+            ("oldObject", json!({"metadata": "PLANTED-s3cr3t"})),
+            (
+                "oldObject",
+                json!({"metadata": {"labels": {"a": ["PLANTED-s3cr3t"]}}}),
+            ),
+        ] {
+            let mut r = request();
+            r[field] = bad;
+            let err = decode(&review(API_VERSION, Some(r))).unwrap_err();
+            assert!(
+                matches!(&err, DecodeError::Schema { detail, .. } if detail.contains("wrong type")),
+                "{field}: {err}"
+            );
+            assert!(!err.to_string().contains("PLANTED"), "{err}");
+        }
+        let mut no_user = request();
+        no_user.as_object_mut().unwrap().remove("userInfo");
+        let err = decode(&review(API_VERSION, Some(no_user))).unwrap_err();
+        assert!(
+            err.to_string().contains("missing field `userInfo`"),
+            "{err}"
         );
     }
 
@@ -453,7 +569,9 @@ mod tests {
     #[test]
     fn kube_helper_still_emits_a_byte_array_patch() {
         // Why we encode ourselves: if this starts failing, kube fixed the bug and our structs could be dropped.
-        let req = decode(&review(API_VERSION, Some(request()))).unwrap();
+        let review: kube::core::admission::AdmissionReview<kube::core::DynamicObject> =
+            serde_json::from_slice(&review(API_VERSION, Some(request()))).unwrap();
+        let req: kube::core::admission::AdmissionRequest<_> = review.try_into().unwrap();
         let mut resp = kube::core::admission::AdmissionResponse::from(&req);
         resp.patch = Some(br#"[{"op":"remove","path":"/x"}]"#.to_vec());
         let resp = resp.into_review();

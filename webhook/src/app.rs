@@ -3,9 +3,8 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use kube::core::DynamicObject;
-use kube::core::admission::AdmissionRequest;
 
+use crate::admission::Request;
 use crate::cli::{Cli, LogFormat};
 use crate::error::{Error, Result};
 use crate::handlers;
@@ -16,11 +15,7 @@ use crate::state::{AppState, Options};
 use crate::verdict::Verdict;
 
 impl Handlers for AppState {
-    fn review<'a>(
-        &'a self,
-        webhook: Webhook,
-        req: &'a AdmissionRequest<DynamicObject>,
-    ) -> BoxFuture<'a, Verdict> {
+    fn review<'a>(&'a self, webhook: Webhook, req: &'a Request) -> BoxFuture<'a, Verdict> {
         match webhook {
             Webhook::Helmops => Box::pin(handlers::validate_helmop(self, req)),
             Webhook::References => Box::pin(handlers::guard_reference(self, req)),

@@ -4,7 +4,7 @@
 //! their own metrics through [`Metrics::registry`] and report cache sizes through [`Metrics::set_cache_objects`].
 //! Every label value is a `&'static str` from a closed set, so no request can grow the label cardinality.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -82,10 +82,24 @@ impl Outcome {
     }
 }
 
+const WEBHOOKS: [&str; 3] = ["helmops", "references", "workloads"];
+const OPERATIONS: [&str; 5] = ["CREATE", "UPDATE", "DELETE", "CONNECT", "unknown"];
+const OUTCOMES: usize = Outcome::Panic as usize + 1;
+
+/// The series of the request metrics, resolved from their families once, on first use, so answering a request
+/// costs no label hashing and no lock on a family (a series appears in `/metrics` only once it has counted
+/// something, as it would through the family alone).
+#[derive(Default)]
+struct Series {
+    requests: [[[OnceLock<Counter>; OUTCOMES]; OPERATIONS.len()]; WEBHOOKS.len()],
+    duration: [OnceLock<Histogram>; WEBHOOKS.len()],
+}
+
 /// The webhook's metrics and the registry they live in.
 #[derive(Clone)]
 pub struct Metrics {
     registry: Arc<Mutex<Registry>>,
+    series: Arc<Series>,
     requests: Family<RequestLabels, Counter>,
     duration: Family<WebhookLabel, Histogram, fn() -> Histogram>,
     cache_objects: Family<CacheLabel, Gauge>,
@@ -155,6 +169,7 @@ impl Metrics {
         );
         Metrics {
             registry: Arc::new(Mutex::new(registry)),
+            series: Arc::default(),
             requests,
             duration,
             cache_objects,
@@ -181,16 +196,34 @@ impl Metrics {
         outcome: Outcome,
         seconds: f64,
     ) {
-        self.requests
-            .get_or_create(&RequestLabels {
-                webhook,
-                operation,
-                outcome: outcome.as_str(),
-            })
-            .inc();
-        self.duration
-            .get_or_create(&WebhookLabel { webhook })
-            .observe(seconds);
+        let labels = || RequestLabels {
+            webhook,
+            operation,
+            outcome: outcome.as_str(),
+        };
+        let w = WEBHOOKS.iter().position(|w| *w == webhook);
+        let o = OPERATIONS.iter().position(|o| *o == operation);
+        match (w, o) {
+            (Some(w), Some(o)) => {
+                self.series.requests[w][o][outcome as usize]
+                    .get_or_init(|| self.requests.get_or_create(&labels()).clone())
+                    .inc();
+                self.series.duration[w]
+                    .get_or_init(|| {
+                        self.duration
+                            .get_or_create(&WebhookLabel { webhook })
+                            .clone()
+                    })
+                    .observe(seconds);
+            }
+            // Label values outside the closed sets (none today) still count, through the families.
+            _ => {
+                self.requests.get_or_create(&labels()).inc();
+                self.duration
+                    .get_or_create(&WebhookLabel { webhook })
+                    .observe(seconds);
+            }
+        }
         if outcome == Outcome::Panic {
             self.panics.inc();
         }
@@ -224,7 +257,7 @@ impl Metrics {
 
     /// Requests answered so far with this outcome (summed over operations); for tests and the benchmark.
     pub fn requests(&self, webhook: &'static str, outcome: Outcome) -> u64 {
-        ["CREATE", "UPDATE", "DELETE", "CONNECT", "unknown"]
+        OPERATIONS
             .into_iter()
             .filter_map(|operation| {
                 self.requests
@@ -287,6 +320,30 @@ mod tests {
         );
         assert_eq!(m.requests("helmops", Outcome::Denied), 1);
         assert_eq!(m.requests("helmops", Outcome::Allowed), 0);
+    }
+
+    #[test]
+    fn resolved_series_are_the_families_series() {
+        let m = Metrics::new();
+        for _ in 0..3 {
+            m.observe_request("workloads", "UPDATE", Outcome::Patched, 0.001);
+        }
+        m.observe_request("workloads", "unknown", Outcome::Panic, 0.001);
+        // Outside the closed sets: counted through the family.
+        m.observe_request("other", "PATCH", Outcome::Allowed, 0.001);
+        let text = m.encode().unwrap();
+        for line in [
+            r#"helmop_webhook_requests_total{webhook="workloads",operation="UPDATE",outcome="patched"} 3"#,
+            r#"helmop_webhook_requests_total{webhook="workloads",operation="unknown",outcome="panic"} 1"#,
+            r#"helmop_webhook_requests_total{webhook="other",operation="PATCH",outcome="allowed"} 1"#,
+            r#"helmop_webhook_request_duration_seconds_count{webhook="workloads"} 4"#,
+            "helmop_webhook_panics_total 1",
+        ] {
+            assert!(text.contains(line), "{line} not in\n{text}");
+        }
+        // A series that never counted is not exposed.
+        assert!(!text.contains(r#"outcome="denied""#), "{text}");
+        assert_eq!(m.requests("workloads", Outcome::Patched), 3);
     }
 
     #[test]

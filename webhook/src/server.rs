@@ -18,12 +18,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
-use kube::core::DynamicObject;
-use kube::core::admission::AdmissionRequest;
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
-use crate::admission::{self, MAX_BODY_BYTES};
+use crate::admission::{self, MAX_BODY_BYTES, Request as AdmissionRequest};
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, Outcome};
 use crate::tls::{self, CertReloader};
@@ -98,12 +96,8 @@ impl Webhook {
 
 /// The decision logic behind the endpoints.
 pub trait Handlers: Send + Sync + 'static {
-    /// Decides one admission request. `req.uid`, `req.dry_run` and `req.types` are set from the review.
-    fn review<'a>(
-        &'a self,
-        webhook: Webhook,
-        req: &'a AdmissionRequest<DynamicObject>,
-    ) -> BoxFuture<'a, Verdict>;
+    /// Decides one admission request.
+    fn review<'a>(&'a self, webhook: Webhook, req: &'a AdmissionRequest) -> BoxFuture<'a, Verdict>;
 
     /// True once everything needed to answer correctly is loaded (caches synced); drives `/readyz`.
     fn ready(&self) -> bool;
@@ -498,11 +492,13 @@ async fn answer(shared: Shared, webhook: Webhook, request: Request, started: Ins
         .into_response()
 }
 
-/// One line per request. Names and counts only: object content never reaches the log, and denial messages are
-/// the ones the requester sees anyway.
+/// One line per request: at INFO for anything a user may need to trace (a denial, a patch, a warning, a
+/// failure), at DEBUG for a clean allow, the bulk of the traffic (formatting and writing that line cost more
+/// than deciding a validation; `helmop_webhook_requests_total` still counts it). Names and counts only: object
+/// content never reaches the log, and denial messages are the ones the requester sees anyway.
 fn log_request(
     webhook: Webhook,
-    req: &AdmissionRequest<DynamicObject>,
+    req: &AdmissionRequest,
     operation: &'static str,
     outcome: Outcome,
     verdict: &Verdict,
@@ -538,6 +534,7 @@ fn log_request(
     }
     match outcome {
         Outcome::Panic | Outcome::Timeout | Outcome::Error => line!(warn),
+        Outcome::Allowed if warnings == 0 => line!(debug),
         _ => line!(info),
     }
 }

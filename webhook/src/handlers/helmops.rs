@@ -4,8 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use futures::future::join_all;
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, Operation};
+use kube::core::admission::Operation;
 
 use helmop_core::model::HelmOp;
 use helmop_core::resource::ResourceRef;
@@ -16,10 +15,11 @@ use helmop_core::validate::{
 };
 
 use super::object_name;
+use crate::admission::Request;
 use crate::state::AppState;
 use crate::verdict::Verdict;
 
-pub(super) async fn validate(state: &AppState, req: &AdmissionRequest<DynamicObject>) -> Verdict {
+pub(super) async fn validate(state: &AppState, req: &Request) -> Verdict {
     if !matches!(req.operation, Operation::Create | Operation::Update) {
         return Verdict::allow();
     }
@@ -35,30 +35,21 @@ pub(super) async fn validate(state: &AppState, req: &AdmissionRequest<DynamicObj
         return Verdict::allow();
     }
     let name = object_name(req);
-    let value = match serde_json::to_value(object) {
-        Ok(v) => v,
-        Err(_) => {
-            return Verdict::Deny {
-                message: format!("helmop webhook: HelmOp {name} cannot be read as JSON"),
-                code: 400,
-                warnings: Vec::new(),
-            };
-        }
-    };
+    let value = &object.value;
     let namespace = req
         .namespace
         .clone()
         .or_else(|| object.metadata.namespace.clone())
         .unwrap_or_default();
-    let findings = validate_helmop_in(&value, Some(&namespace));
-    let refs = downstream_refs(&value);
+    let findings = validate_helmop_in(value, Some(&namespace));
+    let refs = downstream_refs(value);
     // Decided before any lookup: an update that leaves spec as it was is never denied, so a failed lookup
     // must not deny it either (it would block Fleet adding its finalizer whenever the API server stutters).
     let spec_unchanged = req.operation == Operation::Update
         && req
             .old_object
             .as_ref()
-            .is_some_and(|old| old.data.get("spec") == object.data.get("spec"));
+            .is_some_and(|old| old.value.get("spec") == value.get("spec"));
     let mut warnings = Vec::new();
     if let Some(deny) = crate::caps::helmop_references(&name, refs.len()) {
         if !spec_unchanged {
@@ -97,9 +88,9 @@ pub(super) async fn validate(state: &AppState, req: &AdmissionRequest<DynamicObj
         }
     };
     if !has_denials(&findings) {
-        warnings.extend(fleet_warnings(state, &name, &namespace, &value).await);
+        warnings.extend(fleet_warnings(state, &name, &namespace, value).await);
     }
-    let allow_missing = allows_missing(&value);
+    let allow_missing = allows_missing(value);
     decide(
         &name,
         &namespace,
@@ -124,7 +115,8 @@ async fn fleet_warnings(
     namespace: &str,
     value: &serde_json::Value,
 ) -> Vec<String> {
-    let Ok(op) = serde_json::from_value::<HelmOp>(value.clone()) else {
+    // Borrowed: no copy of the object on the admission path.
+    let Ok(op) = <HelmOp as serde::Deserialize>::deserialize(value) else {
         return Vec::new();
     };
     let policies = state.caches().policies_in(namespace).unwrap_or_default();

@@ -6,9 +6,7 @@ mod helmops;
 mod references;
 mod workloads;
 
-use kube::core::DynamicObject;
-use kube::core::admission::AdmissionRequest;
-
+use crate::admission::Request;
 use crate::state::AppState;
 use crate::verdict::Verdict;
 
@@ -16,22 +14,22 @@ pub use workloads::{OptIn, opt_in, stamp_ops};
 
 /// `POST /validate/helmops`: HelmOp CREATE/UPDATE against the core rules and the existence of every
 /// downstream resource. Never denies DELETE.
-pub async fn validate_helmop(state: &AppState, req: &AdmissionRequest<DynamicObject>) -> Verdict {
+pub async fn validate_helmop(state: &AppState, req: &Request) -> Verdict {
     helmops::validate(state, req).await
 }
 
 /// `POST /validate/references`: Secret/ConfigMap DELETE while a HelmOp of the namespace lists it.
-pub async fn guard_reference(state: &AppState, req: &AdmissionRequest<DynamicObject>) -> Verdict {
+pub async fn guard_reference(state: &AppState, req: &Request) -> Verdict {
     references::guard(state, req).await
 }
 
 /// `POST /mutate/workloads`: the config stamp (and, through the image seam, image digests).
-pub async fn mutate_workload(state: &AppState, req: &AdmissionRequest<DynamicObject>) -> Verdict {
+pub async fn mutate_workload(state: &AppState, req: &Request) -> Verdict {
     workloads::mutate(state, req).await
 }
 
 /// `namespace/name` of the request's object, for messages.
-fn object_name(req: &AdmissionRequest<DynamicObject>) -> String {
+fn object_name(req: &Request) -> String {
     let name = req
         .object
         .as_ref()
@@ -70,7 +68,6 @@ mod tests {
         //! The failure policy of each endpoint when the API server cannot be reached (a closed port on
         //! loopback: every lookup fails the way it does when the API server is down).
 
-        use kube::core::admission::AdmissionReview;
         use serde_json::{Value, json};
 
         use super::super::*;
@@ -90,7 +87,7 @@ mod tests {
             resource: &str,
             operation: &str,
             object: Option<Value>,
-        ) -> AdmissionRequest<DynamicObject> {
+        ) -> Request {
             update(gvk, resource, operation, object, None)
         }
 
@@ -100,7 +97,7 @@ mod tests {
             operation: &str,
             object: Option<Value>,
             old: Option<Value>,
-        ) -> AdmissionRequest<DynamicObject> {
+        ) -> Request {
             let (group, version, kind) = gvk;
             let review = json!({
                 "apiVersion": "admission.k8s.io/v1",
@@ -118,8 +115,7 @@ mod tests {
                     "dryRun": false,
                 },
             });
-            let review: AdmissionReview<DynamicObject> = serde_json::from_value(review).unwrap();
-            review.try_into().unwrap()
+            crate::admission::decode(&serde_json::to_vec(&review).unwrap()).unwrap()
         }
 
         fn helmop() -> Value {

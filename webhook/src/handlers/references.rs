@@ -1,16 +1,17 @@
 //! Secret/ConfigMap DELETE guard: answered from the HelmOp watch cache, never a per-request LIST.
 
 use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, Operation};
+use kube::core::admission::Operation;
 
 use helmop_core::resource::{ResourceKind, ResourceRef};
 use helmop_core::validate::downstream_refs;
 
 use super::list_names;
+use crate::admission::Request;
 use crate::state::{AppState, GuardMode};
 use crate::verdict::Verdict;
 
-pub(super) async fn guard(state: &AppState, req: &AdmissionRequest<DynamicObject>) -> Verdict {
+pub(super) async fn guard(state: &AppState, req: &Request) -> Verdict {
     if req.operation != Operation::Delete || !req.kind.group.is_empty() {
         return Verdict::allow();
     }

@@ -14,8 +14,8 @@ use std::time::Duration;
 use futures::future::join_all;
 use json_patch::jsonptr::{PointerBuf, Token};
 use json_patch::{AddOperation, PatchOperation, RemoveOperation};
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, Operation};
+use kube::api::ObjectMeta;
+use kube::core::admission::Operation;
 use serde_json::{Map, Value};
 
 use helmop_core::hash::{
@@ -28,6 +28,7 @@ use helmop_core::podrefs::pod_refs_from_value;
 use helmop_core::resource::ResourceRef;
 use helmop_core::workload::{PodTemplate, WorkloadKind, pod_template};
 
+use crate::admission::{Object, Request};
 use crate::images::ImageRequest;
 use crate::server::request_deadline;
 use crate::state::{AppState, HashKeyState, ImageMode};
@@ -150,7 +151,7 @@ fn add(path: PointerBuf, value: Value) -> PatchOperation {
 /// would make it differ from its owner's template (the Deployment controller would then no longer recognise
 /// its own ReplicaSet). Any other controller (an operator's StatefulSet, a Deployment managed by a custom
 /// resource) does not stamp: its workload is stamped like any other.
-fn inherits_stamped_template(kind: WorkloadKind, object: &DynamicObject) -> bool {
+fn inherits_stamped_template(kind: WorkloadKind, metadata: &ObjectMeta) -> bool {
     let owners: &[(&str, &str)] = match kind {
         // `extensions`: ownerReferences written while a cluster still served extensions/v1beta1
         // Deployments keep that apiVersion.
@@ -162,8 +163,7 @@ fn inherits_stamped_template(kind: WorkloadKind, object: &DynamicObject) -> bool
         WorkloadKind::Job => &[("batch", "CronJob")],
         _ => return false,
     };
-    object
-        .metadata
+    metadata
         .owner_references
         .iter()
         .flatten()
@@ -174,7 +174,7 @@ fn inherits_stamped_template(kind: WorkloadKind, object: &DynamicObject) -> bool
         })
 }
 
-pub(super) async fn mutate(state: &AppState, req: &AdmissionRequest<DynamicObject>) -> Verdict {
+pub(super) async fn mutate(state: &AppState, req: &Request) -> Verdict {
     if !matches!(req.operation, Operation::Create | Operation::Update) {
         return Verdict::allow();
     }
@@ -189,7 +189,9 @@ pub(super) async fn mutate(state: &AppState, req: &AdmissionRequest<DynamicObjec
     let Some(object) = req.object.as_ref() else {
         return Verdict::allow();
     };
-    if object.metadata.deletion_timestamp.is_some() || inherits_stamped_template(kind, object) {
+    if object.metadata.deletion_timestamp.is_some()
+        || inherits_stamped_template(kind, &object.metadata)
+    {
         return Verdict::allow();
     }
     let namespace = req
@@ -232,12 +234,8 @@ pub(super) async fn mutate(state: &AppState, req: &AdmissionRequest<DynamicObjec
         return Verdict::allow();
     }
 
-    let Ok(value) = serde_json::to_value(object) else {
-        return Verdict::allow_with_warnings(vec![format!(
-            "helmop webhook: {kind} {name} cannot be read as JSON; admitted without a config stamp"
-        )]);
-    };
-    let Some(template) = pod_template(kind, &value) else {
+    let value = &object.value;
+    let Some(template) = pod_template(kind, value) else {
         // e.g. an Argo Rollout that points at a Deployment through workloadRef: that Deployment is stamped.
         return Verdict::allow();
     };
@@ -246,13 +244,10 @@ pub(super) async fn mutate(state: &AppState, req: &AdmissionRequest<DynamicObjec
         request_deadline().map(|d| stages_deadline(d, tokio::time::Instant::now()));
     // On UPDATE, the stored stamp: a v1 stamp is kept while what the pods read is unchanged.
     let previous = if req.operation == Operation::Update {
-        req.old_object
-            .as_ref()
-            .and_then(|o| serde_json::to_value(o).ok())
-            .and_then(|old| {
-                pod_template(kind, &old)
-                    .and_then(|t| t.annotation(ANN_CONFIG_HASH).map(str::to_owned))
-            })
+        req.old_object.as_ref().and_then(|old| {
+            pod_template(kind, &old.value)
+                .and_then(|t| t.annotation(ANN_CONFIG_HASH).map(str::to_owned))
+        })
     } else {
         None
     };
@@ -282,7 +277,7 @@ pub(super) async fn mutate(state: &AppState, req: &AdmissionRequest<DynamicObjec
 
     // The image stage sees the object as the config stamp leaves it, so its operations apply after ours.
     let stamped = if ops.is_empty() {
-        Cow::Borrowed(&value)
+        Cow::Borrowed(value)
     } else {
         let mut stamped = value.clone();
         match json_patch::patch(&mut stamped, &ops) {
@@ -290,22 +285,19 @@ pub(super) async fn mutate(state: &AppState, req: &AdmissionRequest<DynamicObjec
             // Cannot happen for operations built against `value`; never admit a patch that does not apply.
             Err(_) => {
                 ops.clear();
-                Cow::Borrowed(&value)
+                Cow::Borrowed(value)
             }
         }
     };
     let metadata_pointer = template.metadata_pointer.clone();
     let spec_pointer = template.spec_pointer.clone();
-    let old = req
-        .old_object
-        .as_ref()
-        .and_then(|o| serde_json::to_value(o).ok());
+    let old = req.old_object.as_ref().map(|o| &o.value);
     let images = state
         .images()
         .resolve(ImageRequest {
             namespace: &namespace,
             object: stamped.as_ref(),
-            old_object: old.as_ref(),
+            old_object: old,
             template_metadata_pointer: &metadata_pointer,
             template_spec_pointer: &spec_pointer,
             mode: state.config().image_mode,
@@ -334,31 +326,20 @@ fn unstamped_outcome(kept: bool) -> &'static str {
 /// be computed (no hash key, a failed lookup): dropping it would roll the workload now, and restamping it
 /// later would roll it back, two rollouts without a change of content. Empty on CREATE, when the stored
 /// object has no stamp, or when `object` already carries it (e.g. a `kubectl apply` or an annotation).
-fn keep_previous_stamp(
-    req: &AdmissionRequest<DynamicObject>,
-    kind: WorkloadKind,
-    object: &DynamicObject,
-) -> Vec<PatchOperation> {
+fn keep_previous_stamp(req: &Request, kind: WorkloadKind, object: &Object) -> Vec<PatchOperation> {
     if req.operation != Operation::Update {
         return Vec::new();
     }
-    let Some(old) = req
-        .old_object
-        .as_ref()
-        .and_then(|o| serde_json::to_value(o).ok())
-    else {
+    let Some(old) = req.old_object.as_ref() else {
         return Vec::new();
     };
-    let Some(old_template) = pod_template(kind, &old) else {
+    let Some(old_template) = pod_template(kind, &old.value) else {
         return Vec::new();
     };
     let Some(hash) = old_template.annotation(ANN_CONFIG_HASH) else {
         return Vec::new();
     };
-    let Ok(value) = serde_json::to_value(object) else {
-        return Vec::new();
-    };
-    let Some(template) = pod_template(kind, &value) else {
+    let Some(template) = pod_template(kind, &object.value) else {
         return Vec::new();
     };
     let refs = old_template.annotation(ANN_CONFIG_REFS);
@@ -758,22 +739,18 @@ mod tests {
 
     #[test]
     fn only_templates_a_controller_stamps_are_skipped() {
-        let owned = |api_version: &str, kind: &str, controller: Option<bool>| DynamicObject {
-            types: None,
-            metadata: kube::api::ObjectMeta {
-                owner_references: Some(vec![
-                    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                        api_version: api_version.into(),
-                        kind: kind.into(),
-                        name: "owner".into(),
-                        uid: "u".into(),
-                        controller,
-                        ..Default::default()
-                    },
-                ]),
-                ..Default::default()
-            },
-            data: json!({}),
+        let owned = |api_version: &str, kind: &str, controller: Option<bool>| ObjectMeta {
+            owner_references: Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                    api_version: api_version.into(),
+                    kind: kind.into(),
+                    name: "owner".into(),
+                    uid: "u".into(),
+                    controller,
+                    ..Default::default()
+                },
+            ]),
+            ..Default::default()
         };
         let table = [
             (
@@ -871,14 +848,9 @@ mod tests {
                 "{kind} owned by {api_version} {owner} (controller {controller:?})"
             );
         }
-        let unowned = DynamicObject {
-            types: None,
-            metadata: Default::default(),
-            data: json!({}),
-        };
         assert!(!inherits_stamped_template(
             WorkloadKind::ReplicaSet,
-            &unowned
+            &ObjectMeta::default()
         ));
     }
 }

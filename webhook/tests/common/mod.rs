@@ -10,12 +10,11 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use futures::future::BoxFuture;
+use helmop_webhook::admission::Request as AdmissionRequest;
 use helmop_webhook::{Handlers, Metrics, ServeOptions, Server, Verdict, Webhook};
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use kube::core::DynamicObject;
-use kube::core::admission::AdmissionRequest;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -23,9 +22,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
-pub type Behaviour = Arc<
-    dyn Fn(Webhook, AdmissionRequest<DynamicObject>) -> BoxFuture<'static, Verdict> + Send + Sync,
->;
+pub type Behaviour =
+    Arc<dyn Fn(Webhook, AdmissionRequest) -> BoxFuture<'static, Verdict> + Send + Sync>;
 
 /// What the fake handlers saw, per request.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,11 +67,7 @@ impl FakeHandlers {
 }
 
 impl Handlers for FakeHandlers {
-    fn review<'a>(
-        &'a self,
-        webhook: Webhook,
-        req: &'a AdmissionRequest<DynamicObject>,
-    ) -> BoxFuture<'a, Verdict> {
+    fn review<'a>(&'a self, webhook: Webhook, req: &'a AdmissionRequest) -> BoxFuture<'a, Verdict> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.seen.lock().unwrap().push(Seen {
             webhook,
