@@ -4,6 +4,7 @@
 mod api_error;
 mod args;
 mod cli;
+mod client_cache;
 mod clusters;
 mod cmd;
 mod complete;

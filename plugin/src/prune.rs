@@ -492,8 +492,11 @@ mod tests {
         let downstream = |key: &str, ok: bool| Downstream {
             key: key.into(),
             names: vec![key.into()],
-            config: if ok {
-                Ok(kube::Config::new("https://a.invalid".parse().unwrap()))
+            client: if ok {
+                Ok(
+                    kube::Client::try_from(kube::Config::new("https://a.invalid".parse().unwrap()))
+                        .unwrap(),
+                )
             } else {
                 Err("no answer".into())
             },
