@@ -40,7 +40,7 @@ pub async fn run(args: &ImagesArgs) -> Result<ExitStatus, PluginError> {
     let mut rollouts = Rollouts::new(debounce);
     events.emit(
         "started",
-        json!({
+        &json!({
             "scope": setup.scope(),
             "interval": humanize(args.interval),
             "debounce": humanize(debounce),
@@ -76,7 +76,7 @@ pub async fn run(args: &ImagesArgs) -> Result<ExitStatus, PluginError> {
                     match verdict {
                         Verdict::NotRepinned(key, retry_in) => events.emit(
                             "not-repinned",
-                            json!({"namespace": key.0, "workload": key.1, "retryIn": humanize(retry_in)}),
+                            &json!({"namespace": key.0, "workload": key.1, "retryIn": humanize(retry_in)}),
                             format!(
                                 "{} in namespace {} is still outdated after its restamp (is the helmop webhook installed, with image mode pin or annotate?); retrying in {}",
                                 key.1, key.0, humanize(retry_in)
@@ -89,7 +89,7 @@ pub async fn run(args: &ImagesArgs) -> Result<ExitStatus, PluginError> {
                             if args.dry_run {
                                 events.emit(
                                     "would-restamp",
-                                    json!({"namespace": key.0, "workload": key.1, "reasons": reasons}),
+                                    &json!({"namespace": key.0, "workload": key.1, "reasons": reasons}),
                                     format!("would restamp {} in namespace {} ({})", key.1, key.0, reasons.join("; ")),
                                 );
                                 continue;
@@ -104,7 +104,7 @@ pub async fn run(args: &ImagesArgs) -> Result<ExitStatus, PluginError> {
                                     setup.ctx.record_write();
                                     events.emit(
                                         "restamped",
-                                        json!({"namespace": key.0, "workload": key.1, "reasons": reasons, "restamp": value}),
+                                        &json!({"namespace": key.0, "workload": key.1, "reasons": reasons, "restamp": value}),
                                         format!(
                                             "restamped {} in namespace {} ({}): {ANN_RESTAMP}={value}",
                                             key.1, key.0, reasons.join("; ")
@@ -115,7 +115,7 @@ pub async fn run(args: &ImagesArgs) -> Result<ExitStatus, PluginError> {
                                     let retry_in = rollouts.failed(Instant::now(), &key);
                                     events.emit(
                                         "failed",
-                                        json!({"namespace": key.0, "workload": key.1, "error": e.to_string(), "retryIn": humanize(retry_in)}),
+                                        &json!({"namespace": key.0, "workload": key.1, "error": e.to_string(), "retryIn": humanize(retry_in)}),
                                         format!(
                                             "restamping {} in namespace {} failed: {e}; retrying in {}",
                                             key.1, key.0, humanize(retry_in)
@@ -133,7 +133,7 @@ pub async fn run(args: &ImagesArgs) -> Result<ExitStatus, PluginError> {
                 let wait = backoff(failures, MAX_POLL_BACKOFF).max(args.interval);
                 events.emit(
                     "failed",
-                    json!({"poll": poll, "error": e.to_string(), "retryIn": humanize(wait)}),
+                    &json!({"poll": poll, "error": e.to_string(), "retryIn": humanize(wait)}),
                     format!("poll {poll} failed: {e}; retrying in {}", humanize(wait)),
                 );
                 wait
@@ -211,7 +211,7 @@ fn poll_event(events: &Events, poll: u64, scan: &super::scan::Scan, wide: bool) 
     }
     events.emit(
         "poll",
-        json!({"poll": poll, "summary": doc.summary, "rows": doc.rows, "warnings": doc.warnings}),
+        &json!({"poll": poll, "summary": doc.summary, "rows": doc.rows, "warnings": doc.warnings}),
         text,
     );
 }
