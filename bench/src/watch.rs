@@ -340,17 +340,29 @@ async fn until(
     }
 }
 
+/// The control plane's parts one configuration runs on.
+struct Fleet<'a> {
+    upstream: &'a ClusterInfo,
+    upstream_client: &'a Client,
+    downstream: &'a [ClusterInfo],
+    clients: &'a [Client],
+    webhooks: &'a [LocalWebhook],
+}
+
 async fn one(
     settings: &WatchSettings,
-    upstream: &ClusterInfo,
-    upstream_client: &Client,
-    downstream: &[ClusterInfo],
-    clients: &[Client],
-    webhooks: &[LocalWebhook],
+    fleet: &Fleet<'_>,
     n: usize,
     debounce: &str,
     index: usize,
 ) -> anyhow::Result<Row> {
+    let Fleet {
+        upstream,
+        upstream_client,
+        downstream,
+        clients,
+        webhooks,
+    } = *fleet;
     let namespace = format!("watch-{index}-n{n}");
     let slots = prepare(
         upstream_client,
@@ -550,25 +562,19 @@ pub async fn run(settings: &WatchSettings) -> anyhow::Result<Vec<Row>> {
         );
         clients.push(client);
     }
+    let fleet = Fleet {
+        upstream: &upstream,
+        upstream_client: &cluster.client,
+        downstream: &downstream,
+        clients: &clients,
+        webhooks: &webhooks,
+    };
     let mut rows = Vec::new();
     let mut index = 0;
     for &n in &settings.clusters {
         for debounce in &settings.debounces {
             index += 1;
-            rows.push(
-                one(
-                    settings,
-                    &upstream,
-                    &cluster.client,
-                    &downstream,
-                    &clients,
-                    &webhooks,
-                    n,
-                    debounce,
-                    index,
-                )
-                .await?,
-            );
+            rows.push(one(settings, &fleet, n, debounce, index).await?);
         }
     }
     Ok(rows)

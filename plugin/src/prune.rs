@@ -478,8 +478,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn wants_of_unidentified_entries_count_on_every_identified_cluster() {
+    #[tokio::test]
+    async fn wants_of_unidentified_entries_count_on_every_identified_cluster() {
         use crate::inventory::Selection;
         use helmop_core::resource::ResourceRef;
         let want = |cluster: &str, helmop: &str| DesiredCopy {
