@@ -191,7 +191,7 @@ struct State {
 }
 
 impl State {
-    /// Applies what arrived; returns the slots whose copy or ReplicaSets changed.
+    /// Applies what a downstream watch delivered.
     fn absorb(&mut self, seen: Seen) {
         match seen {
             Seen::Copy { slot, value } => {
