@@ -13,4 +13,5 @@ pub mod propagate;
 pub mod scenarios;
 pub mod soak;
 pub mod stats;
+pub mod watch;
 pub mod webhook;

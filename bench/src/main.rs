@@ -9,6 +9,7 @@ use helmop_bench::hostile::{self, HostileSettings};
 use helmop_bench::memory::{self, MemorySettings};
 use helmop_bench::propagate::{self, PropagateSettings};
 use helmop_bench::soak::{self, SoakSettings};
+use helmop_bench::watch::{self, WatchSettings};
 use helmop_bench::{hash, machine, webhook};
 
 #[derive(Parser)]
@@ -64,6 +65,34 @@ enum Command {
         resources: usize,
         #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
         concurrency: Vec<usize>,
+    },
+    /// `propagate --watch`: edit-to-copies and edit-to-rollout latency, RSS over edits, idle CPU, open sockets.
+    Watch {
+        /// `kubectl-helmop` to run (default: next to this binary).
+        #[arg(long)]
+        plugin_bin: Option<PathBuf>,
+        #[arg(long, default_value_t = 2)]
+        apiservers: usize,
+        /// Cluster counts (comma separated).
+        #[arg(long, value_delimiter = ',', default_value = "2")]
+        clusters: Vec<usize>,
+        #[arg(long, default_value_t = 4)]
+        resources: usize,
+        /// Source edits per (clusters, debounce).
+        #[arg(long, default_value_t = 20)]
+        edits: usize,
+        /// `--debounce` values for the watcher (comma separated).
+        #[arg(long, value_delimiter = ',', default_value = "1s")]
+        debounce: Vec<String>,
+        /// Seconds of each idle CPU measurement.
+        #[arg(long, default_value_t = 20)]
+        idle_seconds: u64,
+        /// Milliseconds between one edit's rollout and the next edit.
+        #[arg(long, default_value_t = 500)]
+        gap_ms: u64,
+        /// Extra flag for the watcher, e.g. `--watcher-arg=--resync=0` (repeatable).
+        #[arg(long = "watcher-arg", allow_hyphen_values = true)]
+        watcher_args: Vec<String>,
     },
     /// Webhook process RSS with many Secrets and ConfigMaps cached, then under a soak with certificate rotations.
     Memory {
@@ -181,6 +210,31 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             };
             let rows = propagate::run(&settings).await?;
             println!("{}", propagate::table(&rows, &settings));
+        }
+        Command::Watch {
+            plugin_bin,
+            apiservers,
+            clusters,
+            resources,
+            edits,
+            debounce,
+            idle_seconds,
+            gap_ms,
+            watcher_args,
+        } => {
+            let settings = WatchSettings {
+                plugin_bin: plugin_bin.unwrap_or_else(|| sibling("kubectl-helmop")),
+                apiservers,
+                clusters,
+                resources,
+                edits,
+                debounces: debounce,
+                idle: Duration::from_secs(idle_seconds),
+                gap: Duration::from_millis(gap_ms),
+                extra_args: watcher_args,
+            };
+            let rows = watch::run(&settings).await?;
+            println!("{}", watch::table(&rows, &settings));
         }
         Command::Memory {
             webhook_bin,

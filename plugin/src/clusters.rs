@@ -12,7 +12,7 @@
 //! cluster cannot be identified (no credentials, no answer, `kube-system` unreadable) is
 //! `Unreachable`: nothing is planned on a guess (docs/cluster-identity.md).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -22,6 +22,7 @@ use kube::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::api_error;
+use crate::client_cache::ClientKey;
 use crate::context::{Ctx, kubeconfig_error};
 use crate::runner::humanize;
 
@@ -40,8 +41,9 @@ pub struct Downstream {
     pub key: String,
     /// What users call it: `NS/NAME` of each Fleet Cluster, or the context name.
     pub names: Vec<String>,
-    /// How to reach it, or why it cannot be reached.
-    pub config: Result<kube::Config, String>,
+    /// A client to reach it (kept between runs, [`crate::client_cache`]), or why it cannot be
+    /// reached.
+    pub client: Result<kube::Client, String>,
 }
 
 impl Downstream {
@@ -56,7 +58,7 @@ impl std::fmt::Debug for Downstream {
         f.debug_struct("Downstream")
             .field("key", &self.key)
             .field("names", &self.names)
-            .field("reachable", &self.config.is_ok())
+            .field("reachable", &self.client.is_ok())
             .finish()
     }
 }
@@ -87,11 +89,9 @@ pub async fn kube_system_uid(client: &kube::Client) -> Result<Option<String>, ku
     Ok(ns.metadata.uid.filter(|u| !u.is_empty()))
 }
 
-/// The identity key of the cluster `config` reaches, or why it cannot be had.
-async fn identify(config: &kube::Config, timeout: Duration) -> Result<String, String> {
-    let client = kube::Client::try_from(config.clone())
-        .map_err(|e| format!("cannot build a client: {e}"))?;
-    match tokio::time::timeout(timeout, kube_system_uid(&client)).await {
+/// The identity key of the cluster `client` reaches, or why it cannot be had.
+async fn identify(client: &kube::Client, timeout: Duration) -> Result<String, String> {
+    match tokio::time::timeout(timeout, kube_system_uid(client)).await {
         Err(_) => Err(format!(
             "no answer within --cluster-timeout {}",
             humanize(timeout)
@@ -107,19 +107,19 @@ async fn identify(config: &kube::Config, timeout: Duration) -> Result<String, St
     }
 }
 
-/// An entry with its credentials: its name, its key should it stay unidentified, its config.
-type Entry = (String, String, Result<kube::Config, String>);
+/// An entry with its client: its name, its key should it stay unidentified, its client.
+type Entry = (String, String, Result<kube::Client, String>);
 
-/// Identifies every entry (bounded, each within its deadline); returns `(key, name, config)`
+/// Identifies every entry (bounded, each within its deadline); returns `(key, name, client)`
 /// in the order given. An entry that cannot be identified keeps its own key and becomes
 /// unreachable with the reason.
 async fn identify_all(entries: Vec<Entry>, limits: Limits) -> Vec<Entry> {
     futures::stream::iter(entries)
-        .map(|(name, own_key, config)| async move {
-            match config {
+        .map(|(name, own_key, client)| async move {
+            match client {
                 Err(e) => (own_key, name, Err(e)),
-                Ok(config) => match identify(&config, limits.timeout).await {
-                    Ok(key) => (key, name, Ok(config)),
+                Ok(client) => match identify(&client, limits.timeout).await {
+                    Ok(key) => (key, name, Ok(client)),
                     Err(why) => (own_key, name, Err(why)),
                 },
             }
@@ -127,6 +127,14 @@ async fn identify_all(entries: Vec<Entry>, limits: Limits) -> Vec<Entry> {
         .buffered(limits.concurrency.max(1))
         .collect()
         .await
+}
+
+/// A client for `config`, kept under `key` for the next runs.
+fn build_client(ctx: &Ctx, key: ClientKey, config: kube::Config) -> Result<kube::Client, String> {
+    let client =
+        kube::Client::try_from(config).map_err(|e| format!("cannot build a client: {e}"))?;
+    ctx.clients.insert(key, client.clone());
+    Ok(client)
 }
 
 /// `NS/NAME` of a Fleet Cluster.
@@ -138,6 +146,25 @@ pub fn cluster_name(c: &Cluster) -> String {
     )
 }
 
+/// The kubeconfig Secret `(namespace, name)` of a Cluster, or why it is not read.
+fn kubeconfig_secret_of(ctx: &Ctx, cluster: &Cluster) -> Result<(String, String), String> {
+    match cluster.kubeconfig_secret() {
+        None => Err("the Cluster has no spec.kubeConfigSecret".to_string()),
+        Some((ns, secret_name))
+            if !cluster.fleet_reads_kubeconfig_from(&ns)
+                && !ctx.kubeconfig_namespaces.contains(&ns) =>
+        {
+            Err(format!(
+                "kubeConfigSecretNamespace {ns} is not a namespace Fleet reads kubeconfigs \
+                 from (the Cluster's own, {}, cluster-*), so Secret {ns}/{secret_name} was not \
+                 read; --allow-kubeconfig-namespace {ns} allows it",
+                FLEET_KUBECONFIG_NAMESPACES.join(", ")
+            ))
+        }
+        Some(secret) => Ok(secret),
+    }
+}
+
 /// Resolves Fleet Clusters to downstreams. Returns the downstreams and, per input Cluster (same
 /// order), the key of its downstream.
 pub async fn resolve_fleet(
@@ -145,48 +172,42 @@ pub async fn resolve_fleet(
     clusters: &[Cluster],
     limits: Limits,
 ) -> (Vec<Downstream>, Vec<String>) {
-    let mut secrets: BTreeMap<(String, String), Result<Option<Secret>, String>> = BTreeMap::new();
+    // Each kubeconfig Secret once, as many at a time as clusters are worked on: read one by
+    // one, a fleet of 1000 Clusters waited for 1000 round trips before every run.
+    let wanted: BTreeSet<(String, String)> = clusters
+        .iter()
+        .filter_map(|c| kubeconfig_secret_of(ctx, c).ok())
+        .collect();
+    let secrets: BTreeMap<(String, String), Result<Option<Secret>, String>> =
+        futures::stream::iter(wanted)
+            .map(|(ns, secret_name)| async move {
+                let api: Api<Secret> = Api::namespaced(ctx.upstream.clone(), &ns);
+                let got = api.get_opt(&secret_name).await.map_err(|e| {
+                    format!(
+                        "cannot read kubeconfig Secret {ns}/{secret_name}: {}",
+                        api_error::describe(&e)
+                    )
+                });
+                ((ns, secret_name), got)
+            })
+            .buffer_unordered(limits.concurrency.max(1))
+            .collect()
+            .await;
     let mut entries = Vec::with_capacity(clusters.len());
     for cluster in clusters {
         let name = cluster_name(cluster);
-        let config = match cluster.kubeconfig_secret() {
-            None => Err("the Cluster has no spec.kubeConfigSecret".to_string()),
-            Some((ns, secret_name))
-                if !cluster.fleet_reads_kubeconfig_from(&ns)
-                    && !ctx.kubeconfig_namespaces.contains(&ns) =>
-            {
-                Err(format!(
-                    "kubeConfigSecretNamespace {ns} is not a namespace Fleet reads kubeconfigs \
-                     from (the Cluster's own, {}, cluster-*), so Secret {ns}/{secret_name} was not \
-                     read; --allow-kubeconfig-namespace {ns} allows it",
-                    FLEET_KUBECONFIG_NAMESPACES.join(", ")
-                ))
-            }
-            Some((ns, secret_name)) => {
-                let entry = secrets.entry((ns.clone(), secret_name.clone()));
-                let fetched = match entry {
-                    std::collections::btree_map::Entry::Occupied(o) => o.get().clone(),
-                    std::collections::btree_map::Entry::Vacant(v) => {
-                        let api: Api<Secret> = Api::namespaced(ctx.upstream.clone(), &ns);
-                        let got = api.get_opt(&secret_name).await.map_err(|e| {
-                            format!(
-                                "cannot read kubeconfig Secret {ns}/{secret_name}: {}",
-                                api_error::describe(&e)
-                            )
-                        });
-                        v.insert(got).clone()
-                    }
-                };
-                match fetched {
-                    Err(e) => Err(e),
-                    Ok(None) => Err(format!("kubeconfig Secret {ns}/{secret_name} not found")),
-                    Ok(Some(secret)) => config_from_secret(ctx, &secret)
-                        .await
-                        .map_err(|e| format!("kubeconfig Secret {ns}/{secret_name}: {e}")),
-                }
-            }
+        let client = match kubeconfig_secret_of(ctx, cluster) {
+            Err(e) => Err(e),
+            Ok((ns, secret_name)) => match secrets.get(&(ns.clone(), secret_name.clone())) {
+                None => Err(format!("kubeconfig Secret {ns}/{secret_name} was not read")),
+                Some(Err(e)) => Err(e.clone()),
+                Some(Ok(None)) => Err(format!("kubeconfig Secret {ns}/{secret_name} not found")),
+                Some(Ok(Some(secret))) => client_from_secret(ctx, secret)
+                    .await
+                    .map_err(|e| format!("kubeconfig Secret {ns}/{secret_name}: {e}")),
+            },
         };
-        entries.push((name.clone(), format!("cluster:{name}"), config));
+        entries.push((name.clone(), format!("cluster:{name}"), client));
     }
     let resolved = identify_all(entries, limits).await;
     let keys = resolved.iter().map(|(k, _, _)| k.clone()).collect();
@@ -198,8 +219,15 @@ pub async fn resolve_fleet(
 pub async fn resolve_contexts(ctx: &Ctx, contexts: &[String], limits: Limits) -> Vec<Downstream> {
     let mut entries = Vec::new();
     for name in contexts {
-        let config = ctx.context_config(name).await;
-        entries.push((name.clone(), format!("context:{name}"), config));
+        let key = ClientKey::Context(name.clone());
+        let client = match ctx.clients.get(&key) {
+            Some(client) => Ok(client),
+            None => match ctx.context_config(name).await {
+                Ok(config) => build_client(ctx, key, config),
+                Err(e) => Err(e),
+            },
+        };
+        entries.push((name.clone(), format!("context:{name}"), client));
     }
     merge(identify_all(entries, limits).await)
 }
@@ -208,33 +236,38 @@ pub async fn resolve_contexts(ctx: &Ctx, contexts: &[String], limits: Limits) ->
 /// of an entry is the one used.
 fn merge(resolved: Vec<Entry>) -> Vec<Downstream> {
     let mut out: Vec<Downstream> = Vec::new();
-    for (key, name, config) in resolved {
+    for (key, name, client) in resolved {
         match out.iter_mut().find(|d| d.key == key) {
             Some(d) => {
                 if !d.names.contains(&name) {
                     d.names.push(name);
                 }
-                if d.config.is_err() && config.is_ok() {
-                    d.config = config;
+                if d.client.is_err() && client.is_ok() {
+                    d.client = client;
                 }
             }
             None => out.push(Downstream {
                 key,
                 names: vec![name],
-                config,
+                client,
             }),
         }
     }
     out
 }
 
-/// A client configuration from a Fleet kubeconfig Secret (data key `value`).
-async fn config_from_secret(ctx: &Ctx, secret: &Secret) -> Result<kube::Config, String> {
+/// A client from a Fleet kubeconfig Secret (data key `value`): the one kept from an earlier run
+/// for the same bytes, else a new one.
+async fn client_from_secret(ctx: &Ctx, secret: &Secret) -> Result<kube::Client, String> {
     let bytes = secret
         .data
         .as_ref()
         .and_then(|d| d.get(KUBECONFIG_DATA_KEY))
         .ok_or_else(|| format!("no data key `{KUBECONFIG_DATA_KEY}`"))?;
+    let key = ClientKey::Kubeconfig(bytes.0.clone());
+    if let Some(client) = ctx.clients.get(&key) {
+        return Ok(client);
+    }
     let text = std::str::from_utf8(&bytes.0)
         .map_err(|_| format!("data key `{KUBECONFIG_DATA_KEY}` is not UTF-8 text"))?;
     let kubeconfig = Kubeconfig::from_yaml(text).map_err(|e| kubeconfig_error(&e))?;
@@ -244,7 +277,7 @@ async fn config_from_secret(ctx: &Ctx, secret: &Secret) -> Result<kube::Config, 
             .await
             .map_err(|e| kubeconfig_error(&e))?;
     ctx.limit(&mut config);
-    Ok(config)
+    build_client(ctx, key, config)
 }
 
 /// A kubeconfig read from a Secret is data, not configuration of this machine: it must not
@@ -340,9 +373,13 @@ current-context: x
         }
     }
 
-    #[test]
-    fn entries_of_one_identity_merge() {
-        let cfg = |url: &str| kube::Config::new(url.parse().unwrap());
+    fn client(url: &str) -> kube::Client {
+        kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap()
+    }
+
+    #[tokio::test]
+    async fn entries_of_one_identity_merge() {
+        let cfg = client;
         let a = identity_key("uid-a");
         let merged = merge(vec![
             (a.clone(), "ns1/a".into(), Ok(cfg("https://10.0.0.1:6443"))),
@@ -361,7 +398,7 @@ current-context: x
         ]);
         let summary: Vec<(String, String, bool)> = merged
             .iter()
-            .map(|d| (d.key.clone(), d.display(), d.config.is_ok()))
+            .map(|d| (d.key.clone(), d.display(), d.client.is_ok()))
             .collect();
         assert_eq!(
             summary,
@@ -387,7 +424,7 @@ current-context: x
             (
                 "ns/down".to_string(),
                 "cluster:ns/down".to_string(),
-                Ok(kube::Config::new("https://127.0.0.1:1".parse().unwrap())),
+                Ok(client("https://127.0.0.1:1")),
             ),
             (
                 "ns/nocreds".to_string(),

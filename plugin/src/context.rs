@@ -15,6 +15,7 @@ use helmop_core::plan::validate_upstream_id;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::args::KubeArgs;
+use crate::client_cache::ClientCache;
 use crate::error::PluginError;
 use crate::{api_error, clusters, upstream_id};
 
@@ -42,6 +43,8 @@ pub struct Ctx {
     pub request_timeout: Duration,
     /// `--allow-kubeconfig-namespace`: where kubeconfig Secrets may be read beyond what Fleet reads.
     pub kubeconfig_namespaces: Vec<String>,
+    /// Downstream clients kept between runs ([`crate::client_cache`]).
+    pub clients: Arc<ClientCache>,
     writes: Arc<AtomicU64>,
 }
 
@@ -52,6 +55,7 @@ impl std::fmt::Debug for Ctx {
             .field("namespace", &self.namespace)
             .field("request_timeout", &self.request_timeout)
             .field("writes", &self.writes())
+            .field("clients", &self.clients.len())
             .finish_non_exhaustive()
     }
 }
@@ -109,6 +113,7 @@ impl Ctx {
             kubeconfig,
             request_timeout: args.request_timeout,
             kubeconfig_namespaces: args.kubeconfig_namespaces.clone(),
+            clients: Arc::new(ClientCache::default()),
             writes: Arc::new(AtomicU64::new(0)),
         })
     }

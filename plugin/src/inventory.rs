@@ -180,6 +180,8 @@ pub async fn enumerate(
     for_prune: bool,
     limits: Limits,
 ) -> Result<Inventory, PluginError> {
+    // Clients of clusters this enumeration no longer reaches go with their connections.
+    ctx.clients.sweep();
     let listing = match selection {
         Selection::One { namespace, .. } if for_prune => Selection::Namespace(namespace.clone()),
         other => other.clone(),
@@ -794,7 +796,7 @@ mod tests {
         let ds = |key: &str, name: &str| Downstream {
             key: key.into(),
             names: vec![name.into()],
-            config: Err("unused".into()),
+            client: Err("unused".into()),
         };
         let downstreams = [
             ds("https://e", "east"),

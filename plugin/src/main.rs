@@ -5,6 +5,7 @@ mod api_error;
 mod args;
 mod argv;
 mod cli;
+mod client_cache;
 mod clusters;
 mod cmd;
 mod complete;

@@ -484,8 +484,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn wants_of_unidentified_entries_count_on_every_identified_cluster() {
+    #[tokio::test]
+    async fn wants_of_unidentified_entries_count_on_every_identified_cluster() {
         use crate::inventory::Selection;
         use helmop_core::resource::ResourceRef;
         let want = |cluster: &str, helmop: &str| DesiredCopy {
@@ -498,8 +498,11 @@ mod tests {
         let downstream = |key: &str, ok: bool| Downstream {
             key: key.into(),
             names: vec![key.into()],
-            config: if ok {
-                Ok(kube::Config::new("https://a.invalid".parse().unwrap()))
+            client: if ok {
+                Ok(
+                    kube::Client::try_from(kube::Config::new("https://a.invalid".parse().unwrap()))
+                        .unwrap(),
+                )
             } else {
                 Err("no answer".into())
             },

@@ -66,18 +66,17 @@ where
     let bar_ref = &bar;
     let mut results: Vec<ClusterResult<T>> = futures::stream::iter(downstreams.iter().enumerate())
         .map(|(index, downstream)| async move {
-            let outcome = match &downstream.config {
+            let outcome = match &downstream.client {
                 Err(reason) => Err(reason.clone()),
-                Ok(config) => match kube::Client::try_from(config.clone()) {
-                    Err(e) => Err(format!("cannot build a client: {e}")),
-                    Ok(client) => match tokio::time::timeout(deadline, work(index, client)).await {
+                Ok(client) => {
+                    match tokio::time::timeout(deadline, work(index, client.clone())).await {
                         Ok(outcome) => outcome,
                         Err(_) => Err(format!(
                             "no answer within --cluster-timeout {}",
                             humanize(deadline)
                         )),
-                    },
-                },
+                    }
+                }
             };
             let name = downstream.display();
             if let Some(bar) = bar_ref {
@@ -127,9 +126,10 @@ mod tests {
         Downstream {
             key: format!("https://{name}"),
             names: vec![name.into()],
-            config: Ok(kube::Config::new(
+            client: Ok(kube::Client::try_from(kube::Config::new(
                 format!("https://{name}.invalid").parse().unwrap(),
-            )),
+            ))
+            .unwrap()),
         }
     }
 
@@ -141,7 +141,7 @@ mod tests {
             Downstream {
                 key: "cluster:x/nocreds".into(),
                 names: vec!["x/nocreds".into()],
-                config: Err("kubeconfig Secret x/k not found".into()),
+                client: Err("kubeconfig Secret x/k not found".into()),
             },
             reachable("fast2"),
         ];

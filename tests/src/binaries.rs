@@ -76,7 +76,16 @@ pub struct PluginProcess {
 impl PluginProcess {
     /// Starts `kubectl-helmop ARGS` with these extra environment variables.
     pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<PluginProcess> {
-        let mut child = Command::new(plugin_binary()?)
+        Self::spawn_binary(&plugin_binary()?, args, env)
+    }
+
+    /// [`PluginProcess::spawn`] of a given `kubectl-helmop` (e.g. a release build the benchmarks drive).
+    pub fn spawn_binary(
+        binary: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<PluginProcess> {
+        let mut child = Command::new(binary)
             .args(args)
             .env("NO_COLOR", "1")
             .envs(env.iter().copied())
@@ -84,7 +93,7 @@ impl PluginProcess {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .context("starting kubectl-helmop")?;
+            .with_context(|| format!("starting {}", binary.display()))?;
         let lines = Arc::new(Mutex::new(Vec::new()));
         let stderr = Arc::new(Mutex::new(String::new()));
         if let Some(out) = child.stdout.take() {

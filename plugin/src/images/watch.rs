@@ -49,7 +49,7 @@ pub async fn run(args: WatchOptions, setup: SetupOptions<'_>) -> Result<ExitStat
     let mut rollouts = Rollouts::new(debounce);
     events.emit(
         "started",
-        json!({
+        &json!({
             "scope": setup.scope(),
             "interval": humanize(args.interval),
             "debounce": humanize(debounce),
@@ -80,7 +80,7 @@ pub async fn run(args: WatchOptions, setup: SetupOptions<'_>) -> Result<ExitStat
                     match verdict {
                         Verdict::NotRepinned(key, retry_in) => events.emit(
                             "not-repinned",
-                            json!({"namespace": key.0, "workload": key.1, "retryIn": humanize(retry_in)}),
+                            &json!({"namespace": key.0, "workload": key.1, "retryIn": humanize(retry_in)}),
                             format!(
                                 "{} in namespace {} is still outdated after its restamp (is the helmop webhook installed, with image mode pin or annotate?); retrying in {}",
                                 key.1, key.0, humanize(retry_in)
@@ -93,7 +93,7 @@ pub async fn run(args: WatchOptions, setup: SetupOptions<'_>) -> Result<ExitStat
                             if args.dry_run {
                                 events.emit(
                                     "would-restamp",
-                                    json!({"namespace": key.0, "workload": key.1, "reasons": reasons}),
+                                    &json!({"namespace": key.0, "workload": key.1, "reasons": reasons}),
                                     format!("would restamp {} in namespace {} ({})", key.1, key.0, reasons.join("; ")),
                                 );
                                 continue;
@@ -108,7 +108,7 @@ pub async fn run(args: WatchOptions, setup: SetupOptions<'_>) -> Result<ExitStat
                                     setup.ctx.record_write();
                                     events.emit(
                                         "restamped",
-                                        json!({"namespace": key.0, "workload": key.1, "reasons": reasons, "restamp": value}),
+                                        &json!({"namespace": key.0, "workload": key.1, "reasons": reasons, "restamp": value}),
                                         format!(
                                             "restamped {} in namespace {} ({}): {ANN_RESTAMP}={value}",
                                             key.1, key.0, reasons.join("; ")
@@ -119,7 +119,7 @@ pub async fn run(args: WatchOptions, setup: SetupOptions<'_>) -> Result<ExitStat
                                     let retry_in = rollouts.failed(Instant::now(), &key);
                                     events.emit(
                                         "failed",
-                                        json!({"namespace": key.0, "workload": key.1, "error": e.to_string(), "retryIn": humanize(retry_in)}),
+                                        &json!({"namespace": key.0, "workload": key.1, "error": e.to_string(), "retryIn": humanize(retry_in)}),
                                         format!(
                                             "restamping {} in namespace {} failed: {e}; retrying in {}",
                                             key.1, key.0, humanize(retry_in)
@@ -137,7 +137,7 @@ pub async fn run(args: WatchOptions, setup: SetupOptions<'_>) -> Result<ExitStat
                 let wait = backoff(failures, MAX_POLL_BACKOFF).max(args.interval);
                 events.emit(
                     "failed",
-                    json!({"poll": poll, "error": e.to_string(), "retryIn": humanize(wait)}),
+                    &json!({"poll": poll, "error": e.to_string(), "retryIn": humanize(wait)}),
                     format!("poll {poll} failed: {e}; retrying in {}", humanize(wait)),
                 );
                 wait
@@ -215,7 +215,7 @@ fn poll_event(events: &Events, poll: u64, scan: &super::scan::Scan, wide: bool) 
     }
     events.emit(
         "poll",
-        json!({"poll": poll, "summary": doc.summary, "rows": doc.rows, "warnings": doc.warnings}),
+        &json!({"poll": poll, "summary": doc.summary, "rows": doc.rows, "warnings": doc.warnings}),
         text,
     );
 }

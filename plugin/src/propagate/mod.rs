@@ -991,7 +991,7 @@ mod tests {
         let d1 = Downstream {
             key: "https://d1".into(),
             names: vec!["team/d1".into()],
-            config: Err("down".into()),
+            client: Err("down".into()),
         };
         let rows = unreachable_rows(&inv, &d1, "connection refused");
         assert_eq!(rows.len(), 1);
@@ -1003,7 +1003,7 @@ mod tests {
         let d2 = Downstream {
             key: "https://d2".into(),
             names: vec!["team/d2".into()],
-            config: Err("down".into()),
+            client: Err("down".into()),
         };
         let rows = unreachable_rows(&inv, &d2, "timeout");
         assert_eq!(

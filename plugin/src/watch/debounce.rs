@@ -1,10 +1,20 @@
-//! When to run after changes: once the changes have been quiet for the debounce period, but never
-//! later than a maximum delay after the first of them (a steady stream of changes must not starve
+//! When to run after changes. The first change after a quiet period runs almost at once (the
+//! leading edge: [`GATHER`] later, so the objects of one `kubectl apply` arrive together); changes
+//! that come while a run is in flight or within the debounce period after one wait until they have
+//! been quiet for the debounce period (the trailing edge coalesces a burst into one run), but never
+//! longer than a maximum delay after the first of them (a steady stream of changes must not starve
 //! propagation), and not before a retry back-off after a failed run.
+//!
+//! Why a leading edge: with a trailing debounce only, every single edit waited the whole debounce
+//! period (1 s by default) before its run, most of the edit-to-copy latency on a small fleet
+//! (docs/performance.md, "Watching a fleet"). A burst now costs at most one run more than before.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+/// How long the leading edge waits for the rest of one apply (at most the debounce period).
+pub const GATHER: Duration = Duration::from_millis(100);
 
 /// Pending work and why.
 #[derive(Debug, Default)]
@@ -13,12 +23,25 @@ pub struct Pending {
     last: Option<Instant>,
     not_before: Option<Instant>,
     reasons: Vec<String>,
+    /// Whether a change after a quiet period runs at once ([`Pending::leading_edge`]).
+    leading: bool,
+    /// When the last run ended (kept across [`Pending::take`]).
+    last_run: Option<Instant>,
 }
 
 /// At most this many distinct reasons are kept for the report of one run.
 const MAX_REASONS: usize = 8;
 
 impl Pending {
+    /// Pending work that runs on the leading edge (`propagate --watch`). The default waits for
+    /// quiet every time (`images --watch`: a digest must stay put for the debounce period).
+    pub fn leading_edge() -> Pending {
+        Pending {
+            leading: true,
+            ..Pending::default()
+        }
+    }
+
     /// Something changed at `now`.
     pub fn mark(&mut self, now: Instant, reason: impl Into<String>) {
         self.first.get_or_insert(now);
@@ -35,10 +58,20 @@ impl Pending {
         self.not_before = Some(at);
     }
 
+    /// A run ended at `now` (whatever its outcome).
+    pub fn ran(&mut self, now: Instant) {
+        self.last_run = Some(now);
+    }
+
     /// When to run, if anything is pending.
     pub fn due(&self, debounce: Duration, max_delay: Duration) -> Option<Instant> {
         let (first, last) = (self.first?, self.last?);
-        let due = (last + debounce).min(first + max_delay.max(debounce));
+        let quiet_before = self.leading && self.last_run.is_none_or(|r| first >= r + debounce);
+        let due = if quiet_before {
+            first + GATHER.min(debounce)
+        } else {
+            (last + debounce).min(first + max_delay.max(debounce))
+        };
         Some(match self.not_before {
             Some(nb) => due.max(nb),
             None => due,
@@ -48,7 +81,11 @@ impl Pending {
     /// Takes the reasons and clears the pending state (the run is starting).
     pub fn take(&mut self) -> Vec<String> {
         let reasons = std::mem::take(&mut self.reasons);
-        *self = Pending::default();
+        *self = Pending {
+            leading: self.leading,
+            last_run: self.last_run,
+            ..Pending::default()
+        };
         reasons
     }
 }
@@ -72,10 +109,51 @@ mod tests {
         assert_eq!(p.due(D, MAX), None);
     }
 
+    /// A pending state right after a run that ended at `t`.
+    fn after_run(t: Instant) -> Pending {
+        let mut p = Pending::leading_edge();
+        p.ran(t);
+        p
+    }
+
     #[test]
-    fn quiet_period_restarts_with_each_change() {
+    fn a_change_after_a_quiet_period_runs_at_once() {
+        let t = Instant::now();
+        let mut p = Pending::leading_edge();
+        p.mark(t, "start");
+        assert_eq!(p.due(D, MAX), Some(t + GATHER));
+        // More of the same apply within the gathering window do not delay it.
+        p.mark(t + Duration::from_millis(50), "b");
+        assert_eq!(p.due(D, MAX), Some(t + GATHER));
+        p.take();
+        p.ran(t + Duration::from_secs(1));
+        let later = t + Duration::from_secs(1) + D;
+        p.mark(later, "edit");
+        assert_eq!(p.due(D, MAX), Some(later + GATHER));
+        // Never later than a trailing debounce would have run.
+        assert_eq!(
+            p.due(Duration::from_millis(20), MAX),
+            Some(later + Duration::from_millis(20))
+        );
+    }
+
+    #[test]
+    fn without_the_leading_edge_every_change_waits_for_quiet() {
         let t = Instant::now();
         let mut p = Pending::default();
+        p.mark(t, "a");
+        assert_eq!(p.due(D, MAX), Some(t + D));
+        p.mark(t + Duration::from_millis(300), "b");
+        assert_eq!(p.due(D, MAX), Some(t + Duration::from_millis(800)));
+        p.take();
+        p.mark(t + Duration::from_secs(10), "c");
+        assert_eq!(p.due(D, MAX), Some(t + Duration::from_secs(10) + D));
+    }
+
+    #[test]
+    fn changes_right_after_a_run_wait_for_quiet() {
+        let t = Instant::now();
+        let mut p = after_run(t);
         p.mark(t, "a");
         assert_eq!(p.due(D, MAX), Some(t + D));
         p.mark(t + Duration::from_millis(300), "b");
@@ -85,7 +163,7 @@ mod tests {
     #[test]
     fn a_steady_stream_cannot_starve_the_run() {
         let t = Instant::now();
-        let mut p = Pending::default();
+        let mut p = after_run(t);
         for i in 0..100 {
             p.mark(t + Duration::from_millis(100 * i), "churn");
         }
@@ -99,6 +177,20 @@ mod tests {
         p.retry_at(t + Duration::from_secs(4), "retry");
         p.mark(t, "change");
         assert_eq!(p.due(D, MAX), Some(t + Duration::from_secs(4)));
+        // With the leading edge a retry is a change at its time, gathered like any other.
+        let mut p = after_run(t);
+        p.retry_at(t + Duration::from_secs(4), "retry");
+        assert_eq!(p.due(D, MAX), Some(t + Duration::from_secs(4) + GATHER));
+    }
+
+    #[test]
+    fn take_keeps_when_the_last_run_ended() {
+        let t = Instant::now();
+        let mut p = after_run(t);
+        p.mark(t, "a");
+        p.take();
+        p.mark(t + Duration::from_millis(10), "b");
+        assert_eq!(p.due(D, MAX), Some(t + Duration::from_millis(10) + D));
     }
 
     #[test]

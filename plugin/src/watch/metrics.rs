@@ -88,6 +88,7 @@ pub struct Metrics {
     errors: Family<KindLabel, Counter>,
     last_success: Family<ClusterLabel, Gauge>,
     leader: Gauge,
+    clients: Gauge,
 }
 
 impl Default for Metrics {
@@ -129,6 +130,12 @@ impl Metrics {
             "1 while this process holds the leader-election Lease (or runs without election), else 0",
             leader.clone(),
         );
+        let clients = Gauge::default();
+        registry.register(
+            "downstream_clients",
+            "Downstream clients kept between runs (one per distinct kubeconfig Secret or context; bounded by the fleet, not by the runs)",
+            clients.clone(),
+        );
         registry.register(
             "build",
             "Version of kubectl-helmop",
@@ -141,7 +148,13 @@ impl Metrics {
             errors,
             last_success,
             leader,
+            clients,
         }
+    }
+
+    /// Downstream clients kept after a run ([`crate::client_cache`]).
+    pub fn set_clients(&self, n: usize) {
+        self.clients.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     pub fn set_leader(&self, leading: bool) {

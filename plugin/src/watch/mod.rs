@@ -48,8 +48,10 @@ pub struct WatchArgs {
     #[arg(long)]
     pub watch: bool,
 
-    /// With --watch: how long changes must be quiet before a run (changes arriving meanwhile are
-    /// handled together); a steady stream of changes still runs at least every 10 times this
+    /// With --watch: a change after a quiet period runs within 100ms (or this, if shorter);
+    /// changes arriving during a run or within this long after one wait until they have been
+    /// quiet this long and are handled together; a steady stream of changes still runs at least
+    /// every 10 times this
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s", requires = "watch")]
     pub debounce: Duration,
 
@@ -188,7 +190,7 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let max_delay = watch_args.debounce * 10;
-    let mut pending = Pending::default();
+    let mut pending = Pending::leading_edge();
     pending.mark(Instant::now(), "start");
     let mut next_resync = resync_after(watch_args.resync);
     let mut run_number = 0u64;
@@ -243,11 +245,13 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
                         _ = heartbeat.tick() => health.beat(),
                     }
                 };
+                pending.ran(Instant::now());
                 match outcome {
                     Outcome::Done(Ok(report)) => {
                         failures = 0;
                         watches.note_namespaces(&report.namespaces);
                         metrics.run_done(&report, k8s_openapi::jiff::Timestamp::now().as_second());
+                        metrics.set_clients(ctx.clients.len());
                         events.run(run_number, &reasons, &report);
                         // Only the leader tells: a run only completes while leading.
                         if *leading.borrow() && let Some(n) = notices.as_mut() {

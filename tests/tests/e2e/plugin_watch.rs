@@ -253,6 +253,79 @@ async fn watch_propagates_changes_within_seconds_without_a_rerun() -> anyhow::Re
     Ok(())
 }
 
+/// Sockets a process holds open (`/proc/PID/fd` links to `socket:[...]`).
+fn open_sockets(pid: u32) -> anyhow::Result<usize> {
+    let mut n = 0;
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
+        let Ok(link) = std::fs::read_link(entry?.path()) else {
+            continue;
+        };
+        n += usize::from(link.to_string_lossy().starts_with("socket:"));
+    }
+    Ok(n)
+}
+
+/// What a watcher holds must not grow with the edits it handles: one downstream client per
+/// cluster (kept between runs, not rebuilt per run), whatever the number of runs; sockets bounded
+/// by the clusters and watches, not by the runs. (Counts, not timings or RSS.)
+#[tokio::test]
+async fn watch_holds_one_client_per_cluster_however_many_edits() -> anyhow::Result<()> {
+    let f = Fixture::new("watchcost").await?;
+    f.register(DOWNSTREAM_2).await?;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()?;
+    let mut w = f.spawn_watcher(&["--no-leader-election", "--metrics-addr", "127.0.0.1:0"])?;
+    let started = w
+        .wait_event("the started event", PROPAGATION_BOUND, 0, |e| {
+            e["event"] == "started"
+        })
+        .await?;
+    let addr = crate::propagator_service::addr_of(&started)?;
+    w.wait_event("the start-up run", PROPAGATION_BOUND, 0, |e| {
+        e["event"] == "run"
+    })
+    .await?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "one", PROPAGATION_BOUND).await?;
+    wait_copy(DOWNSTREAM_2, &f.ns, "one", PROPAGATION_BOUND).await?;
+
+    const EDITS: usize = 12;
+    let mut sockets = Vec::new();
+    for edit in 0..EDITS {
+        let seen = w.events().len();
+        let value = format!("edit-{edit}");
+        f.set_source(&value).await?;
+        let reason = format!("Secret {}/db changed", f.ns);
+        w.wait_event("the run of the edit", PROPAGATION_BOUND, seen, |e| {
+            is_run_for(e, &reason)
+        })
+        .await?;
+        wait_copy(DOWNSTREAM_1, &f.ns, &value, PROPAGATION_BOUND).await?;
+        wait_copy(DOWNSTREAM_2, &f.ns, &value, PROPAGATION_BOUND).await?;
+        let m = crate::propagator_service::scrape(&http, &addr).await?;
+        let clients = crate::propagator_service::metric(&m, "helmop_propagator_downstream_clients");
+        assert_eq!(
+            clients, 2.0,
+            "after edit {edit}: one client per downstream cluster, kept between runs"
+        );
+        sockets.push(open_sockets(w.pid())?);
+    }
+    let runs = w.events_named("run").len();
+    assert!(runs > EDITS, "every edit ran: {runs} runs\n{}", w.context());
+    // Connections are reused: the sockets after the last edit are no more than after the first
+    // few (a client per run would add a pool per run until its idle connections time out).
+    let early = sockets[..3].iter().copied().max().unwrap_or(0);
+    let late = sockets[EDITS - 3..].iter().copied().max().unwrap_or(0);
+    assert!(
+        late <= early + 2,
+        "sockets grow with the edits handled: {sockets:?}"
+    );
+    w.signal(libc::SIGTERM)?;
+    let status = w.wait_exit(Duration::from_secs(15)).await?;
+    assert_eq!(status.code(), Some(0), "{}", w.context());
+    Ok(())
+}
+
 /// `[from, to)` intervals in which a watcher considered itself leader, from its events; `end` closes
 /// an interval still open (the process was killed).
 fn leadership(events: &[Value], end: Timestamp) -> anyhow::Result<Vec<(Timestamp, Timestamp)>> {

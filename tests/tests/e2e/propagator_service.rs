@@ -22,7 +22,7 @@ const BOUND: Duration = Duration::from_secs(20);
 const SECRET_VALUE: &str = "s3cret-value-never-in-events";
 
 /// Metric samples by `name{labels}` as printed.
-fn samples(text: &str) -> BTreeMap<String, f64> {
+pub(crate) fn samples(text: &str) -> BTreeMap<String, f64> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
         .filter_map(|l| {
@@ -32,7 +32,11 @@ fn samples(text: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
-async fn get(http: &reqwest::Client, addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
+pub(crate) async fn get(
+    http: &reqwest::Client,
+    addr: &str,
+    path: &str,
+) -> anyhow::Result<(u16, String)> {
     let resp = http
         .get(format!("http://{addr}{path}"))
         .send()
@@ -42,7 +46,10 @@ async fn get(http: &reqwest::Client, addr: &str, path: &str) -> anyhow::Result<(
     Ok((code, resp.text().await?))
 }
 
-async fn scrape(http: &reqwest::Client, addr: &str) -> anyhow::Result<BTreeMap<String, f64>> {
+pub(crate) async fn scrape(
+    http: &reqwest::Client,
+    addr: &str,
+) -> anyhow::Result<BTreeMap<String, f64>> {
     let (code, text) = get(http, addr, "/metrics").await?;
     if code != 200 {
         bail!("/metrics answered {code}: {text}");
@@ -50,7 +57,7 @@ async fn scrape(http: &reqwest::Client, addr: &str) -> anyhow::Result<BTreeMap<S
     Ok(samples(&text))
 }
 
-fn metric(m: &BTreeMap<String, f64>, key: &str) -> f64 {
+pub(crate) fn metric(m: &BTreeMap<String, f64>, key: &str) -> f64 {
     m.get(key).copied().unwrap_or(0.0)
 }
 
@@ -63,7 +70,7 @@ fn reasons(events: &[Event]) -> Vec<String> {
     r
 }
 
-fn addr_of(started: &Value) -> anyhow::Result<String> {
+pub(crate) fn addr_of(started: &Value) -> anyhow::Result<String> {
     Ok(started["metricsAddr"]
         .as_str()
         .context("the started event names no metricsAddr")?
