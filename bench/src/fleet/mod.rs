@@ -4,5 +4,6 @@
 pub mod bench;
 pub mod proxy;
 pub mod route;
+pub mod scenario;
 pub mod sim;
 pub mod store;
