@@ -161,8 +161,9 @@ fn normalise(value: &mut Value) {
     }
     if let Some(obj) = value.as_object_mut() {
         obj.retain(|k, v| {
-            !(MAP_SECTIONS.contains(&k.as_str()) && v.as_object().is_some_and(Map::is_empty))
-                && !v.is_null()
+            let empty_section =
+                MAP_SECTIONS.contains(&k.as_str()) && v.as_object().is_some_and(Map::is_empty);
+            !empty_section && !v.is_null()
         });
     }
 }
