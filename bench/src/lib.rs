@@ -3,6 +3,7 @@
 
 pub mod baseline;
 pub mod fixtures;
+pub mod fleet;
 pub mod hash;
 pub mod hostile;
 pub mod load;

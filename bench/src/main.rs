@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use helmop_bench::fleet::bench::{self as fleet, FleetSettings};
 use helmop_bench::hostile::{self, HostileSettings};
 use helmop_bench::memory::{self, MemorySettings};
 use helmop_bench::propagate::{self, PropagateSettings};
@@ -93,6 +94,23 @@ enum Command {
         /// Extra flag for the watcher, e.g. `--watcher-arg=--resync=0` (repeatable).
         #[arg(long = "watcher-arg", allow_hyphen_values = true)]
         watcher_args: Vec<String>,
+    },
+    /// Cold propagate over N distinct (simulated) clusters against a bare client loop writing the same objects
+    /// at the same concurrency, then the unchanged rerun; real kube-apiservers as the reference.
+    Fleet {
+        /// `kubectl-helmop` to run (default: next to this binary).
+        #[arg(long)]
+        plugin_bin: Option<PathBuf>,
+        /// Simulated cluster counts (comma separated).
+        #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
+        clusters: Vec<usize>,
+        #[arg(long, default_value_t = 10)]
+        resources: usize,
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        /// Real downstream kube-apiservers for the reference run (0 skips it).
+        #[arg(long, default_value_t = 3)]
+        real: usize,
     },
     /// Webhook process RSS with many Secrets and ConfigMaps cached, then under a soak with certificate rotations.
     Memory {
@@ -235,6 +253,23 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             };
             let rows = watch::run(&settings).await?;
             println!("{}", watch::table(&rows, &settings));
+        }
+        Command::Fleet {
+            plugin_bin,
+            clusters,
+            resources,
+            concurrency,
+            real,
+        } => {
+            let settings = FleetSettings {
+                plugin_bin: plugin_bin.unwrap_or_else(|| sibling("kubectl-helmop")),
+                clusters,
+                resources,
+                concurrency,
+                real,
+            };
+            let rows = fleet::run(&settings).await?;
+            println!("{}", fleet::table(&rows, &settings));
         }
         Command::Memory {
             webhook_bin,

@@ -89,7 +89,7 @@ fn count(metrics: &str) -> (BTreeMap<String, u64>, u64) {
     (writes, requests)
 }
 
-async fn scrape(clients: &[Client]) -> anyhow::Result<(BTreeMap<String, u64>, u64)> {
+pub async fn scrape(clients: &[Client]) -> anyhow::Result<(BTreeMap<String, u64>, u64)> {
     let mut writes = BTreeMap::new();
     let mut requests = 0;
     for client in clients {
@@ -181,7 +181,7 @@ async fn propagate(
 }
 
 /// Waits (at most 60 s) until no API server sees a write for 3 s.
-async fn settle(clients: &[Client]) -> anyhow::Result<()> {
+pub async fn settle(clients: &[Client]) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut last = scrape(clients).await?.0;
     while Instant::now() < deadline {

@@ -10,7 +10,7 @@ use helmop_core::hash::{HashKey, ObjectData, content_hash};
 use helmop_core::names;
 use helmop_core::plan::{LiveFacts, ObservedCopy};
 use helmop_core::resource::{ResourceKind, ResourceRef};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{ListParams, ObjectMeta};
 use kube::{Api, Client};
 
@@ -133,6 +133,23 @@ pub async fn observe(
     let missing: Vec<&(String, ResourceRef)> = wanted
         .iter()
         .filter(|(ns, r)| obs.get(ns, r).is_none())
+        .collect();
+    // Nothing can stand in a namespace that does not exist: one GET of the namespace saves a GET per
+    // wanted place in it (all of them on a cold cluster).
+    let namespaces: BTreeSet<&str> = missing.iter().map(|(ns, _)| ns.as_str()).collect();
+    let mut present = BTreeSet::new();
+    for ns in namespaces {
+        if Api::<Namespace>::all(client.clone())
+            .get_metadata_opt(ns)
+            .await?
+            .is_some()
+        {
+            present.insert(ns);
+        }
+    }
+    let missing: Vec<&(String, ResourceRef)> = missing
+        .into_iter()
+        .filter(|(ns, _)| present.contains(ns.as_str()))
         .collect();
     type Found = Option<(ResourceKind, ObjectMeta, Option<Live>)>;
     let found: Vec<Found> = futures::stream::iter(missing)
