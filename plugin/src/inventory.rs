@@ -191,7 +191,7 @@ pub async fn enumerate(
     let (downstreams, desired, problems) = if target_contexts.is_empty() {
         let fleet = list_fleet(ctx, selection.namespace(), &helmops, false).await?;
         let (downstreams, keys) = clusters::resolve_fleet(ctx, &fleet.clusters, limits).await;
-        pause_clusters(&mut holds, &fleet.clusters, &keys);
+        pause_clusters(&mut holds, &helmops, &fleet, &keys);
         let (desired, problems) = desired_fleet(&helmops, &fleet, &keys);
         (downstreams, desired, problems)
     } else {
@@ -207,7 +207,7 @@ pub async fn enumerate(
         };
         if let Some(fleet) = fleet {
             let (_, keys) = clusters::resolve_fleet(ctx, &fleet.clusters, limits).await;
-            pause_clusters(&mut holds, &fleet.clusters, &keys);
+            pause_clusters(&mut holds, &helmops, &fleet, &keys);
             let (fleet_desired, fleet_problems) = desired_fleet(&helmops, &fleet, &keys);
             // Wants on the contexts' clusters, and those of Clusters that could not be
             // identified (prune keeps what they want everywhere).
@@ -234,12 +234,28 @@ pub async fn enumerate(
     })
 }
 
-/// Records the paused Clusters: each freezes the copies of its own namespace's HelmOps on the
-/// cluster it reaches.
-fn pause_clusters(holds: &mut Holds, clusters: &[Cluster], keys: &[String]) {
-    for (cluster, key) in clusters.iter().zip(keys) {
-        if let (true, Some(ns)) = (cluster.spec.paused(), &cluster.metadata.namespace) {
-            holds.pause_cluster(key, ns);
+/// Records the paused Clusters. Fleet pauses every BundleDeployment on a paused Cluster, so it
+/// freezes the copies of the HelmOps of its own namespace and of every namespace whose
+/// BundleNamespaceMappings reach it. (Holds are per namespace: another HelmOp of such a namespace
+/// that reaches the same physical cluster through an unpaused Cluster is frozen there too.)
+fn pause_clusters(holds: &mut Holds, helmops: &[HelmOp], fleet: &FleetObjects, keys: &[String]) {
+    let mappings = Mappings::new(&fleet.mappings);
+    let reach: Vec<(&str, BTreeSet<String>)> = helmops
+        .iter()
+        .filter_map(|h| {
+            let ns = h.metadata.namespace.as_deref()?;
+            Some((ns, mappings.candidate_namespaces(h, &fleet.namespaces)))
+        })
+        .collect();
+    for (cluster, key) in fleet.clusters.iter().zip(keys) {
+        let (true, Some(ns)) = (cluster.spec.paused(), &cluster.metadata.namespace) else {
+            continue;
+        };
+        holds.pause_cluster(key, ns);
+        for (helmop_ns, candidates) in &reach {
+            if candidates.contains(ns) {
+                holds.pause_cluster(key, helmop_ns);
+            }
         }
     }
 }
@@ -745,6 +761,17 @@ mod tests {
             summary(&desired),
             ["fleet/app k1 apps secret/db", "fleet/app k2 apps secret/db"]
         );
+
+        // A paused Cluster of a mapped namespace freezes the HelmOp that reaches it through the
+        // mapping, as Fleet pauses every BundleDeployment on it; the unmapped one freezes nothing.
+        fleet.clusters[1].spec.paused = Some(true);
+        fleet.clusters[3].spec.paused = Some(true);
+        let mut holds = Holds::default();
+        pause_clusters(&mut holds, &ops, &fleet, &keys);
+        let app = HelmOpKey::new("fleet", "app");
+        assert_eq!(holds.reason("k2", &app), Some(HoldReason::ClusterPaused));
+        assert_eq!(holds.reason("k4", &app), None);
+        assert_eq!(holds.reason("k1", &app), None);
     }
 
     #[test]
