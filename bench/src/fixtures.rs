@@ -211,3 +211,78 @@ pub async fn create_many(
         .context("creating Secrets and ConfigMaps")?;
     Ok(started.elapsed())
 }
+
+/// Fails with a hint when the release plugin binary a benchmark drives is missing.
+pub fn require_plugin(plugin_bin: &std::path::Path) -> anyhow::Result<()> {
+    if !plugin_bin.is_file() {
+        anyhow::bail!(
+            "{} not found: build it first with `cargo build --release -p kubectl-helmop`",
+            plugin_bin.display()
+        );
+    }
+    Ok(())
+}
+
+/// A private control plane of an upstream and `apiservers` (at least 1) downstream API servers.
+pub async fn start_with_downstreams(apiservers: usize) -> anyhow::Result<Cluster> {
+    let mut names = vec!["upstream".to_owned()];
+    names.extend((1..=apiservers.max(1)).map(|i| format!("down{i}")));
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    eprintln!(
+        "starting a private control plane with {} API servers ...",
+        refs.len()
+    );
+    start(&refs).await
+}
+
+/// `resources` sources `res-N` in `namespace` upstream, alternating a Secret (1 KiB) and a
+/// ConfigMap whose `value` is `config_value`; the `downstreamResources` entries naming them.
+pub async fn create_sources(
+    upstream: &Client,
+    namespace: &str,
+    resources: usize,
+    config_value: &str,
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    let mut entries = Vec::new();
+    for r in 0..resources {
+        let name = format!("res-{r}");
+        if r % 2 == 0 {
+            let data = BTreeMap::from([("value".to_owned(), vec![b's'; 1024])]);
+            Api::namespaced(upstream.clone(), namespace)
+                .create(&PostParams::default(), &secret(namespace, &name, data))
+                .await?;
+            entries.push(serde_json::json!({"kind": "Secret", "name": name}));
+        } else {
+            let data = BTreeMap::from([("value".to_owned(), config_value.to_owned())]);
+            Api::namespaced(upstream.clone(), namespace)
+                .create(&PostParams::default(), &config_map(namespace, &name, data))
+                .await?;
+            entries.push(serde_json::json!({"kind": "ConfigMap", "name": name}));
+        }
+    }
+    Ok(entries)
+}
+
+/// One `kubectl-helmop propagate -n NAMESPACE -o json` against `kubeconfig`, timed.
+pub async fn timed_propagate(
+    plugin_bin: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    namespace: &str,
+    concurrency: usize,
+) -> anyhow::Result<(std::process::Output, Duration)> {
+    let started = Instant::now();
+    let output = tokio::process::Command::new(plugin_bin)
+        .args(["propagate", "-n", namespace, "-o", "json", "--concurrency"])
+        .arg(concurrency.to_string())
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .with_context(|| format!("running {}", plugin_bin.display()))?;
+    Ok((output, started.elapsed()))
+}

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -122,21 +121,13 @@ async fn propagate(
     clients: &[Client],
 ) -> anyhow::Result<Run> {
     let (writes_before, requests_before) = scrape(clients).await?;
-    let started = Instant::now();
-    let output = tokio::process::Command::new(&settings.plugin_bin)
-        .args(["propagate", "-n", namespace, "-o", "json", "--concurrency"])
-        .arg(concurrency.to_string())
-        .arg("--kubeconfig")
-        .arg(&upstream.kubeconfig)
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .with_context(|| format!("running {}", settings.plugin_bin.display()))?;
-    let wall = started.elapsed();
+    let (output, wall) = fixtures::timed_propagate(
+        &settings.plugin_bin,
+        &upstream.kubeconfig,
+        namespace,
+        concurrency,
+    )
+    .await?;
     let (writes_after, requests_after) = scrape(clients).await?;
     let report: Option<Value> = serde_json::from_slice(&output.stdout).ok();
     let reported_writes = report
@@ -256,20 +247,8 @@ async fn prepare(
 }
 
 pub async fn run(settings: &PropagateSettings) -> anyhow::Result<Vec<Row>> {
-    if !settings.plugin_bin.is_file() {
-        bail!(
-            "{} not found: build it first with `cargo build --release -p kubectl-helmop`",
-            settings.plugin_bin.display()
-        );
-    }
-    let mut names = vec!["upstream".to_owned()];
-    names.extend((1..=settings.apiservers.max(1)).map(|i| format!("down{i}")));
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    eprintln!(
-        "starting a private control plane with {} API servers ...",
-        refs.len()
-    );
-    let cluster = fixtures::start(&refs).await?;
+    fixtures::require_plugin(&settings.plugin_bin)?;
+    let cluster = fixtures::start_with_downstreams(settings.apiservers).await?;
     let upstream = cluster.cp.clusters[0].clone();
     let downstream: Vec<ClusterInfo> = cluster.cp.clusters[1..].to_vec();
     let mut clients = vec![cluster.client.clone()];

@@ -240,29 +240,8 @@ async fn prepare(
     resources: usize,
 ) -> anyhow::Result<Vec<Slot>> {
     fixtures::create_namespace(upstream, namespace, &[]).await?;
-    let mut entries = Vec::new();
-    for r in 0..resources.max(2) {
-        let name = format!("res-{r}");
-        if r % 2 == 0 {
-            let data = BTreeMap::from([("value".to_owned(), vec![b's'; 1024])]);
-            Api::namespaced(upstream.clone(), namespace)
-                .create(
-                    &PostParams::default(),
-                    &fixtures::secret(namespace, &name, data),
-                )
-                .await?;
-            entries.push(json!({"kind": "Secret", "name": name}));
-        } else {
-            let data = BTreeMap::from([("value".to_owned(), "initial".to_owned())]);
-            Api::namespaced(upstream.clone(), namespace)
-                .create(
-                    &PostParams::default(),
-                    &fixtures::config_map(namespace, &name, data),
-                )
-                .await?;
-            entries.push(json!({"kind": "ConfigMap", "name": name}));
-        }
-    }
+    let entries =
+        fixtures::create_sources(upstream, namespace, resources.max(2), "initial").await?;
     let mut targets = Vec::new();
     let mut slots = Vec::new();
     for c in 0..clusters {
@@ -536,20 +515,8 @@ async fn one(
 }
 
 pub async fn run(settings: &WatchSettings) -> anyhow::Result<Vec<Row>> {
-    if !settings.plugin_bin.is_file() {
-        bail!(
-            "{} not found: build it first with `cargo build --release -p kubectl-helmop`",
-            settings.plugin_bin.display()
-        );
-    }
-    let mut names = vec!["upstream".to_owned()];
-    names.extend((1..=settings.apiservers.max(1)).map(|i| format!("down{i}")));
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    eprintln!(
-        "starting a private control plane with {} API servers ...",
-        refs.len()
-    );
-    let cluster = fixtures::start(&refs).await?;
+    fixtures::require_plugin(&settings.plugin_bin)?;
+    let cluster = fixtures::start_with_downstreams(settings.apiservers).await?;
     let upstream = cluster.cp.clusters[0].clone();
     let downstream: Vec<ClusterInfo> = cluster.cp.clusters[1..].to_vec();
     let mut clients = Vec::new();

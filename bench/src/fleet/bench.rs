@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -96,29 +95,8 @@ async fn prepare(
     resources: usize,
 ) -> anyhow::Result<()> {
     fixtures::create_namespace(upstream, namespace, &[]).await?;
-    let mut entries = Vec::new();
-    for r in 0..resources {
-        let name = format!("res-{r}");
-        if r % 2 == 0 {
-            let data = BTreeMap::from([("value".to_owned(), vec![b's'; 1024])]);
-            Api::namespaced(upstream.clone(), namespace)
-                .create(
-                    &PostParams::default(),
-                    &fixtures::secret(namespace, &name, data),
-                )
-                .await?;
-            entries.push(json!({"kind": "Secret", "name": name}));
-        } else {
-            let data = BTreeMap::from([("value".to_owned(), "c".repeat(1024))]);
-            Api::namespaced(upstream.clone(), namespace)
-                .create(
-                    &PostParams::default(),
-                    &fixtures::config_map(namespace, &name, data),
-                )
-                .await?;
-            entries.push(json!({"kind": "ConfigMap", "name": name}));
-        }
-    }
+    let entries =
+        fixtures::create_sources(upstream, namespace, resources, &"c".repeat(1024)).await?;
     futures::stream::iter(targets.iter().enumerate())
         .map(|(i, t)| async move {
             register_fleet_cluster(upstream, namespace, &format!("c{i}"), &[], t).await
@@ -152,21 +130,13 @@ async fn run_plugin(
     upstream: &ClusterInfo,
     namespace: &str,
 ) -> anyhow::Result<PluginRun> {
-    let started = Instant::now();
-    let output = tokio::process::Command::new(&settings.plugin_bin)
-        .args(["propagate", "-n", namespace, "-o", "json", "--concurrency"])
-        .arg(settings.concurrency.to_string())
-        .arg("--kubeconfig")
-        .arg(&upstream.kubeconfig)
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .with_context(|| format!("running {}", settings.plugin_bin.display()))?;
-    let wall = started.elapsed();
+    let (output, wall) = fixtures::timed_propagate(
+        &settings.plugin_bin,
+        &upstream.kubeconfig,
+        namespace,
+        settings.concurrency,
+    )
+    .await?;
     let code = output.status.code().unwrap_or(-1);
     if code != 0 {
         bail!(

@@ -50,9 +50,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::bail;
-use base64::Engine;
 use helmop_tests::*;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -810,7 +809,7 @@ async fn kubeconfig_blind_to(
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
          "metadata": {"name": name, "namespace": ns},
          "rules": [
-            {"apiGroups": ["fleet.cattle.io"], "resources": ["helmops", "clusters", "clustergroups", "bundlenamespacemappings"], "verbs": read},
+            {"apiGroups": ["fleet.cattle.io"], "resources": ["helmops", "clusters", "clustergroups", "bundlenamespacemappings", "policies", "bundles"], "verbs": read},
             {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": read},
          ]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
@@ -834,38 +833,7 @@ async fn kubeconfig_blind_to(
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    // Kubernetes 1.20 creates a token Secret for every ServiceAccount.
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    let secret_name = wait_for(
-        "the ServiceAccount's token Secret",
-        DEFAULT_TIMEOUT,
-        || async {
-            let sa = accounts.get(&name).await?;
-            Ok(sa
-                .secrets
-                .unwrap_or_default()
-                .first()
-                .and_then(|r| r.name.clone()))
-        },
-    )
-    .await?;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
-    let token = wait_for("the token", DEFAULT_TIMEOUT, || async {
-        let s = secrets.get(&secret_name).await?;
-        Ok(s.data
-            .unwrap_or_default()
-            .get("token")
-            .map(|t| String::from_utf8_lossy(&t.0).into_owned()))
-    })
-    .await?;
-    let ca = base64::engine::general_purpose::STANDARD.encode(cluster.ca_pem());
-    let yaml = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n    namespace: {ns}\ncurrent-context: x\n",
-        cluster.server
-    );
-    let path = dir.join("blind.kubeconfig");
-    std::fs::write(&path, yaml)?;
-    Ok(path)
+    service_account_kubeconfig(cluster, client, ns, &name, &dir.join("blind.kubeconfig")).await
 }
 
 /// A BundleDeployment as Fleet's controller creates it for HelmOp `app` in `f.ns` on Fleet

@@ -134,24 +134,8 @@ pub fn loopback_kubeconfig(port: u16) -> String {
 /// Runs the plugin with exactly `args`; KUBECONFIG is removed unless `env` sets it.
 pub async fn run_raw(args: &[String], env: &[(&str, &str)]) -> anyhow::Result<Out> {
     let mut cmd = tokio::process::Command::new(plugin_bin());
-    cmd.args(args)
-        .env_remove("KUBECONFIG")
-        .env("HELMOP_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = tokio::time::timeout(Duration::from_secs(180), cmd.output())
-        .await
-        .with_context(|| format!("kubectl-helmop {args:?} did not finish in 180s"))??;
-    Ok(Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    })
+    cmd.args(args);
+    run_to_end(cmd, env, &format!("kubectl-helmop {args:?}")).await
 }
 
 /// Runs `kubectl helmop ARGS` through real kubectl, with the workspace's plugin binaries first on
@@ -165,10 +149,17 @@ pub async fn through_kubectl(args: &[&str], env: &[(&str, &str)]) -> anyhow::Res
         &std::env::var_os("PATH").unwrap_or_default(),
     )))?;
     let mut cmd = tokio::process::Command::new("kubectl");
-    cmd.arg("helmop")
-        .args(args)
-        .env("PATH", path)
-        .env_remove("KUBECONFIG")
+    cmd.arg("helmop").args(args).env("PATH", path);
+    run_to_end(cmd, env, &format!("kubectl helmop {args:?}")).await
+}
+
+/// Runs `cmd` without stdin, quiet logs and no KUBECONFIG unless `env` sets it, for at most 180 s.
+async fn run_to_end(
+    mut cmd: tokio::process::Command,
+    env: &[(&str, &str)],
+    what: &str,
+) -> anyhow::Result<Out> {
+    cmd.env_remove("KUBECONFIG")
         .env("HELMOP_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -179,7 +170,7 @@ pub async fn through_kubectl(args: &[&str], env: &[(&str, &str)]) -> anyhow::Res
     }
     let out = tokio::time::timeout(Duration::from_secs(180), cmd.output())
         .await
-        .with_context(|| format!("kubectl helmop {args:?} did not finish in 180s"))??;
+        .with_context(|| format!("{what} did not finish in 180s"))??;
     Ok(Out {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -397,7 +388,16 @@ pub async fn kubeconfig_without_cluster_access(
             &Role {
                 metadata: meta(name),
                 rules: Some(vec![
-                    rule("fleet.cattle.io", &["helmops", "clustergroups"]),
+                    rule(
+                        "fleet.cattle.io",
+                        &[
+                            "helmops",
+                            "clustergroups",
+                            "bundlenamespacemappings",
+                            "policies",
+                            "bundles",
+                        ],
+                    ),
                     rule("", &["secrets", "configmaps"]),
                 ]),
             },
@@ -422,8 +422,27 @@ pub async fn kubeconfig_without_cluster_access(
             },
         )
         .await?;
-    // Kubernetes 1.20 creates a token Secret for every ServiceAccount.
-    let accounts: Api<ServiceAccount> = Api::namespaced(upstream.clone(), ns);
+    service_account_kubeconfig(
+        control_plane().upstream(),
+        upstream,
+        ns,
+        name,
+        &dir.join("limited.kubeconfig"),
+    )
+    .await
+}
+
+/// Writes to `path` a kubeconfig for `cluster` that authenticates as ServiceAccount `ns/name`
+/// with its token (Kubernetes 1.20 creates a token Secret for every ServiceAccount), its
+/// namespace `ns`.
+pub async fn service_account_kubeconfig(
+    cluster: &ClusterInfo,
+    client: &Client,
+    ns: &str,
+    name: &str,
+    path: &Path,
+) -> anyhow::Result<PathBuf> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
     let secret_name = wait_for(
         "the ServiceAccount's token Secret",
         DEFAULT_TIMEOUT,
@@ -437,7 +456,7 @@ pub async fn kubeconfig_without_cluster_access(
         },
     )
     .await?;
-    let secrets: Api<Secret> = Api::namespaced(upstream.clone(), ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     let token = wait_for("the token", DEFAULT_TIMEOUT, || async {
         let s = secrets.get(&secret_name).await?;
         Ok(s.data
@@ -446,15 +465,13 @@ pub async fn kubeconfig_without_cluster_access(
             .map(|t| String::from_utf8_lossy(&t.0).into_owned()))
     })
     .await?;
-    let info = control_plane().upstream();
-    let ca = base64::engine::general_purpose::STANDARD.encode(info.ca_pem());
+    let ca = base64::engine::general_purpose::STANDARD.encode(cluster.ca_pem());
     let yaml = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: up\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\nusers:\n- name: limited\n  user:\n    token: {token}\ncontexts:\n- name: limited\n  context:\n    cluster: up\n    user: limited\n    namespace: {ns}\ncurrent-context: limited\n",
-        info.server
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\nusers:\n- name: {name}\n  user:\n    token: {token}\ncontexts:\n- name: {name}\n  context:\n    cluster: c\n    user: {name}\n    namespace: {ns}\ncurrent-context: {name}\n",
+        cluster.server
     );
-    let path = dir.join("limited.kubeconfig");
-    std::fs::write(&path, yaml)?;
-    Ok(path)
+    std::fs::write(path, yaml)?;
+    Ok(path.to_path_buf())
 }
 
 /// Fails unless `value` is `Some`.
