@@ -1,4 +1,4 @@
-//! helmop's benchmarks and load/soak runs (`helmop-bench`, results in the README's "Performance" section). A library so
+//! helmop's benchmarks and load/soak runs (`helmop-bench`, results in docs/performance.md). A library so
 //! the short soak can run as an ordinary test.
 
 pub mod baseline;

@@ -20,7 +20,7 @@ pub const ANN_CONTENT_HASH: &str = "helmop.dev/content-hash";
 
 /// Annotation on a copy (value `"true"`): a HelmOp or target with `keepResources` wanted it, so
 /// when its last owner lets go it is kept (reported `Kept`) instead of deleted. Recorded on the
-/// copy at write time because the HelmOp may be gone by then. Extends DESIGN section 3.
+/// copy at write time because the HelmOp may be gone by then. An extension of the design's names.
 pub const ANN_KEEP: &str = "helmop.dev/keep";
 
 /// Label on a Namespace (`enabled`) or a workload (`"true"`/`"false"`) opting in to hash stamping.

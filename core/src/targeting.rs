@@ -1,7 +1,7 @@
 //! Which target of a HelmOp a Cluster falls under, and the options that follow for it:
 //! Fleet v0.16.1's semantics, read from rancher/fleet `internal/cmd/controller/target/builder.go`
 //! (`Targets`), `target/matcher/bundlematch.go` and `options/calculate.go` (`Merge`);
-//! DESIGN section 2, docs/fleet-parity.md.
+//! docs/fleet-parity.md.
 //!
 //! - Fleet's HelmOp controller turns `spec.targets` into the Bundle's targets unchanged; none at
 //!   all becomes the single target `{name: default, clusterGroup: default}`.

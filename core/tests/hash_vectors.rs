@@ -1,4 +1,4 @@
-//! The worked example of the README's "Hash format" section, pinned.
+//! The worked example of docs/hash-format.md, pinned.
 //!
 //! The expected digests below were produced by OpenSSL 3.0
 //! (`xxd -r -p <<<"$ENCODING" | openssl dgst -sha256 -mac HMAC -macopt hexkey:$KEY`), not by

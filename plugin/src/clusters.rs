@@ -1,5 +1,5 @@
 //! Downstream clusters: from Fleet `Cluster`s on the upstream cluster (their kubeconfig Secret,
-//! DESIGN section 2) or from contexts of the local kubeconfig (`--target-context`).
+//! key `value`) or from contexts of the local kubeconfig (`--target-context`).
 //!
 //! A cluster whose credentials cannot be had (no Secret, no `value` key, not a kubeconfig) is
 //! still a cluster: it is `Unreachable`, and the run goes on with the others.

@@ -1,4 +1,5 @@
-//! The plugin's error type and its exit codes (DESIGN section 6).
+//! The plugin's error type and its exit codes (0 ok, 1 invalid or denied, 2 partial failure, 3
+//! upstream unreachable).
 
 use std::process::ExitCode;
 

@@ -1,4 +1,4 @@
-//! The upstream cluster's hash key (DESIGN section 4): Secret `helmop-system/helmop-hash-key`,
+//! The upstream cluster's hash key (the HMAC key of every content hash): Secret `helmop-system/helmop-hash-key`,
 //! 32 random bytes under data key `key`. Copies' `helmop.dev/content-hash` values are keyed with
 //! it. `propagate` creates it when it is absent and the user may; other commands never write and
 //! fall back to a throw-away key (then every copy reads as changed, which is the truth as far as

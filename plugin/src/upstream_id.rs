@@ -1,4 +1,4 @@
-//! The default upstream id (DESIGN section 3): a stable short name for the management cluster,
+//! The default upstream id (recorded in every copy's owners and source): a stable short name for the management cluster,
 //! so copies made from two management clusters never collide (docs/cluster-identity.md).
 //!
 //! [`derive_from_uid`] (the default): `up-` followed by the first 12 hex digits of SHA-256 over

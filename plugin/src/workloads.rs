@@ -67,7 +67,7 @@ impl Workload {
     }
 }
 
-/// Opt-in rule (DESIGN section 3): the workload label `"true"`/`"false"` decides; without it,
+/// Opt-in rule: the workload label `"true"`/`"false"` decides; without it,
 /// the namespace label `enabled` opts every workload in.
 pub fn opted_in(
     namespace_labels: &BTreeMap<String, String>,

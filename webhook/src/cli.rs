@@ -1,4 +1,5 @@
-//! The command line (DESIGN section 5 is the contract for the first seven flags).
+//! The command line. The first seven flags (listen address, TLS files, guard and image modes, hash
+//! key Secret, mutable tags) are the documented contract; the rest tune limits and timeouts.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,4 +1,4 @@
-//! The canonical v1 encodings (specified in the README's "Hash format" section) and the keyed hashes over them.
+//! The canonical v1 encodings (specified in docs/hash-format.md) and the keyed hashes over them.
 //!
 //! Every field is fixed-width or length-prefixed and every list is count-prefixed, so an
 //! encoding parses back in exactly one way: two different inputs can never encode to the same

@@ -1,4 +1,4 @@
-//! Keyed hashing of ConfigMap/Secret content (DESIGN section 4; format in the README's "Hash format" section).
+//! Keyed hashing of ConfigMap/Secret content (format in docs/hash-format.md).
 //!
 //! Three hashes, one key per cluster:
 //! - [`object_digest`]: what a pod can observe of one object (cacheable per object);

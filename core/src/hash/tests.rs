@@ -674,7 +674,7 @@ proptest! {
 
 // ---- v2: namespace-bound config hashes and the migration from v1 ----
 
-/// The README's worked example: key 00..1f; ConfigMap `app` through `envFrom`, key `password` of
+/// The worked example of docs/hash-format.md: key 00..1f; ConfigMap `app` through `envFrom`, key `password` of
 /// Secret `db`, optional Secret `tls` absent.
 fn worked_example() -> (
     HashKey,

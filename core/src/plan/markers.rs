@@ -1,4 +1,4 @@
-//! The markers helmop writes on a copy (DESIGN section 3) and the builder of a copy's metadata.
+//! The markers helmop writes on a copy (label, owners, source, source uid, content hash, keep) and the builder of a copy's metadata.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

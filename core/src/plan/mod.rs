@@ -2,7 +2,7 @@
 //!
 //! Pure: the caller resolves targeting, fetches the live sources (metadata and content hash),
 //! lists the copies downstream (name, uid, labels, annotations; never data), and executes the
-//! actions. Safety rules (DESIGN sections 3 and 6):
+//! actions. Safety rules:
 //!
 //! - an object is helmop's only with the managed-by label AND a source annotation; anything else
 //!   of the same name is a `Conflict` unless the caller adopts;

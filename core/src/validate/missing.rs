@@ -1,7 +1,7 @@
-//! The existence rule of DESIGN section 5, minus the lookup: what to say about a downstream
-//! resource that is absent from the HelmOp's namespace. The webhook (at admission) and
-//! `kubectl helmop validate --cluster` (before it) both report missing objects with these
-//! words, so a user sees the same finding wherever the check ran.
+//! The existence rule (every listed Secret/ConfigMap exists in the HelmOp's namespace), minus the
+//! lookup: what to say about a downstream resource that is absent from the HelmOp's namespace.
+//! The webhook (at admission) and `kubectl helmop validate --cluster` (before it) both report
+//! missing objects with these words, so a user sees the same finding wherever the check ran.
 
 use serde_json::Value;
 

@@ -1,4 +1,4 @@
-//! Offline HelmOp validation: every rule of DESIGN section 5 that needs no cluster.
+//! Offline HelmOp validation: every admission rule that needs no cluster.
 //!
 //! Works on the raw JSON object (not on [`crate::model::HelmOp`]) so that a wrong type, e.g.
 //! `downstreamResources: "x"`, becomes a finding with a path instead of a deserialization error,

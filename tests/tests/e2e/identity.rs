@@ -597,7 +597,7 @@ async fn the_management_cluster_as_a_target_never_adopts_or_prunes_a_source() ->
     Ok(())
 }
 
-/// The upstream id an older release derived for a kubeconfig without a CA (DESIGN section 3, v1).
+/// The upstream id an older release derived for a kubeconfig without a CA (the first release's derivation).
 fn legacy_url_id(url: &str) -> String {
     let mut h = Sha256::new();
     h.update(b"helmop.dev/upstream-id/v1/url\0");
