@@ -205,16 +205,23 @@ pub async fn propagator_events(
         .collect())
 }
 
-/// Installs the Fleet CRD `<plural>.fleet.cattle.io` from `$HELMOP_SHARED/fleet-crds` on a
+/// The directory holding `fleet-crds/`: `$HELMOP_SHARED`, else `shared/` beside the repository
+/// (where CI and the harness `cp` look too).
+pub fn shared_dir() -> std::path::PathBuf {
+    match std::env::var_os("HELMOP_SHARED") {
+        Some(dir) => dir.into(),
+        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"),
+    }
+}
+
+/// Installs the Fleet CRD `<plural>.fleet.cattle.io` from [`shared_dir`]`/fleet-crds` on a
 /// cluster started without it (the harness installs only the kinds most tests need), and waits
 /// until the API server serves it. Installing it twice is fine: tests of one binary share the
 /// control plane.
 pub async fn install_fleet_crd(client: &Client, plural: &str) -> anyhow::Result<()> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
-    let shared = std::env::var("HELMOP_SHARED")
-        .context("HELMOP_SHARED is not set (the directory holding fleet-crds/)")?;
-    let path = std::path::Path::new(&shared)
+    let path = shared_dir()
         .join("fleet-crds")
         .join(format!("{plural}.fleet.cattle.io.yaml"));
     let yaml =
