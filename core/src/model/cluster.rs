@@ -36,10 +36,6 @@ pub const FLEET_KUBECONFIG_NAMESPACES: [&str; 6] = [
 ];
 
 impl Cluster {
-    fn default_kind() -> String {
-        Self::KIND.to_string()
-    }
-
     /// A Cluster with a name, namespace and labels (tests, fixtures).
     pub fn new(namespace: &str, name: &str, labels: &[(&str, &str)]) -> Self {
         Cluster {
@@ -126,10 +122,6 @@ pub struct ClusterGroup {
 fleet_resource!(ClusterGroup, "ClusterGroup", "clustergroups");
 
 impl ClusterGroup {
-    fn default_kind() -> String {
-        Self::KIND.to_string()
-    }
-
     /// A ClusterGroup with a name, namespace, its own labels and a selector (tests, fixtures).
     pub fn new(
         namespace: &str,

@@ -28,10 +28,6 @@ pub struct HelmOp {
 fleet_resource!(HelmOp, "HelmOp", "helmops");
 
 impl HelmOp {
-    fn default_kind() -> String {
-        Self::KIND.to_string()
-    }
-
     /// A HelmOp with just a name, a namespace and a spec (tests, fixtures).
     pub fn new(namespace: &str, name: &str, spec: HelmOpSpec) -> Self {
         HelmOp {

@@ -32,10 +32,6 @@ fleet_resource!(
 );
 
 impl BundleNamespaceMapping {
-    fn default_kind() -> String {
-        Self::KIND.to_string()
-    }
-
     /// A mapping with a name, a namespace and its two selectors (tests, fixtures).
     pub fn new(
         namespace: &str,

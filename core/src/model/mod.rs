@@ -40,6 +40,11 @@ macro_rules! fleet_resource {
         impl $ty {
             pub const KIND: &'static str = $kind;
             pub const PLURAL: &'static str = $plural;
+
+            /// `kind` when a document leaves it out (serde's default).
+            fn default_kind() -> String {
+                Self::KIND.to_string()
+            }
         }
 
         impl kube::Resource for $ty {

@@ -27,10 +27,6 @@ pub struct Policy {
 fleet_resource!(Policy, "Policy", "policies");
 
 impl Policy {
-    fn default_kind() -> String {
-        Self::KIND.to_string()
-    }
-
     /// A Policy with a name, a namespace and nothing set (tests, fixtures).
     pub fn new(namespace: &str, name: &str) -> Self {
         Policy {
