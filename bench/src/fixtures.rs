@@ -286,3 +286,23 @@ pub async fn timed_propagate(
         .with_context(|| format!("running {}", plugin_bin.display()))?;
     Ok((output, started.elapsed()))
 }
+
+/// HelmOp `app` in `namespace` upstream: a fixed chart, `entries` as its downstream resources and
+/// `targets` as its targets (JSON, as the scenarios build them).
+pub async fn apply_app_helmop(
+    upstream: &Client,
+    namespace: &str,
+    entries: &[serde_json::Value],
+    targets: &[serde_json::Value],
+) -> anyhow::Result<()> {
+    let helmop = serde_json::json!({
+        "metadata": {"name": "app"},
+        "spec": {
+            "helm": {"repo": "https://charts.example.com/stable", "chart": "app", "version": "1.2.3"},
+            "downstreamResources": entries,
+            "targets": targets,
+        },
+    });
+    helmop_tests::apply_helmop(upstream, namespace, &helmop.to_string()).await?;
+    Ok(())
+}

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use axum::http::Request;
-use helmop_tests::{ClusterInfo, apply_helmop, register_fleet_cluster};
+use helmop_tests::{ClusterInfo, register_fleet_cluster};
 use kube::Client;
 use serde_json::{Value, json};
 
@@ -234,15 +234,7 @@ async fn prepare(
             json!({"name": name, "clusterName": name, "namespace": format!("{namespace}-c{c}")}),
         );
     }
-    let helmop = json!({
-        "metadata": {"name": "app"},
-        "spec": {
-            "helm": {"repo": "https://charts.example.com/stable", "chart": "app", "version": "1.2.3"},
-            "downstreamResources": entries,
-            "targets": targets,
-        },
-    });
-    apply_helmop(upstream, namespace, &helmop.to_string()).await?;
+    fixtures::apply_app_helmop(upstream, namespace, &entries, &targets).await?;
     Ok(())
 }
 

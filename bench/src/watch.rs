@@ -18,7 +18,7 @@ use futures::StreamExt;
 use helmop_core::names;
 use helmop_tests::{
     ClusterInfo, LocalWebhook, PluginProcess, TEST_NAMESPACE_LABEL, WebhookKind,
-    WebhookRegistration, WebhookRule, apply_helmop, ensure_hash_key, register_fleet_cluster,
+    WebhookRegistration, WebhookRule, ensure_hash_key, register_fleet_cluster,
 };
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -286,15 +286,7 @@ async fn prepare(
             namespace: dest,
         });
     }
-    let helmop = json!({
-        "metadata": {"name": "app"},
-        "spec": {
-            "helm": {"repo": "https://charts.example.com/stable", "chart": "app", "version": "1.2.3"},
-            "downstreamResources": entries,
-            "targets": targets,
-        },
-    });
-    apply_helmop(upstream, namespace, &helmop.to_string()).await?;
+    fixtures::apply_app_helmop(upstream, namespace, &entries, &targets).await?;
     Ok(slots)
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use futures::{StreamExt, TryStreamExt};
-use helmop_tests::{ClusterInfo, apply_helmop, register_fleet_cluster};
+use helmop_tests::{ClusterInfo, register_fleet_cluster};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{ObjectMeta, PostParams};
@@ -107,15 +107,7 @@ async fn prepare(
     let targets: Vec<Value> = (0..targets.len())
         .map(|i| json!({"name": format!("c{i}"), "clusterName": format!("c{i}"), "namespace": "dest"}))
         .collect();
-    let helmop = json!({
-        "metadata": {"name": "app"},
-        "spec": {
-            "helm": {"repo": "https://charts.example.com/stable", "chart": "app", "version": "1.2.3"},
-            "downstreamResources": entries,
-            "targets": targets,
-        },
-    });
-    apply_helmop(upstream, namespace, &helmop.to_string()).await?;
+    fixtures::apply_app_helmop(upstream, namespace, &entries, &targets).await?;
     Ok(())
 }
 
