@@ -10,6 +10,7 @@ pub mod plan;
 pub mod podrefs;
 pub mod resource;
 pub mod selector;
+pub mod state;
 pub mod targeting;
 pub mod validate;
 pub mod workload;

@@ -32,6 +32,7 @@ use helmop_core::plan::{
     Action, ActionKind, ConflictReason, DesiredCopy, HeldCopy, HelmOpKey, SourceRef, UpdateReason,
 };
 use helmop_core::resource::ResourceKind;
+use helmop_core::state::RowState;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
@@ -65,7 +66,7 @@ pub struct PruneReport {
     /// Copies pruned, released, kept or left orphaned, and clusters that could not be read.
     pub rows: Vec<Row>,
     /// Rows per state.
-    pub summary: BTreeMap<String, usize>,
+    pub summary: BTreeMap<RowState, usize>,
     pub unreachable_clusters: usize,
     /// Write requests made (deletes and owner rewrites).
     pub writes: u64,
@@ -75,9 +76,9 @@ impl PruneReport {
     /// 2 when a cluster could not be read or a delete failed, else 1 when a source was found
     /// where a copy is (`Conflict`), else 0.
     pub fn exit_status(&self) -> ExitStatus {
-        if self.unreachable_clusters > 0 || self.summary.contains_key("Failed") {
+        if self.unreachable_clusters > 0 || self.summary.contains_key(&RowState::Failed) {
             ExitStatus::Partial
-        } else if self.summary.contains_key("Conflict") {
+        } else if self.summary.contains_key(&RowState::Conflict) {
             ExitStatus::Invalid
         } else {
             ExitStatus::Ok
@@ -127,7 +128,7 @@ pub async fn prune(ctx: &Ctx, opts: &PruneOpts) -> Result<PruneReport, PluginErr
                     kind: String::new(),
                     name: String::new(),
                     workload: None,
-                    state: "Unreachable".into(),
+                    state: RowState::Unreachable,
                     reason: format!("{reason}; nothing pruned there"),
                     in_sync: None,
                     fleet_copy: None,
@@ -191,7 +192,7 @@ async fn prune_cluster(
             rows.push(row(
                 downstream,
                 action,
-                "Orphaned",
+                RowState::Orphaned,
                 format!("{why}; left alone"),
             ));
             continue;
@@ -210,7 +211,7 @@ async fn prune_cluster(
             }
             ActionKind::RemoveOwner { uid, owners } => {
                 let set = BTreeMap::from([(names::ANN_OWNERS, Some(owners.clone()))]);
-                let done = ("Release", "Released");
+                let done = (RowState::Release, RowState::Released);
                 let (state, reason) = rewrite(
                     ctx,
                     opts,
@@ -233,21 +234,23 @@ async fn prune_cluster(
                     action,
                     &guard(uid),
                     &set,
-                    ("Kept", "Kept"),
+                    (RowState::Kept, RowState::Kept),
                     action.reason(),
                 )
                 .await;
                 (action.clone(), state, reason)
             }
-            ActionKind::Keep { rewrite: false, .. } => (action.clone(), "Kept", action.reason()),
-            ActionKind::Orphaned(_) => (action.clone(), "Orphaned", action.reason()),
+            ActionKind::Keep { rewrite: false, .. } => {
+                (action.clone(), RowState::Kept, action.reason())
+            }
+            ActionKind::Orphaned(_) => (action.clone(), RowState::Orphaned, action.reason()),
             // Not pruned while paused or rejected: say so instead of staying silent.
             ActionKind::Held {
+                why,
                 copy: HeldCopy::Unwanted,
-                ..
-            } => (action.clone(), action.kind.name(), action.reason()),
+            } => (action.clone(), why.state(), action.reason()),
             ActionKind::Conflict(ConflictReason::IsSource) => {
-                (action.clone(), "Conflict", action.reason())
+                (action.clone(), RowState::Conflict, action.reason())
             }
             // A copy still wanted, whose owners include HelmOps that let go: only the ownership
             // part of the planned update is prune's (the content is propagate's).
@@ -287,7 +290,7 @@ async fn prune_cluster(
                         meta.annotations.get(names::ANN_KEEP).cloned(),
                     ),
                 ]);
-                let done = ("Release", "Released");
+                let done = (RowState::Release, RowState::Released);
                 let (state, reason) =
                     rewrite(ctx, opts, &client, &shown, &guard(uid), &set, done, why).await;
                 (shown, state, reason)
@@ -370,9 +373,9 @@ async fn delete(
     client: &kube::Client,
     action: &Action,
     guard: &Guard,
-) -> (&'static str, String) {
+) -> (RowState, String) {
     if opts.dry_run {
-        return ("Prune", action.reason());
+        return (RowState::Prune, action.reason());
     }
     let params = DeleteParams {
         preconditions: Some(Preconditions {
@@ -395,10 +398,10 @@ async fn delete(
     match result {
         Ok(()) => {
             ctx.record_write();
-            ("Pruned", action.reason())
+            (RowState::Pruned, action.reason())
         }
-        Err(e) if api_error::is_not_found(&e) => ("Pruned", "already gone".into()),
-        Err(e) => ("Failed", refused("deleting", &e)),
+        Err(e) if api_error::is_not_found(&e) => (RowState::Pruned, "already gone".into()),
+        Err(e) => (RowState::Failed, refused("deleting", &e)),
     }
 }
 
@@ -411,9 +414,9 @@ async fn rewrite(
     action: &Action,
     guard: &Guard,
     set: &BTreeMap<&str, Option<String>>,
-    (dry_state, done_state): (&'static str, &'static str),
+    (dry_state, done_state): (RowState, RowState),
     reason: String,
-) -> (&'static str, String) {
+) -> (RowState, String) {
     if opts.dry_run {
         return (dry_state, reason);
     }
@@ -438,7 +441,7 @@ async fn rewrite(
             ctx.record_write();
             (done_state, reason)
         }
-        Err(e) => ("Failed", refused("rewriting owners", &e)),
+        Err(e) => (RowState::Failed, refused("rewriting owners", &e)),
     }
 }
 
@@ -456,12 +459,12 @@ fn refused(what: &str, e: &kube::Error) -> String {
 mod tests {
     use super::*;
 
-    fn report(states: &[&str], unreachable: usize) -> PruneReport {
+    fn report(states: &[RowState], unreachable: usize) -> PruneReport {
         PruneReport {
             upstream_id: "up-1".into(),
             dry_run: false,
             rows: Vec::new(),
-            summary: states.iter().map(|s| (s.to_string(), 1)).collect(),
+            summary: states.iter().map(|s| (*s, 1)).collect(),
             unreachable_clusters: unreachable,
             writes: 0,
         }
@@ -470,16 +473,28 @@ mod tests {
     #[test]
     fn exit_codes() {
         assert_eq!(
-            report(&["Pruned", "Kept", "Orphaned", "Released"], 0).exit_status(),
+            report(
+                &[
+                    RowState::Pruned,
+                    RowState::Kept,
+                    RowState::Orphaned,
+                    RowState::Released
+                ],
+                0
+            )
+            .exit_status(),
             ExitStatus::Ok
         );
         assert_eq!(
-            report(&["Pruned", "Failed"], 0).exit_status(),
+            report(&[RowState::Pruned, RowState::Failed], 0).exit_status(),
             ExitStatus::Partial
         );
-        assert_eq!(report(&["Pruned"], 1).exit_status(), ExitStatus::Partial);
         assert_eq!(
-            report(&["Pruned", "Conflict"], 0).exit_status(),
+            report(&[RowState::Pruned], 1).exit_status(),
+            ExitStatus::Partial
+        );
+        assert_eq!(
+            report(&[RowState::Pruned, RowState::Conflict], 0).exit_status(),
             ExitStatus::Invalid
         );
     }

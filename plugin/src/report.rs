@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 
+use helmop_core::fleet_copy::AgentCopy;
+use helmop_core::state::RowState;
 use serde::Serialize;
 
 use crate::args::ReportFormat;
@@ -26,7 +28,7 @@ pub struct Row {
     /// `Kind/name` of a workload reading the copy.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub workload: Option<String>,
-    pub state: String,
+    pub state: RowState,
     /// Why, in words a user can act on. Never any data.
     pub reason: String,
     /// For `FleetManaged` status rows: whether Fleet's copy matches the source.
@@ -35,7 +37,7 @@ pub struct Row {
     /// For `FleetManaged` status rows: whether Fleet's agent has copied the latest content
     /// (`current`, `pending`, `blocked`, `unknown`; shown as `FleetManaged (current)`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub fleet_copy: Option<helmop_core::fleet_copy::AgentCopy>,
+    pub fleet_copy: Option<AgentCopy>,
 }
 
 impl Row {
@@ -72,10 +74,10 @@ pub fn sort(rows: &mut [Row]) {
 }
 
 /// How many rows are in each state.
-pub fn counts(rows: &[Row]) -> BTreeMap<String, usize> {
+pub fn counts(rows: &[Row]) -> BTreeMap<RowState, usize> {
     let mut out = BTreeMap::new();
     for r in rows {
-        *out.entry(r.state.clone()).or_insert(0) += 1;
+        *out.entry(r.state).or_insert(0) += 1;
     }
     out
 }
@@ -86,25 +88,63 @@ pub fn colour_stdout() -> bool {
     !no_colour && std::io::stdout().is_terminal()
 }
 
-/// The colour a state is shown in: green when nothing needs doing, yellow when something will
-/// or should happen, red when helmop could not or would not act.
-fn colour_of(state: &str) -> Option<&'static str> {
-    // `FleetManaged (current)`: the qualifier picks the colour.
-    match state.split_once(" (") {
-        Some((_, "current)")) => return Some("32"),
-        Some((_, "blocked)")) => return Some("31"),
-        Some((base, _)) => return colour_of(base),
-        None => {}
+/// The colour of a state cell on a terminal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Colour {
+    Green,
+    Yellow,
+    Red,
+}
+
+impl Colour {
+    fn code(self) -> &'static str {
+        match self {
+            Colour::Green => "32",
+            Colour::Yellow => "33",
+            Colour::Red => "31",
+        }
+    }
+}
+
+/// The colour a row's state is shown in: green when nothing needs doing, yellow when something
+/// will or should happen, red when helmop could not or would not act. Fleet's own copy
+/// (`FleetManaged (current)`) is coloured by where the copy stands when that is known.
+fn colour_of(state: RowState, fleet_copy: Option<AgentCopy>) -> Option<Colour> {
+    match fleet_copy {
+        Some(AgentCopy::Current) => return Some(Colour::Green),
+        Some(AgentCopy::Blocked) => return Some(Colour::Red),
+        Some(AgentCopy::Pending | AgentCopy::Unknown) | None => {}
     }
     match state {
-        "Synced" | "Unchanged" | "Created" | "Updated" | "Recreated" | "Current" | "Kept"
-        | "Pruned" | "Released" | "Restamped" => Some("32"),
-        "Outdated" | "Unpinned" => Some("33"),
-        "Unresolvable" => Some("31"),
-        "Stale" | "Drifted" | "Missing" | "Orphaned" | "RolloutPending" | "Create" | "Update"
-        | "Recreate" | "Prune" | "Release" | "Restamp" | "FleetManaged" => Some("33"),
-        "Conflict" | "SourceMissing" | "Unreachable" | "Failed" | "Invalid" => Some("31"),
-        _ => None,
+        RowState::Synced
+        | RowState::Unchanged
+        | RowState::Created
+        | RowState::Updated
+        | RowState::Recreated
+        | RowState::Current
+        | RowState::Kept
+        | RowState::Pruned
+        | RowState::Released
+        | RowState::Restamped => Some(Colour::Green),
+        RowState::Stale
+        | RowState::Drifted
+        | RowState::Missing
+        | RowState::Orphaned
+        | RowState::RolloutPending
+        | RowState::Create
+        | RowState::Update
+        | RowState::Recreate
+        | RowState::Prune
+        | RowState::Release
+        | RowState::Restamp
+        | RowState::FleetManaged => Some(Colour::Yellow),
+        RowState::Conflict
+        | RowState::SourceMissing
+        | RowState::Unreachable
+        | RowState::Failed
+        | RowState::Invalid => Some(Colour::Red),
+        // Frozen on purpose: nothing is wrong and nothing will happen until it is unpaused.
+        RowState::Paused => None,
     }
 }
 
@@ -128,7 +168,7 @@ pub fn table(rows: &[Row], opts: Table) -> String {
         headers.push("REASON");
     }
     let state_col = headers.iter().position(|h| *h == "STATE").unwrap_or(0);
-    let cells: Vec<Vec<String>> = rows
+    let cells: Vec<(Vec<String>, Option<Colour>)> = rows
         .iter()
         .map(|r| {
             let mut c = vec![
@@ -150,33 +190,37 @@ pub fn table(rows: &[Row], opts: Table) -> String {
             }
             c.push(match r.fleet_copy {
                 Some(f) => format!("{} ({})", r.state, f.as_str()),
-                None => r.state.clone(),
+                None => r.state.to_string(),
             });
             if opts.reason {
                 c.push(r.reason.clone());
             }
-            c
+            let colour = opts
+                .colour
+                .then(|| colour_of(r.state, r.fleet_copy))
+                .flatten();
+            (c, colour)
         })
         .collect();
-    grid(&headers, &cells, state_col, opts.colour)
+    grid(&headers, &cells, state_col)
 }
 
-/// A kubectl-style table of `cells` under `headers` (padded with spaces, no borders); with `colour`,
-/// the cells of column `state_col` are coloured by the state they hold.
-pub fn grid(headers: &[&str], cells: &[Vec<String>], state_col: usize, colour: bool) -> String {
+/// A kubectl-style table of `cells` under `headers` (padded with spaces, no borders); the cell of
+/// column `state_col` of a row with a colour is shown in it.
+pub fn grid(headers: &[&str], cells: &[(Vec<String>, Option<Colour>)], state_col: usize) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    for row in cells {
+    for (row, _) in cells {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
     let mut out = String::new();
-    let line = |out: &mut String, cells: &[String], colour: Option<&str>| {
+    let line = |out: &mut String, cells: &[String], colour: Option<Colour>| {
         let last = cells.len().saturating_sub(1);
         for (i, cell) in cells.iter().enumerate() {
             let pad = widths[i].saturating_sub(cell.chars().count());
             match colour.filter(|_| i == state_col) {
-                Some(code) => out.push_str(&format!("\x1b[{code}m{cell}\x1b[0m")),
+                Some(c) => out.push_str(&format!("\x1b[{}m{cell}\x1b[0m", c.code())),
                 None => out.push_str(cell),
             }
             if i < last {
@@ -187,13 +231,8 @@ pub fn grid(headers: &[&str], cells: &[Vec<String>], state_col: usize, colour: b
     };
     let header: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
     line(&mut out, &header, None);
-    for row in cells {
-        let code = if colour {
-            row.get(state_col).and_then(|state| colour_of(state))
-        } else {
-            None
-        };
-        line(&mut out, row, code);
+    for (row, colour) in cells {
+        line(&mut out, row, *colour);
     }
     out
 }
@@ -235,7 +274,7 @@ pub fn emit<T: Serialize>(
 mod tests {
     use super::*;
 
-    fn row(cluster: &str, name: &str, state: &str) -> Row {
+    fn row(cluster: &str, name: &str, state: RowState) -> Row {
         Row {
             helmops: vec!["team/app".into()],
             cluster: cluster.into(),
@@ -243,7 +282,7 @@ mod tests {
             kind: "Secret".into(),
             name: name.into(),
             workload: None,
-            state: state.into(),
+            state,
             reason: "in sync".into(),
             in_sync: None,
             fleet_copy: None,
@@ -253,8 +292,8 @@ mod tests {
     #[test]
     fn plain_table() {
         let rows = [
-            row("fleet/down1", "db", "Synced"),
-            row("fleet/down2", "database", "Stale"),
+            row("fleet/down1", "db", RowState::Synced),
+            row("fleet/down2", "database", RowState::Stale),
         ];
         let t = table(&rows, Table::default());
         assert_eq!(
@@ -267,10 +306,10 @@ mod tests {
 
     #[test]
     fn wide_table_with_workloads_and_colour() {
-        let mut w = row("c", "db", "RolloutPending");
+        let mut w = row("c", "db", RowState::RolloutPending);
         w.workload = Some("Deployment/web".into());
         let t = table(
-            &[row("c", "db", "Synced"), w],
+            &[row("c", "db", RowState::Synced), w],
             Table {
                 reason: true,
                 colour: true,
@@ -284,7 +323,7 @@ mod tests {
         assert!(lines[1].contains("\x1b[32mSynced\x1b[0m"), "{}", lines[1]);
         assert!(lines[2].contains("Deployment/web   \x1b[33mRolloutPending\x1b[0m   in sync"));
         let plain = table(
-            &[row("c", "db", "Synced")],
+            &[row("c", "db", RowState::Synced)],
             Table {
                 reason: false,
                 colour: false,
@@ -296,9 +335,9 @@ mod tests {
     #[test]
     fn sorting_and_counts() {
         let mut rows = vec![
-            row("b", "x", "Stale"),
-            row("a", "y", "Synced"),
-            row("a", "x", "Synced"),
+            row("b", "x", RowState::Stale),
+            row("a", "y", RowState::Synced),
+            row("a", "x", RowState::Synced),
         ];
         sort(&mut rows);
         let order: Vec<(String, String)> = rows
@@ -315,7 +354,7 @@ mod tests {
         );
         assert_eq!(
             counts(&rows),
-            BTreeMap::from([("Stale".to_string(), 1), ("Synced".to_string(), 2)])
+            BTreeMap::from([(RowState::Stale, 1), (RowState::Synced, 2)])
         );
     }
 }

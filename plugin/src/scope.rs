@@ -10,7 +10,6 @@ use crate::clusters::{Downstream, Limits};
 use crate::context::Ctx;
 use crate::error::PluginError;
 use crate::inventory::{self, Inventory, Selection};
-use crate::report::Row;
 use crate::runner::{self, Progress};
 
 #[derive(Clone, Debug)]
@@ -61,17 +60,17 @@ impl Scope {
     /// Runs `work` on every downstream cluster of `inv` (bounded, each under its deadline) and
     /// gathers its rows; a cluster that could not be worked on gets `unreachable`'s rows instead.
     /// Returns the rows and how many clusters were unreachable.
-    pub async fn rows_per_cluster<'a, F, Fut, U>(
+    pub async fn rows_per_cluster<'a, T, F, Fut, U>(
         &self,
         inv: &'a Inventory,
         what: &str,
         work: F,
         unreachable: U,
-    ) -> (Vec<Row>, usize)
+    ) -> (Vec<T>, usize)
     where
         F: Fn(&'a Downstream, kube::Client) -> Fut,
-        Fut: Future<Output = Result<Vec<Row>, String>>,
-        U: Fn(&Downstream, &str) -> Vec<Row>,
+        Fut: Future<Output = Result<Vec<T>, String>>,
+        U: Fn(&Downstream, &str) -> Vec<T>,
     {
         let results = runner::for_each_cluster(
             &inv.downstreams,

@@ -11,6 +11,7 @@ use helmop_core::hash::{HashKey, ObjectData, content_hash};
 use helmop_core::names;
 use helmop_core::plan::{Action, ActionKind, UpdateReason};
 use helmop_core::resource::{ResourceKind, ResourceRef};
+use helmop_core::state::RowState;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, ListParams};
@@ -46,7 +47,7 @@ pub struct StatusReport {
     /// HelmOps Fleet's controller rejects (their copies are left as they are).
     pub rejected: Vec<Problem>,
     /// Rows per state.
-    pub summary: BTreeMap<String, usize>,
+    pub summary: BTreeMap<RowState, usize>,
     pub unreachable_clusters: usize,
 }
 
@@ -56,7 +57,7 @@ impl StatusReport {
     pub fn exit_status(&self) -> ExitStatus {
         if self.unreachable_clusters > 0 {
             ExitStatus::Partial
-        } else if !self.problems.is_empty() || self.summary.contains_key("Invalid") {
+        } else if !self.problems.is_empty() || self.summary.contains_key(&RowState::Invalid) {
             ExitStatus::Invalid
         } else {
             ExitStatus::Ok
@@ -100,24 +101,24 @@ pub async fn status(ctx: &Ctx, opts: &StatusOpts) -> Result<StatusReport, Plugin
 }
 
 /// The state `status` reports for a planned action.
-pub fn state_of(action: &Action) -> &'static str {
+pub fn state_of(action: &Action) -> RowState {
     match &action.kind {
-        ActionKind::Create { .. } => "Missing",
+        ActionKind::Create { .. } => RowState::Missing,
         ActionKind::Update { reasons, .. } | ActionKind::Recreate { reasons, .. }
             if reasons.contains(&UpdateReason::Drifted) =>
         {
-            "Drifted"
+            RowState::Drifted
         }
-        ActionKind::Update { .. } | ActionKind::Recreate { .. } => "Stale",
-        ActionKind::Unchanged => "Synced",
-        ActionKind::Conflict(_) => "Conflict",
-        ActionKind::SkipFleetManaged => "FleetManaged",
-        ActionKind::SourceMissing => "SourceMissing",
+        ActionKind::Update { .. } | ActionKind::Recreate { .. } => RowState::Stale,
+        ActionKind::Unchanged => RowState::Synced,
+        ActionKind::Conflict(_) => RowState::Conflict,
+        ActionKind::SkipFleetManaged => RowState::FleetManaged,
+        ActionKind::SourceMissing => RowState::SourceMissing,
         ActionKind::Prune { .. } | ActionKind::RemoveOwner { .. } | ActionKind::Orphaned(_) => {
-            "Orphaned"
+            RowState::Orphaned
         }
-        ActionKind::Keep { .. } => "Kept",
-        ActionKind::Held { .. } => action.kind.name(),
+        ActionKind::Keep { .. } => RowState::Kept,
+        ActionKind::Held { why, .. } => why.state(),
     }
 }
 
@@ -166,10 +167,12 @@ async fn cluster_status(
             r.in_sync = in_sync;
             r.reason = format!("{}; {why}", r.reason);
         }
-        if matches!(state, "Synced" | "Stale" | "Drifted")
-            && let Some(hash) = obs
-                .get(&action.namespace, &action.resource)
-                .and_then(|o| o.annotations.get(names::ANN_CONTENT_HASH))
+        if matches!(
+            state,
+            RowState::Synced | RowState::Stale | RowState::Drifted
+        ) && let Some(hash) = obs
+            .get(&action.namespace, &action.resource)
+            .and_then(|o| o.annotations.get(names::ANN_CONTENT_HASH))
         {
             copies
                 .entry(action.namespace.clone())
@@ -200,7 +203,11 @@ async fn cluster_status(
                     kind: resource.kind.as_str().into(),
                     name: resource.name.clone(),
                     workload: Some(w.display()),
-                    state: if pending { "RolloutPending" } else { "Current" }.into(),
+                    state: if pending {
+                        RowState::RolloutPending
+                    } else {
+                        RowState::Current
+                    },
                     reason,
                     in_sync: None,
                     fleet_copy: None,
@@ -218,7 +225,7 @@ async fn judge_fleet_copies(ctx: &Ctx, inv: &Inventory, rows: &mut [Row]) {
     let mut listed: BTreeMap<String, Result<Vec<serde_json::Value>, String>> = BTreeMap::new();
     for r in rows
         .iter_mut()
-        .filter(|r| r.state == "FleetManaged" && r.workload.is_none())
+        .filter(|r| r.state == RowState::FleetManaged && r.workload.is_none())
     {
         let Some(key) = r.helmops.first().cloned() else {
             continue;
@@ -374,7 +381,7 @@ mod tests {
             ),
         ];
         for (kind, want) in cases {
-            assert_eq!(state_of(&action(kind.clone())), want, "{kind:?}");
+            assert_eq!(state_of(&action(kind.clone())).as_str(), want, "{kind:?}");
         }
     }
 }

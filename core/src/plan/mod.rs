@@ -35,6 +35,7 @@ pub use markers::{
 
 use crate::names;
 use crate::resource::ResourceRef;
+use crate::state::RowState;
 
 /// A HelmOp by namespace and name (its upstream id is the plan's).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -107,6 +108,16 @@ pub enum HoldReason {
     HelmOpPaused,
     /// Fleet's controller rejects the HelmOp (and keeps its previous Bundle); the reason.
     Invalid(String),
+}
+
+impl HoldReason {
+    /// The state of the rows it freezes.
+    pub fn state(&self) -> RowState {
+        match self {
+            HoldReason::ClusterPaused | HoldReason::HelmOpPaused => RowState::Paused,
+            HoldReason::Invalid(_) => RowState::Invalid,
+        }
+    }
 }
 
 impl fmt::Display for HoldReason {
@@ -308,7 +319,9 @@ pub enum OrphanReason {
 }
 
 impl ActionKind {
-    /// The action's name as reports print it (`Keep` prints as `Kept`).
+    /// The action's name in the planner's tests (`Keep` reads `Kept`; a held one reads as its
+    /// row state).
+    #[cfg(test)]
     pub fn name(&self) -> &'static str {
         match self {
             ActionKind::Create { .. } => "Create",
@@ -322,11 +335,7 @@ impl ActionKind {
             ActionKind::RemoveOwner { .. } => "RemoveOwner",
             ActionKind::Keep { .. } => "Kept",
             ActionKind::Orphaned(_) => "Orphaned",
-            ActionKind::Held {
-                why: HoldReason::Invalid(_),
-                ..
-            } => "Invalid",
-            ActionKind::Held { .. } => "Paused",
+            ActionKind::Held { why, .. } => why.state().as_str(),
         }
     }
 

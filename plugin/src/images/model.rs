@@ -20,6 +20,8 @@ use helmop_registry::reference::ImageRef;
 use helmop_registry::tags::MutableTags;
 use serde::Serialize;
 
+use crate::report::Colour;
+
 /// One container whose image tag is mutable.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Container {
@@ -77,6 +79,15 @@ impl ImageState {
             ImageState::Outdated => "Outdated",
             ImageState::Unpinned => "Unpinned",
             ImageState::Unresolvable => "Unresolvable",
+        }
+    }
+
+    /// Green when current, yellow when a rollout would help, red when the registry did not tell.
+    pub fn colour(self) -> Colour {
+        match self {
+            ImageState::Current => Colour::Green,
+            ImageState::Outdated | ImageState::Unpinned => Colour::Yellow,
+            ImageState::Unresolvable => Colour::Red,
         }
     }
 }

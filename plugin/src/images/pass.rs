@@ -134,7 +134,7 @@ pub fn table(rows: &[ImageRow], wide: bool, colour: bool) -> String {
         Some(d) => short_digest(d),
         None => "-".to_owned(),
     };
-    let cells: Vec<Vec<String>> = rows
+    let cells: Vec<(Vec<String>, Option<report::Colour>)> = rows
         .iter()
         .map(|r| {
             let mut c = vec![
@@ -151,10 +151,10 @@ pub fn table(rows: &[ImageRow], wide: bool, colour: bool) -> String {
             } else if r.state == ImageState::Unresolvable {
                 c[6] = format!("{} ({})", r.state.as_str(), r.reason);
             }
-            c
+            (c, colour.then(|| r.state.colour()))
         })
         .collect();
-    report::grid(&headers, &cells, 6, colour)
+    report::grid(&headers, &cells, 6)
 }
 
 /// The image without its digest: the PINNED column shows that.

@@ -26,6 +26,7 @@ use helmop_core::plan::{
     take_sources,
 };
 use helmop_core::resource::ResourceRef;
+use helmop_core::state::RowState;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
 use serde::Serialize;
@@ -91,7 +92,7 @@ pub struct Summary {
     pub clusters: usize,
     pub unreachable_clusters: usize,
     /// Rows per state.
-    pub states: BTreeMap<String, usize>,
+    pub states: BTreeMap<RowState, usize>,
     /// Write requests made (applies, patches, namespaces, the hash key); 0 when nothing changed.
     pub writes: u64,
 }
@@ -101,12 +102,12 @@ impl Report {
     /// (Conflict), a source is missing, a HelmOp's targets are invalid or it lists a kind
     /// helmop cannot copy, else 0.
     pub fn exit_status(&self) -> ExitStatus {
-        let has = |s: &str| self.summary.states.contains_key(s);
-        if self.summary.unreachable_clusters > 0 || has("Failed") {
+        let has = |s: RowState| self.summary.states.contains_key(&s);
+        if self.summary.unreachable_clusters > 0 || has(RowState::Failed) {
             ExitStatus::Partial
-        } else if has("Conflict")
-            || has("SourceMissing")
-            || has("Invalid")
+        } else if has(RowState::Conflict)
+            || has(RowState::SourceMissing)
+            || has(RowState::Invalid)
             || !self.problems.is_empty()
         {
             ExitStatus::Invalid
@@ -121,7 +122,7 @@ impl Report {
         let failed: BTreeSet<&str> = self
             .rows
             .iter()
-            .filter(|r| r.state == "Unreachable" || r.state == "Failed")
+            .filter(|r| matches!(r.state, RowState::Unreachable | RowState::Failed))
             .map(|r| r.cluster.as_str())
             .collect();
         self.clusters
@@ -214,23 +215,13 @@ async fn refuse_replacing_the_key(
             "checking for copies",
             |downstream, client| async move {
                 let obs = observe_cluster(inv, &downstream.key, &client, None).await?;
+                // One entry (the cluster) per such copy.
                 Ok(obs
                     .copies
                     .iter()
                     .filter(|o| hashed_copy_of(&ctx.upstream_id, o))
-                    .map(|o| Row {
-                        helmops: Vec::new(),
-                        cluster: downstream.display(),
-                        namespace: o.namespace.clone(),
-                        kind: o.resource.kind.as_str().into(),
-                        name: o.resource.name.clone(),
-                        workload: None,
-                        state: String::new(),
-                        reason: String::new(),
-                        in_sync: None,
-                        fleet_copy: None,
-                    })
-                    .collect())
+                    .map(|_| downstream.display())
+                    .collect::<Vec<_>>())
             },
             |_, _| Vec::new(),
         )
@@ -238,7 +229,7 @@ async fn refuse_replacing_the_key(
     if found.is_empty() {
         return Ok(());
     }
-    let clusters: BTreeSet<&str> = found.iter().map(|r| r.cluster.as_str()).collect();
+    let clusters: BTreeSet<&str> = found.iter().map(String::as_str).collect();
     Err(PluginError::Upstream(format!(
         "the hash key Secret {}/{} is missing, but {} copies hashed with it exist on {} cluster(s) ({}); \
          restore the Secret from a backup (the copies then stay valid), or run propagate with \
@@ -280,7 +271,7 @@ pub fn unreachable_rows(inv: &Inventory, downstream: &Downstream, reason: &str) 
             kind: String::new(),
             name: String::new(),
             workload: None,
-            state: "Unreachable".into(),
+            state: RowState::Unreachable,
             reason: reason.to_string(),
             in_sync: None,
             fleet_copy: None,
@@ -295,7 +286,7 @@ pub fn unreachable_rows(inv: &Inventory, downstream: &Downstream, reason: &str) 
             kind: resource.kind.as_str().into(),
             name: resource.name,
             workload: None,
-            state: "Unreachable".into(),
+            state: RowState::Unreachable,
             reason: reason.to_string(),
             in_sync: None,
             fleet_copy: None,
@@ -403,7 +394,7 @@ pub fn reported(action: &Action) -> bool {
 }
 
 /// A row for an action, in `state`. A frozen copy says in `inSync` whether it is current.
-pub fn row(downstream: &Downstream, action: &Action, state: &str, reason: String) -> Row {
+pub fn row(downstream: &Downstream, action: &Action, state: RowState, reason: String) -> Row {
     let in_sync = match action.kind {
         ActionKind::Held {
             copy: HeldCopy::Current,
@@ -422,7 +413,7 @@ pub fn row(downstream: &Downstream, action: &Action, state: &str, reason: String
         kind: action.resource.kind.as_str().into(),
         name: action.resource.name.clone(),
         workload: None,
-        state: state.into(),
+        state,
         reason,
         in_sync,
         fleet_copy: None,
@@ -448,13 +439,13 @@ struct CopyState {
 /// The outcome of one action: the row's state and reason, and the content hash the copy has
 /// afterwards (`None` when there is no copy of ours there, or its content is unknown).
 struct Outcome {
-    state: &'static str,
+    state: RowState,
     reason: String,
     hash: Option<String>,
 }
 
 impl Outcome {
-    fn new(state: &'static str, reason: String, hash: Option<&String>) -> Outcome {
+    fn new(state: RowState, reason: String, hash: Option<&String>) -> Outcome {
         Outcome {
             state,
             reason,
@@ -463,7 +454,7 @@ impl Outcome {
     }
 
     fn failed(reason: String) -> Outcome {
-        Outcome::new("Failed", reason, None)
+        Outcome::new(RowState::Failed, reason, None)
     }
 }
 
@@ -571,7 +562,7 @@ impl ClusterRun<'_> {
                 };
                 let reason = with_note(action.reason(), note);
                 if dry {
-                    return Outcome::new("Create", reason, hash);
+                    return Outcome::new(RowState::Create, reason, hash);
                 }
                 self.create(data, action, meta, reason, hash).await
             }
@@ -580,7 +571,7 @@ impl ClusterRun<'_> {
             } => {
                 let hash = meta.annotations.get(names::ANN_CONTENT_HASH);
                 if dry {
-                    return Outcome::new("Update", action.reason(), hash);
+                    return Outcome::new(RowState::Update, action.reason(), hash);
                 }
                 let Some(data) = self.sources.get(&source.namespace, &source.resource) else {
                     return Outcome::failed("source vanished while planning".into());
@@ -595,7 +586,7 @@ impl ClusterRun<'_> {
                     guard: Some((uid, version)),
                 };
                 match apply::write_copy(self.ctx, &self.client, &w).await {
-                    Ok(()) => Outcome::new("Updated", action.reason(), hash),
+                    Ok(()) => Outcome::new(RowState::Updated, action.reason(), hash),
                     Err(e) => Outcome::failed(write_error("applying the copy", &e)),
                 }
             }
@@ -616,7 +607,7 @@ impl ClusterRun<'_> {
                     return Outcome::failed(reason);
                 }
                 if dry {
-                    return Outcome::new("Recreate", action.reason(), hash);
+                    return Outcome::new(RowState::Recreate, action.reason(), hash);
                 }
                 if let Err(e) = apply::delete_copy(
                     self.ctx,
@@ -632,23 +623,29 @@ impl ClusterRun<'_> {
                 }
                 let out = self.create(data, action, meta, action.reason(), hash).await;
                 match out.state {
-                    "Created" => Outcome::new("Recreated", out.reason, hash),
+                    RowState::Created => Outcome::new(RowState::Recreated, out.reason, hash),
                     _ => out,
                 }
             }
-            ActionKind::Unchanged => Outcome::new("Unchanged", action.reason(), observed_hash),
-            ActionKind::Conflict(_) => Outcome::new("Conflict", action.reason(), None),
-            ActionKind::SkipFleetManaged => Outcome::new("FleetManaged", action.reason(), None),
-            ActionKind::SourceMissing => Outcome::new("SourceMissing", action.reason(), None),
+            ActionKind::Unchanged => {
+                Outcome::new(RowState::Unchanged, action.reason(), observed_hash)
+            }
+            ActionKind::Conflict(_) => Outcome::new(RowState::Conflict, action.reason(), None),
+            ActionKind::SkipFleetManaged => {
+                Outcome::new(RowState::FleetManaged, action.reason(), None)
+            }
+            ActionKind::SourceMissing => {
+                Outcome::new(RowState::SourceMissing, action.reason(), None)
+            }
             ActionKind::Prune { .. } | ActionKind::RemoveOwner { .. } => Outcome::new(
-                "Orphaned",
+                RowState::Orphaned,
                 format!("{}; `kubectl helmop prune` removes it", action.reason()),
                 None,
             ),
-            ActionKind::Keep { .. } => Outcome::new("Kept", action.reason(), None),
-            ActionKind::Orphaned(_) => Outcome::new("Orphaned", action.reason(), None),
+            ActionKind::Keep { .. } => Outcome::new(RowState::Kept, action.reason(), None),
+            ActionKind::Orphaned(_) => Outcome::new(RowState::Orphaned, action.reason(), None),
             // Frozen: never written, and no hash, so its readers are not restamped either.
-            ActionKind::Held { .. } => Outcome::new(action.kind.name(), action.reason(), None),
+            ActionKind::Held { why, .. } => Outcome::new(why.state(), action.reason(), None),
         }
     }
 
@@ -662,9 +659,9 @@ impl ClusterRun<'_> {
         hash: Option<&String>,
     ) -> Outcome {
         match apply::create_copy(self.ctx, &self.client, data, &action.namespace, meta).await {
-            Ok(()) => Outcome::new("Created", reason, hash),
+            Ok(()) => Outcome::new(RowState::Created, reason, hash),
             Err(e) if api_error::is_conflict(&e) => Outcome::new(
-                "Conflict",
+                RowState::Conflict,
                 "an object of this name appeared after the cluster was read; it was left untouched, run again to see whose it is".into(),
                 None,
             ),
@@ -679,28 +676,26 @@ impl ClusterRun<'_> {
         namespace: &str,
         copies: &BTreeMap<ResourceRef, CopyState>,
     ) -> Vec<Row> {
-        let base = |kind: &str, name: &str| Row {
+        let base = |kind: &str, name: &str, state: RowState, reason: String| Row {
             helmops: Vec::new(),
             cluster: self.downstream.display(),
             namespace: namespace.to_string(),
             kind: kind.to_string(),
             name: name.to_string(),
             workload: None,
-            state: String::new(),
-            reason: String::new(),
+            state,
+            reason,
             in_sync: None,
             fleet_copy: None,
         };
         let found = match workloads::list_opted_in(&self.client, namespace).await {
             Ok(w) => w,
             Err(e) => {
-                let mut r = base("", "");
-                r.state = "Failed".into();
-                r.reason = format!(
+                let reason = format!(
                     "cannot list workloads to restamp: {}",
                     api_error::describe(&e)
                 );
-                return vec![r];
+                return vec![base("", "", RowState::Failed, reason)];
             }
         };
         let hashes: BTreeMap<ResourceRef, String> = copies
@@ -713,7 +708,7 @@ impl ClusterRun<'_> {
                 continue;
             };
             let (state, reason) = if self.opts.dry_run {
-                ("Restamp", due.reason.clone())
+                (RowState::Restamp, due.reason.clone())
             } else {
                 match workloads::restamp(&self.client, &w, &due.value).await {
                     Ok(after) => {
@@ -728,20 +723,23 @@ impl ClusterRun<'_> {
                         } else {
                             "pod template stamp unchanged".to_string()
                         };
-                        ("Restamped", stamp)
+                        (RowState::Restamped, stamp)
                     }
-                    Err(e) => ("Failed", write_error("restamping", &e)),
+                    Err(e) => (RowState::Failed, write_error("restamping", &e)),
                 }
             };
             for resource in &due.copies {
-                let mut r = base(resource.kind.as_str(), &resource.name);
+                let mut r = base(
+                    resource.kind.as_str(),
+                    &resource.name,
+                    state,
+                    reason.clone(),
+                );
                 r.helmops = copies
                     .get(resource)
                     .map(|c| c.helmops.clone())
                     .unwrap_or_default();
                 r.workload = Some(w.display());
-                r.state = state.into();
-                r.reason = reason.clone();
                 rows.push(r);
             }
         }
@@ -833,7 +831,7 @@ pub fn uncopyable_rows(inv: &Inventory) -> Vec<Row> {
                 kind: e.kind.clone(),
                 name: e.name.clone(),
                 workload: None,
-                state: "Invalid".into(),
+                state: RowState::Invalid,
                 reason: format!(
                     "downstreamResources entry {{kind: {:?}, name: {:?}}} is skipped: only Secret and ConfigMap can be copied",
                     e.kind, e.name
@@ -857,7 +855,7 @@ pub fn problem_rows(problems: &[Problem]) -> Vec<Row> {
             kind: String::new(),
             name: String::new(),
             workload: None,
-            state: "Invalid".into(),
+            state: RowState::Invalid,
             reason: p.message.clone(),
             in_sync: None,
             fleet_copy: None,
@@ -871,7 +869,7 @@ mod tests {
 
     use super::*;
 
-    fn report(states: &[&str], unreachable: usize, problems: usize) -> Report {
+    fn report(states: &[RowState], unreachable: usize, problems: usize) -> Report {
         Report {
             upstream_id: "up-1".into(),
             dry_run: false,
@@ -886,7 +884,7 @@ mod tests {
             rejected: Vec::new(),
             summary: Summary {
                 unreachable_clusters: unreachable,
-                states: states.iter().map(|s| (s.to_string(), 1)).collect(),
+                states: states.iter().map(|s| (*s, 1)).collect(),
                 ..Summary::default()
             },
             namespaces: BTreeSet::new(),
@@ -898,26 +896,39 @@ mod tests {
     #[test]
     fn exit_codes() {
         assert_eq!(
-            report(&["Created", "Unchanged", "FleetManaged", "Kept"], 0, 0).exit_status(),
+            report(
+                &[
+                    RowState::Created,
+                    RowState::Unchanged,
+                    RowState::FleetManaged,
+                    RowState::Kept
+                ],
+                0,
+                0
+            )
+            .exit_status(),
             ExitStatus::Ok
         );
         assert_eq!(
-            report(&["Created", "Conflict"], 0, 0).exit_status(),
+            report(&[RowState::Created, RowState::Conflict], 0, 0).exit_status(),
             ExitStatus::Invalid
         );
         assert_eq!(
-            report(&["SourceMissing"], 0, 0).exit_status(),
+            report(&[RowState::SourceMissing], 0, 0).exit_status(),
             ExitStatus::Invalid
         );
         assert_eq!(
-            report(&["Created"], 0, 1).exit_status(),
+            report(&[RowState::Created], 0, 1).exit_status(),
             ExitStatus::Invalid
         );
         assert_eq!(
-            report(&["Created", "Conflict"], 1, 0).exit_status(),
+            report(&[RowState::Created, RowState::Conflict], 1, 0).exit_status(),
             ExitStatus::Partial
         );
-        assert_eq!(report(&["Failed"], 0, 0).exit_status(), ExitStatus::Partial);
+        assert_eq!(
+            report(&[RowState::Failed], 0, 0).exit_status(),
+            ExitStatus::Partial
+        );
     }
 
     #[test]
@@ -957,7 +968,7 @@ mod tests {
         );
         assert_eq!(rows[0].helmops, ["team/app"]);
         assert!(rows[0].reason.contains("only Secret and ConfigMap"));
-        let mut r = report(&["Created", "Invalid"], 0, 0);
+        let mut r = report(&[RowState::Created, RowState::Invalid], 0, 0);
         r.rows = rows;
         assert_eq!(r.exit_status(), ExitStatus::Invalid);
     }

@@ -3,6 +3,7 @@
 //! one-shot `propagate -o json`); with `-o yaml` one YAML document per event; otherwise a readable
 //! line per event and, after a run, the rows that are not `Unchanged`.
 
+use helmop_core::state::RowState;
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 use serde_json::json;
@@ -14,7 +15,9 @@ use crate::propagate::Report;
 use crate::report::{self, Row};
 
 /// Rows in these states are left out of the text output of a run (they are in the JSON).
-const QUIET_STATES: &[&str] = &["Unchanged", "Synced"];
+fn quiet(state: RowState) -> bool {
+    matches!(state, RowState::Unchanged | RowState::Synced)
+}
 
 pub struct Events {
     format: ReportFormat,
@@ -124,7 +127,7 @@ impl Events {
         let rows: Vec<Row> = report
             .rows
             .iter()
-            .filter(|r| !QUIET_STATES.contains(&r.state.as_str()))
+            .filter(|r| !quiet(r.state))
             .cloned()
             .collect();
         if !rows.is_empty() {

@@ -8,6 +8,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use helmop_core::state::RowState;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -20,7 +21,7 @@ use crate::propagate::Report;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
-    pub state: String,
+    pub state: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -71,13 +72,40 @@ impl ErrorKind {
     }
 }
 
-/// Row states counted as errors, and under which kind.
-const ERROR_STATES: &[(&str, ErrorKind)] = &[
-    ("Conflict", ErrorKind::Conflict),
-    ("SourceMissing", ErrorKind::SourceMissing),
-    ("Failed", ErrorKind::Write),
-    ("Invalid", ErrorKind::Invalid),
-];
+/// The kind a row in `state` is counted as an error under, if it is one.
+fn error_kind(state: RowState) -> Option<ErrorKind> {
+    match state {
+        RowState::Conflict => Some(ErrorKind::Conflict),
+        RowState::SourceMissing => Some(ErrorKind::SourceMissing),
+        RowState::Failed => Some(ErrorKind::Write),
+        RowState::Invalid => Some(ErrorKind::Invalid),
+        // Counted per cluster, not per row (`unreachable_clusters`).
+        RowState::Unreachable => None,
+        RowState::Create
+        | RowState::Created
+        | RowState::Current
+        | RowState::Drifted
+        | RowState::FleetManaged
+        | RowState::Kept
+        | RowState::Missing
+        | RowState::Orphaned
+        | RowState::Paused
+        | RowState::Prune
+        | RowState::Pruned
+        | RowState::Recreate
+        | RowState::Recreated
+        | RowState::Release
+        | RowState::Released
+        | RowState::Restamp
+        | RowState::Restamped
+        | RowState::RolloutPending
+        | RowState::Stale
+        | RowState::Synced
+        | RowState::Unchanged
+        | RowState::Update
+        | RowState::Updated => None,
+    }
+}
 
 /// Cheap to clone: every metric is reference counted.
 #[derive(Clone)]
@@ -192,7 +220,7 @@ impl Metrics {
         for (state, n) in &report.summary.states {
             self.copies
                 .get_or_create(&StateLabel {
-                    state: state.clone(),
+                    state: state.as_str(),
                 })
                 .set(i64::try_from(*n).unwrap_or(i64::MAX));
         }
@@ -203,8 +231,8 @@ impl Metrics {
                 })
                 .inc_by(report.summary.unreachable_clusters as u64);
         }
-        for (state, kind) in ERROR_STATES {
-            if let Some(n) = report.summary.states.get(*state) {
+        for (state, n) in &report.summary.states {
+            if let Some(kind) = error_kind(*state) {
                 self.errors
                     .get_or_create(&KindLabel {
                         kind: kind.as_str(),
@@ -241,7 +269,7 @@ mod tests {
     use crate::propagate::Summary;
     use crate::report::Row;
 
-    fn row(cluster: &str, state: &str) -> Row {
+    fn row(cluster: &str, state: RowState) -> Row {
         Row {
             helmops: vec!["team/app".into()],
             cluster: cluster.into(),
@@ -249,7 +277,7 @@ mod tests {
             kind: "Secret".into(),
             name: "db".into(),
             workload: None,
-            state: state.into(),
+            state,
             reason: String::new(),
             in_sync: None,
             fleet_copy: None,
@@ -283,14 +311,20 @@ mod tests {
         m.set_leader(true);
         m.run_done(
             &report(
-                vec![row("team/d1", "Created"), row("team/d2", "Unreachable")],
+                vec![
+                    row("team/d1", RowState::Created),
+                    row("team/d2", RowState::Unreachable),
+                ],
                 1,
             ),
             1_700_000_000,
         );
         m.run_done(
             &report(
-                vec![row("team/d1", "Unchanged"), row("team/d2", "Conflict")],
+                vec![
+                    row("team/d1", RowState::Unchanged),
+                    row("team/d2", RowState::Conflict),
+                ],
                 0,
             ),
             1_700_000_100,

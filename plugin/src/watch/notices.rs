@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use helmop_core::state::RowState;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -107,8 +108,8 @@ impl Notices {
 pub fn problems(report: &Report) -> BTreeMap<Key, String> {
     let mut out = BTreeMap::new();
     for row in &report.rows {
-        let (reason, subject, note) = match row.state.as_str() {
-            "Conflict" => (
+        let (reason, subject, note) = match row.state {
+            RowState::Conflict => (
                 "Conflict",
                 format!(
                     "{} {}/{} on {}",
@@ -119,7 +120,7 @@ pub fn problems(report: &Report) -> BTreeMap<Key, String> {
                     row.kind, row.namespace, row.name, row.cluster, row.reason
                 ),
             ),
-            "Unreachable" => (
+            RowState::Unreachable => (
                 "ClusterUnreachable",
                 row.cluster.clone(),
                 format!(
@@ -127,7 +128,7 @@ pub fn problems(report: &Report) -> BTreeMap<Key, String> {
                     row.cluster, row.reason
                 ),
             ),
-            "SourceMissing" => (
+            RowState::SourceMissing => (
                 "SourceMissing",
                 format!("{} {}", row.kind, row.name),
                 format!(
@@ -135,7 +136,33 @@ pub fn problems(report: &Report) -> BTreeMap<Key, String> {
                     row.kind, row.name, row.reason
                 ),
             ),
-            _ => continue,
+            // Failed writes and invalid HelmOps are the run's own errors (output, metrics); the
+            // rest need nothing from a user.
+            RowState::Create
+            | RowState::Created
+            | RowState::Current
+            | RowState::Drifted
+            | RowState::Failed
+            | RowState::FleetManaged
+            | RowState::Invalid
+            | RowState::Kept
+            | RowState::Missing
+            | RowState::Orphaned
+            | RowState::Paused
+            | RowState::Prune
+            | RowState::Pruned
+            | RowState::Recreate
+            | RowState::Recreated
+            | RowState::Release
+            | RowState::Released
+            | RowState::Restamp
+            | RowState::Restamped
+            | RowState::RolloutPending
+            | RowState::Stale
+            | RowState::Synced
+            | RowState::Unchanged
+            | RowState::Update
+            | RowState::Updated => continue,
         };
         for helmop in &row.helmops {
             out.entry(Key {
@@ -165,7 +192,7 @@ mod tests {
     use super::*;
     use crate::report::Row;
 
-    fn row(helmops: &[&str], cluster: &str, name: &str, state: &str) -> Row {
+    fn row(helmops: &[&str], cluster: &str, name: &str, state: RowState) -> Row {
         Row {
             helmops: helmops.iter().map(|s| (*s).to_owned()).collect(),
             cluster: cluster.into(),
@@ -173,7 +200,7 @@ mod tests {
             kind: "Secret".into(),
             name: name.into(),
             workload: None,
-            state: state.into(),
+            state,
             reason: "why".into(),
             in_sync: None,
             fleet_copy: None,
@@ -188,16 +215,16 @@ mod tests {
             rejected: Vec::new(),
             hash_key: crate::hash_key::KeyOrigin::Existing,
             rows: vec![
-                row(&["t/a", "t/b"], "t/d1", "db", "Conflict"),
-                row(&["t/a"], "t/d1", "db", "Created"),
+                row(&["t/a", "t/b"], "t/d1", "db", RowState::Conflict),
+                row(&["t/a"], "t/d1", "db", RowState::Created),
                 // Two copies wanted on an unreachable cluster: one Event for the cluster.
-                row(&["t/a"], "t/d2", "db", "Unreachable"),
-                row(&["t/a"], "t/d2", "cfg", "Unreachable"),
+                row(&["t/a"], "t/d2", "db", RowState::Unreachable),
+                row(&["t/a"], "t/d2", "cfg", RowState::Unreachable),
                 // A missing source wanted on two clusters: one Event for the source.
-                row(&["t/a"], "t/d1", "gone", "SourceMissing"),
-                row(&["t/a"], "t/d3", "gone", "SourceMissing"),
+                row(&["t/a"], "t/d1", "gone", RowState::SourceMissing),
+                row(&["t/a"], "t/d3", "gone", RowState::SourceMissing),
                 // A cluster with nothing wanted: no HelmOp to tell.
-                row(&[], "t/d4", "", "Unreachable"),
+                row(&[], "t/d4", "", RowState::Unreachable),
             ],
             problems: Vec::new(),
             summary: Default::default(),

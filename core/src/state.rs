@@ -1,0 +1,148 @@
+//! The states report rows are in (`propagate`, `status`, `prune`, and what `propagate --watch`
+//! turns into Events and metrics). The words are part of the interface: tables, `-o json` /
+//! `-o yaml`, Event reasons and metric labels show them as written here, so they live only in
+//! [`RowState::as_str`].
+
+use std::cmp::Ordering;
+use std::fmt;
+
+use serde::{Serialize, Serializer};
+
+/// One row's state. Ordered by its word, so per-state summaries keep the alphabetical order
+/// they had as strings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RowState {
+    /// An object there is not helmop's (or is a source); it was not written.
+    Conflict,
+    /// `propagate --dry-run`: a copy would be created.
+    Create,
+    Created,
+    /// `status`: the workload's stamp lists the copy's current content.
+    Current,
+    /// `status`: helmop's copy was edited downstream.
+    Drifted,
+    /// A write (or a read before it) failed.
+    Failed,
+    /// Fleet copies this object itself; helmop leaves it alone.
+    FleetManaged,
+    /// A HelmOp's targets or entries are invalid, or Fleet rejects it.
+    Invalid,
+    Kept,
+    /// `status`: no copy yet.
+    Missing,
+    /// helmop's copy, not wanted any more, not removed (by this command, or at all).
+    Orphaned,
+    /// The Cluster or the HelmOp is paused: its copies are frozen.
+    Paused,
+    /// `prune --dry-run`: the copy would be deleted.
+    Prune,
+    Pruned,
+    /// `propagate --dry-run`: the copy would be deleted and created again.
+    Recreate,
+    Recreated,
+    /// `prune --dry-run`: the copy would lose some owners.
+    Release,
+    Released,
+    /// `propagate --dry-run`: the workload would be restamped.
+    Restamp,
+    Restamped,
+    /// `status`: the workload's stamp does not list the copy's current content yet.
+    RolloutPending,
+    /// The source Secret or ConfigMap does not exist upstream.
+    SourceMissing,
+    /// `status`: helmop's copy, older than its source.
+    Stale,
+    /// `status`: helmop's copy matches its source.
+    Synced,
+    Unchanged,
+    /// The cluster could not be worked on.
+    Unreachable,
+    /// `propagate --dry-run`: the copy would be updated.
+    Update,
+    Updated,
+}
+
+impl RowState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RowState::Conflict => "Conflict",
+            RowState::Create => "Create",
+            RowState::Created => "Created",
+            RowState::Current => "Current",
+            RowState::Drifted => "Drifted",
+            RowState::Failed => "Failed",
+            RowState::FleetManaged => "FleetManaged",
+            RowState::Invalid => "Invalid",
+            RowState::Kept => "Kept",
+            RowState::Missing => "Missing",
+            RowState::Orphaned => "Orphaned",
+            RowState::Paused => "Paused",
+            RowState::Prune => "Prune",
+            RowState::Pruned => "Pruned",
+            RowState::Recreate => "Recreate",
+            RowState::Recreated => "Recreated",
+            RowState::Release => "Release",
+            RowState::Released => "Released",
+            RowState::Restamp => "Restamp",
+            RowState::Restamped => "Restamped",
+            RowState::RolloutPending => "RolloutPending",
+            RowState::SourceMissing => "SourceMissing",
+            RowState::Stale => "Stale",
+            RowState::Synced => "Synced",
+            RowState::Unchanged => "Unchanged",
+            RowState::Unreachable => "Unreachable",
+            RowState::Update => "Update",
+            RowState::Updated => "Updated",
+        }
+    }
+}
+
+impl fmt::Display for RowState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for RowState {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl Ord for RowState {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl PartialOrd for RowState {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    #[test]
+    fn words_are_the_variant_names_and_order_is_alphabetical() {
+        let states = [
+            RowState::Synced,
+            RowState::Conflict,
+            RowState::RolloutPending,
+        ];
+        for s in states {
+            assert_eq!(format!("{s:?}"), s.as_str());
+            assert_eq!(s.to_string(), s.as_str());
+        }
+        let counts: BTreeMap<RowState, usize> = states.iter().map(|s| (*s, 1)).collect();
+        assert_eq!(
+            serde_json::to_string(&counts).ok().as_deref(),
+            Some(r#"{"Conflict":1,"RolloutPending":1,"Synced":1}"#)
+        );
+        assert!(RowState::Restamped < RowState::RolloutPending);
+    }
+}
