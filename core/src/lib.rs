@@ -5,6 +5,7 @@ pub mod fleet_copy;
 pub mod hash;
 pub mod mapping;
 pub mod model;
+pub mod name_rules;
 pub mod names;
 pub mod plan;
 pub mod podrefs;

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::validate::names::{label_value_error, qualified_name_error};
+use crate::name_rules::{label_value_error, qualified_name_error};
 
 /// A compiled, validated label selector.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 //! still a cluster: it is `Unreachable`, and the run goes on with the others.
 //!
 //! A cluster is identified by what it is, not by how it is reached: the UID of its
-//! `kube-system` namespace ([`identity_key`]). Entries reaching one physical cluster (Fleet
+//! `kube-system` namespace ([`crate::identity`]). Entries reaching one physical cluster (Fleet
 //! Clusters in two namespaces, two URLs of one API server, a context and a Cluster) become one
 //! [`Downstream`], so their copies are planned together with the union of what they want, and
 //! no entry's prune or status can take another entry's copy for an orphan. An entry whose
@@ -17,21 +17,18 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use helmop_core::model::{Cluster, FLEET_KUBECONFIG_NAMESPACES};
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::api_error;
+use crate::args::humanize;
 use crate::client_cache::ClientKey;
 use crate::context::{Ctx, kubeconfig_error};
-use crate::runner::humanize;
+use crate::identity::{IDENTITY_NAMESPACE, identity_key, kube_system_uid};
 
 /// Data key of a Fleet kubeconfig Secret.
 pub const KUBECONFIG_DATA_KEY: &str = "value";
-
-/// The namespace whose UID identifies a cluster.
-const IDENTITY_NAMESPACE: &str = "kube-system";
-const IDENTITY_PREFIX: &str = "kube-system:";
 
 /// One downstream cluster.
 #[derive(Clone)]
@@ -69,24 +66,6 @@ impl std::fmt::Debug for Downstream {
 pub struct Limits {
     pub concurrency: usize,
     pub timeout: Duration,
-}
-
-/// The plan key of the cluster whose `kube-system` namespace has UID `uid`.
-pub fn identity_key(uid: &str) -> String {
-    format!("{IDENTITY_PREFIX}{uid}")
-}
-
-/// Whether a plan key is a cluster identity (not the name of an unidentified entry).
-pub fn is_identity_key(key: &str) -> bool {
-    key.starts_with(IDENTITY_PREFIX)
-}
-
-/// The UID of the cluster's `kube-system` namespace (`get namespaces/kube-system`).
-pub async fn kube_system_uid(client: &kube::Client) -> Result<Option<String>, kube::Error> {
-    let ns = Api::<Namespace>::all(client.clone())
-        .get(IDENTITY_NAMESPACE)
-        .await?;
-    Ok(ns.metadata.uid.filter(|u| !u.is_empty()))
 }
 
 /// The identity key of the cluster `client` reaches, or why it cannot be had.
@@ -319,6 +298,7 @@ pub fn check_self_contained(kc: &Kubeconfig) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::identity::is_identity_key;
 
     const EMBEDDED: &str = r#"
 apiVersion: v1

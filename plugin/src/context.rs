@@ -17,7 +17,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use crate::args::KubeArgs;
 use crate::client_cache::ClientCache;
 use crate::error::PluginError;
-use crate::{api_error, clusters, upstream_id};
+use crate::{api_error, identity, upstream_id};
 
 /// Shared state of one command run (cheap to clone: clients and the counter are shared).
 #[derive(Clone)]
@@ -31,7 +31,7 @@ pub struct Ctx {
     /// id on their next write. The legacy id when the id was derived from the identity; empty
     /// with `--upstream-id`.
     pub upstream_aliases: Vec<String>,
-    /// The upstream cluster's identity ([`clusters::identity_key`]), or why it is unknown.
+    /// The upstream cluster's identity ([`identity::identity_key`]), or why it is unknown.
     pub upstream_cluster: Result<String, String>,
     /// `--upstream-id` was given.
     explicit_id: bool,
@@ -129,7 +129,7 @@ impl Ctx {
     /// with a warning and the identity is unknown (`prune` then refuses to run); when the
     /// cluster cannot be reached, that is the command's error.
     pub async fn identified(mut self) -> Result<Ctx, PluginError> {
-        match clusters::kube_system_uid(&self.upstream).await {
+        match identity::kube_system_uid(&self.upstream).await {
             Ok(Some(uid)) => {
                 if !self.explicit_id {
                     let legacy = std::mem::replace(
@@ -140,7 +140,7 @@ impl Ctx {
                         self.upstream_aliases = vec![legacy];
                     }
                 }
-                self.upstream_cluster = Ok(clusters::identity_key(&uid));
+                self.upstream_cluster = Ok(identity::identity_key(&uid));
             }
             Err(e) if api_error::is_unavailable(&e) => {
                 return Err(api_error::upstream("reading namespace kube-system", &e));

@@ -212,7 +212,7 @@ pub async fn enumerate(
             // Wants on the contexts' clusters, and those of Clusters that could not be
             // identified (prune keeps what they want everywhere).
             desired.extend(fleet_desired.into_iter().filter(|d| {
-                !clusters::is_identity_key(&d.cluster)
+                !crate::identity::is_identity_key(&d.cluster)
                     || downstreams.iter().any(|ds| ds.key == d.cluster)
             }));
             for p in fleet_problems {

@@ -39,9 +39,10 @@ use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use serde::Serialize;
 
 use crate::api_error;
-use crate::clusters::{self, Downstream};
+use crate::clusters::Downstream;
 use crate::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
+use crate::identity;
 use crate::inventory::Inventory;
 use crate::observe::Observation;
 use crate::propagate::{annotations_patch, observe_and_plan, row};
@@ -154,13 +155,13 @@ fn protect_unidentified_wants(inv: &mut Inventory) {
     let unplaced: Vec<_> = inv
         .desired
         .iter()
-        .filter(|d| !clusters::is_identity_key(&d.cluster))
+        .filter(|d| !identity::is_identity_key(&d.cluster))
         .cloned()
         .collect();
     for downstream in inv
         .downstreams
         .iter()
-        .filter(|d| clusters::is_identity_key(&d.key))
+        .filter(|d| identity::is_identity_key(&d.key))
     {
         inv.desired.extend(unplaced.iter().map(|d| DesiredCopy {
             cluster: downstream.key.clone(),
@@ -522,8 +523,8 @@ mod tests {
                 Err("no answer".into())
             },
         };
-        let a = clusters::identity_key("uid-a");
-        let b = clusters::identity_key("uid-b");
+        let a = identity::identity_key("uid-a");
+        let b = identity::identity_key("uid-b");
         let mut inv = Inventory {
             selection: Selection::All,
             helmops: Vec::new(),

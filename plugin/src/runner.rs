@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use crate::args::humanize;
 use crate::clusters::Downstream;
 
 /// How progress is shown on stderr.
@@ -98,21 +99,6 @@ where
     }
     results.sort_by_key(|r| r.index);
     results
-}
-
-/// `1m30s`, `45s`, `500ms`.
-pub fn humanize(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms < 1000 {
-        return format!("{ms}ms");
-    }
-    let secs = d.as_secs();
-    let (m, s) = (secs / 60, secs % 60);
-    match (m, s) {
-        (0, s) => format!("{s}s"),
-        (m, 0) => format!("{m}m"),
-        (m, s) => format!("{m}m{s}s"),
-    }
 }
 
 #[cfg(test)]

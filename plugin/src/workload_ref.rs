@@ -84,7 +84,7 @@ pub fn parse(text: &str) -> Result<WorkloadRef, WorkloadRefError> {
         return Err(WorkloadRefError::Shape(text.to_owned()));
     }
     let kind = parse_kind(kind).ok_or_else(|| WorkloadRefError::Kind(kind.to_owned()))?;
-    if !helmop_core::validate::names::is_dns1123_subdomain(name) {
+    if !helmop_core::name_rules::is_dns1123_subdomain(name) {
         return Err(WorkloadRefError::Name(name.to_owned()));
     }
     Ok(WorkloadRef {

@@ -125,6 +125,32 @@ async fn client_for(kubeconfig: Kubeconfig, context: Option<&str>) -> anyhow::Re
     Ok(kube::Client::try_from(config)?)
 }
 
+/// What `cp up --node` reports about the node (the `node` object of its summary JSON).
+#[derive(Debug, Clone, Deserialize)]
+pub struct NodeInfo {
+    /// The cluster the node belongs to (the first one started).
+    pub cluster: String,
+    /// The Node object's name.
+    pub name: String,
+    /// The host's address on the pod bridge: how pods reach services on the host (a registry),
+    /// and the kubelet's InternalIP.
+    pub host_address: String,
+    /// The bridge the pods are attached to.
+    pub bridge: String,
+    /// Pod addresses come from this subnet (host-local IPAM).
+    pub pod_subnet: String,
+    /// containerd's socket (for `ctr --address`).
+    pub containerd_socket: PathBuf,
+    /// containerd's registry configuration directory (`HOST:PORT/hosts.toml`).
+    pub registry_config_dir: PathBuf,
+    /// Registries configured at start-up (`--registry`).
+    pub registries: Vec<String>,
+    /// The local pod sandbox image, present in containerd (never pulled).
+    pub pause_image: String,
+    /// `10.0.0.1:443`: the `kubernetes` Service as pods dial it.
+    pub kubernetes_service: String,
+}
+
 /// Running clusters plus the harness process that owns them.
 #[derive(Debug)]
 pub struct ControlPlane {
@@ -133,7 +159,7 @@ pub struct ControlPlane {
     /// The clusters, in the order they were named.
     pub clusters: Vec<ClusterInfo>,
     /// The node of the first cluster, when started with [`ControlPlaneOptions::node`].
-    pub node: Option<crate::node::NodeInfo>,
+    pub node: Option<NodeInfo>,
     merged_kubeconfig: PathBuf,
     harness: Mutex<Option<Harness>>,
 }
@@ -172,7 +198,7 @@ struct Summary {
     kubeconfig: PathBuf,
     clusters: Vec<ClusterInfo>,
     #[serde(default)]
-    node: Option<crate::node::NodeInfo>,
+    node: Option<NodeInfo>,
 }
 
 static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
@@ -322,7 +348,7 @@ impl ControlPlane {
     }
 
     /// The node, for a control plane started with one; an error otherwise.
-    pub fn node(&self) -> anyhow::Result<&crate::node::NodeInfo> {
+    pub fn node(&self) -> anyhow::Result<&NodeInfo> {
         self.node
             .as_ref()
             .with_context(|| format!("the control plane in {} has no node", self.dir.display()))

@@ -33,7 +33,7 @@ mod webhooks;
 pub use binaries::{PluginProcess, plugin_binary, run_plugin, workspace_binary};
 pub use certs::{TestCerts, WebhookClientPki, test_certs, test_certs_for, webhook_client_pki};
 pub use controlplane::{
-    ClusterInfo, ControlPlane, ControlPlaneOptions, DOWNSTREAM_1, DOWNSTREAM_2, UPSTREAM,
+    ClusterInfo, ControlPlane, ControlPlaneOptions, DOWNSTREAM_1, DOWNSTREAM_2, NodeInfo, UPSTREAM,
     client_from_kubeconfig, control_plane, cp_script,
 };
 pub use endpoints::{
@@ -46,7 +46,7 @@ pub use fleet::{
     shared_dir,
 };
 pub use namespaces::{TEST_NAMESPACE_LABEL, fresh_namespace, fresh_namespace_with_labels};
-pub use node::{BusyboxImage, NODE_CLUSTER, NodeInfo, build_busybox_image, node_control_plane};
+pub use node::{BusyboxImage, NODE_CLUSTER, build_busybox_image, node_control_plane};
 pub use objects::{create_config_map, create_secret, ensure_hash_key, template_annotation};
 pub use wait::{DEFAULT_TIMEOUT, wait_for, wait_until};
 pub use webhook_server::LocalWebhook;

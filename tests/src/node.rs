@@ -1,46 +1,19 @@
 //! The node of a control plane started with `cp up --node` (containerd, a CNI bridge, kubelet
 //! and kube-scheduler for the first cluster), and test images for it built offline with buildah.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Once, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use serde::Deserialize;
 use tokio::process::Command;
 
-use crate::controlplane::{ControlPlane, ControlPlaneOptions};
+use crate::controlplane::{ControlPlane, ControlPlaneOptions, NodeInfo};
 use crate::registry::TestRegistry;
 
 /// Name of the cluster that has the node in [`node_control_plane`].
 pub const NODE_CLUSTER: &str = "nodeup";
-
-/// What `cp up --node` reports about the node (the `node` object of its summary JSON).
-#[derive(Debug, Clone, Deserialize)]
-pub struct NodeInfo {
-    /// The cluster the node belongs to (the first one started).
-    pub cluster: String,
-    /// The Node object's name.
-    pub name: String,
-    /// The host's address on the pod bridge: how pods reach services on the host (a registry),
-    /// and the kubelet's InternalIP.
-    pub host_address: String,
-    /// The bridge the pods are attached to.
-    pub bridge: String,
-    /// Pod addresses come from this subnet (host-local IPAM).
-    pub pod_subnet: String,
-    /// containerd's socket (for `ctr --address`).
-    pub containerd_socket: PathBuf,
-    /// containerd's registry configuration directory (`HOST:PORT/hosts.toml`).
-    pub registry_config_dir: PathBuf,
-    /// Registries configured at start-up (`--registry`).
-    pub registries: Vec<String>,
-    /// The local pod sandbox image, present in containerd (never pulled).
-    pub pause_image: String,
-    /// `10.0.0.1:443`: the `kubernetes` Service as pods dial it.
-    pub kubernetes_service: String,
-}
 
 impl NodeInfo {
     /// Lets containerd pull from `host` (`ADDR:PORT`) over plain http. containerd reads the

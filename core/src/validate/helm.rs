@@ -3,7 +3,8 @@
 
 use serde_json::{Map, Value};
 
-use super::{Ctx, index, join, names, q, semver, type_name};
+use super::{Ctx, index, join, q, semver, type_name};
+use crate::name_rules as names;
 use crate::resource::ResourceKind;
 
 /// A `valuesFrom` entry that names a ConfigMap or Secret.

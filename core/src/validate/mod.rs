@@ -8,7 +8,7 @@
 pub mod fleet;
 mod helm;
 mod missing;
-pub mod names;
+mod model;
 mod resources;
 pub mod semver;
 mod spec;

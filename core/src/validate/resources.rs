@@ -4,16 +4,10 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
-use super::spec::SpecModel;
-use super::{Ctx, index, join, names, q, type_name};
+use super::model::{Entry, SpecModel};
+use super::{Ctx, index, join, q, type_name};
+use crate::name_rules as names;
 use crate::resource::{ResourceKind, ResourceRef};
-
-/// A well-formed list entry and where it is.
-#[derive(Clone, Debug)]
-pub(crate) struct Entry {
-    pub path: String,
-    pub reference: ResourceRef,
-}
 
 /// Checks `base.downstreamResources` and returns its well-formed entries.
 pub(crate) fn check_list(cx: &mut Ctx, obj: &Map<String, Value>, base: &str) -> Vec<Entry> {

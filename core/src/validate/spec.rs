@@ -3,26 +3,10 @@
 
 use serde_json::{Map, Value};
 
-use super::resources::{self, Entry};
-use super::{Ctx, helm, index, join, names, targets};
-
-/// What the cross-reference rules need from the spec.
-pub(crate) struct SpecModel {
-    /// The release namespace downstream, where the spec states it (`namespace`, else
-    /// `defaultNamespace`); `None` leaves it to the agent's default.
-    pub root_dest: Option<String>,
-    pub root_entries: Vec<Entry>,
-    pub root_values_from: Vec<helm::ValuesFromRef>,
-    pub targets: Vec<TargetModel>,
-    pub helm_secret_name: Option<String>,
-}
-
-pub(crate) struct TargetModel {
-    /// As `SpecModel::root_dest`, with this target's options merged over the root's.
-    pub dest: Option<String>,
-    pub entries: Vec<Entry>,
-    pub values_from: Vec<helm::ValuesFromRef>,
-}
+use super::model::{SpecModel, TargetModel};
+use super::resources;
+use super::{Ctx, helm, index, join, targets};
+use crate::name_rules as names;
 
 pub(crate) fn check_spec(cx: &mut Ctx, spec: &Map<String, Value>) -> SpecModel {
     let base = "spec";

@@ -67,7 +67,8 @@ impl PropagateArgs {
 
 pub async fn run(args: &PropagateArgs) -> Result<ExitStatus, PluginError> {
     if args.watch.watch {
-        return crate::watch::run(args, &args.watch).await;
+        let opts = |ctx: &Ctx| args.opts(ctx, Progress::Quiet);
+        return crate::watch::run(&args.kube, args.output, opts, &args.watch).await;
     }
     let ctx = Ctx::connect_identified(&args.kube).await?;
     let opts = args.opts(&ctx, Progress::Auto);

@@ -24,14 +24,14 @@ use clap::Args;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use crate::args::humanize;
 use crate::args::parse_duration;
-use crate::cmd::propagate::PropagateArgs;
+use crate::args::{KubeArgs, ReportFormat};
 use crate::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
 use crate::inventory::Selection;
 use crate::leader::{self, Elector, LeaderHandle, LeaseTimings};
-use crate::propagate::propagate_once;
-use crate::runner::{Progress, humanize};
+use crate::propagate::{PropagateOpts, propagate_once};
 
 use self::debounce::Pending;
 use self::events::Events;
@@ -93,7 +93,13 @@ pub const DEFAULT_LEASE_NAMESPACE: &str = helmop_core::names::SYSTEM_NAMESPACE;
 /// Longest wait between failed runs.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
-pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitStatus, PluginError> {
+/// `opts` turns the connected context into the options of each run (`propagate`'s flags).
+pub async fn run(
+    kube: &KubeArgs,
+    output: ReportFormat,
+    opts: impl FnOnce(&Ctx) -> PropagateOpts,
+    watch_args: &WatchArgs,
+) -> Result<ExitStatus, PluginError> {
     // Installed first, so a signal during start-up is not lost.
     let mut signals = Signals::install()?;
     let timings =
@@ -112,12 +118,12 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
         Some(addr) => Some(health::serve(addr, metrics.clone(), health.clone()).await?),
         None => None,
     };
-    let ctx = Ctx::connect_identified(&args.kube).await?;
-    let opts = args.opts(&ctx, Progress::Quiet);
-    let events = Events::new(args.output);
+    let ctx = Ctx::connect_identified(kube).await?;
+    let opts = opts(&ctx);
+    let events = Events::new(output);
 
     // A dry run writes nothing, so it needs no leadership.
-    let election = if watch_args.no_leader_election || args.dry_run {
+    let election = if watch_args.no_leader_election || opts.dry_run {
         None
     } else {
         let namespace = watch_args
@@ -162,7 +168,7 @@ pub async fn run(args: &PropagateArgs, watch_args: &WatchArgs) -> Result<ExitSta
     );
     let was_leading = *leading.borrow_and_update();
     metrics.set_leader(was_leading);
-    let mut notices = (!args.dry_run).then(|| {
+    let mut notices = (!opts.dry_run).then(|| {
         let identity = election
             .as_ref()
             .map_or_else(leader::default_identity, |h| h.identity().to_owned());
