@@ -20,7 +20,7 @@ use tokio_rustls::TlsConnector;
 
 use crate::fixtures;
 use crate::machine::rss_kib;
-use crate::memory::{WebhookProcess, admin_get, cache_objects, poll};
+use crate::memory::{WebhookProcess, admin_get, cache_objects};
 use crate::pki::{Pki, SecretVolume};
 use crate::scenarios;
 
@@ -132,12 +132,12 @@ pub async fn run(settings: &HostileSettings) -> anyhow::Result<HostileReport> {
         api.create(&PostParams::default(), &helmop).await?;
     }
     let want = settings.helmops as u64;
-    let helmops_cached = poll(
+    let helmops_cached = helmop_tests::wait_for(
         "the HelmOp cache to hold every HelmOp",
         Duration::from_secs(120),
-        async || {
-            let (_, body) = admin_get(process.admin_port, "/metrics").await.ok()?;
-            cache_objects(&body, "helmops").filter(|n| *n >= want)
+        || async {
+            let (_, body) = admin_get(process.admin_port, "/metrics").await?;
+            Ok(cache_objects(&body, "helmops").filter(|n| *n >= want))
         },
     )
     .await?;

@@ -10,6 +10,8 @@ use anyhow::{Context, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use helmop_tests::{wait_for, wait_until};
+
 use crate::fixtures;
 use crate::load::{self, Load, Outcome, Target};
 use crate::machine::rss_kib;
@@ -67,23 +69,6 @@ pub fn cache_objects(metrics: &str, cache: &str) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-pub async fn poll<T>(
-    what: &str,
-    timeout: Duration,
-    mut f: impl AsyncFnMut() -> Option<T>,
-) -> anyhow::Result<T> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return Ok(v);
-        }
-        if Instant::now() > deadline {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// The real `helmop-webhook` against `cluster`, serving the certificate of `volume` on loopback, ready.
 pub struct WebhookProcess {
     pub child: tokio::process::Child,
@@ -128,12 +113,12 @@ impl WebhookProcess {
             .id()
             .context("the webhook exited at once")?
             .to_string();
-        poll(
+        wait_until(
             "the webhook to be ready",
             Duration::from_secs(60),
-            async || {
-                let (status, _) = admin_get(admin_port, "/readyz").await.ok()?;
-                status.contains(" 200").then_some(())
+            || async {
+                let (status, _) = admin_get(admin_port, "/readyz").await?;
+                Ok(status.contains(" 200"))
             },
         )
         .await
@@ -180,14 +165,14 @@ pub async fn run(settings: &MemorySettings) -> anyhow::Result<MemoryReport> {
     .await?;
     let sync_started = Instant::now();
     let want = settings.per_kind as u64;
-    let cached = poll(
+    let cached = wait_for(
         "the caches to hold every object",
         Duration::from_secs(300),
-        async || {
-            let (_, body) = admin_get(admin_port, "/metrics").await.ok()?;
-            let s = cache_objects(&body, "secrets")?;
-            let c = cache_objects(&body, "configmaps")?;
-            (s >= want && c >= want).then_some((s, c))
+        || async {
+            let (_, body) = admin_get(admin_port, "/metrics").await?;
+            let s = cache_objects(&body, "secrets");
+            let c = cache_objects(&body, "configmaps");
+            Ok(s.zip(c).filter(|(s, c)| *s >= want && *c >= want))
         },
     )
     .await?;

@@ -9,32 +9,17 @@
 //! - keys must be qualified names and values valid label values, `In`/`NotIn` need at least one
 //!   value and `Exists`/`DoesNotExist` none; anything else is an error, as in apimachinery.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::core::SelectorExt;
 
 use crate::name_rules::{label_value_error, qualified_name_error};
 
-/// A compiled, validated label selector.
+/// A compiled, validated label selector. Validation (what is a valid selector, and the messages) is helmop's;
+/// matching is kube's, whose semantics are apimachinery's.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Selector {
-    requirements: Vec<Requirement>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Requirement {
-    key: String,
-    op: Operator,
-    values: BTreeSet<String>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Operator {
-    In,
-    NotIn,
-    Exists,
-    DoesNotExist,
-}
+pub struct Selector(kube::core::Selector);
 
 /// Why a selector is invalid; `path` is relative to the selector (e.g. `matchExpressions[1].operator`).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -56,98 +41,80 @@ impl SelectorError {
 impl Selector {
     /// The selector that matches every label set (what `{}` means).
     pub fn everything() -> Self {
-        Selector {
-            requirements: Vec::new(),
-        }
+        Selector(kube::core::Selector::default())
     }
 
     /// Compiles and validates a selector, reporting the first problem like apimachinery does.
     pub fn compile(selector: &LabelSelector) -> Result<Self, SelectorError> {
-        let mut requirements = Vec::new();
-        if let Some(labels) = &selector.match_labels {
-            for (key, value) in labels {
-                let path = format!("matchLabels.{key}");
-                check_key(key, &path)?;
-                if let Some(problem) = label_value_error(value) {
-                    return Err(SelectorError::new(
-                        path,
-                        format!("invalid label value {value:?}: {problem}"),
-                    ));
-                }
-                requirements.push(Requirement {
-                    key: key.clone(),
-                    op: Operator::In,
-                    values: BTreeSet::from([value.clone()]),
-                });
-            }
-        }
-        for (i, expr) in selector.match_expressions.iter().flatten().enumerate() {
-            let base = format!("matchExpressions[{i}]");
-            check_key(&expr.key, &format!("{base}.key"))?;
-            let op = match expr.operator.as_str() {
-                "In" => Operator::In,
-                "NotIn" => Operator::NotIn,
-                "Exists" => Operator::Exists,
-                "DoesNotExist" => Operator::DoesNotExist,
-                other => {
-                    return Err(SelectorError::new(
-                        format!("{base}.operator"),
-                        format!(
-                            "{other:?} is not a valid label selector operator: use In, NotIn, Exists or DoesNotExist"
-                        ),
-                    ));
-                }
-            };
-            let values: &[String] = expr.values.as_deref().unwrap_or_default();
-            match op {
-                Operator::In | Operator::NotIn if values.is_empty() => {
-                    return Err(SelectorError::new(
-                        format!("{base}.values"),
-                        format!("operator {} needs at least one value", expr.operator),
-                    ));
-                }
-                Operator::Exists | Operator::DoesNotExist if !values.is_empty() => {
-                    return Err(SelectorError::new(
-                        format!("{base}.values"),
-                        format!("operator {} takes no values", expr.operator),
-                    ));
-                }
-                _ => {}
-            }
-            for (j, value) in values.iter().enumerate() {
-                if let Some(problem) = label_value_error(value) {
-                    return Err(SelectorError::new(
-                        format!("{base}.values[{j}]"),
-                        format!("invalid label value {value:?}: {problem}"),
-                    ));
-                }
-            }
-            requirements.push(Requirement {
-                key: expr.key.clone(),
-                op,
-                values: values.iter().cloned().collect(),
-            });
-        }
-        Ok(Selector { requirements })
+        validate(selector)?;
+        // kube's conversion accepts selectors apimachinery rejects (`In` with an empty list, `Exists` with
+        // values, any key), so it only sees selectors `validate` passed, which it cannot refuse.
+        kube::core::Selector::try_from(selector.clone())
+            .map(Selector)
+            .map_err(|e| SelectorError::new("matchExpressions".to_owned(), e.0))
     }
 
     /// Whether every requirement holds for `labels`.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.requirements.iter().all(|r| {
-            let value = labels.get(&r.key);
-            match r.op {
-                Operator::In => value.is_some_and(|v| r.values.contains(v)),
-                Operator::NotIn => value.is_none_or(|v| !r.values.contains(v)),
-                Operator::Exists => value.is_some(),
-                Operator::DoesNotExist => value.is_none(),
-            }
-        })
+        self.0.matches(labels)
     }
 
     /// True for the selector that matches everything.
     pub fn is_everything(&self) -> bool {
-        self.requirements.is_empty()
+        self.0.selects_all()
     }
+}
+
+/// apimachinery's `LabelSelectorAsSelector` checks, first problem first.
+fn validate(selector: &LabelSelector) -> Result<(), SelectorError> {
+    for (key, value) in selector.match_labels.iter().flatten() {
+        let path = format!("matchLabels.{key}");
+        check_key(key, &path)?;
+        if let Some(problem) = label_value_error(value) {
+            return Err(SelectorError::new(
+                path,
+                format!("invalid label value {value:?}: {problem}"),
+            ));
+        }
+    }
+    for (i, expr) in selector.match_expressions.iter().flatten().enumerate() {
+        let base = format!("matchExpressions[{i}]");
+        check_key(&expr.key, &format!("{base}.key"))?;
+        let takes_values = match expr.operator.as_str() {
+            "In" | "NotIn" => true,
+            "Exists" | "DoesNotExist" => false,
+            other => {
+                return Err(SelectorError::new(
+                    format!("{base}.operator"),
+                    format!(
+                        "{other:?} is not a valid label selector operator: use In, NotIn, Exists or DoesNotExist"
+                    ),
+                ));
+            }
+        };
+        let values: &[String] = expr.values.as_deref().unwrap_or_default();
+        if takes_values && values.is_empty() {
+            return Err(SelectorError::new(
+                format!("{base}.values"),
+                format!("operator {} needs at least one value", expr.operator),
+            ));
+        }
+        if !takes_values && !values.is_empty() {
+            return Err(SelectorError::new(
+                format!("{base}.values"),
+                format!("operator {} takes no values", expr.operator),
+            ));
+        }
+        for (j, value) in values.iter().enumerate() {
+            if let Some(problem) = label_value_error(value) {
+                return Err(SelectorError::new(
+                    format!("{base}.values[{j}]"),
+                    format!("invalid label value {value:?}: {problem}"),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn check_key(key: &str, path: &str) -> Result<(), SelectorError> {

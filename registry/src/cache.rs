@@ -1,76 +1,75 @@
-//! Shared state across resolutions: a bounded TTL cache (positive and negative entries live
-//! for different times) and a per-registry concurrency limit, so a burst of requests cannot stampede one
-//! registry (or trip its rate limiting).
+//! Shared state across resolutions: bounded caches whose entries each live for a time chosen by their value
+//! (a resolved digest briefly, a failure longer, a token as long as its registry said), with concurrent lookups
+//! of one key sharing one computation; and a per-registry concurrency limit, so a burst of requests cannot
+//! stampede one registry (or trip its rate limiting).
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// A bounded map whose entries expire; when full, expired entries go first, then the one expiring soonest.
-pub struct TtlCache<K, V> {
-    entries: Mutex<HashMap<K, (V, Instant)>>,
-    capacity: usize,
+/// How long a value stays, decided when it is stored.
+type Lifetime<V> = Arc<dyn Fn(&V) -> Duration + Send + Sync>;
+
+struct ByValue<V>(Lifetime<V>);
+
+impl<K, V> moka::Expiry<K, V> for ByValue<V> {
+    fn expire_after_create(&self, _key: &K, value: &V, _created_at: Instant) -> Option<Duration> {
+        Some((self.0)(value))
+    }
 }
 
-impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
-    pub fn new(capacity: usize) -> Self {
-        TtlCache {
-            entries: Mutex::new(HashMap::new()),
-            capacity: capacity.max(1),
+/// A bounded cache (least useful entries go first when full) whose entries expire after the lifetime the
+/// cache gives their value; a zero lifetime is never served again.
+pub struct ExpiringCache<K, V> {
+    entries: moka::future::Cache<K, V>,
+}
+
+impl<K, V> ExpiringCache<K, V>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    pub fn new(capacity: u64, lifetime: impl Fn(&V) -> Duration + Send + Sync + 'static) -> Self {
+        ExpiringCache {
+            entries: moka::future::Cache::builder()
+                .max_capacity(capacity.max(1))
+                .expire_after(ByValue(Arc::new(lifetime)))
+                .build(),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<K, (V, Instant)>> {
-        self.entries
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    pub async fn get(&self, key: &K) -> Option<V> {
+        self.entries.get(key).await
     }
 
-    pub fn get(&self, key: &K) -> Option<V> {
-        self.get_at(key, Instant::now())
+    pub async fn insert(&self, key: K, value: V) {
+        self.entries.insert(key, value).await;
     }
 
-    fn get_at(&self, key: &K, now: Instant) -> Option<V> {
-        let mut entries = self.lock();
-        match entries.get(key) {
-            Some((value, expires)) if *expires > now => Some(value.clone()),
-            Some(_) => {
-                entries.remove(key);
-                None
-            }
-            None => None,
-        }
+    /// The value stored for `key`, else `lookup`'s, stored. Of concurrent calls for one key, one runs its
+    /// `lookup` and the others wait for that value (if the runner is dropped midway, a waiter runs its own).
+    /// The flag is true when this call's `lookup` produced the value.
+    pub async fn get_or_run(&self, key: K, lookup: impl Future<Output = V>) -> (V, bool) {
+        let entry = self.entries.entry(key).or_insert_with(lookup).await;
+        let fresh = entry.is_fresh();
+        (entry.into_value(), fresh)
     }
 
-    pub fn insert(&self, key: K, value: V, ttl: Duration) {
-        self.insert_at(key, value, ttl, Instant::now());
-    }
-
-    fn insert_at(&self, key: K, value: V, ttl: Duration, now: Instant) {
-        let mut entries = self.lock();
-        if entries.len() >= self.capacity && !entries.contains_key(&key) {
-            entries.retain(|_, (_, expires)| *expires > now);
-            if entries.len() >= self.capacity
-                && let Some(soonest) = entries
-                    .iter()
-                    .min_by_key(|(_, (_, expires))| *expires)
-                    .map(|(k, _)| k.clone())
-            {
-                entries.remove(&soonest);
-            }
-        }
-        entries.insert(key, (value, now + ttl));
-    }
-
-    pub fn len(&self) -> usize {
-        self.lock().len()
+    /// Entries held, counting expired or evicted ones not yet swept.
+    pub fn len(&self) -> u64 {
+        self.entries.entry_count()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Applies pending evictions and expirations now (they otherwise run on later reads and writes).
+    pub async fn sweep(&self) {
+        self.entries.run_pending_tasks().await;
     }
 }
 
@@ -106,29 +105,88 @@ impl RegistryLimiter {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use futures::future::join_all;
+
     use super::*;
 
-    #[test]
-    fn entries_expire_and_capacity_is_bounded() {
-        let cache = TtlCache::new(2);
-        let t0 = Instant::now();
-        cache.insert_at("a", 1, Duration::from_secs(30), t0);
-        cache.insert_at("b", 2, Duration::from_secs(10), t0);
-        assert_eq!(cache.get_at(&"a", t0), Some(1));
-        assert_eq!(cache.get_at(&"b", t0 + Duration::from_secs(11)), None);
-        assert_eq!(cache.len(), 1, "an expired entry is dropped when read");
-        cache.insert_at("b", 2, Duration::from_secs(10), t0);
-        // Full: the entry expiring soonest ("b") makes room.
-        cache.insert_at("c", 3, Duration::from_secs(30), t0);
-        assert_eq!(cache.len(), 2);
-        assert_eq!(cache.get_at(&"b", t0), None);
-        assert_eq!(cache.get_at(&"a", t0), Some(1));
-        // Replacing an entry when full evicts nothing else.
-        cache.insert_at("a", 9, Duration::from_secs(30), t0);
+    type Outcome = Result<u32, &'static str>;
+
+    /// Successes for 30 s, failures for `negative`.
+    fn outcomes(negative: Duration) -> ExpiringCache<&'static str, Outcome> {
+        ExpiringCache::new(100, move |v: &Outcome| {
+            if v.is_ok() {
+                Duration::from_secs(30)
+            } else {
+                negative
+            }
+        })
+    }
+
+    #[tokio::test]
+    async fn concurrent_lookups_of_one_key_run_one_lookup() {
+        let cache = outcomes(Duration::from_secs(30));
+        let runs = AtomicUsize::new(0);
+        // One task: every caller is polled (the first starts its lookup, the rest wait on it) before the
+        // first lookup is polled again and finishes.
+        let answers = join_all((0..8).map(|_| {
+            cache.get_or_run("reg/app:latest", async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                Ok(7)
+            })
+        }))
+        .await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert!(answers.iter().all(|(v, _)| *v == Ok(7)), "{answers:?}");
+        assert_eq!(answers.iter().filter(|(_, fresh)| *fresh).count(), 1);
+        // Later lookups are answered from the cache.
+        let (again, fresh) = cache.get_or_run("reg/app:latest", async { Ok(8) }).await;
+        assert_eq!((again, fresh), (Ok(7), false));
+    }
+
+    #[tokio::test]
+    async fn failures_expire_on_their_own_lifetime_and_successes_stay() {
+        let cache = outcomes(Duration::from_millis(50));
+        cache.insert("ok", Ok(1)).await;
+        cache.insert("down", Err("unreachable")).await;
+        assert_eq!(cache.get(&"down").await, Some(Err("unreachable")));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while cache.get(&"down").await.is_some() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "a failure outlived its lifetime"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(cache.get(&"ok").await, Some(Ok(1)));
+        let (value, fresh) = cache.get_or_run("down", async { Ok(2) }).await;
         assert_eq!(
-            (cache.get_at(&"a", t0), cache.get_at(&"c", t0)),
-            (Some(9), Some(3))
+            (value, fresh),
+            (Ok(2), true),
+            "an expired entry is looked up again"
         );
+    }
+
+    #[tokio::test]
+    async fn a_zero_lifetime_is_never_served() {
+        let cache = outcomes(Duration::ZERO);
+        let (first, _) = cache.get_or_run("k", async { Err("down") }).await;
+        assert_eq!(first, Err("down"));
+        assert_eq!(cache.get(&"k").await, None);
+        let (second, fresh) = cache.get_or_run("k", async { Ok(3) }).await;
+        assert_eq!((second, fresh), (Ok(3), true));
+    }
+
+    #[tokio::test]
+    async fn capacity_is_bounded() {
+        let cache: ExpiringCache<u32, u32> = ExpiringCache::new(10, |_| Duration::from_secs(30));
+        for i in 0..200 {
+            cache.insert(i, i).await;
+        }
+        cache.sweep().await;
+        assert!(cache.len() <= 10, "{} entries", cache.len());
     }
 
     #[tokio::test]

@@ -22,7 +22,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::auth::{Challenge, Credential, parse_challenge};
-use crate::cache::{RegistryLimiter, TtlCache};
+use crate::cache::{ExpiringCache, RegistryLimiter};
 use crate::policy;
 use crate::reference::{ImageRef, api_host, normalise_registry, valid_digest};
 
@@ -36,7 +36,7 @@ pub const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.index.v1+json, \
 const MAX_MANIFEST_BYTES: usize = 4 << 20;
 /// Requests in flight to one registry host.
 const PER_REGISTRY_CONCURRENCY: usize = 8;
-const TOKEN_CACHE_ENTRIES: usize = 1024;
+const TOKEN_CACHE_ENTRIES: u64 = 1024;
 
 /// `--registry-config FILE`: YAML (or JSON) such as
 /// `{insecure: ["127.0.0.1:5000"], mirrors: {"docker.io": ["mirror.example.com"]}}`.
@@ -226,7 +226,8 @@ pub struct RegistryClient {
     listed: Vec<String>,
     insecure: Vec<String>,
     settings: RegistrySettings,
-    tokens: TtlCache<TokenKey, String>,
+    /// A token and how long its registry said it lasts.
+    tokens: ExpiringCache<TokenKey, (String, Duration)>,
     limiter: RegistryLimiter,
 }
 
@@ -269,7 +270,7 @@ impl RegistryClient {
             listed: settings.listed_authorities(),
             insecure,
             settings,
-            tokens: TtlCache::new(TOKEN_CACHE_ENTRIES),
+            tokens: ExpiringCache::new(TOKEN_CACHE_ENTRIES, |(_, ttl): &(String, Duration)| *ttl),
             limiter: RegistryLimiter::new(PER_REGISTRY_CONCURRENCY),
         })
     }
@@ -324,7 +325,8 @@ impl RegistryClient {
         let mut auth = self
             .tokens
             .get(&token_key)
-            .map(|token| format!("Bearer {token}"));
+            .await
+            .map(|(token, _)| format!("Bearer {token}"));
         let mut response = self.send(Method::HEAD, &url, auth.as_deref()).await?;
         if response.status() == StatusCode::UNAUTHORIZED {
             let header = response
@@ -350,7 +352,7 @@ impl RegistryClient {
                     let (token, ttl) = self
                         .token(&realm, &url, service.as_deref(), &scope, credential)
                         .await?;
-                    self.tokens.insert(token_key, token.clone(), ttl);
+                    self.tokens.insert(token_key, (token.clone(), ttl)).await;
                     format!("Bearer {token}")
                 }
                 None => {

@@ -17,7 +17,6 @@ use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::plugin::support::*;
-use crate::plugin::{b64, create, rv, secret_obj, set_secret_data};
 
 const RUN: Duration = Duration::from_secs(120);
 

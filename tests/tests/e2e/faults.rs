@@ -478,22 +478,15 @@ async fn propagate_killed_half_way_then_rerun_converges_without_duplicates_or_or
 
     // SIGKILL as soon as the first copy is there: no chance to clean up or finish the batch.
     let mut run = PluginProcess::spawn(&args, &[])?;
-    let mut written = 0;
-    let poll = async {
-        loop {
-            let mut n = 0;
-            for client in &down {
-                n += copies(client, &ns).await?.len();
-            }
-            if n > 0 {
-                return anyhow::Ok(n);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    let written = wait_for("a first copy", Duration::from_secs(120), || async {
+        let mut n = 0;
+        for client in &down {
+            n += copies(client, &ns).await?.len();
         }
-    };
-    if let Ok(n) = tokio::time::timeout(Duration::from_secs(120), poll).await {
-        written = n?;
-    }
+        Ok((n > 0).then_some(n))
+    })
+    .await
+    .unwrap_or(0);
     run.signal(libc::SIGKILL)?;
     let status = run.wait_exit(DEFAULT_TIMEOUT).await?;
     assert!(

@@ -57,7 +57,6 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 
 use crate::plugin::support::*;
-use crate::plugin::{b64, create, secret_obj, set_secret_data};
 
 /// The report row of `name` whose cluster column mentions the Fleet Cluster `cluster`.
 fn row_for<'a>(report: &'a [Value], cluster: &str, name: &str) -> Option<&'a Value> {

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use helmop_core::names::{ANN_IMAGE_DIGESTS, ANN_RESTAMP};
 
 use super::auth::{Credential, PullSecret, credential_for};
-use super::cache::TtlCache;
+use super::cache::ExpiringCache;
 use super::patch::{Slot, annotate_ops, parse_digests, pin_ops, slots};
 use super::pull_secrets::read_pull_secrets;
 use super::reference::ImageRef;
@@ -33,7 +33,7 @@ pub use helmop_core::names::ANN_IMAGE_MODE;
 pub const POSITIVE_TTL: Duration = Duration::from_secs(3);
 /// How long a failure is remembered, so a dead registry costs one budget, not one per admission.
 pub const NEGATIVE_TTL: Duration = Duration::from_secs(10);
-const DIGEST_CACHE_ENTRIES: usize = 4096;
+const DIGEST_CACHE_ENTRIES: u64 = 4096;
 const NAMESPACE_TTL: Duration = Duration::from_secs(10);
 
 /// A valid override value.
@@ -66,10 +66,9 @@ pub struct RegistryResolver {
     registry: RegistryClient,
     tags: MutableTags,
     budget: Duration,
-    positive_ttl: Duration,
-    negative_ttl: Duration,
-    digests: TtlCache<DigestKey, Result<String, ResolveError>>,
-    namespaces: TtlCache<String, Option<String>>,
+    /// Concurrent admissions of one image share one registry request.
+    digests: ExpiringCache<DigestKey, Result<String, ResolveError>>,
+    namespaces: ExpiringCache<String, Option<String>>,
     outcomes: Family<OutcomeLabel, Counter>,
 }
 
@@ -95,18 +94,16 @@ impl RegistryResolver {
             registry: RegistryClient::new(settings, "helmop-webhook")?,
             tags: MutableTags::new(&config.mutable_tags),
             budget: config.image_budget,
-            positive_ttl: POSITIVE_TTL,
-            negative_ttl: NEGATIVE_TTL,
-            digests: TtlCache::new(DIGEST_CACHE_ENTRIES),
-            namespaces: TtlCache::new(DIGEST_CACHE_ENTRIES),
+            digests: digest_cache(POSITIVE_TTL, NEGATIVE_TTL),
+            namespaces: ExpiringCache::new(DIGEST_CACHE_ENTRIES, |_| NAMESPACE_TTL),
             outcomes,
         })
     }
 
-    /// Overrides the cache lifetimes (tests; `Duration::ZERO` disables a cache).
+    /// Overrides the cache lifetimes (tests; with `Duration::ZERO` an outcome is shared only by the admissions
+    /// already waiting on it).
     pub fn with_ttls(mut self, positive: Duration, negative: Duration) -> Self {
-        self.positive_ttl = positive;
-        self.negative_ttl = negative;
+        self.digests = digest_cache(positive, negative);
         self
     }
 
@@ -122,7 +119,7 @@ impl RegistryResolver {
     }
 
     async fn namespace_mode(&self, namespace: &str) -> Option<String> {
-        if let Some(cached) = self.namespaces.get(&namespace.to_owned()) {
+        if let Some(cached) = self.namespaces.get(&namespace.to_owned()).await {
             return cached;
         }
         let api = Api::<Namespace>::all(self.client.clone());
@@ -130,7 +127,8 @@ impl RegistryResolver {
             Ok(ns) => {
                 let mode = ns.and_then(|ns| ns.metadata.annotations?.remove(ANN_IMAGE_MODE));
                 self.namespaces
-                    .insert(namespace.to_owned(), mode.clone(), NAMESPACE_TTL);
+                    .insert(namespace.to_owned(), mode.clone())
+                    .await;
                 mode
             }
             Err(error) => {
@@ -165,23 +163,23 @@ impl RegistryResolver {
             tag: image.effective_tag().to_owned(),
             identity: credential(&image.registry).map(|c| c.identity),
         };
-        if let Some(cached) = self.digests.get(&key) {
-            self.count(match &cached {
+        // The lookup's own deadline makes a timeout an outcome that is cached like any failure; waiting on
+        // another admission's lookup is bounded by this admission's deadline.
+        let lookup = async {
+            tokio::time::timeout_at(deadline, self.registry.resolve(image, credential))
+                .await
+                .unwrap_or(Err(ResolveError::Timeout))
+        };
+        let (result, fresh) =
+            tokio::time::timeout_at(deadline, self.digests.get_or_run(key, lookup))
+                .await
+                .unwrap_or((Err(ResolveError::Timeout), true));
+        if !fresh {
+            self.count(match &result {
                 Ok(_) => "cached",
                 Err(e) => e.outcome(),
             });
-            return cached;
-        }
-        let result = tokio::time::timeout_at(deadline, self.registry.resolve(image, credential))
-            .await
-            .unwrap_or(Err(ResolveError::Timeout));
-        let ttl = if result.is_ok() {
-            self.positive_ttl
-        } else {
-            self.negative_ttl
-        };
-        if !ttl.is_zero() {
-            self.digests.insert(key, result.clone(), ttl);
+            return result;
         }
         self.count(match &result {
             Ok(_) => "resolved",
@@ -288,6 +286,19 @@ impl ImageResolver for RegistryResolver {
     fn resolve<'a>(&'a self, request: ImageRequest<'a>) -> BoxFuture<'a, ImageOutcome> {
         Box::pin(self.run(request))
     }
+}
+
+/// Resolutions kept `positive` when they succeeded, `negative` when they failed.
+fn digest_cache(
+    positive: Duration,
+    negative: Duration,
+) -> ExpiringCache<DigestKey, Result<String, ResolveError>> {
+    ExpiringCache::new(
+        DIGEST_CACHE_ENTRIES,
+        move |result: &Result<String, ResolveError>| {
+            if result.is_ok() { positive } else { negative }
+        },
+    )
 }
 
 /// The end of the image stage: its own budget from `now`, but never past the admission's deadline
@@ -722,5 +733,55 @@ mod tests {
             &[],
         );
         assert!(again.ops.is_empty(), "{:?}", again.ops);
+    }
+
+    #[tokio::test]
+    async fn concurrent_admissions_of_one_image_make_one_registry_request() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counter = requests.clone();
+        // `get` answers HEAD too.
+        let registry = axum::Router::new().route(
+            "/v2/app/manifests/latest",
+            axum::routing::get(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async { ([("docker-content-digest", D1)], "") }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(axum::serve(listener, registry).into_future());
+        let dir = tempfile::tempdir().unwrap();
+        let registry_config = dir.path().join("registries.yaml");
+        std::fs::write(&registry_config, format!("insecure: [\"{addr}\"]")).unwrap();
+        let config = Config {
+            registry_config: Some(registry_config),
+            ..Config::default()
+        };
+        // Never contacted: resolving a tag reads nothing from the cluster.
+        let kube = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+            .unwrap();
+        let resolver = RegistryResolver::new(kube, &config, &Metrics::new()).unwrap();
+        let image = ImageRef::parse(&format!("{addr}/app:latest")).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+
+        // One task: every admission is polled (the first sends the request, the rest wait on it) before
+        // the first one reads its answer.
+        let digests = join_all((0..8).map(|_| resolver.resolve_image(&image, &[], deadline))).await;
+        assert!(
+            digests.iter().all(|d| d.as_deref() == Ok(D1)),
+            "{digests:?}"
+        );
+        assert_eq!(requests.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            (
+                resolver.resolutions("resolved"),
+                resolver.resolutions("cached")
+            ),
+            (1, 7)
+        );
+        server.abort();
     }
 }

@@ -9,11 +9,12 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use base64::Engine;
 use helmop_tests::*;
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// The plugin binary next to this test binary (`target/<profile>/kubectl-helmop`): `./dev test`
 /// builds it with `cargo build --bins` before the tests run.
@@ -480,4 +481,69 @@ pub fn some<T>(value: Option<T>, what: &str) -> anyhow::Result<T> {
         Some(v) => Ok(v),
         None => bail!("{what} is missing"),
     }
+}
+
+pub fn secret_obj(
+    ns: &str,
+    name: &str,
+    type_: &str,
+    data: &[(&str, &[u8])],
+    labels: &[(&str, &str)],
+    annotations: &[(&str, &str)],
+) -> Secret {
+    let map = |pairs: &[(&str, &str)]| {
+        Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    };
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(ns.into()),
+            labels: map(labels),
+            annotations: map(annotations),
+            ..ObjectMeta::default()
+        },
+        type_: Some(type_.into()),
+        data: Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), ByteString(v.to_vec())))
+                .collect(),
+        ),
+        ..Secret::default()
+    }
+}
+
+pub async fn create(client: &kube::Client, secret: &Secret) -> anyhow::Result<Secret> {
+    let ns = secret.metadata.namespace.clone().unwrap_or_default();
+    Ok(Api::<Secret>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), secret)
+        .await?)
+}
+
+pub async fn set_secret_data(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    data: Value,
+) -> anyhow::Result<()> {
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"data": data})),
+        )
+        .await?;
+    Ok(())
+}
+
+pub fn b64(s: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+pub fn rv(meta: &ObjectMeta) -> String {
+    meta.resource_version.clone().unwrap_or_default()
 }

@@ -1,0 +1,221 @@
+//! Whose objects `propagate` may write: a same-named object helmop does not own is a conflict until adopted, and
+//! copies Fleet's own agent manages are left alone but compared.
+
+use helmop_tests::*;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+
+use super::support::*;
+
+#[tokio::test]
+async fn an_unowned_same_named_secret_is_a_conflict_until_adopted() -> anyhow::Result<()> {
+    let f = Fleet::new("pa-conflict").await?;
+    let dest = fresh_namespace(&f.down1, "pa-conflict-dest").await?;
+    create_secret(&f.upstream, &f.ns, "db", &[("password", b"from-upstream")]).await?;
+    let theirs = create(
+        &f.down1,
+        &secret_obj(
+            &dest,
+            "db",
+            "Opaque",
+            &[("other", b"mine")],
+            &[("team", "a")],
+            &[],
+        ),
+    )
+    .await?;
+    f.helmop(&helmop_yaml(
+        "app",
+        &format!("defaultNamespace: {dest}\ndownstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterName: down1\n"),
+    ))
+    .await?;
+
+    let out = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(1)
+        .json();
+    let r = rows(&out);
+    let conflict = row(&r, &format!("{}/down1", f.ns), "db");
+    assert_eq!(conflict["state"], "Conflict");
+    assert!(
+        conflict["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("--adopt"),
+        "{conflict}"
+    );
+    let now = some(get_secret(&f.down1, &dest, "db").await?, "their secret")?;
+    assert_eq!(
+        serde_json::to_value(&now)?,
+        serde_json::to_value(&theirs)?,
+        "the unowned Secret is left exactly as it was"
+    );
+    let status = helmop(&["status", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0)
+        .json();
+    assert_eq!(
+        states(&status)
+            .get(&format!("{}/down1 {dest} Secret/db", f.ns))
+            .map(String::as_str),
+        Some("Conflict")
+    );
+
+    let adopted = helmop(&["propagate", "app", "-n", &f.ns, "--adopt", "-o", "json"])
+        .await?
+        .expect(0)
+        .json();
+    let r = rows(&adopted);
+    let updated = row(&r, &format!("{}/down1", f.ns), "db");
+    assert_eq!(updated["state"], "Updated", "{adopted:#}");
+    assert!(
+        updated["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("adopted"),
+        "{updated}"
+    );
+    let now = some(get_secret(&f.down1, &dest, "db").await?, "adopted secret")?;
+    assert_eq!(
+        now.metadata.uid, theirs.metadata.uid,
+        "taken over, not recreated"
+    );
+    let data = now.data.clone().unwrap_or_default();
+    assert_eq!(
+        data.keys().collect::<Vec<_>>(),
+        ["password"],
+        "exactly the source's keys"
+    );
+    assert_eq!(data["password"].0, b"from-upstream");
+    assert_eq!(
+        label(&now.metadata, "helmop.dev/managed-by"),
+        Some("kubectl-helmop")
+    );
+    assert!(
+        annotation(&now.metadata, "helmop.dev/owners")
+            .is_some_and(|o| o.ends_with(&format!("/{}/app", f.ns)))
+    );
+
+    let again = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0)
+        .json();
+    assert_eq!(writes(&again), 0, "{again:#}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn fleet_managed_copies_are_left_alone_but_compared_and_missing_sources_reported()
+-> anyhow::Result<()> {
+    let f = Fleet::new("pa-fleet").await?;
+    let dest = fresh_namespace(&f.down1, "pa-fleet-dest").await?;
+    create_secret(&f.upstream, &f.ns, "db", &[("password", b"same")]).await?;
+    create_config_map(&f.upstream, &f.ns, "cfg", &[("mode", "new")]).await?;
+    // Fleet's agent copied both itself; its ConfigMap is behind the source.
+    let fleet_label = [("fleet.cattle.io/bundledeployment", "app")];
+    let fleet_db = create(
+        &f.down1,
+        &secret_obj(
+            &dest,
+            "db",
+            "Opaque",
+            &[("password", b"same")],
+            &fleet_label,
+            &[],
+        ),
+    )
+    .await?;
+    let fleet_cfg = Api::<ConfigMap>::namespaced(f.down1.clone(), &dest)
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("cfg".into()),
+                    labels: Some(
+                        [(
+                            "fleet.cattle.io/bundledeployment".to_string(),
+                            "app".to_string(),
+                        )]
+                        .into(),
+                    ),
+                    ..ObjectMeta::default()
+                },
+                data: Some([("mode".to_string(), "old".to_string())].into()),
+                ..ConfigMap::default()
+            },
+        )
+        .await?;
+    let one = format!("defaultNamespace: {dest}\ntargets:\n- clusterName: down1\n");
+    f.helmop(&helmop_yaml(
+        "app",
+        &format!("downstreamResources:\n- {{kind: Secret, name: db}}\n- {{kind: ConfigMap, name: cfg}}\n{one}"),
+    ))
+    .await?;
+    f.helmop(&helmop_yaml(
+        "later",
+        &format!("downstreamResources:\n- {{kind: Secret, name: not-yet}}\n{one}"),
+    ))
+    .await?;
+
+    let out = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0)
+        .json();
+    let d1 = format!("{}/down1", f.ns);
+    assert_eq!(
+        row(&rows(&out), &d1, "db")["state"],
+        "FleetManaged",
+        "{out:#}"
+    );
+    assert_eq!(
+        row(&rows(&out), &d1, "cfg")["state"],
+        "FleetManaged",
+        "{out:#}"
+    );
+    assert_eq!(writes(&out), 0, "{out:#}");
+    assert_eq!(
+        serde_json::to_value(some(get_secret(&f.down1, &dest, "db").await?, "db")?)?,
+        serde_json::to_value(&fleet_db)?
+    );
+    assert_eq!(
+        serde_json::to_value(some(get_config_map(&f.down1, &dest, "cfg").await?, "cfg")?)?,
+        serde_json::to_value(&fleet_cfg)?
+    );
+    let status = helmop(&["status", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0)
+        .json();
+    let r = rows(&status);
+    assert_eq!(row(&r, &d1, "db")["state"], "FleetManaged");
+    assert_eq!(row(&r, &d1, "db")["inSync"], true, "{status:#}");
+    assert_eq!(row(&r, &d1, "cfg")["inSync"], false, "{status:#}");
+    assert!(
+        !status.to_string().contains("same"),
+        "no data in the output"
+    );
+
+    // A source that does not exist (yet) is reported, and fails the run.
+    let out = helmop(&["propagate", "later", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(1)
+        .json();
+    assert_eq!(
+        row(&rows(&out), &d1, "not-yet")["state"],
+        "SourceMissing",
+        "{out:#}"
+    );
+    let status = helmop(&["status", "later", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0)
+        .json();
+    assert_eq!(
+        row(&rows(&status), &d1, "not-yet")["state"],
+        "SourceMissing"
+    );
+    create_secret(&f.upstream, &f.ns, "not-yet", &[("k", b"v")]).await?;
+    helmop(&["propagate", "later", "-n", &f.ns])
+        .await?
+        .expect(0);
+    Ok(())
+}

@@ -1,0 +1,254 @@
+//! `prune` deletes exactly the stale copies, and nothing when the clusters cannot be listed.
+
+use helmop_tests::*;
+use kube::api::DeleteParams;
+
+use super::support::*;
+
+#[tokio::test]
+async fn prune_deletes_exactly_the_stale_copies_and_nothing_when_clusters_cannot_be_listed()
+-> anyhow::Result<()> {
+    let f = Fleet::new("pa-prune").await?;
+    let apps = f.dest("apps");
+    for name in ["a", "b", "shared", "k", "g", "impostor"] {
+        create_secret(&f.upstream, &f.ns, name, &[("k", name.as_bytes())]).await?;
+    }
+    let both = "targets:\n- clusterSelector: {matchLabels: {env: prod}}\n";
+    let one = "targets:\n- clusterName: down1\n";
+    let ops = [
+        (
+            "app",
+            format!(
+                "defaultNamespace: {apps}\ndownstreamResources:\n- {{kind: Secret, name: a}}\n- {{kind: Secret, name: b}}\n- {{kind: Secret, name: shared}}\n{both}"
+            ),
+        ),
+        (
+            "app2",
+            format!(
+                "defaultNamespace: {apps}\ndownstreamResources:\n- {{kind: Secret, name: shared}}\n{one}"
+            ),
+        ),
+        (
+            "keeper",
+            format!(
+                "defaultNamespace: {apps}\nkeepResources: true\ndownstreamResources:\n- {{kind: Secret, name: k}}\n{one}"
+            ),
+        ),
+        (
+            "gone",
+            format!(
+                "defaultNamespace: {apps}\ndownstreamResources:\n- {{kind: Secret, name: g}}\n{one}"
+            ),
+        ),
+    ];
+    for (name, spec) in &ops {
+        f.helmop(&helmop_yaml(name, spec)).await?;
+    }
+    let out = helmop(&["propagate", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0)
+        .json();
+    let id = out["upstreamId"].as_str().unwrap_or_default().to_string();
+    let owner = |name: &str| format!("{id}/{}/{name}", f.ns);
+    assert_eq!(
+        annotation(
+            &some(get_secret(&f.down1, &apps, "shared").await?, "shared")?.metadata,
+            "helmop.dev/owners"
+        ),
+        Some(format!("{},{}", owner("app"), owner("app2")).as_str())
+    );
+    // Impostors: helmop's labels and markers, but a source uid that matches nothing, or an owner
+    // that never existed.
+    let managed = [("helmop.dev/managed-by", "kubectl-helmop")];
+    let app_owner = owner("app");
+    let nobody = owner("nobody");
+    let impostor_source = format!("{id}/{}/Secret/impostor", f.ns);
+    for (name, owners) in [
+        ("impostor", app_owner.as_str()),
+        ("impostor2", nobody.as_str()),
+    ] {
+        create(
+            &f.down1,
+            &secret_obj(
+                &apps,
+                name,
+                "Opaque",
+                &[("k", b"x")],
+                &managed,
+                &[
+                    ("helmop.dev/owners", owners),
+                    ("helmop.dev/source", &impostor_source),
+                    (
+                        "helmop.dev/source-uid",
+                        "00000000-0000-0000-0000-000000000000",
+                    ),
+                ],
+            ),
+        )
+        .await?;
+    }
+
+    // Make copies stale: an entry removed, a cluster untargeted, HelmOps deleted.
+    f.helmop(&helmop_yaml(
+        "app",
+        &format!("defaultNamespace: {apps}\ndownstreamResources:\n- {{kind: Secret, name: a}}\n- {{kind: Secret, name: shared}}\ntargets:\n- clusterSelector: {{matchLabels: {{name: down1}}}}\n"),
+    ))
+    .await?;
+    let helmops = fleet_api(&f.upstream, &f.ns, &helmop_resource());
+    for name in ["app2", "keeper", "gone"] {
+        helmops.delete(name, &DeleteParams::default()).await?;
+    }
+    let status = helmop(&["status", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0)
+        .json();
+    assert_eq!(
+        states(&status)
+            .get(&format!("{}/down1 {apps} Secret/b", f.ns))
+            .map(String::as_str),
+        Some("Orphaned"),
+        "{status:#}"
+    );
+    let stale_down1 = ["b", "g"];
+    let stale_down2 = ["a", "b", "shared"];
+
+    // Without permission to list Clusters, prune stops before touching anything.
+    let dir = tempfile::tempdir()?;
+    let limited = kubeconfig_without_cluster_access(&f.upstream, &f.ns, dir.path()).await?;
+    let denied = run_with(&limited, &["prune", "-n", &f.ns], &[])
+        .await?
+        .expect(1);
+    assert!(
+        denied.stderr.contains("listing Clusters"),
+        "{}",
+        denied.stderr
+    );
+    let dry = helmop(&["prune", "-n", &f.ns, "--dry-run", "-o", "json"])
+        .await?
+        .expect(0)
+        .json();
+    assert_eq!(dry["writes"], 0);
+    for name in stale_down1
+        .iter()
+        .chain(["k", "impostor", "impostor2"].iter())
+    {
+        assert!(
+            get_secret(&f.down1, &apps, name).await?.is_some(),
+            "{name} still on down1"
+        );
+    }
+    for name in stale_down2 {
+        assert!(
+            get_secret(&f.down2, &apps, name).await?.is_some(),
+            "{name} still on down2"
+        );
+    }
+    let planned = states(&dry);
+    assert_eq!(
+        planned
+            .get(&format!("{}/down1 {apps} Secret/b", f.ns))
+            .map(String::as_str),
+        Some("Prune"),
+        "{dry:#}"
+    );
+
+    let pruned = helmop(&["prune", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0)
+        .json();
+    let st = states(&pruned);
+    let d1 = |name: &str| format!("{}/down1 {apps} Secret/{name}", f.ns);
+    let d2 = |name: &str| format!("{}/down2 {apps} Secret/{name}", f.ns);
+    for name in stale_down1 {
+        assert_eq!(
+            st.get(&d1(name)).map(String::as_str),
+            Some("Pruned"),
+            "{pruned:#}"
+        );
+        assert!(
+            get_secret(&f.down1, &apps, name).await?.is_none(),
+            "{name} pruned on down1"
+        );
+    }
+    for name in stale_down2 {
+        assert_eq!(
+            st.get(&d2(name)).map(String::as_str),
+            Some("Pruned"),
+            "{pruned:#}"
+        );
+        assert!(
+            get_secret(&f.down2, &apps, name).await?.is_none(),
+            "{name} pruned on down2"
+        );
+    }
+    assert_eq!(
+        st.get(&d1("shared")).map(String::as_str),
+        Some("Released"),
+        "{pruned:#}"
+    );
+    let shared = some(get_secret(&f.down1, &apps, "shared").await?, "shared")?;
+    assert_eq!(
+        annotation(&shared.metadata, "helmop.dev/owners"),
+        Some(owner("app").as_str())
+    );
+    assert_eq!(
+        st.get(&d1("k")).map(String::as_str),
+        Some("Kept"),
+        "{pruned:#}"
+    );
+    let kept = some(get_secret(&f.down1, &apps, "k").await?, "kept copy")?;
+    assert_eq!(annotation(&kept.metadata, "helmop.dev/owners"), None);
+    assert_eq!(annotation(&kept.metadata, "helmop.dev/keep"), Some("true"));
+    let kept_uid = kept.metadata.uid.clone();
+    assert_eq!(
+        st.get(&d1("impostor")).map(String::as_str),
+        Some("Orphaned"),
+        "{pruned:#}"
+    );
+    assert!(get_secret(&f.down1, &apps, "impostor").await?.is_some());
+    assert!(get_secret(&f.down1, &apps, "impostor2").await?.is_some());
+    assert!(
+        get_secret(&f.down1, &apps, "a").await?.is_some(),
+        "still wanted"
+    );
+    assert_eq!(
+        copies_of(&f.down1, &f.ns).await?,
+        ["a", "impostor", "impostor2", "shared"]
+            .iter()
+            .map(|n| place(&apps, "Secret", n))
+            .collect()
+    );
+    assert!(copies_of(&f.down2, &f.ns).await?.is_empty());
+
+    let again = helmop(&["prune", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0)
+        .json();
+    assert_eq!(again["writes"], 0, "{again:#}");
+
+    // A later HelmOp listing the same source re-adopts the kept copy.
+    f.helmop(&helmop_yaml(
+        "keeper2",
+        &format!(
+            "defaultNamespace: {apps}\ndownstreamResources:\n- {{kind: Secret, name: k}}\n{one}"
+        ),
+    ))
+    .await?;
+    let readopted = helmop(&["propagate", "keeper2", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0)
+        .json();
+    assert_eq!(
+        row(&rows(&readopted), &format!("{}/down1", f.ns), "k")["state"],
+        "Updated",
+        "{readopted:#}"
+    );
+    let kept = some(get_secret(&f.down1, &apps, "k").await?, "re-adopted copy")?;
+    assert_eq!(kept.metadata.uid, kept_uid, "the same object");
+    assert_eq!(
+        annotation(&kept.metadata, "helmop.dev/owners"),
+        Some(owner("keeper2").as_str())
+    );
+    assert_eq!(annotation(&kept.metadata, "helmop.dev/keep"), None);
+    Ok(())
+}

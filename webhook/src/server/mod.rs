@@ -1,0 +1,32 @@
+//! HTTP serving: the admission router (HTTPS), the admin router (plain HTTP) and their lifecycle.
+//!
+//! The routers take their decision logic as a [`Handlers`] trait object, so protocol tests and the benchmark can
+//! run the real serving stack without a cluster; production passes the live `AppState`.
+
+mod admin;
+mod body;
+mod endpoints;
+mod pipeline;
+mod router;
+mod serve;
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+pub use admin::admin_router;
+pub use body::MAX_DRAIN_BYTES;
+pub use endpoints::{Handlers, Webhook, request_deadline};
+pub use router::{Limits, router};
+pub use serve::{ServeOptions, Server, shutdown_signal};
+
+fn plain(status: StatusCode, body: String) -> Response {
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        )],
+        body,
+    )
+        .into_response()
+}

@@ -1,0 +1,252 @@
+//! One admission request from body to answer: limits, decoding, the decision under the deadline (a panicking or
+//! late handler still gets a verdict, per the endpoint's failure policy), metrics and the log line.
+
+use std::panic::AssertUnwindSafe;
+use std::time::{Duration, Instant};
+
+use axum::extract::Request;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures::FutureExt;
+
+use super::body::{BodyError, MAX_DRAIN_BYTES, ReadBody, drain, read_body};
+use super::endpoints::{DEADLINE, Webhook};
+use super::plain;
+use super::router::Shared;
+use crate::admission::{self, MAX_BODY_BYTES, Request as AdmissionRequest};
+use crate::metrics::{Metrics, Outcome};
+use crate::verdict::Verdict;
+
+fn reject(
+    metrics: &Metrics,
+    webhook: Webhook,
+    outcome: Outcome,
+    status: StatusCode,
+    reason: String,
+    started: Instant,
+) -> Response {
+    let latency = started.elapsed();
+    metrics.observe_request(webhook.name(), "unknown", outcome, latency.as_secs_f64());
+    tracing::warn!(
+        webhook = webhook.name(),
+        outcome = outcome.as_str(),
+        status = status.as_u16(),
+        reason = %reason,
+        latency_ms = latency.as_secs_f64() * 1000.0,
+        "admission request rejected"
+    );
+    plain(status, format!("{reason}\n"))
+}
+
+/// The fast answer when the in-flight limits are reached.
+fn busy(metrics: &Metrics, webhook: Webhook, started: Instant) -> Response {
+    reject(
+        metrics,
+        webhook,
+        Outcome::Busy,
+        StatusCode::TOO_MANY_REQUESTS,
+        "too many admission requests in flight; retry".to_owned(),
+        started,
+    )
+}
+
+pub(super) async fn answer(
+    shared: Shared,
+    webhook: Webhook,
+    request: Request,
+    started: Instant,
+) -> Response {
+    let metrics = &shared.metrics;
+    let deadline = tokio::time::Instant::from_std(started + shared.request_timeout);
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
+        let reason = format!("request body above the {MAX_BODY_BYTES} byte limit");
+        if declared.is_some_and(|len| len <= MAX_BODY_BYTES as u64 + MAX_DRAIN_BYTES) {
+            drain(
+                request.into_body().into_data_stream(),
+                MAX_DRAIN_BYTES,
+                deadline,
+            )
+            .await;
+        }
+        return reject(
+            metrics,
+            webhook,
+            Outcome::TooLarge,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            reason,
+            started,
+        );
+    }
+    // The declared length only sizes the first allocation, capped: a client may declare 7 MiB and send nothing.
+    let size_hint = declared.map_or(16 * 1024, |len| (len as usize).min(256 * 1024));
+    let body = match tokio::time::timeout_at(
+        deadline,
+        read_body(
+            request.into_body(),
+            MAX_BODY_BYTES,
+            size_hint,
+            &shared.body_bytes,
+        ),
+    )
+    .await
+    {
+        Ok(Ok(body)) => body,
+        Ok(Err((BodyError::TooLarge, rest))) => {
+            let reason = format!("request body above the {MAX_BODY_BYTES} byte limit");
+            if let Some(rest) = rest {
+                drain(rest, MAX_DRAIN_BYTES, deadline).await;
+            }
+            return reject(
+                metrics,
+                webhook,
+                Outcome::TooLarge,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                reason,
+                started,
+            );
+        }
+        Ok(Err((BodyError::Busy, rest))) => {
+            if let Some(rest) = rest {
+                drain(rest, MAX_BODY_BYTES as u64, deadline).await;
+            }
+            return busy(metrics, webhook, started);
+        }
+        Ok(Err((BodyError::Unreadable, _))) => {
+            let reason = "request body could not be read".to_owned();
+            return reject(
+                metrics,
+                webhook,
+                Outcome::BadRequest,
+                StatusCode::BAD_REQUEST,
+                reason,
+                started,
+            );
+        }
+        Err(_) => {
+            let reason = "request body did not arrive before the deadline".to_owned();
+            return reject(
+                metrics,
+                webhook,
+                Outcome::Timeout,
+                StatusCode::REQUEST_TIMEOUT,
+                reason,
+                started,
+            );
+        }
+    };
+    // Taken once the body is in, so a slow sender holds only the bytes it sent (from the body budget), never a
+    // decision slot.
+    let Ok(_slot) = shared.in_flight.clone().try_acquire_owned() else {
+        return busy(metrics, webhook, started);
+    };
+    // The body's share of the budget stays taken until the answer: the decoded review is about as large.
+    let ReadBody {
+        bytes: body,
+        _share: _body_share,
+    } = body;
+    let req = match admission::decode(&body) {
+        Ok(req) => req,
+        Err(e) => {
+            return reject(
+                metrics,
+                webhook,
+                Outcome::BadRequest,
+                StatusCode::BAD_REQUEST,
+                e.to_string(),
+                started,
+            );
+        }
+    };
+    drop(body);
+
+    let decision =
+        AssertUnwindSafe(DEADLINE.scope(deadline, shared.handlers.review(webhook, &req)))
+            .catch_unwind();
+    let (verdict, failure) = match tokio::time::timeout_at(deadline, decision).await {
+        Ok(Ok(verdict)) => (verdict, None),
+        Ok(Err(_)) => (webhook.undecided("internal error"), Some(Outcome::Panic)),
+        Err(_) => (
+            webhook.undecided("timed out deciding"),
+            Some(Outcome::Timeout),
+        ),
+    };
+    let (body, sent) = admission::encode(&req.uid, &verdict, webhook.mutating());
+    let outcome = failure.unwrap_or(match (sent.allowed, sent.patch_ops, sent.code) {
+        (true, 0, _) => Outcome::Allowed,
+        (true, _, _) => Outcome::Patched,
+        (false, _, code) if code >= 500 => Outcome::Error,
+        (false, _, _) => Outcome::Denied,
+    });
+    let operation = admission::operation_name(&req.operation);
+    let latency = started.elapsed();
+    metrics.observe_request(webhook.name(), operation, outcome, latency.as_secs_f64());
+    log_request(
+        webhook,
+        &req,
+        operation,
+        outcome,
+        &verdict,
+        sent.patch_ops,
+        latency,
+    );
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// One line per request: at INFO for anything a user may need to trace (a denial, a patch, a warning, a
+/// failure), at DEBUG for a clean allow, the bulk of the traffic (formatting and writing that line cost more
+/// than deciding a validation; `helmop_webhook_requests_total` still counts it). Names and counts only: object
+/// content never reaches the log, and denial messages are the ones the requester sees anyway.
+fn log_request(
+    webhook: Webhook,
+    req: &AdmissionRequest,
+    operation: &'static str,
+    outcome: Outcome,
+    verdict: &Verdict,
+    patch_ops: usize,
+    latency: Duration,
+) {
+    let (message, warnings) = match verdict {
+        Verdict::Allow { warnings, .. } => ("", warnings.len()),
+        Verdict::Deny {
+            message, warnings, ..
+        } => (message.as_str(), warnings.len()),
+    };
+    let latency_ms = latency.as_secs_f64() * 1000.0;
+    let namespace = req.namespace.as_deref().unwrap_or("");
+    macro_rules! line {
+        ($level:ident) => {
+            tracing::$level!(
+                uid = %req.uid,
+                webhook = webhook.name(),
+                operation,
+                kind = %req.kind.kind,
+                namespace,
+                name = %req.name,
+                dry_run = req.dry_run,
+                outcome = outcome.as_str(),
+                patch_ops,
+                warnings,
+                message,
+                latency_ms,
+                "admission"
+            )
+        };
+    }
+    match outcome {
+        Outcome::Panic | Outcome::Timeout | Outcome::Error => line!(warn),
+        Outcome::Allowed if warnings == 0 => line!(debug),
+        _ => line!(info),
+    }
+}

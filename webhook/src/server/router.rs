@@ -1,0 +1,123 @@
+//! The admission router: one route per endpoint, the in-flight limits every route shares, and the guard that
+//! answers a panic outside the handler.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use futures::FutureExt;
+use tokio::sync::Semaphore;
+
+use super::endpoints::{Handlers, Webhook};
+use super::pipeline::answer;
+use super::plain;
+use crate::admission::MAX_BODY_BYTES;
+use crate::metrics::{Metrics, Outcome};
+
+/// What the admission port holds at once. Past either bound a request is answered 429 at once (the API
+/// server then applies the webhook's `failurePolicy`), instead of queueing until everything is slow or
+/// memory runs out.
+///
+/// A slow sender holds the bytes it has sent, up to the request deadline; keeping other callers off the port
+/// is the job of `--client-ca` and the NetworkPolicy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Admission requests being decided at once (decoded and past their body).
+    pub max_in_flight: usize,
+    /// Request-body bytes held at once, across all requests (a body's share is held until it is answered,
+    /// since the decoded review is about as large).
+    pub max_body_bytes_in_flight: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_in_flight: 64,
+            max_body_bytes_in_flight: 16 * 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub(super) struct Shared {
+    pub(super) handlers: Arc<dyn Handlers>,
+    pub(super) metrics: Metrics,
+    pub(super) request_timeout: Duration,
+    pub(super) in_flight: Arc<Semaphore>,
+    pub(super) body_bytes: Arc<Semaphore>,
+}
+
+/// The admission router: the three `POST` endpoints; unknown paths get 404, other methods 405.
+pub fn router(
+    handlers: Arc<dyn Handlers>,
+    metrics: Metrics,
+    request_timeout: Duration,
+    limits: Limits,
+) -> Router {
+    let shared = Shared {
+        handlers,
+        metrics,
+        request_timeout,
+        in_flight: Arc::new(Semaphore::new(
+            limits.max_in_flight.clamp(1, Semaphore::MAX_PERMITS),
+        )),
+        body_bytes: Arc::new(Semaphore::new(
+            limits
+                .max_body_bytes_in_flight
+                .clamp(MAX_BODY_BYTES, Semaphore::MAX_PERMITS),
+        )),
+    };
+    let mut router = Router::new();
+    for webhook in Webhook::ALL {
+        router = router.route(
+            webhook.path(),
+            post(move |State(shared): State<Shared>, request: Request| {
+                answer_guarded(shared, webhook, request)
+            }),
+        );
+    }
+    router.fallback(not_found).with_state(shared)
+}
+
+async fn not_found() -> Response {
+    let paths = Webhook::ALL.map(Webhook::path).join(", ");
+    (
+        StatusCode::NOT_FOUND,
+        format!("no such endpoint; admission endpoints are {paths}\n"),
+    )
+        .into_response()
+}
+
+/// Last line of defence: a panic outside the handler call (which has its own guard) is answered 500.
+async fn answer_guarded(shared: Shared, webhook: Webhook, request: Request) -> Response {
+    let started = Instant::now();
+    let metrics = shared.metrics.clone();
+    match AssertUnwindSafe(answer(shared, webhook, request, started))
+        .catch_unwind()
+        .await
+    {
+        Ok(response) => response,
+        Err(_) => {
+            metrics.observe_request(
+                webhook.name(),
+                "unknown",
+                Outcome::Panic,
+                started.elapsed().as_secs_f64(),
+            );
+            tracing::error!(
+                webhook = webhook.name(),
+                outcome = Outcome::Panic.as_str(),
+                "panic while answering"
+            );
+            plain(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal error\n".to_owned(),
+            )
+        }
+    }
+}
