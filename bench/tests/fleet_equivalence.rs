@@ -5,7 +5,7 @@
 
 use helmop_bench::fleet::proxy::Proxy;
 use helmop_bench::fleet::scenario::{self, Side};
-use helmop_bench::fleet::sim::Fleet;
+use helmop_bench::fleet::sim::{Counts, Fleet};
 use helmop_tests::{ControlPlane, plugin_binary};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,6 +101,23 @@ async fn simulated_clusters_behave_like_real_api_servers_for_helmop() {
         "{:?}",
         by_name("source edit").writes()
     );
+    // A cold cluster costs its identity, the two lists of copies, one read of the destination namespace
+    // (shared by observation and the write), the namespace and the copies: no per-copy GETs in a namespace
+    // that does not exist, and no workload lists in the namespace the run itself created.
+    let cold: Counts = [
+        (("GET", "namespaces"), 2),
+        (("LIST", "secrets"), 1),
+        (("LIST", "configmaps"), 1),
+        (("POST", "namespaces"), 1),
+        (("POST", "secrets"), 2),
+        (("POST", "configmaps"), 1),
+    ]
+    .into_iter()
+    .map(|((v, r), n)| ((v.to_owned(), r.to_owned()), n))
+    .collect();
+    for cluster in &by_name("cold propagate").requests[1..] {
+        assert_eq!(cluster, &cold, "requests of a cold cluster");
+    }
     for cluster in by_name("prune").writes() {
         assert_eq!(
             cluster.get(&("DELETE".to_owned(), "configmaps".to_owned())),

@@ -256,6 +256,7 @@ async fn client_from_secret(ctx: &Ctx, secret: &Secret) -> Result<kube::Client, 
             .await
             .map_err(|e| kubeconfig_error(&e))?;
     ctx.limit(&mut config);
+    crate::roots::trust_system_roots(&mut config);
     build_client(ctx, key, config)
 }
 

@@ -191,6 +191,7 @@ impl Ctx {
             .await
             .map_err(|e| kubeconfig_error(&e))?;
         apply_request_timeout(&mut config, self.request_timeout);
+        crate::roots::trust_system_roots(&mut config);
         Ok(config)
     }
 

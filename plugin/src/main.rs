@@ -22,6 +22,7 @@ mod output;
 mod propagate;
 mod prune;
 mod report;
+mod roots;
 mod runner;
 mod scope;
 mod sources;

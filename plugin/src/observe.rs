@@ -22,6 +22,35 @@ pub struct Observation {
     pub versions: BTreeMap<(String, ResourceRef), String>,
     /// What a write must know of the live objects (read only when a hash key was given).
     pub live: BTreeMap<(String, ResourceRef), LiveFacts>,
+    /// The destination namespaces read while looking for objects at wanted places, as found
+    /// then: a run writing there need not read them again.
+    pub namespaces: BTreeMap<String, NamespaceState>,
+}
+
+/// A destination namespace as this run knows it: as read, or as the run left it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NamespaceState {
+    Absent,
+    Active,
+    /// Being deleted: the API server refuses new objects in it.
+    Terminating,
+    /// Created by this run: it was empty when made, so nothing in it can have read a copy yet.
+    Created,
+}
+
+/// The state of `namespace` (one metadata GET).
+pub async fn namespace_state(
+    client: &Client,
+    namespace: &str,
+) -> Result<NamespaceState, kube::Error> {
+    let found = Api::<Namespace>::all(client.clone())
+        .get_metadata_opt(namespace)
+        .await?;
+    Ok(match found {
+        None => NamespaceState::Absent,
+        Some(ns) if ns.metadata.deletion_timestamp.is_some() => NamespaceState::Terminating,
+        Some(_) => NamespaceState::Active,
+    })
 }
 
 impl Observation {
@@ -137,19 +166,13 @@ pub async fn observe(
     // Nothing can stand in a namespace that does not exist: one GET of the namespace saves a GET per
     // wanted place in it (all of them on a cold cluster).
     let namespaces: BTreeSet<&str> = missing.iter().map(|(ns, _)| ns.as_str()).collect();
-    let mut present = BTreeSet::new();
     for ns in namespaces {
-        if Api::<Namespace>::all(client.clone())
-            .get_metadata_opt(ns)
-            .await?
-            .is_some()
-        {
-            present.insert(ns);
-        }
+        let state = namespace_state(client, ns).await?;
+        obs.namespaces.insert(ns.to_string(), state);
     }
     let missing: Vec<&(String, ResourceRef)> = missing
         .into_iter()
-        .filter(|(ns, _)| present.contains(ns.as_str()))
+        .filter(|(ns, _)| obs.namespaces.get(ns) != Some(&NamespaceState::Absent))
         .collect();
     type Found = Option<(ResourceKind, ObjectMeta, Option<Live>)>;
     let found: Vec<Found> = futures::stream::iter(missing)

@@ -19,38 +19,15 @@ use crate::api_error;
 use crate::context::Ctx;
 use crate::sources::SourceData;
 
-/// A destination namespace as a write finds it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NamespaceState {
-    Absent,
-    Active,
-    /// Being deleted: the API server refuses new objects in it.
-    Terminating,
-}
-
-/// The state of `namespace` (a read, for plans and before creating).
-pub async fn namespace_state(
-    client: &Client,
-    namespace: &str,
-) -> Result<NamespaceState, kube::Error> {
-    let found = Api::<Namespace>::all(client.clone())
-        .get_metadata_opt(namespace)
-        .await?;
-    Ok(match found {
-        None => NamespaceState::Absent,
-        Some(ns) if ns.metadata.deletion_timestamp.is_some() => NamespaceState::Terminating,
-        Some(_) => NamespaceState::Active,
-    })
-}
-
 /// Creates `namespace` with the HelmOps' `namespaceLabels`/`namespaceAnnotations`; someone else
-/// creating it first is fine (its metadata is then left alone: docs/fleet-parity.md).
+/// creating it first is fine (its metadata is then left alone: docs/fleet-parity.md). Returns
+/// whether this call created it.
 pub async fn create_namespace(
     ctx: &Ctx,
     client: &Client,
     namespace: &str,
     meta: &NamespaceMetadata,
-) -> Result<(), kube::Error> {
+) -> Result<bool, kube::Error> {
     let non_empty = |m: &BTreeMap<String, String>| (!m.is_empty()).then(|| m.clone());
     let ns = Namespace {
         metadata: ObjectMeta {
@@ -68,9 +45,9 @@ pub async fn create_namespace(
     match Api::<Namespace>::all(client.clone()).create(&pp, &ns).await {
         Ok(_) => {
             ctx.record_write();
-            Ok(())
+            Ok(true)
         }
-        Err(e) if api_error::is_conflict(&e) => Ok(()),
+        Err(e) if api_error::is_conflict(&e) => Ok(false),
         Err(e) => Err(e),
     }
 }

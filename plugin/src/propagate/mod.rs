@@ -39,12 +39,11 @@ use crate::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
 use crate::hash_key::{self, KeyOrigin};
 use crate::inventory::{Inventory, Problem};
-use crate::observe::{self, Observation};
+use crate::observe::{self, NamespaceState, Observation};
 use crate::report::{self, Row};
 use crate::scope::Scope;
 use crate::sources::{self, SourceData, Sources};
 use crate::workloads;
-use apply::NamespaceState;
 
 /// What to propagate and how.
 #[derive(Clone, Debug)]
@@ -471,7 +470,7 @@ impl ClusterRun<'_> {
         .await?;
         crate::test_pause::pause("after-plan", &self.downstream.display()).await;
         let mut rows = Vec::new();
-        let mut namespaces: BTreeMap<String, NamespaceState> = BTreeMap::new();
+        let mut namespaces = obs.namespaces.clone();
         // Every copy of ours on this cluster after the run, per namespace: restamps are decided
         // from this state (not from what this run wrote), so a run killed between its copy
         // writes and its restamps is repaired by the next one.
@@ -491,12 +490,21 @@ impl ClusterRun<'_> {
         }
         crate::test_pause::pause("before-restamp", &self.downstream.display()).await;
         for (namespace, copies) in &copies {
+            // A namespace this run created (or, dry, would create) held nothing when it was
+            // made: no workload in it can have read a copy before this run wrote them.
+            if matches!(
+                namespaces.get(namespace),
+                Some(NamespaceState::Created | NamespaceState::Absent)
+            ) {
+                continue;
+            }
             rows.extend(self.restamp(namespace, copies).await);
         }
         Ok(rows)
     }
 
-    /// The destination namespace's state, read once per run and cluster.
+    /// The destination namespace's state, read once per run and cluster (observation may have
+    /// read it already).
     async fn namespace(
         &self,
         namespace: &str,
@@ -505,7 +513,7 @@ impl ClusterRun<'_> {
         if let Some(s) = known.get(namespace) {
             return Ok(*s);
         }
-        let s = apply::namespace_state(&self.client, namespace)
+        let s = observe::namespace_state(&self.client, namespace)
             .await
             .map_err(|e| write_error("reading the namespace", &e))?;
         known.insert(namespace.to_string(), s);
@@ -520,17 +528,22 @@ impl ClusterRun<'_> {
         known: &mut BTreeMap<String, NamespaceState>,
     ) -> Result<Option<String>, String> {
         match self.namespace(namespace, known).await? {
-            NamespaceState::Active => Ok(None),
+            NamespaceState::Active | NamespaceState::Created => Ok(None),
             NamespaceState::Terminating => Err(format!(
                 "namespace {namespace} is being deleted and cannot hold new objects; run again once it is gone"
             )),
             NamespaceState::Absent => {
                 let (meta, disputed) = self.inv.namespace_metadata(&self.downstream.key, namespace);
                 if !self.opts.dry_run {
-                    apply::create_namespace(self.ctx, &self.client, namespace, &meta)
+                    let created = apply::create_namespace(self.ctx, &self.client, namespace, &meta)
                         .await
                         .map_err(|e| write_error("creating the namespace", &e))?;
-                    known.insert(namespace.to_string(), NamespaceState::Active);
+                    let state = if created {
+                        NamespaceState::Created
+                    } else {
+                        NamespaceState::Active
+                    };
+                    known.insert(namespace.to_string(), state);
                 }
                 Ok(Some(namespace_note(namespace, &meta, &disputed)))
             }
