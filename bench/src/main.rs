@@ -72,6 +72,11 @@ enum Command {
         /// `kubectl-helmop` to run (default: next to this binary).
         #[arg(long)]
         plugin_bin: Option<PathBuf>,
+        /// What the Fleet Clusters point at: real kube-apiservers (with the webhook and a controller-manager,
+        /// so readers roll) or one simulated cluster each (fleetsim: N = 100 or 1000 on one machine).
+        #[arg(long, value_enum, default_value = "apiservers")]
+        downstream: watch::Downstream,
+        /// Real downstream API servers (`--downstream apiservers`).
         #[arg(long, default_value_t = 2)]
         apiservers: usize,
         /// Cluster counts (comma separated).
@@ -231,6 +236,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         }
         Command::Watch {
             plugin_bin,
+            downstream,
             apiservers,
             clusters,
             resources,
@@ -242,6 +248,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         } => {
             let settings = WatchSettings {
                 plugin_bin: plugin_bin.unwrap_or_else(|| sibling("kubectl-helmop")),
+                downstream,
                 apiservers,
                 clusters,
                 resources,

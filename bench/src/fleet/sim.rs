@@ -4,11 +4,15 @@
 //! the way kube-apiserver's `apiserver_request_total` does. Anything else (watches, discovery, other kinds,
 //! strategic-merge or JSON patches, subresources) is answered 501 with what was asked, so a new call made by
 //! the plugin shows up as a failure rather than as silence. Authentication is not checked.
+//!
+//! Every successful write is also broadcast ([`Fleet::subscribe`]) with the instant the store took it, so a
+//! benchmark times when an object changed on the server itself instead of polling for it.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use anyhow::Context;
 use axum::Router;
@@ -18,6 +22,7 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use helmop_tests::ClusterInfo;
 use serde_json::{Value, json};
+use tokio::sync::broadcast;
 
 use super::route::{self, Kind, Target};
 use super::store::{ApiError, Store, parse_selector};
@@ -51,15 +56,57 @@ impl Counter {
     }
 }
 
+/// A write a simulated cluster served, as the store answered it.
+#[derive(Debug, Clone)]
+pub struct Written {
+    /// Index of the cluster in [`Fleet::clusters`].
+    pub cluster: usize,
+    /// When the store took the write (before the answer went out).
+    pub at: Instant,
+    pub verb: &'static str,
+    pub plural: &'static str,
+    pub namespace: Option<String>,
+    pub name: String,
+    /// The object after the write (the deleted object for a delete).
+    pub object: Value,
+}
+
+/// Notifications kept for a subscriber that falls behind; beyond that it sees `Lagged`.
+const WRITTEN_BACKLOG: usize = 1 << 16;
+
 /// One simulated cluster.
 pub struct SimCluster {
+    index: usize,
     store: Mutex<Store>,
     pub counter: Counter,
+    written: broadcast::Sender<Arc<Written>>,
 }
 
 impl SimCluster {
     fn count(&self, verb: &str, resource: &str) {
         self.counter.count(verb, resource);
+    }
+
+    /// Tells the subscribers (none outside the watch benchmark, and then nothing is built).
+    fn announce(&self, verb: &'static str, kind: &Kind, target: &Target, object: &Value) {
+        if self.written.receiver_count() == 0 {
+            return;
+        }
+        let name = object
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .or(target.name.as_deref())
+            .unwrap_or_default()
+            .to_owned();
+        let _ = self.written.send(Arc::new(Written {
+            cluster: self.index,
+            at: Instant::now(),
+            verb,
+            plural: kind.plural,
+            namespace: target.namespace.clone(),
+            name,
+            object: object.clone(),
+        }));
     }
 
     pub fn counts(&self) -> Counts {
@@ -76,6 +123,7 @@ impl SimCluster {
 pub struct Fleet {
     pub clusters: Vec<Arc<SimCluster>>,
     pub infos: Vec<ClusterInfo>,
+    written: broadcast::Sender<Arc<Written>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
 }
@@ -98,18 +146,22 @@ impl Fleet {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0)
             ^ u64::from(std::process::id()) << 40;
+        let (written, _) = broadcast::channel(WRITTEN_BACKLOG);
         let mut fleet = Fleet {
             clusters: Vec::new(),
             infos: Vec::new(),
+            written,
             tasks: Vec::new(),
             _dir: dir,
         };
         for i in 0..n {
             let cluster = Arc::new(SimCluster {
+                index: i,
                 store: Mutex::new(Store::new(
                     run.wrapping_add((i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
                 )),
                 counter: Counter::default(),
+                written: fleet.written.clone(),
             });
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await
@@ -128,6 +180,11 @@ impl Fleet {
             fleet.clusters.push(cluster);
         }
         Ok(fleet)
+    }
+
+    /// Every successful write served from now on, by any cluster of the fleet.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Written>> {
+        self.written.subscribe()
     }
 
     /// Requests per cluster since the start.
@@ -302,7 +359,12 @@ async fn handle(
         )
     };
     match result {
-        Ok((code, value)) => answer(code, &value),
+        Ok((code, value)) => {
+            if route::is_write(verb) {
+                cluster.announce(verb, kind, &target, &value);
+            }
+            answer(code, &value)
+        }
         Err(e) if e.code == 501 => not_implemented(&method, &uri),
         Err(e) => error(&e),
     }
@@ -409,5 +471,76 @@ mod tests {
             "helmop.dev/managed-by=kubectl-helmop"
         );
         assert_eq!(decode("a+b%"), "a b%");
+    }
+
+    #[tokio::test]
+    async fn announces_each_write_with_the_object_and_nothing_for_reads() {
+        use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+        use kube::api::{Api, Patch, PatchParams, PostParams};
+
+        let fleet = Fleet::start(2).await.expect("fleetsim starts");
+        let mut written = fleet.subscribe();
+        let client = fleet.infos[1].client().await;
+        let ns: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": "n"}})).expect("a namespace");
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("namespace created");
+        let cms: Api<ConfigMap> = Api::namespaced(client, "n");
+        let cm: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": "c"}, "data": {"k": "1"}}))
+                .expect("a ConfigMap");
+        let before = Instant::now();
+        cms.create(&PostParams::default(), &cm)
+            .await
+            .expect("ConfigMap created");
+        cms.get("c").await.expect("ConfigMap read");
+        cms.patch(
+            "c",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"k": "2"}})),
+        )
+        .await
+        .expect("ConfigMap patched");
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let w = written.recv().await.expect("a write notification");
+            seen.push((
+                w.cluster,
+                w.verb,
+                w.plural,
+                w.namespace.clone(),
+                w.name.clone(),
+                w.object.pointer("/data/k").cloned(),
+                w.at >= before,
+            ));
+        }
+        assert_eq!(
+            seen,
+            vec![
+                (1, "POST", "namespaces", None, "n".into(), None, false),
+                (
+                    1,
+                    "POST",
+                    "configmaps",
+                    Some("n".into()),
+                    "c".into(),
+                    Some(json!("1")),
+                    true
+                ),
+                (
+                    1,
+                    "PATCH",
+                    "configmaps",
+                    Some("n".into()),
+                    "c".into(),
+                    Some(json!("2")),
+                    true
+                ),
+            ]
+        );
+        // The GET announced nothing.
+        assert!(written.try_recv().is_err());
     }
 }
