@@ -50,6 +50,8 @@ pub struct FloorRow {
     pub mutate: Outcome,
     /// Live GETs the webhook sent per measured admission (its own count, `helmop_webhook_live_gets_total`).
     pub gets_per_admission: f64,
+    /// Live LISTs the webhook sent per measured admission (`helmop_webhook_live_lists_total`).
+    pub lists_per_admission: f64,
 }
 
 /// Reference counts of the floor scenarios.
@@ -295,7 +297,7 @@ async fn floor_rows(
             );
             let (mut get, mut gets, mut mutate) =
                 (Outcome::default(), None::<Outcome>, Outcome::default());
-            let (mut sent, mut answered) = (0, 0);
+            let (mut sent, mut listed, mut answered) = (0, 0, 0);
             for _ in 0..settings.rounds {
                 let api = kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
                     client.clone(),
@@ -338,10 +340,12 @@ async fn floor_rows(
                     gets.get_or_insert_with(Outcome::default).absorb(round);
                 }
                 let before = metrics.live_gets("secrets");
+                let lists_before = metrics.live_lists("secrets");
                 let requests_before =
                     metrics.requests("workloads", helmop_webhook::metrics::Outcome::Patched);
                 mutate.absorb(load::run(&target, &load).await);
                 sent += metrics.live_gets("secrets") - before;
+                listed += metrics.live_lists("secrets") - lists_before;
                 answered += metrics
                     .requests("workloads", helmop_webhook::metrics::Outcome::Patched)
                     - requests_before;
@@ -353,6 +357,7 @@ async fn floor_rows(
                 gets,
                 mutate,
                 gets_per_admission: sent as f64 / (answered.max(1)) as f64,
+                lists_per_admission: listed as f64 / (answered.max(1)) as f64,
             });
         }
     }
@@ -366,8 +371,8 @@ pub fn floor_table(report: &Report) -> String {
          same concurrency against the same API server, in the same run.\n\n\
          For N > 1 the bare client also sends the N GETs at once (one per Secret, what a fresh read of every \
          reference costs without the webhook).\n\n\
-         | references | concurrency | one GET: req/s | p50 ms | p99 ms | N GETs at once: p50 ms | p99 ms | mutate: req/s | p50 ms | p99 ms | live GETs per admission | errors (GET / N GETs / mutate) | p50 ratio to one GET (goal <= 1.25) | p99 ratio | p50 ratio to N GETs |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
+         | references | concurrency | one GET: req/s | p50 ms | p99 ms | N GETs at once: p50 ms | p99 ms | mutate: req/s | p50 ms | p99 ms | live GETs per admission | live LISTs per admission | errors (GET / N GETs / mutate) | p50 ratio to one GET (goal <= 1.25) | p99 ratio | p50 ratio to N GETs |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
     );
     for row in &report.floor {
         let ratio = |q: f64| {
@@ -376,7 +381,7 @@ pub fn floor_table(report: &Report) -> String {
         };
         let gets = |f: &dyn Fn(&Outcome) -> String| row.gets.as_ref().map_or("-".to_owned(), f);
         out.push_str(&format!(
-            "| {} | {} | {:.0} | {} | {} | {} | {} | {:.0} | {} | {} | {:.2} | {} / {} / {} | {:.2} | {:.2} | {} |\n",
+            "| {} | {} | {:.0} | {} | {} | {} | {} | {:.0} | {} | {} | {:.2} | {:.2} | {} / {} / {} | {:.2} | {:.2} | {} |\n",
             row.refs,
             row.concurrency,
             row.get.per_second(),
@@ -388,6 +393,7 @@ pub fn floor_table(report: &Report) -> String {
             ms(row.mutate.latencies.quantile(0.5)),
             ms(row.mutate.latencies.quantile(0.99)),
             row.gets_per_admission,
+            row.lists_per_admission,
             errors(&row.get),
             gets(&errors),
             errors(&row.mutate),

@@ -177,7 +177,7 @@ impl Handlers for CoreHandlers {
                     let Some(object) = &req.object else {
                         return Verdict::allow();
                     };
-                    let findings = validate_helmop_in(&object.value, req.namespace.as_deref());
+                    let findings = validate_helmop_in(object.view(), req.namespace.as_deref());
                     let (denials, warnings): (Vec<_>, Vec<_>) = findings
                         .into_iter()
                         .partition(|f| f.severity == Severity::Deny);

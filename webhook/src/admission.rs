@@ -1,6 +1,6 @@
 //! The AdmissionReview v1 wire format: decoding requests, encoding [`Verdict`]s.
 //!
-//! Requests are decoded in one pass into [`Request`], whose objects stay `serde_json::Value`s (what the rules read)
+//! Requests are decoded in one pass into [`Request`], whose objects are borrowed JSON trees (what the rules read)
 //! next to their typed metadata. kube's `AdmissionReview<DynamicObject>` is not used: its flattened fields go through
 //! serde's buffered `Content` (the body is parsed twice) and the handlers had to serialize the object back into a
 //! `Value`, which together cost more than the rest of a validation. Responses are encoded with our own structs:
@@ -15,9 +15,13 @@ use base64::Engine;
 use kube::api::ObjectMeta;
 use kube::core::admission::Operation;
 use kube::core::{GroupVersionKind, GroupVersionResource};
+use std::sync::OnceLock;
+
+use helmop_core::validate::{JsonView, OwnedValue};
 use serde::de::{self, IgnoredAny};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::verdict::Verdict;
 
@@ -130,33 +134,76 @@ pub struct Request {
     pub dry_run: bool,
 }
 
-/// An object of a review: the JSON as sent, and its `metadata` decoded (and so type-checked) once.
-#[derive(Debug, Clone, PartialEq)]
+/// An object of a review: its JSON parsed once into a tree that borrows from the object's own text (what the
+/// HelmOp rules read), its `metadata` decoded (and so type-checked) from that tree, and a `serde_json::Value` of it
+/// made only for a handler that asks (the workload stages patch one).
+#[derive(Debug, Clone)]
 pub struct Object {
     pub metadata: ObjectMeta,
-    pub value: Value,
+    view: OwnedValue,
+    value: OnceLock<Value>,
 }
 
 impl Object {
-    /// The object `value`, which must be a JSON object whose `metadata` (if any) is a valid `ObjectMeta`.
-    pub fn new(value: Value) -> Result<Self, serde_json::Error> {
-        if !value.is_object() {
-            return Err(de::Error::custom(
-                "an object of the review is not a JSON object",
-            ));
-        }
-        let metadata = match value.get("metadata") {
-            None | Some(Value::Null) => ObjectMeta::default(),
-            Some(meta) => ObjectMeta::deserialize(meta)?,
+    /// The object in `json`, which must be a JSON object whose `metadata` (if any) is a valid `ObjectMeta`. The
+    /// error never quotes the input.
+    pub fn parse(json: String) -> Result<Self, DecodeError> {
+        let view = OwnedValue::from_string(json).map_err(|e| {
+            match e
+                .into_inner()
+                .and_then(|e| e.downcast::<serde_json::Error>().ok())
+            {
+                Some(e) => from_serde(&e),
+                None => DecodeError::Syntax { line: 0, column: 0 },
+            }
+        })?;
+        let Some(fields) = view.as_object() else {
+            return Err(schema("an object of the review is not a JSON object"));
         };
-        Ok(Object { metadata, value })
+        let metadata = match fields.get("metadata") {
+            None | Some(JsonView::Null) => ObjectMeta::default(),
+            // The deserializer's messages may quote the input: only the fact is passed on.
+            Some(meta) => ObjectMeta::deserialize(meta)
+                .map_err(|_| schema("an object's metadata has a field of the wrong type"))?,
+        };
+        Ok(Object {
+            metadata,
+            view,
+            value: OnceLock::new(),
+        })
+    }
+
+    /// The object as a borrowed JSON tree, as sent.
+    pub fn view(&self) -> &JsonView<'_> {
+        self.view.get_value()
+    }
+
+    /// The object as a `serde_json::Value`, made from [`Object::view`] on first use.
+    pub fn value(&self) -> &Value {
+        self.value.get_or_init(|| Value::from(self.view()))
+    }
+}
+
+impl PartialEq for Object {
+    fn eq(&self, other: &Self) -> bool {
+        self.metadata == other.metadata && self.view() == other.view()
+    }
+}
+
+fn schema(detail: &str) -> DecodeError {
+    DecodeError::Schema {
+        detail: detail.to_owned(),
+        line: 0,
+        column: 0,
     }
 }
 
 impl<'de> Deserialize<'de> for Object {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        // The inner error may quote the input; `from_serde` never passes such a message on.
-        Object::new(Value::deserialize(deserializer)?).map_err(de::Error::custom)
+        // The object's text is kept (one copy) and parsed by `Object::parse`; a failure becomes a schema error at
+        // the object's end in the body, whose message `from_serde` never passes on.
+        let raw = Box::<RawValue>::deserialize(deserializer)?;
+        Object::parse(String::from(Box::<str>::from(raw))).map_err(de::Error::custom)
     }
 }
 
@@ -350,7 +397,7 @@ mod tests {
         assert!(req.dry_run);
         assert_eq!(operation_name(&req.operation), "DELETE");
         let old = req.old_object.unwrap();
-        assert_eq!(old.value["data"]["password"], "aHVudGVyMg==");
+        assert_eq!(old.value()["data"]["password"], "aHVudGVyMg==");
         assert_eq!(old.metadata.name.as_deref(), Some("db"));
     }
 
@@ -362,7 +409,7 @@ mod tests {
         let req = decode(&review(API_VERSION, Some(with_object.clone()))).unwrap();
         let object = req.object.unwrap();
         // Unknown metadata fields stay in the JSON the rules read (nothing is re-serialized through ObjectMeta).
-        assert_eq!(object.value, with_object["object"]);
+        assert_eq!(*object.value(), with_object["object"]);
         assert_eq!(
             object.metadata.labels.unwrap().get("a").map(String::as_str),
             Some("b")

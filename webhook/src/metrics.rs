@@ -36,7 +36,7 @@ pub struct CacheLabel {
     pub cache: &'static str,
 }
 
-/// Labels of `helmop_webhook_live_gets_total`.
+/// Labels of `helmop_webhook_live_gets_total` and `helmop_webhook_live_lists_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     /// `secrets`, `configmaps`, `namespaces`.
@@ -104,6 +104,7 @@ pub struct Metrics {
     duration: Family<WebhookLabel, Histogram, fn() -> Histogram>,
     cache_objects: Family<CacheLabel, Gauge>,
     live_gets: Family<KindLabel, Counter>,
+    live_lists: Family<KindLabel, Counter>,
     cert_reloads: Counter,
     cert_reload_failures: Counter,
     panics: Counter,
@@ -149,6 +150,13 @@ impl Metrics {
             "Live GETs sent to the API server, after coalescing concurrent GETs of one object",
             live_gets.clone(),
         );
+        let live_lists = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "helmop_webhook_live_lists",
+            "Live metadata LISTs of one kind in one namespace sent to the API server in place of one GET per object, \
+             after coalescing",
+            live_lists.clone(),
+        );
         let cert_reloads = Counter::default();
         registry.register(
             "helmop_webhook_cert_reloads",
@@ -174,6 +182,7 @@ impl Metrics {
             duration,
             cache_objects,
             live_gets,
+            live_lists,
             cert_reloads,
             cert_reload_failures,
             panics,
@@ -243,6 +252,17 @@ impl Metrics {
     /// Live GETs of this kind sent so far; for tests and the benchmark.
     pub fn live_gets(&self, kind: &'static str) -> u64 {
         self.live_gets
+            .get(&KindLabel { kind })
+            .map_or(0, |c| c.get())
+    }
+
+    pub(crate) fn live_list_sent(&self, kind: &'static str) {
+        self.live_lists.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    /// Live LISTs of this kind sent so far; for tests and the benchmark.
+    pub fn live_lists(&self, kind: &'static str) -> u64 {
+        self.live_lists
             .get(&KindLabel { kind })
             .map_or(0, |c| c.get())
     }

@@ -1,9 +1,7 @@
 //! Helm options: chart/repo/version combinations, the version constraint, releaseName, and
 //! the shape of valuesFrom.
 
-use serde_json::{Map, Value};
-
-use super::{Ctx, index, join, q, semver, type_name};
+use super::{Ctx, JsonView, Map, Path, field, q, semver, type_name};
 use crate::name_rules as names;
 use crate::resource::ResourceKind;
 
@@ -16,19 +14,15 @@ pub(crate) struct ValuesFromRef {
 }
 
 /// `spec.helm`: Fleet's controller rules are denials.
-pub(crate) fn check_root_helm(
-    cx: &mut Ctx,
-    helm: &Map<String, Value>,
-    base: &str,
-) -> Vec<ValuesFromRef> {
+pub(crate) fn check_root_helm(cx: &mut Ctx, helm: &Map<'_>, base: &Path<'_>) -> Vec<ValuesFromRef> {
     let chart = cx.string(helm, "chart", base).unwrap_or_default();
     let repo = cx.string(helm, "repo", base).unwrap_or_default();
     let version = cx.string(helm, "version", base).unwrap_or_default();
     for (field, message) in source_problems(chart, repo, version) {
-        cx.deny(join(base, field), message);
+        cx.deny(&base.key(field), message);
     }
     if let Some(message) = oci_version_problem(repo, version) {
-        cx.deny(join(base, "version"), message);
+        cx.deny(&base.key("version"), message);
     }
     check_release_name(cx, helm, base);
     values_from(cx, helm, base)
@@ -56,17 +50,17 @@ const OCI_PREFIX: &str = "oci://";
 /// the three itself (otherwise the root finding already covers it).
 pub(crate) fn check_target_helm(
     cx: &mut Ctx,
-    helm: &Map<String, Value>,
-    base: &str,
-    root: Option<&Map<String, Value>>,
+    helm: &Map<'_>,
+    base: &Path<'_>,
+    root: Option<&Map<'_>>,
 ) -> Vec<ValuesFromRef> {
     let own = |cx: &mut Ctx, key: &str| cx.string(helm, key, base).unwrap_or_default().to_string();
     let (chart, repo, version) = (own(cx, "chart"), own(cx, "repo"), own(cx, "version"));
     if !(chart.is_empty() && repo.is_empty() && version.is_empty()) {
         let inherit = |own: String, key: &str| {
             if own.is_empty() {
-                root.and_then(|r| r.get(key))
-                    .and_then(Value::as_str)
+                root.and_then(|r| field(r, key))
+                    .and_then(JsonView::as_str)
                     .unwrap_or_default()
                     .to_string()
             } else {
@@ -78,7 +72,7 @@ pub(crate) fn check_target_helm(
         let version = inherit(version, "version");
         for (field, message) in source_problems(&chart, &repo, &version) {
             cx.warn(
-                join(base, field),
+                &base.key(field),
                 format!("{message} (with the root helm options filled in; Fleet's agent fails on the clusters this target matches)"),
             );
         }
@@ -202,9 +196,9 @@ fn http_repo_problem(repo: &str) -> Option<String> {
 }
 
 /// The CRD's `releaseName` pattern and `maxLength: 53` (the API server rejects others; Helm too).
-fn check_release_name(cx: &mut Ctx, helm: &Map<String, Value>, base: &str) {
+fn check_release_name(cx: &mut Ctx, helm: &Map<'_>, base: &Path<'_>) {
     if let Some(name) = cx.string(helm, "releaseName", base) {
-        let path = join(base, "releaseName");
+        let path = &base.key("releaseName");
         if name.is_empty() {
             cx.deny(
                 path,
@@ -222,17 +216,17 @@ fn check_release_name(cx: &mut Ctx, helm: &Map<String, Value>, base: &str) {
     }
 }
 
-fn values_from(cx: &mut Ctx, helm: &Map<String, Value>, base: &str) -> Vec<ValuesFromRef> {
+fn values_from(cx: &mut Ctx, helm: &Map<'_>, base: &Path<'_>) -> Vec<ValuesFromRef> {
     let mut out = Vec::new();
     let Some(list) = cx.array(helm, "valuesFrom", base) else {
         return out;
     };
-    let list_path = join(base, "valuesFrom");
+    let list_path = base.key("valuesFrom");
     for (i, entry) in list.iter().enumerate() {
-        let path = index(&list_path, i);
+        let path = list_path.index(i);
         let Some(entry) = entry.as_object() else {
             cx.deny(
-                path,
+                &path,
                 format!(
                     "a valuesFrom entry must be an object, not {}",
                     type_name(entry)
@@ -247,13 +241,13 @@ fn values_from(cx: &mut Ctx, helm: &Map<String, Value>, base: &str) -> Vec<Value
             let Some(r) = cx.object(entry, key, &path) else {
                 continue;
             };
-            let rpath = join(&path, key);
+            let rpath = path.key(key);
             let name = cx.string(r, "name", &rpath);
             let namespace = cx.string(r, "namespace", &rpath);
             cx.string(r, "key", &rpath);
             if let Some(name) = name.filter(|n| !n.is_empty()) {
                 out.push(ValuesFromRef {
-                    path: rpath,
+                    path: rpath.to_string(),
                     kind,
                     name: name.to_string(),
                     namespace: namespace.filter(|n| !n.is_empty()).map(str::to_string),

@@ -3,20 +3,16 @@
 //! The webhook (at admission) and `kubectl helmop validate --cluster` (before it) both report
 //! missing objects with these words, so a user sees the same finding wherever the check ran.
 
-use serde_json::Value;
-
-use super::Finding;
+use super::{Finding, JsonView, field_of};
 use crate::names::ANN_ALLOW_MISSING;
 use crate::resource::ResourceRef;
 
-/// True when the HelmOp carries `helmop.dev/allow-missing: "true"` (exactly that value, as for
-/// every boolean annotation Kubernetes reads): missing downstream resources then warn instead
-/// of deny, for sources created later (e.g. by External Secrets).
-pub fn allows_missing(helmop: &Value) -> bool {
-    helmop
-        .pointer("/metadata/annotations")
-        .and_then(|a| a.get(ANN_ALLOW_MISSING))
-        .and_then(Value::as_str)
+/// Whether `helmop` carries `helmop.dev/allow-missing: "true"` (see [`super::allows_missing`]).
+pub(super) fn allows_missing(helmop: &JsonView<'_>) -> bool {
+    field_of(helmop, "metadata")
+        .and_then(|m| field_of(m, "annotations"))
+        .and_then(|a| field_of(a, ANN_ALLOW_MISSING))
+        .and_then(JsonView::as_str)
         == Some("true")
 }
 
@@ -50,10 +46,10 @@ pub fn missing_reference_finding(
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
-    use crate::validate::Severity;
+    use crate::validate::{Severity, allows_missing};
 
     #[test]
     fn denial_names_the_object_the_namespace_and_the_way_out() {

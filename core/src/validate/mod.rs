@@ -17,11 +17,11 @@ mod targets;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::resource::ResourceRef;
 
-pub use missing::{allows_missing, missing_reference_finding};
+pub use missing::missing_reference_finding;
 
 /// How bad a finding is: `Deny` rejects the HelmOp, `Warn` lets it through with a warning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -92,14 +92,54 @@ pub fn has_denials(findings: &[Finding]) -> bool {
     findings.iter().any(Finding::is_deny)
 }
 
+/// A [`JsonView`] together with the text it borrows from.
+pub use serde_json_borrow::OwnedValue;
+/// A borrowed JSON tree: strings and keys point into the text it was parsed from, objects are
+/// vectors of entries. The webhook parses an admission review's object straight into it; one
+/// `serde_json::Value` tree per review (a `String` per key and value, a map node per object)
+/// cost more than every rule together.
+pub use serde_json_borrow::Value as JsonView;
+
+type Map<'a> = serde_json_borrow::ObjectAsVec<'a>;
+
+/// A HelmOp as the rules read it: a [`JsonView`] (the webhook's), or one made from a
+/// `serde_json::Value` (the plugin's, which reads YAML), borrowing its strings.
+pub enum Doc<'a> {
+    Borrowed(&'a JsonView<'a>),
+    Converted(JsonView<'a>),
+}
+
+impl<'a> std::ops::Deref for Doc<'a> {
+    type Target = JsonView<'a>;
+
+    fn deref(&self) -> &JsonView<'a> {
+        match self {
+            Doc::Borrowed(v) => v,
+            Doc::Converted(v) => v,
+        }
+    }
+}
+
+impl<'a, 'b: 'a> From<&'a JsonView<'b>> for Doc<'a> {
+    fn from(v: &'a JsonView<'b>) -> Self {
+        Doc::Borrowed(v)
+    }
+}
+
+impl<'a> From<&'a Value> for Doc<'a> {
+    fn from(v: &'a Value) -> Self {
+        Doc::Converted(JsonView::from(v))
+    }
+}
+
 /// Validates a HelmOp object; the source namespace is taken from `metadata.namespace`.
-pub fn validate_helmop(obj: &Value) -> Vec<Finding> {
-    let namespace = obj
-        .get("metadata")
-        .and_then(|m| m.get("namespace"))
-        .and_then(Value::as_str)
+pub fn validate_helmop<'a>(obj: impl Into<Doc<'a>>) -> Vec<Finding> {
+    let obj = obj.into();
+    let namespace = field_of(&obj, "metadata")
+        .and_then(|m| field_of(m, "namespace"))
+        .and_then(JsonView::as_str)
         .filter(|ns| !ns.is_empty());
-    validate_helmop_in(obj, namespace)
+    check_helmop(&*obj, namespace).findings
 }
 
 /// Validates a HelmOp object living in `namespace` (on admission the object's own
@@ -107,62 +147,172 @@ pub fn validate_helmop(obj: &Value) -> Vec<Finding> {
 /// No rule depends on the namespace any more (the valuesFrom rule compared with it until it
 /// turned out Fleet reads valuesFrom downstream, see `resources::check_values_from`); callers
 /// keep passing it so a rule that needs it does not change their signature.
-pub fn validate_helmop_in(obj: &Value, _namespace: Option<&str>) -> Vec<Finding> {
+pub fn validate_helmop_in<'a>(obj: impl Into<Doc<'a>>, namespace: Option<&str>) -> Vec<Finding> {
+    check_helmop(&*obj.into(), namespace).findings
+}
+
+/// What one validation pass found: the findings, and the well-formed `downstreamResources`
+/// references (what [`downstream_refs`] lists) with where each is, rendered only when asked.
+#[derive(Debug)]
+pub struct Checked {
+    pub findings: Vec<Finding>,
+    pub references: Vec<(EntryPath, ResourceRef)>,
+}
+
+/// [`validate_helmop_in`] and [`downstream_refs`] in one pass over the object.
+pub fn check_helmop<'a>(obj: impl Into<Doc<'a>>, _namespace: Option<&str>) -> Checked {
+    let obj = obj.into();
     let mut cx = Ctx {
         findings: Vec::new(),
     };
+    let root = Path::Root;
     let Some(obj) = obj.as_object() else {
         cx.deny(
-            "",
-            format!("a HelmOp must be an object, not {}", type_name(obj)),
+            &root,
+            format!("a HelmOp must be an object, not {}", type_name(&obj)),
         );
-        return cx.findings;
+        return cx.done(Vec::new());
     };
-    let spec = match obj.get("spec") {
-        None | Some(Value::Null) => {
+    let spec_path = root.key("spec");
+    let spec = match field(obj, "spec") {
+        None | Some(JsonView::Null) => {
             cx.deny(
-                "spec",
+                &spec_path,
                 "spec is missing: a HelmOp needs at least spec.helm with the chart to deploy",
             );
-            return cx.findings;
+            return cx.done(Vec::new());
         }
-        Some(Value::Object(spec)) => spec,
+        Some(JsonView::Object(spec)) => spec,
         Some(other) => {
             cx.deny(
-                "spec",
+                &spec_path,
                 format!("spec must be an object, not {}", type_name(other)),
             );
-            return cx.findings;
+            return cx.done(Vec::new());
         }
     };
     let model = spec::check_spec(&mut cx, spec);
     resources::check_cross_references(&mut cx, &model);
-    cx.findings
+    let references = model
+        .root_entries
+        .into_iter()
+        .chain(model.targets.into_iter().flat_map(|t| t.entries))
+        .map(|e| (e.at, e.reference))
+        .collect();
+    cx.done(references)
 }
 
 /// Every well-formed `downstreamResources` reference (valid kind, valid name), root and per
 /// target, with the JSON path of its entry, in document order. Malformed entries are left to
 /// [`validate_helmop`]; this is what existence checks look up.
-pub fn downstream_refs(obj: &Value) -> Vec<(String, ResourceRef)> {
-    let Some(spec) = obj.get("spec").and_then(Value::as_object) else {
+pub fn downstream_refs<'a>(obj: impl Into<Doc<'a>>) -> Vec<(String, ResourceRef)> {
+    let obj = obj.into();
+    let Some(spec) = field_of(&obj, "spec").and_then(JsonView::as_object) else {
         return Vec::new();
     };
     let mut out: Vec<(String, ResourceRef)> =
-        resources::well_formed_entries(spec.get("downstreamResources"), "spec.downstreamResources")
+        resources::well_formed_entries(field(spec, "downstreamResources"), None)
             .into_iter()
-            .map(|e| (e.path, e.reference))
+            .map(|e| (e.at.to_string(), e.reference))
             .collect();
-    if let Some(targets) = spec.get("targets").and_then(Value::as_array) {
+    if let Some(targets) = field(spec, "targets").and_then(JsonView::as_array) {
         for (i, target) in targets.iter().enumerate() {
-            let base = format!("spec.targets[{i}].downstreamResources");
             out.extend(
-                resources::well_formed_entries(target.get("downstreamResources"), &base)
+                resources::well_formed_entries(field_of(target, "downstreamResources"), Some(i))
                     .into_iter()
-                    .map(|e| (e.path, e.reference)),
+                    .map(|e| (e.at.to_string(), e.reference)),
             );
         }
     }
     out
+}
+
+/// Where a `downstreamResources` entry is: `spec.downstreamResources[index]`, or
+/// `spec.targets[target].downstreamResources[index]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EntryPath {
+    pub target: Option<usize>,
+    pub index: usize,
+}
+
+impl fmt::Display for EntryPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let spec = Path::Root.key("spec");
+        match self.target {
+            None => spec.key("downstreamResources").index(self.index).fmt(f),
+            Some(t) => {
+                let target = spec.key("targets");
+                let target = target.index(t);
+                target.key("downstreamResources").index(self.index).fmt(f)
+            }
+        }
+    }
+}
+
+/// Where a value is in the HelmOp (`spec.targets[1].helm.chart`), as a chain of borrowed
+/// segments: a finding renders it; a clean HelmOp never formats a path.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Path<'p> {
+    /// The whole object (rendered empty).
+    Root,
+    Key(&'p Path<'p>, &'p str),
+    Index(&'p Path<'p>, usize),
+}
+
+impl<'p> Path<'p> {
+    /// `self.key` (or `key` at the root).
+    pub fn key<'q>(&'q self, key: &'q str) -> Path<'q> {
+        Path::Key(self, key)
+    }
+
+    /// `self[i]`.
+    pub fn index(&self, i: usize) -> Path<'_> {
+        Path::Index(self, i)
+    }
+}
+
+impl fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Path::Root => Ok(()),
+            Path::Key(Path::Root, key) => f.write_str(key),
+            Path::Key(parent, key) => write!(f, "{parent}.{key}"),
+            Path::Index(parent, i) => write!(f, "{parent}[{i}]"),
+        }
+    }
+}
+
+/// The value of `key`; of duplicated keys the last, as `serde_json::Map` keeps it.
+pub(crate) fn field<'m, 'a>(map: &'m Map<'a>, key: &str) -> Option<&'m JsonView<'a>> {
+    map.as_vec()
+        .iter()
+        .rev()
+        .find_map(|(k, v)| (&**k == key).then_some(v))
+}
+
+/// [`field`] of `value` when it is an object.
+pub(crate) fn field_of<'m, 'a>(value: &'m JsonView<'a>, key: &str) -> Option<&'m JsonView<'a>> {
+    value.as_object().and_then(|m| field(m, key))
+}
+
+/// The entries of `map` in key order, each key once (the last value): the order in which a
+/// `serde_json::Map` lists them, so findings come in the same order whatever the input's order.
+pub(crate) fn sorted_entries<'m, 'a>(map: &'m Map<'a>) -> Vec<(&'m str, &'m JsonView<'a>)> {
+    let mut entries: Vec<(&str, &JsonView<'a>)> =
+        map.as_vec().iter().map(|(k, v)| (&**k, v)).collect();
+    // Stable: of equal keys the last stays last, and `dedup_by` keeps the first of a run.
+    entries.sort_by(|a, b| a.0.cmp(b.0));
+    entries.reverse();
+    entries.dedup_by(|a, b| a.0 == b.0);
+    entries.reverse();
+    entries
+}
+
+/// True when the HelmOp carries `helmop.dev/allow-missing: "true"` (exactly that value, as for
+/// every boolean annotation Kubernetes reads): missing downstream resources then warn instead
+/// of deny, for sources created later (e.g. by External Secrets).
+pub fn allows_missing<'a>(helmop: impl Into<Doc<'a>>) -> bool {
+    missing::allows_missing(&helmop.into())
 }
 
 /// Shared state of one validation pass.
@@ -171,34 +321,36 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
-    pub fn deny(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.findings.push(Finding::deny(path, message));
+    fn done(self, references: Vec<(EntryPath, ResourceRef)>) -> Checked {
+        Checked {
+            findings: self.findings,
+            references,
+        }
     }
 
-    pub fn warn(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.findings.push(Finding::warn(path, message));
+    pub fn deny(&mut self, path: &impl fmt::Display, message: impl Into<String>) {
+        self.findings.push(Finding::deny(path.to_string(), message));
+    }
+
+    pub fn warn(&mut self, path: &impl fmt::Display, message: impl Into<String>) {
+        self.findings.push(Finding::warn(path.to_string(), message));
     }
 
     /// A string field: `Some("")` stays distinguishable from absent; `null` counts as absent
     /// (every string field of the CRD is nullable). A wrong type is denied.
-    pub fn string<'v>(
-        &mut self,
-        obj: &'v Map<String, Value>,
-        key: &str,
-        base: &str,
-    ) -> Option<&'v str> {
-        match obj.get(key) {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s),
+    pub fn string<'v>(&mut self, obj: &'v Map<'_>, key: &str, base: &Path<'_>) -> Option<&'v str> {
+        match field(obj, key) {
+            None | Some(JsonView::Null) => None,
+            Some(JsonView::Str(s)) => Some(s),
             Some(other) => {
                 // YAML reads `version: 1.2` or `name: true` as a number or boolean.
-                let hint = if other.is_number() || other.is_boolean() {
+                let hint = if other.is_number() || other.is_bool() {
                     ": quote it"
                 } else {
                     ""
                 };
                 self.deny(
-                    join(base, key),
+                    &base.key(key),
                     format!("{key} must be a string, not {}{hint}", type_name(other)),
                 );
                 None
@@ -207,13 +359,13 @@ impl Ctx {
     }
 
     /// A boolean field; a wrong type is denied.
-    pub fn boolean(&mut self, obj: &Map<String, Value>, key: &str, base: &str) -> Option<bool> {
-        match obj.get(key) {
-            None | Some(Value::Null) => None,
-            Some(Value::Bool(b)) => Some(*b),
+    pub fn boolean(&mut self, obj: &Map<'_>, key: &str, base: &Path<'_>) -> Option<bool> {
+        match field(obj, key) {
+            None | Some(JsonView::Null) => None,
+            Some(JsonView::Bool(b)) => Some(*b),
             Some(other) => {
                 self.deny(
-                    join(base, key),
+                    &base.key(key),
                     format!("{key} must be true or false, not {}", type_name(other)),
                 );
                 None
@@ -222,18 +374,18 @@ impl Ctx {
     }
 
     /// An object field; a wrong type is denied.
-    pub fn object<'v>(
+    pub fn object<'v, 'a>(
         &mut self,
-        obj: &'v Map<String, Value>,
+        obj: &'v Map<'a>,
         key: &str,
-        base: &str,
-    ) -> Option<&'v Map<String, Value>> {
-        match obj.get(key) {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(m)) => Some(m),
+        base: &Path<'_>,
+    ) -> Option<&'v Map<'a>> {
+        match field(obj, key) {
+            None | Some(JsonView::Null) => None,
+            Some(JsonView::Object(m)) => Some(m),
             Some(other) => {
                 self.deny(
-                    join(base, key),
+                    &base.key(key),
                     format!("{key} must be an object, not {}", type_name(other)),
                 );
                 None
@@ -242,38 +394,24 @@ impl Ctx {
     }
 
     /// An array field; a wrong type is denied.
-    pub fn array<'v>(
+    pub fn array<'v, 'a>(
         &mut self,
-        obj: &'v Map<String, Value>,
+        obj: &'v Map<'a>,
         key: &str,
-        base: &str,
-    ) -> Option<&'v [Value]> {
-        match obj.get(key) {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(a)) => Some(a),
+        base: &Path<'_>,
+    ) -> Option<&'v [JsonView<'a>]> {
+        match field(obj, key) {
+            None | Some(JsonView::Null) => None,
+            Some(JsonView::Array(a)) => Some(a),
             Some(other) => {
                 self.deny(
-                    join(base, key),
+                    &base.key(key),
                     format!("{key} must be a list, not {}", type_name(other)),
                 );
                 None
             }
         }
     }
-}
-
-/// `base.key` (or `key` at the root).
-pub(crate) fn join(base: &str, key: &str) -> String {
-    if base.is_empty() {
-        key.to_string()
-    } else {
-        format!("{base}.{key}")
-    }
-}
-
-/// `base[i]`.
-pub(crate) fn index(base: &str, i: usize) -> String {
-    format!("{base}[{i}]")
 }
 
 /// `s` quoted for a message, cut short if long (users paste huge values by mistake).
@@ -287,14 +425,14 @@ pub(crate) fn q(s: &str) -> String {
     }
 }
 
-pub(crate) fn type_name(v: &Value) -> &'static str {
+pub(crate) fn type_name(v: &JsonView<'_>) -> &'static str {
     match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
+        JsonView::Null => "null",
+        JsonView::Bool(_) => "a boolean",
+        JsonView::Number(_) => "a number",
+        JsonView::Str(_) => "a string",
+        JsonView::Array(_) => "a list",
+        JsonView::Object(_) => "an object",
     }
 }
 

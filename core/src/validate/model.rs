@@ -1,13 +1,13 @@
 //! What the walk over `spec` collects for the cross-reference rules: built by [`super::spec`],
 //! read by [`super::resources`].
 
-use super::helm;
+use super::{EntryPath, helm};
 use crate::resource::ResourceRef;
 
 /// A well-formed list entry and where it is.
 #[derive(Clone, Debug)]
 pub(crate) struct Entry {
-    pub path: String,
+    pub at: EntryPath,
     pub reference: ResourceRef,
 }
 

@@ -2,25 +2,29 @@
 
 use std::collections::HashMap;
 
-use serde_json::{Map, Value};
-
 use super::model::{Entry, SpecModel};
-use super::{Ctx, index, join, q, type_name};
+use super::{Ctx, EntryPath, JsonView, Map, Path, field, field_of, q, sorted_entries, type_name};
 use crate::name_rules as names;
 use crate::resource::{ResourceKind, ResourceRef};
 
-/// Checks `base.downstreamResources` and returns its well-formed entries.
-pub(crate) fn check_list(cx: &mut Ctx, obj: &Map<String, Value>, base: &str) -> Vec<Entry> {
+/// Checks `base.downstreamResources` (of the root when `target` is `None`, else of that target)
+/// and returns its well-formed entries.
+pub(crate) fn check_list(
+    cx: &mut Ctx,
+    obj: &Map<'_>,
+    base: &Path<'_>,
+    target: Option<usize>,
+) -> Vec<Entry> {
     let mut out = Vec::new();
     let Some(list) = cx.array(obj, "downstreamResources", base) else {
         return out;
     };
-    let list_path = join(base, "downstreamResources");
+    let list_path = base.key("downstreamResources");
     for (i, item) in list.iter().enumerate() {
-        let path = index(&list_path, i);
+        let path = list_path.index(i);
         let Some(item) = item.as_object() else {
             cx.deny(
-                path,
+                &path,
                 format!(
                     "a downstream resource must be an object with kind and name, not {}",
                     type_name(item)
@@ -30,9 +34,12 @@ pub(crate) fn check_list(cx: &mut Ctx, obj: &Map<String, Value>, base: &str) -> 
         };
         let kind = check_kind(cx, item, &path);
         let name = check_name(cx, item, &path);
-        for key in item
-            .keys()
-            .filter(|k| !matches!(k.as_str(), "kind" | "name"))
+        let extra = item.keys().any(|k| !matches!(k, "kind" | "name"));
+        for (key, _) in extra
+            .then(|| sorted_entries(item))
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| !matches!(*k, "kind" | "name"))
         {
             let message = if key == "namespace" {
                 "a downstream resource has no namespace: the API server drops this field and Fleet always copies from the HelmOp's own namespace; remove it".to_string()
@@ -41,11 +48,11 @@ pub(crate) fn check_list(cx: &mut Ctx, obj: &Map<String, Value>, base: &str) -> 
                     "unknown field {key:?}: a downstream resource has only kind and name, the API server drops the rest"
                 )
             };
-            cx.warn(join(&path, key), message);
+            cx.warn(&path.key(key), message);
         }
         if let (Some(kind), Some(name)) = (kind, name) {
             out.push(Entry {
-                path,
+                at: EntryPath { target, index: i },
                 reference: ResourceRef::new(kind, name),
             });
         }
@@ -53,14 +60,14 @@ pub(crate) fn check_list(cx: &mut Ctx, obj: &Map<String, Value>, base: &str) -> 
     out
 }
 
-fn check_kind(cx: &mut Ctx, item: &Map<String, Value>, path: &str) -> Option<ResourceKind> {
-    let kpath = join(path, "kind");
-    match item.get("kind") {
-        None | Some(Value::Null) => {
+fn check_kind(cx: &mut Ctx, item: &Map<'_>, path: &Path<'_>) -> Option<ResourceKind> {
+    let kpath = &path.key("kind");
+    match field(item, "kind") {
+        None | Some(JsonView::Null) => {
             cx.deny(kpath, "kind is missing: use Secret or ConfigMap");
             None
         }
-        Some(Value::String(kind)) => match ResourceKind::parse(kind) {
+        Some(JsonView::Str(kind)) => match ResourceKind::parse(kind) {
             Some(parsed) => {
                 if kind != parsed.as_str() {
                     cx.warn(
@@ -95,18 +102,18 @@ fn check_kind(cx: &mut Ctx, item: &Map<String, Value>, path: &str) -> Option<Res
     }
 }
 
-fn check_name(cx: &mut Ctx, item: &Map<String, Value>, path: &str) -> Option<String> {
-    let npath = join(path, "name");
-    match item.get("name") {
-        None | Some(Value::Null) => {
+fn check_name(cx: &mut Ctx, item: &Map<'_>, path: &Path<'_>) -> Option<String> {
+    let npath = &path.key("name");
+    match field(item, "name") {
+        None | Some(JsonView::Null) => {
             cx.deny(
                 npath,
                 "name is missing: give the name of the Secret or ConfigMap to copy",
             );
             None
         }
-        Some(Value::String(name)) => match names::dns1123_subdomain_error(name) {
-            None => Some(name.clone()),
+        Some(JsonView::Str(name)) => match names::dns1123_subdomain_error(name) {
+            None => Some(name.to_string()),
             Some(problem) => {
                 cx.deny(
                     npath,
@@ -128,18 +135,22 @@ fn check_name(cx: &mut Ctx, item: &Map<String, Value>, path: &str) -> Option<Str
     }
 }
 
-/// The well-formed entries of a raw `downstreamResources` value, without reporting anything.
-pub(crate) fn well_formed_entries(list: Option<&Value>, base: &str) -> Vec<Entry> {
-    let Some(list) = list.and_then(Value::as_array) else {
+/// The well-formed entries of a raw `downstreamResources` value (of the root when `target` is
+/// `None`, else of that target), without reporting anything.
+pub(crate) fn well_formed_entries(
+    list: Option<&JsonView<'_>>,
+    target: Option<usize>,
+) -> Vec<Entry> {
+    let Some(list) = list.and_then(JsonView::as_array) else {
         return Vec::new();
     };
     list.iter()
         .enumerate()
         .filter_map(|(i, item)| {
-            let kind = ResourceKind::parse(item.get("kind")?.as_str()?)?;
-            let name = item.get("name")?.as_str()?;
+            let kind = ResourceKind::parse(field_of(item, "kind")?.as_str()?)?;
+            let name = field_of(item, "name")?.as_str()?;
             names::is_dns1123_subdomain(name).then(|| Entry {
-                path: index(base, i),
+                at: EntryPath { target, index: i },
                 reference: ResourceRef::new(kind, name),
             })
         })
@@ -151,36 +162,36 @@ pub(crate) fn well_formed_entries(list: Option<&Value>, base: &str) -> Vec<Entry
 pub(crate) fn check_cross_references(cx: &mut Ctx, model: &SpecModel) {
     // Fleet merges by `lower(kind)|name` (rancher/fleet internal/cmd/controller/options
     // `downstreamResourceKey`); ResourceRef equality is exactly that key.
-    let mut root_seen: HashMap<&ResourceRef, &str> = HashMap::new();
+    let mut root_seen: HashMap<&ResourceRef, EntryPath> = HashMap::new();
     for e in &model.root_entries {
         match root_seen.get(&e.reference) {
             Some(first) => cx.warn(
-                e.path.clone(),
+                &e.at,
                 format!("duplicate of {first} ({}): remove one", e.reference),
             ),
             None => {
-                root_seen.insert(&e.reference, &e.path);
+                root_seen.insert(&e.reference, e.at);
             }
         }
     }
     for t in &model.targets {
-        let mut seen: HashMap<&ResourceRef, &str> = HashMap::new();
+        let mut seen: HashMap<&ResourceRef, EntryPath> = HashMap::new();
         for e in &t.entries {
             if let Some(first) = seen.get(&e.reference) {
                 cx.warn(
-                    e.path.clone(),
+                    &e.at,
                     format!("duplicate of {first} ({}): remove one", e.reference),
                 );
             } else if let Some(root) = root_seen.get(&e.reference) {
                 cx.warn(
-                    e.path.clone(),
+                    &e.at,
                     format!(
                         "{} is already listed in {root}, which applies to every target: remove it here",
                         e.reference
                     ),
                 );
             } else {
-                seen.insert(&e.reference, &e.path);
+                seen.insert(&e.reference, e.at);
             }
         }
     }
@@ -193,7 +204,7 @@ pub(crate) fn check_cross_references(cx: &mut Ctx, model: &SpecModel) {
         for e in all {
             if e.reference.kind == ResourceKind::Secret && &e.reference.name == secret {
                 cx.warn(
-                    e.path.clone(),
+                    &e.at,
                     format!("secret {} is also spec.helmSecretName, which Fleet already copies downstream; listing it again makes Fleet copy it twice: remove it here", q(secret)),
                 );
             }
@@ -256,10 +267,10 @@ fn check_values_from(
             }
         };
         cx.warn(
-            join(&v.path, "namespace"),
+            &format!("{}.namespace", v.path),
             format!(
                 "{reference} is a downstream resource ({}): Fleet's agent reads it on each downstream cluster from the copy in the release namespace ({release}) and ignores namespace {} here: remove namespace",
-                entry.path,
+                entry.at,
                 q(ns)
             ),
         );

@@ -1,15 +1,13 @@
 //! The walk over `spec`: type checks of the fields helmop reads, and the collected model the
 //! cross-reference rules (duplicates, valuesFrom, helmSecretName) work on.
 
-use serde_json::{Map, Value};
-
 use super::model::{SpecModel, TargetModel};
 use super::resources;
-use super::{Ctx, helm, index, join, targets};
+use super::{Ctx, JsonView, Map, Path, field, helm, sorted_entries, targets};
 use crate::name_rules as names;
 
-pub(crate) fn check_spec(cx: &mut Ctx, spec: &Map<String, Value>) -> SpecModel {
-    let base = "spec";
+pub(crate) fn check_spec(cx: &mut Ctx, spec: &Map<'_>) -> SpecModel {
+    let base = &Path::Root.key("spec");
     check_namespaces(cx, spec, base);
     check_namespace_metadata(cx, spec, base);
     if let Some(mode) = cx.string(spec, "targetCustomizationMode", base)
@@ -19,7 +17,7 @@ pub(crate) fn check_spec(cx: &mut Ctx, spec: &Map<String, Value>) -> SpecModel {
     {
         // The CRD's enum: the API server refuses any other value.
         cx.deny(
-            join(base, "targetCustomizationMode"),
+            &base.key("targetCustomizationMode"),
             format!(
                 "targetCustomizationMode {} is not FirstMatch or AllMatches",
                 super::q(mode)
@@ -36,7 +34,7 @@ pub(crate) fn check_spec(cx: &mut Ctx, spec: &Map<String, Value>) -> SpecModel {
         && let Some(problem) = names::dns1123_subdomain_error(name)
     {
         cx.deny(
-            join(base, "helmSecretName"),
+            &base.key("helmSecretName"),
             format!(
                 "helmSecretName {} is not a valid Secret name: it {problem}",
                 super::q(name)
@@ -44,36 +42,38 @@ pub(crate) fn check_spec(cx: &mut Ctx, spec: &Map<String, Value>) -> SpecModel {
         );
     }
 
-    let root_values_from = match spec.get("helm") {
-        None | Some(Value::Null) => {
+    let helm_path = base.key("helm");
+    let root_values_from = match field(spec, "helm") {
+        None | Some(JsonView::Null) => {
             // rancher/fleet internal/cmd/controller/helmops/reconciler/helmop_controller.go
             // `validate`: "helm options are empty in the HelmOp's spec".
             cx.deny(
-                join(base, "helm"),
+                &helm_path,
                 "spec.helm is missing: Fleet rejects a HelmOp without helm options (set repo and chart, an oci:// repo, or a .tgz chart URL)",
             );
             Vec::new()
         }
-        Some(Value::Object(h)) => helm::check_root_helm(cx, h, "spec.helm"),
+        Some(JsonView::Object(h)) => helm::check_root_helm(cx, h, &helm_path),
         Some(other) => {
             cx.deny(
-                join(base, "helm"),
+                &helm_path,
                 format!("helm must be an object, not {}", super::type_name(other)),
             );
             Vec::new()
         }
     };
 
-    let root_entries = resources::check_list(cx, spec, base);
+    let root_entries = resources::check_list(cx, spec, base, None);
 
     let mut target_models = Vec::new();
     if let Some(list) = cx.array(spec, "targets", base) {
-        let root_helm = spec.get("helm").and_then(Value::as_object);
+        let root_helm = field(spec, "helm").and_then(JsonView::as_object);
+        let targets_path = base.key("targets");
         for (i, target) in list.iter().enumerate() {
-            let path = index("spec.targets", i);
+            let path = targets_path.index(i);
             let Some(target) = target.as_object() else {
                 cx.deny(
-                    path,
+                    &path,
                     format!(
                         "a target must be an object, not {}",
                         super::type_name(target)
@@ -81,20 +81,21 @@ pub(crate) fn check_spec(cx: &mut Ctx, spec: &Map<String, Value>) -> SpecModel {
                 );
                 continue;
             };
-            target_models.push(check_target(cx, target, path, root_helm, spec));
+            target_models.push(check_target(cx, target, (&path, i), root_helm, spec));
         }
     }
 
     if let Some(list) = cx.array(spec, "targetRestrictions", base) {
         warn_customizations(cx, spec, list.len());
+        let restrictions_path = base.key("targetRestrictions");
         for (i, restriction) in list.iter().enumerate() {
-            let path = index("spec.targetRestrictions", i);
+            let path = restrictions_path.index(i);
             match restriction.as_object() {
                 Some(r) => {
                     targets::check_criteria(cx, r, &path);
                 }
                 None => cx.deny(
-                    path,
+                    &path,
                     format!(
                         "a target restriction must be an object, not {}",
                         super::type_name(restriction)
@@ -115,28 +116,28 @@ pub(crate) fn check_spec(cx: &mut Ctx, spec: &Map<String, Value>) -> SpecModel {
 
 fn check_target(
     cx: &mut Ctx,
-    target: &Map<String, Value>,
-    path: String,
-    root_helm: Option<&Map<String, Value>>,
-    root: &Map<String, Value>,
+    target: &Map<'_>,
+    (path, i): (&Path<'_>, usize),
+    root_helm: Option<&Map<'_>>,
+    root: &Map<'_>,
 ) -> TargetModel {
-    cx.string(target, "name", &path);
-    let has_criteria = targets::check_criteria(cx, target, &path);
-    cx.boolean(target, "doNotDeploy", &path);
+    cx.string(target, "name", path);
+    let has_criteria = targets::check_criteria(cx, target, path);
+    cx.boolean(target, "doNotDeploy", path);
     if !has_criteria {
         cx.warn(
-            path.clone(),
+            path,
             "this target has no clusterName, clusterSelector, clusterGroup or clusterGroupSelector, so Fleet matches no cluster with it: add one (clusterSelector: {} matches every cluster)",
         );
     }
-    cx.boolean(target, "keepResources", &path);
-    check_namespaces(cx, target, &path);
-    check_namespace_metadata(cx, target, &path);
-    let values_from = match cx.object(target, "helm", &path) {
-        Some(h) => helm::check_target_helm(cx, h, &join(&path, "helm"), root_helm),
+    cx.boolean(target, "keepResources", path);
+    check_namespaces(cx, target, path);
+    check_namespace_metadata(cx, target, path);
+    let values_from = match cx.object(target, "helm", path) {
+        Some(h) => helm::check_target_helm(cx, h, &path.key("helm"), root_helm),
         None => Vec::new(),
     };
-    let entries = resources::check_list(cx, target, &path);
+    let entries = resources::check_list(cx, target, path, Some(i));
     TargetModel {
         dest: destination(&[target, root]),
         entries,
@@ -147,18 +148,19 @@ fn check_target(
 /// With restrictions, Fleet treats the leading `targets - restrictions` targets as fleet.yaml
 /// customizations (`target/matcher/bundlematch.go`): say so on each, since a HelmOp author
 /// usually means them to select clusters.
-fn warn_customizations(cx: &mut Ctx, spec: &Map<String, Value>, restrictions: usize) {
-    let targets = spec
-        .get("targets")
-        .and_then(Value::as_array)
-        .map_or(0, Vec::len);
+fn warn_customizations(cx: &mut Ctx, spec: &Map<'_>, restrictions: usize) {
+    let targets = field(spec, "targets")
+        .and_then(JsonView::as_array)
+        .map_or(0, <[JsonView<'_>]>::len);
     if restrictions == 0 || targets <= restrictions {
         return;
     }
     let customizations = targets - restrictions;
+    let targets_path = Path::Root.key("spec");
+    let targets_path = targets_path.key("targets");
     for i in 0..customizations {
         cx.warn(
-            index("spec.targets", i),
+            &targets_path.index(i),
             format!(
                 "with {restrictions} targetRestrictions Fleet treats the first {customizations} of {targets} targets as customizations: this target never selects a cluster, it only changes the options of (or, with doNotDeploy, skips) clusters a later target selects and a restriction allows"
             ),
@@ -169,15 +171,16 @@ fn warn_customizations(cx: &mut Ctx, spec: &Map<String, Value>, restrictions: us
 /// `namespaceLabels`/`namespaceAnnotations`: string maps (the CRD), which Fleet's agent writes
 /// on the release namespace. Keys or values the API server refuses make that write, and so the
 /// deployment, fail; pod-security labels are ignored by the agent (and by helmop).
-fn check_namespace_metadata(cx: &mut Ctx, obj: &Map<String, Value>, base: &str) {
+fn check_namespace_metadata(cx: &mut Ctx, obj: &Map<'_>, base: &Path<'_>) {
     for key in ["namespaceLabels", "namespaceAnnotations"] {
         let Some(map) = cx.object(obj, key, base) else {
             continue;
         };
         let labels = key == "namespaceLabels";
-        for k in map.keys() {
-            let path = join(&join(base, key), k);
-            let Some(value) = cx.string(map, k, &join(base, key)) else {
+        let map_path = base.key(key);
+        for (k, _) in sorted_entries(map) {
+            let path = map_path.key(k);
+            let Some(value) = cx.string(map, k, &map_path) else {
                 continue;
             };
             let problem = names::qualified_name_error(k)
@@ -190,12 +193,12 @@ fn check_namespace_metadata(cx: &mut Ctx, obj: &Map<String, Value>, base: &str) 
                 });
             if let Some(problem) = problem {
                 cx.warn(
-                    path,
+                    &path,
                     format!("the namespace cannot carry this: its {problem}, so Fleet's agent fails to update the namespace and the deployment fails"),
                 );
             } else if labels && k.starts_with(crate::targeting::POD_SECURITY_LABEL_PREFIX) {
                 cx.warn(
-                    path,
+                    &path,
                     "Fleet's agent never sets pod-security.kubernetes.io/ labels from namespaceLabels (nor does helmop): set them on the namespace itself",
                 );
             }
@@ -206,11 +209,11 @@ fn check_namespace_metadata(cx: &mut Ctx, obj: &Map<String, Value>, base: &str) 
 /// Fleet's release (and copy) namespace, `namespaces.GetDeploymentNS` over merged options:
 /// the first `namespace` set, else the first `defaultNamespace` set (`layers` most specific
 /// first, as `options.Merge` lets a target's non-empty value win).
-fn destination(layers: &[&Map<String, Value>]) -> Option<String> {
+fn destination(layers: &[&Map<'_>]) -> Option<String> {
     ["namespace", "defaultNamespace"].iter().find_map(|key| {
         layers.iter().find_map(|l| {
-            l.get(*key)
-                .and_then(Value::as_str)
+            field(l, key)
+                .and_then(JsonView::as_str)
                 .filter(|s| !s.is_empty())
                 .map(str::to_string)
         })
@@ -219,14 +222,14 @@ fn destination(layers: &[&Map<String, Value>]) -> Option<String> {
 
 /// `namespace` and `defaultNamespace` become the destination namespace of the copies, so they
 /// must be namespace names.
-fn check_namespaces(cx: &mut Ctx, obj: &Map<String, Value>, base: &str) {
+fn check_namespaces(cx: &mut Ctx, obj: &Map<'_>, base: &Path<'_>) {
     for key in ["namespace", "defaultNamespace"] {
         if let Some(ns) = cx.string(obj, key, base)
             && !ns.is_empty()
             && let Some(problem) = names::dns1123_label_error(ns)
         {
             cx.deny(
-                join(base, key),
+                &base.key(key),
                 format!(
                     "{key} {} is not a valid namespace name: it {problem}",
                     super::q(ns)

@@ -2,16 +2,14 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
-use serde_json::{Map, Value};
-
-use super::{Ctx, index, join, type_name};
+use super::{Ctx, JsonView, Map, Path, field, sorted_entries, type_name};
 use crate::selector::Selector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
 /// Checks `clusterName`, `clusterGroup`, `clusterSelector`, `clusterGroupSelector` of a target
 /// (or target restriction). Returns whether the entry has at least one criterion; Fleet's
 /// `ClusterMatcher` matches nothing without one.
-pub(crate) fn check_criteria(cx: &mut Ctx, obj: &Map<String, Value>, base: &str) -> bool {
+pub(crate) fn check_criteria(cx: &mut Ctx, obj: &Map<'_>, base: &Path<'_>) -> bool {
     let mut has = false;
     for key in ["clusterName", "clusterGroup"] {
         if cx.string(obj, key, base).is_some_and(|s| !s.is_empty()) {
@@ -19,18 +17,18 @@ pub(crate) fn check_criteria(cx: &mut Ctx, obj: &Map<String, Value>, base: &str)
         }
     }
     for key in ["clusterSelector", "clusterGroupSelector"] {
-        match obj.get(key) {
-            None | Some(Value::Null) => {}
+        match field(obj, key) {
+            None | Some(JsonView::Null) => {}
             Some(value) => {
                 has = true;
-                let path = join(base, key);
+                let path = base.key(key);
                 if let Some(selector) = parse_selector(cx, value, &path)
                     && let Err(e) = Selector::compile(&selector)
                 {
                     // rancher/fleet internal/cmd/controller/target/matcher: NewClusterMatcher
                     // returns the selector error and the whole HelmOp gets no deployments.
                     cx.deny(
-                        join(&path, &e.path),
+                        &path.key(&e.path),
                         format!(
                             "{}; Fleet cannot compile this selector and deploys the HelmOp nowhere",
                             e.message
@@ -44,10 +42,14 @@ pub(crate) fn check_criteria(cx: &mut Ctx, obj: &Map<String, Value>, base: &str)
 }
 
 /// Reads a raw label selector, denying type errors with their exact path.
-pub(crate) fn parse_selector(cx: &mut Ctx, value: &Value, path: &str) -> Option<LabelSelector> {
+pub(crate) fn parse_selector(
+    cx: &mut Ctx,
+    value: &JsonView<'_>,
+    path: &Path<'_>,
+) -> Option<LabelSelector> {
     let Some(obj) = value.as_object() else {
         cx.deny(
-            path.to_string(),
+            path,
             format!(
                 "a label selector must be an object, not {}",
                 type_name(value)
@@ -59,15 +61,16 @@ pub(crate) fn parse_selector(cx: &mut Ctx, value: &Value, path: &str) -> Option<
     let mut selector = LabelSelector::default();
     if let Some(labels) = cx.object(obj, "matchLabels", path) {
         let mut out = BTreeMap::new();
-        for (k, v) in labels {
+        let labels_path = path.key("matchLabels");
+        for (k, v) in sorted_entries(labels) {
             match v.as_str() {
                 Some(v) => {
-                    out.insert(k.clone(), v.to_string());
+                    out.insert(k.to_string(), v.to_string());
                 }
                 None => {
                     ok = false;
                     cx.deny(
-                        join(&join(path, "matchLabels"), k),
+                        &labels_path.key(k),
                         format!(
                             "label values must be strings, not {}: quote it",
                             type_name(v)
@@ -79,14 +82,14 @@ pub(crate) fn parse_selector(cx: &mut Ctx, value: &Value, path: &str) -> Option<
         selector.match_labels = Some(out);
     }
     if let Some(exprs) = cx.array(obj, "matchExpressions", path) {
-        let base = join(path, "matchExpressions");
+        let base = path.key("matchExpressions");
         let mut out = Vec::new();
         for (i, expr) in exprs.iter().enumerate() {
-            let epath = index(&base, i);
+            let epath = base.index(i);
             let Some(expr) = expr.as_object() else {
                 ok = false;
                 cx.deny(
-                    epath,
+                    &epath,
                     format!(
                         "a match expression must be an object, not {}",
                         type_name(expr)
@@ -98,7 +101,7 @@ pub(crate) fn parse_selector(cx: &mut Ctx, value: &Value, path: &str) -> Option<
             let operator = cx.string(expr, "operator", &epath);
             let (Some(key), Some(operator)) = (key, operator) else {
                 if !expr.contains_key("key") || !expr.contains_key("operator") {
-                    cx.deny(epath.clone(), "a match expression needs key and operator");
+                    cx.deny(&epath, "a match expression needs key and operator");
                 }
                 ok = false;
                 continue;
@@ -106,13 +109,14 @@ pub(crate) fn parse_selector(cx: &mut Ctx, value: &Value, path: &str) -> Option<
             let mut values = None;
             if let Some(list) = cx.array(expr, "values", &epath) {
                 let mut vs = Vec::new();
+                let values_path = epath.key("values");
                 for (j, v) in list.iter().enumerate() {
                     match v.as_str() {
                         Some(v) => vs.push(v.to_string()),
                         None => {
                             ok = false;
                             cx.deny(
-                                index(&join(&epath, "values"), j),
+                                &values_path.index(j),
                                 format!("values must be strings, not {}: quote it", type_name(v)),
                             );
                         }

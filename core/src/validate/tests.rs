@@ -1052,3 +1052,56 @@ fn long_values_are_cut_short_in_messages() {
         got[0].message
     );
 }
+
+/// `v` as JSON text with every object's keys in reverse order (a sender's order need not be sorted).
+fn reversed_json(v: &Value) -> String {
+    match v {
+        Value::Object(m) => {
+            let fields: Vec<String> = m
+                .iter()
+                .rev()
+                .map(|(k, v)| format!("{}:{}", Value::from(k.as_str()), reversed_json(v)))
+                .collect();
+            format!("{{{}}}", fields.join(","))
+        }
+        Value::Array(a) => {
+            let items: Vec<String> = a.iter().map(reversed_json).collect();
+            format!("[{}]", items.join(","))
+        }
+        other => other.to_string(),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// The webhook parses the review's text into a borrowed tree (keys in the sender's order), the plugin
+    /// converts a `serde_json::Value` (keys sorted): the same HelmOp gets the same findings, in the same order,
+    /// and the same references either way.
+    #[test]
+    fn parsed_text_and_converted_values_agree(v in arb_helmopish()) {
+        let wrapped = json!({"metadata": {"namespace": "apps"}, "spec": v});
+        let text = reversed_json(&wrapped);
+        let view: JsonView = serde_json::from_str(&text).unwrap();
+        let findings = validate_helmop(&wrapped);
+        prop_assert_eq!(&validate_helmop(&view), &findings);
+        let refs = downstream_refs(&wrapped);
+        prop_assert_eq!(&downstream_refs(&view), &refs);
+        let checked = check_helmop(&view, Some("apps"));
+        prop_assert_eq!(&checked.findings, &findings);
+        let rendered: Vec<(String, ResourceRef)> =
+            checked.references.into_iter().map(|(at, r)| (at.to_string(), r)).collect();
+        prop_assert_eq!(rendered, refs);
+    }
+}
+
+#[test]
+fn duplicate_keys_read_as_serde_json_reads_them() {
+    // serde_json keeps the last of duplicate keys; the borrowed tree keeps all, and the rules read the last.
+    let text = r#"{"spec": {"helm": 1, "helm": {"repo": "https://x", "chart": "y"},
+        "namespaceLabels": {"b": 2, "a": "ok", "b": "fine"}}}"#;
+    let view: JsonView = serde_json::from_str(text).unwrap();
+    let value: Value = serde_json::from_str(text).unwrap();
+    assert_eq!(validate_helmop(&view), validate_helmop(&value));
+    assert_eq!(validate_helmop(&view), vec![]);
+}

@@ -611,3 +611,97 @@ async fn batch_v1beta1_cronjobs_are_stamped() -> anyhow::Result<()> {
     registered.remove().await?;
     Ok(())
 }
+
+/// Issue 14 item 6: the ConfigMaps a Deployment reads in a namespace that holds few are read with one metadata
+/// LIST instead of one GET each, and that LIST is as fresh as the GETs: a ConfigMap changed just before a restamp
+/// is stamped with its new content. A namespace holding many more ConfigMaps than the Deployment reads gets GETs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_references_are_read_with_one_fresh_list() -> anyhow::Result<()> {
+    use helmop_core::resource::ResourceKind;
+    use helmop_webhook::state::cache::LIST_SPREAD;
+
+    let client = cluster().client().await;
+    ensure_hash_key(&client).await?;
+    let (ns, webhook) = setup(&client, "st-list", |_| Config::default()).await?;
+    let registered = webhook.register(&client, &ns).await?;
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &ns);
+    let names = ["a", "b", "c", "d"];
+    // Written right before the Deployment: the webhook's watch cache may not have them yet.
+    for name in names {
+        create_config_map(&client, &ns, name, &[("VALUE", "one")]).await?;
+    }
+    let env_from: Vec<Value> = names
+        .iter()
+        .map(|n| json!({"configMapRef": {"name": n}}))
+        .collect();
+    let reads = || {
+        (
+            webhook.metrics.live_lists("configmaps"),
+            webhook.metrics.live_gets("configmaps"),
+        )
+    };
+    let before = reads();
+    apply_ok(&deployment_manifest(
+        &ns,
+        "reader",
+        json!({}),
+        json!({"envFrom": env_from}),
+    ))
+    .await?;
+    let first = deployment_stamp(&deployments, "reader")
+        .await?
+        .context("not stamped")?;
+    let after = reads();
+    assert!(after.0 > before.0, "no LIST: {before:?} -> {after:?}");
+    // One GET per object for its content (its digest was not cached yet); none for the versions.
+    assert_eq!(after.1 - before.1, 4, "{before:?} -> {after:?}");
+
+    // Changed and restamped at once: the LIST sees the new content's version.
+    set_config_map(&client, &ns, "c", json!({"data": {"VALUE": "two"}})).await?;
+    let before = reads();
+    restamp(cluster(), &ns, "deployment/reader", "changed").await?;
+    let changed = deployment_stamp(&deployments, "reader")
+        .await?
+        .context("not stamped")?;
+    assert_ne!(changed, first, "a just-changed ConfigMap was not stamped");
+    let after = reads();
+    assert!(after.0 > before.0, "no LIST: {before:?} -> {after:?}");
+    assert_eq!(after.1 - before.1, 1, "only the changed content is read");
+    // Back to the first content: back to the first stamp.
+    set_config_map(&client, &ns, "c", json!({"data": {"VALUE": "one"}})).await?;
+    restamp(cluster(), &ns, "deployment/reader", "reverted").await?;
+    assert_eq!(
+        deployment_stamp(&deployments, "reader").await?.as_deref(),
+        Some(first.as_str())
+    );
+
+    // A namespace holding more than LIST_SPREAD ConfigMaps per reference: one GET each, no LIST.
+    let crowd = LIST_SPREAD * names.len() + 1;
+    for i in 0..crowd {
+        create_config_map(&client, &ns, &format!("other-{i}"), &[("X", "y")]).await?;
+    }
+    wait_until(
+        "the webhook to count the ConfigMaps",
+        DEFAULT_TIMEOUT,
+        || {
+            let counted = webhook
+                .state
+                .caches()
+                .cached_in(ResourceKind::ConfigMap, &ns);
+            async move { Ok(counted > LIST_SPREAD * names.len()) }
+        },
+    )
+    .await?;
+    let before = reads();
+    restamp(cluster(), &ns, "deployment/reader", "crowded").await?;
+    assert_eq!(
+        deployment_stamp(&deployments, "reader").await?.as_deref(),
+        Some(first.as_str())
+    );
+    let after = reads();
+    assert_eq!(after.0, before.0, "listed a crowded namespace");
+    assert!(after.1 - before.1 >= 4, "{before:?} -> {after:?}");
+
+    registered.remove().await?;
+    Ok(())
+}

@@ -10,8 +10,8 @@ use helmop_core::model::HelmOp;
 use helmop_core::resource::ResourceRef;
 use helmop_core::validate::fleet::{FleetFacts, helm_secret_to_check, rejection};
 use helmop_core::validate::{
-    Finding, allows_missing, downstream_refs, has_denials, missing_reference_finding,
-    validate_helmop_in,
+    Checked, EntryPath, Finding, JsonView, allows_missing, check_helmop, has_denials,
+    missing_reference_finding,
 };
 
 use super::object_name;
@@ -35,21 +35,24 @@ pub(super) async fn validate(state: &AppState, req: &Request) -> Verdict {
         return Verdict::allow();
     }
     let name = object_name(req);
-    let value = &object.value;
+    let view = object.view();
     let namespace = req
         .namespace
         .clone()
         .or_else(|| object.metadata.namespace.clone())
         .unwrap_or_default();
-    let findings = validate_helmop_in(value, Some(&namespace));
-    let refs = downstream_refs(value);
+    let Checked {
+        findings,
+        references: refs,
+    } = check_helmop(view, Some(&namespace));
     // Decided before any lookup: an update that leaves spec as it was is never denied, so a failed lookup
     // must not deny it either (it would block Fleet adding its finalizer whenever the API server stutters).
+    // Compared as `Value`s: equal whatever the order of keys.
     let spec_unchanged = req.operation == Operation::Update
         && req
             .old_object
             .as_ref()
-            .is_some_and(|old| old.value.get("spec") == value.get("spec"));
+            .is_some_and(|old| old.value().get("spec") == object.value().get("spec"));
     let mut warnings = Vec::new();
     if let Some(deny) = crate::caps::helmop_references(&name, refs.len()) {
         if !spec_unchanged {
@@ -88,9 +91,14 @@ pub(super) async fn validate(state: &AppState, req: &Request) -> Verdict {
         }
     };
     if !has_denials(&findings) {
-        warnings.extend(fleet_warnings(state, &name, &namespace, value).await);
+        warnings.extend(fleet_warnings(state, &name, &namespace, view).await);
     }
-    let allow_missing = allows_missing(value);
+    let allow_missing = allows_missing(view);
+    // Paths are rendered only for what is missing.
+    let missing: Vec<(String, ResourceRef)> = missing
+        .into_iter()
+        .map(|(at, r)| (at.to_string(), r))
+        .collect();
     decide(
         &name,
         &namespace,
@@ -113,10 +121,10 @@ async fn fleet_warnings(
     state: &AppState,
     name: &str,
     namespace: &str,
-    value: &serde_json::Value,
+    view: &JsonView<'_>,
 ) -> Vec<String> {
-    // Borrowed: no copy of the object on the admission path.
-    let Ok(op) = <HelmOp as serde::Deserialize>::deserialize(value) else {
+    // Straight from the borrowed tree: no copy of the object on the admission path.
+    let Ok(op) = <HelmOp as serde::Deserialize>::deserialize(view) else {
         return Vec::new();
     };
     let policies = state.caches().policies_in(namespace).unwrap_or_default();
@@ -160,8 +168,8 @@ async fn fleet_warnings(
 async fn find_missing(
     state: &AppState,
     namespace: &str,
-    refs: &[(String, ResourceRef)],
-) -> Result<Vec<(String, ResourceRef)>, (ResourceRef, kube::Error)> {
+    refs: &[(EntryPath, ResourceRef)],
+) -> Result<Vec<(EntryPath, ResourceRef)>, (ResourceRef, kube::Error)> {
     let distinct: BTreeSet<&ResourceRef> = refs.iter().map(|(_, r)| r).collect();
     let lookups = distinct.into_iter().map(|r| async move {
         let exists = state.caches().exists(namespace, r).await;

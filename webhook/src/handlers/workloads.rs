@@ -11,7 +11,6 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use futures::future::join_all;
 use json_patch::jsonptr::{PointerBuf, Token};
 use json_patch::{AddOperation, PatchOperation, RemoveOperation};
 use kube::api::ObjectMeta;
@@ -234,7 +233,7 @@ pub(super) async fn mutate(state: &AppState, req: &Request) -> Verdict {
         return Verdict::allow();
     }
 
-    let value = &object.value;
+    let value = object.value();
     let Some(template) = pod_template(kind, value) else {
         // e.g. an Argo Rollout that points at a Deployment through workloadRef: that Deployment is stamped.
         return Verdict::allow();
@@ -245,7 +244,7 @@ pub(super) async fn mutate(state: &AppState, req: &Request) -> Verdict {
     // On UPDATE, the stored stamp: a v1 stamp is kept while what the pods read is unchanged.
     let previous = if req.operation == Operation::Update {
         req.old_object.as_ref().and_then(|old| {
-            pod_template(kind, &old.value)
+            pod_template(kind, old.value())
                 .and_then(|t| t.annotation(ANN_CONFIG_HASH).map(str::to_owned))
         })
     } else {
@@ -291,7 +290,7 @@ pub(super) async fn mutate(state: &AppState, req: &Request) -> Verdict {
     };
     let metadata_pointer = template.metadata_pointer.clone();
     let spec_pointer = template.spec_pointer.clone();
-    let old = req.old_object.as_ref().map(|o| &o.value);
+    let old = req.old_object.as_ref().map(Object::value);
     let images = state
         .images()
         .resolve(ImageRequest {
@@ -333,13 +332,13 @@ fn keep_previous_stamp(req: &Request, kind: WorkloadKind, object: &Object) -> Ve
     let Some(old) = req.old_object.as_ref() else {
         return Vec::new();
     };
-    let Some(old_template) = pod_template(kind, &old.value) else {
+    let Some(old_template) = pod_template(kind, old.value()) else {
         return Vec::new();
     };
     let Some(hash) = old_template.annotation(ANN_CONFIG_HASH) else {
         return Vec::new();
     };
-    let Some(template) = pod_template(kind, &object.value) else {
+    let Some(template) = pod_template(kind, object.value()) else {
         return Vec::new();
     };
     let refs = old_template.annotation(ANN_CONFIG_REFS);
@@ -374,11 +373,9 @@ async fn config_ops(
                 .unwrap_or_default());
         }
     };
-    let lookups = refs
-        .iter()
-        .map(|r| state.observe(namespace, r, &key, generation));
+    let lookups = state.observe_all(namespace, &refs, &key, generation).await;
     let mut observed = BTreeMap::new();
-    for (r, result) in refs.iter().zip(join_all(lookups).await) {
+    for (r, result) in refs.iter().zip(lookups) {
         match result {
             Ok(observation) => {
                 observed.insert(r.resource.clone(), observation);

@@ -1,18 +1,21 @@
 //! Watch-backed lookups. Existence checks, namespace labels and the delete guard are answered from
 //! reflector stores filled by long-running watches (metadata-only for Secrets, ConfigMaps and
 //! Namespaces); a miss falls back to one live GET, so an object created a moment ago is still found.
-//! Nothing here ever lists per request. Every live GET goes through [`LiveGets`]: bounded in number and
-//! shared by concurrent callers asking for the same object (see [`super::coalesce`]).
+//! The live reads a stamp needs are GETs, or, for several objects of one kind in a namespace the cache says holds
+//! few of that kind, one metadata LIST as fresh as those GETs ([`read_plan`]). Every live read goes through
+//! [`LiveGets`]: bounded in number and shared by concurrent callers asking for the same thing (see
+//! [`super::coalesce`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::Hash;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures::future::join_all;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -25,6 +28,7 @@ use helmop_core::names::PREFIX;
 use helmop_core::resource::{ResourceKind, ResourceRef};
 
 use super::coalesce::Coalescer;
+use super::counts::NamespaceCounts;
 use crate::metrics::Metrics;
 
 /// Label values of `helmop_webhook_cache_objects`.
@@ -75,6 +79,9 @@ pub struct Caches {
     client: Client,
     secrets: Store<PartialObjectMeta<Secret>>,
     config_maps: Store<PartialObjectMeta<ConfigMap>>,
+    /// Secrets and ConfigMaps per namespace in those two caches, for [`read_plan`].
+    secret_counts: NamespaceCounts,
+    config_map_counts: NamespaceCounts,
     namespaces: Store<PartialObjectMeta<Namespace>>,
     helmops: Store<DynamicObject>,
     /// Fleet Policies: only for admission warnings, so readiness never waits for them.
@@ -93,6 +100,7 @@ impl Caches {
     pub fn start(client: Client, metrics: &Metrics, max_live_gets: usize) -> Caches {
         let synced: Arc<[AtomicBool; 4]> = Arc::new(Default::default());
 
+        let (secret_counts, config_map_counts) = Default::default();
         let secrets = spawn_reflector(
             Api::<PartialObjectMeta<Secret>>::all(client.clone()),
             reflector::store::Writer::default(),
@@ -100,6 +108,7 @@ impl Caches {
             CACHE_SECRETS,
             metrics.clone(),
             (synced.clone(), SYNCED_SECRETS),
+            counting(&secret_counts),
         );
         let config_maps = spawn_reflector(
             Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
@@ -108,6 +117,7 @@ impl Caches {
             CACHE_CONFIGMAPS,
             metrics.clone(),
             (synced.clone(), SYNCED_CONFIGMAPS),
+            counting(&config_map_counts),
         );
         let namespaces = spawn_reflector(
             Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
@@ -116,6 +126,7 @@ impl Caches {
             CACHE_NAMESPACES,
             metrics.clone(),
             (synced.clone(), SYNCED_NAMESPACES),
+            |_, _| {},
         );
         let ar = helmop_api_resource();
         let helmops_absent = Arc::new(AtomicBool::new(false));
@@ -144,6 +155,8 @@ impl Caches {
             client,
             secrets,
             config_maps,
+            secret_counts,
+            config_map_counts,
             namespaces,
             helmops,
             policies,
@@ -236,6 +249,116 @@ impl Caches {
             .map_err(unshare)
     }
 
+    /// Objects of `kind` in `namespace` as the watch cache counts them (what [`read_plan`] weighs).
+    pub fn cached_in(&self, kind: ResourceKind, namespace: &str) -> usize {
+        match kind {
+            ResourceKind::Secret => self.secret_counts.get(namespace),
+            ResourceKind::ConfigMap => self.config_map_counts.get(namespace),
+        }
+    }
+
+    /// The current versions of `refs` (in their order), read live as [`Caches::live_version`] reads one: per kind,
+    /// one metadata LIST of the namespace when [`read_plan`] says so, else (and for whatever a truncated LIST did
+    /// not cover, or when the LIST fails) one GET per object; all at once.
+    pub async fn live_versions(
+        &self,
+        namespace: &str,
+        refs: &[&ResourceRef],
+    ) -> Vec<Result<Option<Version>, kube::Error>> {
+        let of_kind = |kind: ResourceKind| async move {
+            let mine: Vec<(usize, &ResourceRef)> = refs
+                .iter()
+                .copied()
+                .enumerate()
+                .filter(|(_, r)| r.kind == kind)
+                .collect();
+            let distinct = mine.iter().map(|(_, r)| &r.name).collect::<BTreeSet<_>>();
+            let listed = match read_plan(distinct.len(), self.cached_in(kind, namespace)) {
+                ReadPlan::List { limit } => match self.live_list(kind, namespace, limit).await {
+                    Ok(listed) => Some(listed),
+                    Err(error) => {
+                        tracing::debug!(namespace, kind = kind_label(kind), %error, "live LIST failed; reading each object");
+                        None
+                    }
+                },
+                ReadPlan::Gets => None,
+            };
+            join_all(mine.into_iter().map(|(i, r)| {
+                let listed = listed.clone();
+                async move {
+                    let version = match listed.as_deref().and_then(|l| l.lookup(&r.name)) {
+                        Some(found) => Ok(found),
+                        None => self.live_version(namespace, r).await,
+                    };
+                    (i, version)
+                }
+            }))
+            .await
+        };
+        let (secrets, config_maps) = futures::join!(
+            of_kind(ResourceKind::Secret),
+            of_kind(ResourceKind::ConfigMap)
+        );
+        let mut out: Vec<Option<Result<Option<Version>, kube::Error>>> =
+            refs.iter().map(|_| None).collect();
+        for (i, version) in secrets.into_iter().chain(config_maps) {
+            out[i] = Some(version);
+        }
+        out.into_iter().map(|v| v.unwrap_or(Ok(None))).collect()
+    }
+
+    /// One metadata LIST of `kind` in `namespace`, at most `limit` objects, as fresh as a GET ([`fresh_list`]).
+    async fn live_list(
+        &self,
+        kind: ResourceKind,
+        namespace: &str,
+        limit: u32,
+    ) -> Result<Arc<Listed>, kube::Error> {
+        let (client, ns, metrics) = (
+            self.client.clone(),
+            namespace.to_string(),
+            self.live.metrics.clone(),
+        );
+        self.live
+            .lists
+            .run((kind, namespace.to_string()), move || async move {
+                metrics.live_list_sent(kind_label(kind));
+                let params = fresh_list(limit);
+                let (items, list_meta) = match kind {
+                    ResourceKind::Secret => {
+                        let list = Api::<Secret>::namespaced(client, &ns)
+                            .list_metadata(&params)
+                            .await?;
+                        (
+                            list.items
+                                .into_iter()
+                                .map(|m| m.metadata)
+                                .collect::<Vec<_>>(),
+                            list.metadata,
+                        )
+                    }
+                    ResourceKind::ConfigMap => {
+                        let list = Api::<ConfigMap>::namespaced(client, &ns)
+                            .list_metadata(&params)
+                            .await?;
+                        (
+                            list.items.into_iter().map(|m| m.metadata).collect(),
+                            list.metadata,
+                        )
+                    }
+                };
+                Ok(Arc::new(Listed {
+                    versions: items
+                        .iter()
+                        .filter_map(|m| Some((m.name.clone()?, Version::of(m)?)))
+                        .collect(),
+                    complete: list_meta.continue_.as_deref().is_none_or(str::is_empty),
+                }))
+            })
+            .await
+            .map_err(unshare)
+    }
+
     /// The whole object `r`, read live (content is never cached, only its digest); `None` when absent.
     pub async fn live_object(
         &self,
@@ -317,6 +440,57 @@ impl Caches {
     }
 }
 
+/// Reading the versions of several objects of one kind in one namespace takes one LIST instead of one GET each
+/// when there are at least two and the namespace holds at most this many objects of that kind per object read:
+/// the API server reads (and decodes) every object of the namespace for a LIST, so this bounds what a LIST costs
+/// to this many times what the GETs it replaces would cost, whatever else the namespace holds.
+pub const LIST_SPREAD: usize = 2;
+
+/// How the versions of the objects of one kind a stamp reads in one namespace are read live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadPlan {
+    /// One metadata GET per object.
+    Gets,
+    /// One metadata LIST of the namespace, at most `limit` objects.
+    List { limit: u32 },
+}
+
+/// The plan for reading `refs` distinct objects of one kind in a namespace whose watch cache holds `in_namespace`
+/// objects of that kind. The count only picks the cheaper request: a cache that lags makes the LIST bigger or the
+/// GETs more numerous, never the answer older (both are fresh reads), and the LIST's `limit` caps it anyway.
+pub fn read_plan(refs: usize, in_namespace: usize) -> ReadPlan {
+    let limit = refs.saturating_mul(LIST_SPREAD);
+    match u32::try_from(limit) {
+        Ok(limit) if refs >= 2 && in_namespace <= limit as usize => ReadPlan::List { limit },
+        _ => ReadPlan::Gets,
+    }
+}
+
+/// The parameters of a LIST as fresh as a GET: no `resourceVersion`, so the API server answers with the latest
+/// state (a quorum read of etcd; on API servers that serve consistent LISTs from their watch cache, after that
+/// cache caught up with etcd), never with an older state of its cache as `resourceVersion=0` would allow.
+pub fn fresh_list(limit: u32) -> ListParams {
+    ListParams::default().limit(limit)
+}
+
+/// What a LIST found: each object's version by name, and whether the namespace holds nothing more (no `limit`
+/// cut it short), so that an object not listed is absent.
+#[derive(Debug)]
+pub struct Listed {
+    versions: HashMap<String, Version>,
+    complete: bool,
+}
+
+impl Listed {
+    /// `Some(Some(version))` listed, `Some(None)` absent, `None` unknown (the LIST was cut short).
+    fn lookup(&self, name: &str) -> Option<Option<Version>> {
+        match self.versions.get(name) {
+            Some(version) => Some(Some(version.clone())),
+            None => self.complete.then_some(None),
+        }
+    }
+}
+
 /// A live GET's error, shared by every caller of a coalesced GET.
 type SharedError = Arc<kube::Error>;
 
@@ -328,6 +502,7 @@ type ObjectKey = (ResourceKind, String, String);
 struct LiveGets {
     versions: Coalescer<ObjectKey, Result<Option<Version>, SharedError>>,
     objects: Coalescer<ObjectKey, Result<Option<Arc<Fetched>>, SharedError>>,
+    lists: Coalescer<(ResourceKind, String), Result<Arc<Listed>, SharedError>>,
     namespaces: Coalescer<String, Result<Option<NamespaceInfo>, SharedError>>,
     metrics: Metrics,
 }
@@ -340,6 +515,7 @@ impl LiveGets {
         LiveGets {
             versions: Coalescer::new(permits.clone()),
             objects: Coalescer::new(permits.clone()),
+            lists: Coalescer::new(permits.clone()),
             namespaces: Coalescer::new(permits),
             metrics: metrics.clone(),
         }
@@ -494,6 +670,7 @@ async fn watch_helmops_when_served(
         CACHE_HELMOPS,
         metrics,
         (synced, SYNCED_HELMOPS),
+        |_, _| {},
     );
 }
 
@@ -527,12 +704,23 @@ async fn watch_policies_when_served(
         CACHE_POLICIES,
         metrics,
         (synced, 0),
+        |_, _| {},
     );
 }
 
 fn strip_policy(p: &mut Policy) {
     p.metadata.managed_fields = None;
     p.metadata.annotations = None;
+}
+
+/// Counts the objects per namespace of a metadata cache into `counts`, from each event before the store applies it.
+fn counting<K>(counts: &NamespaceCounts) -> impl Fn(&watcher::Event<K>, &Store<K>) + Send + 'static
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+{
+    let counts = counts.clone();
+    move |event, store| counts.record(event, |obj| store.get(&ObjectRef::from_obj(obj)).is_some())
 }
 
 fn spawn_reflector<K, const N: usize>(
@@ -542,6 +730,7 @@ fn spawn_reflector<K, const N: usize>(
     cache: &'static str,
     metrics: Metrics,
     (synced, index): (Arc<[AtomicBool; N]>, usize),
+    before_store: impl Fn(&watcher::Event<K>, &Store<K>) + Send + 'static,
 ) -> Store<K>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
@@ -556,9 +745,16 @@ where
         }
     });
     let counted = store.clone();
+    let previous = store.clone();
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
         .modify(strip)
+        .map(move |event| {
+            if let Ok(event) = &event {
+                before_store(event, &previous);
+            }
+            event
+        })
         .reflect(writer);
     tokio::spawn(drive(stream, cache, move || {
         metrics.set_cache_objects(cache, i64::try_from(counted.len()).unwrap_or(i64::MAX));
@@ -584,6 +780,52 @@ async fn drive<K>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_replaces_gets_only_for_several_objects_in_a_small_namespace() {
+        assert_eq!(read_plan(0, 0), ReadPlan::Gets);
+        assert_eq!(
+            read_plan(1, 0),
+            ReadPlan::Gets,
+            "one object: a GET is cheaper"
+        );
+        assert_eq!(read_plan(2, 4), ReadPlan::List { limit: 4 });
+        assert_eq!(read_plan(8, 0), ReadPlan::List { limit: 16 });
+        assert_eq!(read_plan(8, 16), ReadPlan::List { limit: 16 });
+        assert_eq!(
+            read_plan(8, 17),
+            ReadPlan::Gets,
+            "a LIST would read more than LIST_SPREAD objects per reference"
+        );
+        assert_eq!(read_plan(usize::MAX, 0), ReadPlan::Gets);
+    }
+
+    #[test]
+    fn the_list_is_as_fresh_as_a_get() {
+        // No resourceVersion (nor a match rule): the API server answers with the latest state, as for a GET.
+        // `resourceVersion=0` would let it answer from a watch cache that has not seen the latest write.
+        let params = fresh_list(16);
+        assert_eq!(params.resource_version, None);
+        assert!(params.version_match.is_none());
+        assert_eq!(params.limit, Some(16));
+        assert_eq!(params.continue_token, None);
+    }
+
+    #[test]
+    fn an_object_missing_from_a_cut_short_list_is_unknown() {
+        let version = Version {
+            uid: "u".into(),
+            resource_version: "7".into(),
+        };
+        let listed = |complete| Listed {
+            versions: HashMap::from([("db".to_string(), version.clone())]),
+            complete,
+        };
+        assert_eq!(listed(true).lookup("db"), Some(Some(version.clone())));
+        assert_eq!(listed(true).lookup("other"), Some(None));
+        assert_eq!(listed(false).lookup("db"), Some(Some(version.clone())));
+        assert_eq!(listed(false).lookup("other"), None);
+    }
 
     #[test]
     fn stripping_drops_annotations_but_keeps_identity() {

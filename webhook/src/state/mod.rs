@@ -4,13 +4,16 @@
 mod bounded;
 pub mod cache;
 pub mod coalesce;
+mod counts;
 mod hash_key;
 pub mod trim;
 
 use std::sync::Arc;
 
+use futures::future::join_all;
 use helmop_core::hash::{HashKey, ObjectDigest, reads_digest};
 use helmop_core::podrefs::{PodRef, Reads};
+use helmop_core::resource::ResourceRef;
 
 use self::bounded::BoundedCache;
 use self::cache::{CACHE_DIGESTS, Caches, Version};
@@ -157,10 +160,54 @@ impl AppState {
         key: &HashKey,
         key_generation: u64,
     ) -> Result<Option<Observation>, kube::Error> {
+        match self
+            .inner
+            .caches
+            .live_version(namespace, &r.resource)
+            .await?
+        {
+            Some(version) => {
+                self.observe_version(namespace, r, version, key, key_generation)
+                    .await
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// [`AppState::observe`] of every reference, in their order, with their versions read together (one LIST
+    /// per kind where [`cache::read_plan`] says so, see [`Caches::live_versions`]).
+    pub async fn observe_all(
+        &self,
+        namespace: &str,
+        refs: &[PodRef],
+        key: &HashKey,
+        key_generation: u64,
+    ) -> Vec<Result<Option<Observation>, kube::Error>> {
+        let resources: Vec<&ResourceRef> = refs.iter().map(|r| &r.resource).collect();
+        let versions = self.inner.caches.live_versions(namespace, &resources).await;
+        join_all(refs.iter().zip(versions).map(|(r, version)| async move {
+            match version? {
+                Some(version) => {
+                    self.observe_version(namespace, r, version, key, key_generation)
+                        .await
+                }
+                None => Ok(None),
+            }
+        }))
+        .await
+    }
+
+    /// What a pod reading `r` observes of it at `version` (just read live): the cached digest of that version, else
+    /// the digest of its content read live.
+    async fn observe_version(
+        &self,
+        namespace: &str,
+        r: &PodRef,
+        version: Version,
+        key: &HashKey,
+        key_generation: u64,
+    ) -> Result<Option<Observation>, kube::Error> {
         let caches = &self.inner.caches;
-        let Some(version) = caches.live_version(namespace, &r.resource).await? else {
-            return Ok(None);
-        };
         let cache_key = DigestKey {
             version,
             reads: r.reads.clone(),
