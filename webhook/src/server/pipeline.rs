@@ -2,20 +2,31 @@
 //! late handler still gets a verdict, per the endpoint's failure policy), metrics and the log line.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures::FutureExt;
+use tokio::sync::Semaphore;
 
 use super::body::{BodyError, MAX_DRAIN_BYTES, ReadBody, drain, read_body};
-use super::endpoints::{DEADLINE, Webhook};
+use super::endpoints::{DEADLINE, Handlers, Webhook};
 use super::plain;
-use super::router::Shared;
 use crate::admission::{self, MAX_BODY_BYTES, Request as AdmissionRequest};
 use crate::metrics::{Metrics, Outcome};
 use crate::verdict::Verdict;
+
+/// What every admission route shares: the handlers, the metrics, the deadline and the in-flight limits.
+#[derive(Clone)]
+pub(super) struct Shared {
+    pub(super) handlers: Arc<dyn Handlers>,
+    pub(super) metrics: Metrics,
+    pub(super) request_timeout: Duration,
+    pub(super) in_flight: Arc<Semaphore>,
+    pub(super) body_bytes: Arc<Semaphore>,
+}
 
 fn reject(
     metrics: &Metrics,

@@ -14,7 +14,7 @@ use futures::FutureExt;
 use tokio::sync::Semaphore;
 
 use super::endpoints::{Handlers, Webhook};
-use super::pipeline::answer;
+use super::pipeline::{Shared, answer};
 use super::plain;
 use crate::admission::MAX_BODY_BYTES;
 use crate::metrics::{Metrics, Outcome};
@@ -41,15 +41,6 @@ impl Default for Limits {
             max_body_bytes_in_flight: 16 * 1024 * 1024,
         }
     }
-}
-
-#[derive(Clone)]
-pub(super) struct Shared {
-    pub(super) handlers: Arc<dyn Handlers>,
-    pub(super) metrics: Metrics,
-    pub(super) request_timeout: Duration,
-    pub(super) in_flight: Arc<Semaphore>,
-    pub(super) body_bytes: Arc<Semaphore>,
 }
 
 /// The admission router: the three `POST` endpoints; unknown paths get 404, other methods 405.
