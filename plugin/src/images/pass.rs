@@ -4,8 +4,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use helmop_registry::client::{RegistryClient, RegistrySettings};
-use helmop_registry::tags::MutableTags;
+use helmop_images::client::{RegistryClient, RegistrySettings};
+use helmop_images::tags::MutableTags;
 use serde::Serialize;
 
 use super::model::{ImageRow, ImageState, short_digest};
