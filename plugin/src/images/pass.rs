@@ -48,7 +48,7 @@ impl Setup {
             None => RegistrySettings::default(),
         };
         let registry = RegistryClient::new(settings, helmop_core::names::MANAGER)
-            .map_err(PluginError::Usage)?;
+            .map_err(|e| PluginError::Usage(e.to_string()))?;
         let ctx = Ctx::connect(args.kube).await?;
         let namespace = (!args.all_namespaces).then(|| ctx.namespace.clone());
         Ok(Setup {
