@@ -710,70 +710,55 @@ async fn one(
 
 pub async fn run(settings: &WatchSettings) -> anyhow::Result<Vec<Row>> {
     fixtures::require_plugin(&settings.plugin_bin)?;
+    let cluster = match settings.downstream {
+        Downstream::Apiservers => fixtures::start_with_downstreams(settings.apiservers).await?,
+        Downstream::Fleetsim => fixtures::start(&["upstream"]).await?,
+    };
+    let upstream = cluster.cp.clusters[0].clone();
+    let downstream: Vec<ClusterInfo> = cluster.cp.clusters[1..].to_vec();
+    let mut clients = Vec::new();
+    let mut webhooks = Vec::new();
+    if settings.downstream == Downstream::Apiservers {
+        for d in &downstream {
+            let client = d.client().await;
+            ensure_hash_key(&client).await?;
+            webhooks.push(
+                LocalWebhook::start(client.clone(), helmop_webhook::state::Config::default())
+                    .await?,
+            );
+            clients.push(client);
+        }
+    }
     let mut rows = Vec::new();
     let mut index = 0;
-    match settings.downstream {
-        Downstream::Apiservers => {
-            let cluster = fixtures::start_with_downstreams(settings.apiservers).await?;
-            let upstream = cluster.cp.clusters[0].clone();
-            let downstream: Vec<ClusterInfo> = cluster.cp.clusters[1..].to_vec();
-            let mut clients = Vec::new();
-            let mut webhooks = Vec::new();
-            for d in &downstream {
-                let client = d.client().await;
-                ensure_hash_key(&client).await?;
-                webhooks.push(
-                    LocalWebhook::start(client.clone(), helmop_webhook::state::Config::default())
-                        .await?,
-                );
-                clients.push(client);
-            }
-            let side = Side::Real {
-                downstream: &downstream,
-                clients: &clients,
-                webhooks: &webhooks,
-            };
-            for &n in &settings.clusters {
-                for debounce in &settings.debounces {
-                    index += 1;
-                    rows.push(
-                        one(
-                            settings,
-                            &upstream,
-                            &cluster.client,
-                            &side,
-                            n,
-                            debounce,
-                            index,
-                        )
-                        .await?,
-                    );
-                }
-            }
-        }
-        Downstream::Fleetsim => {
-            let cluster = fixtures::start(&["upstream"]).await?;
-            let upstream = cluster.cp.clusters[0].clone();
-            for &n in &settings.clusters {
-                for debounce in &settings.debounces {
-                    index += 1;
+    for &n in &settings.clusters {
+        for debounce in &settings.debounces {
+            index += 1;
+            let fleet;
+            let side = match settings.downstream {
+                Downstream::Apiservers => Side::Real {
+                    downstream: &downstream,
+                    clients: &clients,
+                    webhooks: &webhooks,
+                },
+                Downstream::Fleetsim => {
                     // A fleet per configuration: each starts without copies.
-                    let fleet = sim::Fleet::start(n).await?;
-                    let side = Side::Sim(&fleet);
-                    rows.push(
-                        one(
-                            settings,
-                            &upstream,
-                            &cluster.client,
-                            &side,
-                            n,
-                            debounce,
-                            index,
-                        )
-                        .await?,
-                    );
+                    fleet = sim::Fleet::start(n).await?;
+                    Side::Sim(&fleet)
                 }
-            }
+            };
+            rows.push(
+                one(
+                    settings,
+                    &upstream,
+                    &cluster.client,
+                    &side,
+                    n,
+                    debounce,
+                    index,
+                )
+                .await?,
+            );
         }
     }
     Ok(rows)

@@ -97,6 +97,53 @@ impl RowState {
     }
 }
 
+/// The states that are a problem of the run, the one classification `propagate --watch`'s metrics
+/// and Events both read from, so a new [`RowState`] is classified once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Problem {
+    Conflict,
+    SourceMissing,
+    Failed,
+    Invalid,
+    Unreachable,
+}
+
+impl RowState {
+    /// The problem a row in this state is, if it is one.
+    pub fn problem(self) -> Option<Problem> {
+        match self {
+            RowState::Conflict => Some(Problem::Conflict),
+            RowState::SourceMissing => Some(Problem::SourceMissing),
+            RowState::Failed => Some(Problem::Failed),
+            RowState::Invalid => Some(Problem::Invalid),
+            RowState::Unreachable => Some(Problem::Unreachable),
+            RowState::Create
+            | RowState::Created
+            | RowState::Current
+            | RowState::Drifted
+            | RowState::FleetManaged
+            | RowState::Kept
+            | RowState::Missing
+            | RowState::Orphaned
+            | RowState::Paused
+            | RowState::Prune
+            | RowState::Pruned
+            | RowState::Recreate
+            | RowState::Recreated
+            | RowState::Release
+            | RowState::Released
+            | RowState::Restamp
+            | RowState::Restamped
+            | RowState::RolloutPending
+            | RowState::Stale
+            | RowState::Synced
+            | RowState::Unchanged
+            | RowState::Update
+            | RowState::Updated => None,
+        }
+    }
+}
+
 impl fmt::Display for RowState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
+use crate::error::{DurationProblem, PluginError};
+
 /// kubectl's connection flags, plus helmop's `--upstream-id`.
 #[derive(Clone, Debug, Default, Args)]
 pub struct KubeArgs {
@@ -88,11 +90,15 @@ pub enum ReportFormat {
 
 /// Reads a duration as kubectl does: `0`, a plain number of seconds, or Go-style units
 /// (`500ms`, `30s`, `2m`, `1h30m`).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, PluginError> {
     let s = s.trim();
     if s.is_empty() {
-        return Err("empty duration".into());
+        return Err(PluginError::EmptyDuration);
     }
+    let invalid = |problem| PluginError::InvalidDuration {
+        value: s.to_owned(),
+        problem,
+    };
     if let Ok(secs) = s.parse::<u64>() {
         return Ok(Duration::from_secs(secs));
     }
@@ -103,14 +109,12 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             .find(|c: char| !c.is_ascii_digit() && c != '.')
             .unwrap_or(rest.len());
         if digits == 0 {
-            return Err(format!(
-                "invalid duration {s:?}: expected a number before the unit"
-            ));
+            return Err(invalid(DurationProblem::NoNumber));
         }
         let (number, tail) = rest.split_at(digits);
         let number: f64 = number
             .parse()
-            .map_err(|_| format!("invalid duration {s:?}: bad number {number:?}"))?;
+            .map_err(|_| invalid(DurationProblem::BadNumber(number.to_owned())))?;
         let unit_len = tail
             .find(|c: char| c.is_ascii_digit() || c == '.')
             .unwrap_or(tail.len());
@@ -120,42 +124,23 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             "s" => 1.0,
             "m" => 60.0,
             "h" => 3600.0,
-            "" => {
-                return Err(format!(
-                    "invalid duration {s:?}: missing unit (ms, s, m, h)"
-                ));
-            }
-            other => return Err(format!("invalid duration {s:?}: unknown unit {other:?}")),
+            "" => return Err(invalid(DurationProblem::MissingUnit)),
+            other => return Err(invalid(DurationProblem::UnknownUnit(other.to_owned()))),
         };
         let part = Duration::try_from_secs_f64(number * scale)
-            .map_err(|_| format!("invalid duration {s:?}: out of range"))?;
+            .map_err(|_| invalid(DurationProblem::OutOfRange))?;
         total = total
             .checked_add(part)
-            .ok_or_else(|| format!("invalid duration {s:?}: out of range"))?;
+            .ok_or_else(|| invalid(DurationProblem::OutOfRange))?;
         rest = next;
     }
     Ok(total)
 }
 
-/// `1m30s`, `45s`, `500ms`.
-pub fn humanize(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms < 1000 {
-        return format!("{ms}ms");
-    }
-    let secs = d.as_secs();
-    let (m, s) = (secs / 60, secs % 60);
-    match (m, s) {
-        (0, s) => format!("{s}s"),
-        (m, 0) => format!("{m}m"),
-        (m, s) => format!("{m}m{s}s"),
-    }
-}
-
-fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+fn parse_positive_duration(s: &str) -> Result<Duration, PluginError> {
     let d = parse_duration(s)?;
     if d.is_zero() {
-        return Err("must be greater than 0".into());
+        return Err(PluginError::NotPositive);
     }
     Ok(d)
 }
@@ -166,15 +151,42 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        assert_eq!(parse_duration("15"), Ok(Duration::from_secs(15)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("0").ok(), Some(Duration::ZERO));
+        assert_eq!(parse_duration("15").ok(), Some(Duration::from_secs(15)));
+        assert_eq!(
+            parse_duration("500ms").ok(),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(parse_duration("30s").ok(), Some(Duration::from_secs(30)));
+        assert_eq!(
+            parse_duration("1h30m").ok(),
+            Some(Duration::from_secs(5400))
+        );
+        assert_eq!(
+            parse_duration("1.5s").ok(),
+            Some(Duration::from_millis(1500))
+        );
         for bad in ["", "s", "10x", "1h30", "-1s", "1e400s", "abc"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
         assert!(parse_positive_duration("0s").is_err());
+        let message = |s: &str| parse_duration(s).map_err(|e| e.to_string()).err();
+        assert_eq!(message("").as_deref(), Some("empty duration"));
+        assert_eq!(
+            message("10x").as_deref(),
+            Some(r#"invalid duration "10x": unknown unit "x""#)
+        );
+        assert_eq!(
+            message("1h30").as_deref(),
+            Some(r#"invalid duration "1h30": missing unit (ms, s, m, h)"#)
+        );
+        assert_eq!(
+            message("s").as_deref(),
+            Some(r#"invalid duration "s": expected a number before the unit"#)
+        );
+        assert_eq!(
+            message("1.2.3s").as_deref(),
+            Some(r#"invalid duration "1.2.3s": bad number "1.2.3""#)
+        );
     }
 }

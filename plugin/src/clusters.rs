@@ -16,16 +16,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use futures::StreamExt;
-use helmop_core::model::{Cluster, FLEET_KUBECONFIG_NAMESPACES};
+use helmop_core::model::Cluster;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::api_error;
-use crate::args::humanize;
 use crate::client_cache::ClientKey;
 use crate::context::{Ctx, kubeconfig_error};
-use crate::identity::{IDENTITY_NAMESPACE, identity_key, kube_system_uid};
+use crate::error::PluginError;
+use crate::identity::{identity_key, kube_system_uid};
 
 /// Data key of a Fleet kubeconfig Secret.
 pub const KUBECONFIG_DATA_KEY: &str = "value";
@@ -40,7 +40,7 @@ pub struct Downstream {
     pub names: Vec<String>,
     /// A client to reach it (kept between runs, [`crate::client_cache`]), or why it cannot be
     /// reached.
-    pub client: Result<kube::Client, String>,
+    pub client: Result<kube::Client, PluginError>,
 }
 
 impl Downstream {
@@ -69,25 +69,19 @@ pub struct Limits {
 }
 
 /// The identity key of the cluster `client` reaches, or why it cannot be had.
-async fn identify(client: &kube::Client, timeout: Duration) -> Result<String, String> {
+async fn identify(client: &kube::Client, timeout: Duration) -> Result<String, PluginError> {
     match tokio::time::timeout(timeout, kube_system_uid(client)).await {
-        Err(_) => Err(format!(
-            "no answer within --cluster-timeout {}",
-            humanize(timeout)
-        )),
-        Ok(Err(e)) => Err(format!(
-            "cannot identify the cluster (get namespace {IDENTITY_NAMESPACE}): {}",
-            api_error::describe(&e)
-        )),
-        Ok(Ok(None)) => Err(format!(
-            "cannot identify the cluster: namespace {IDENTITY_NAMESPACE} has no uid"
-        )),
+        Err(_) => Err(PluginError::ClusterTimeout { timeout }),
+        Ok(Err(e)) => Err(PluginError::Unidentified {
+            reason: api_error::describe(&e),
+        }),
+        Ok(Ok(None)) => Err(PluginError::NoClusterUid),
         Ok(Ok(Some(uid))) => Ok(identity_key(&uid)),
     }
 }
 
 /// An entry with its client: its name, its key should it stay unidentified, its client.
-type Entry = (String, String, Result<kube::Client, String>);
+type Entry = (String, String, Result<kube::Client, PluginError>);
 
 /// Identifies every entry (bounded, each within its deadline); returns `(key, name, client)`
 /// in the order given. An entry that cannot be identified keeps its own key and becomes
@@ -109,9 +103,14 @@ async fn identify_all(entries: Vec<Entry>, limits: Limits) -> Vec<Entry> {
 }
 
 /// A client for `config`, kept under `key` for the next runs.
-fn build_client(ctx: &Ctx, key: ClientKey, config: kube::Config) -> Result<kube::Client, String> {
-    let client =
-        kube::Client::try_from(config).map_err(|e| format!("cannot build a client: {e}"))?;
+fn build_client(
+    ctx: &Ctx,
+    key: ClientKey,
+    config: kube::Config,
+) -> Result<kube::Client, PluginError> {
+    let client = kube::Client::try_from(config).map_err(|e| PluginError::BuildClient {
+        reason: e.to_string(),
+    })?;
     ctx.clients.insert(key, client.clone());
     Ok(client)
 }
@@ -126,19 +125,14 @@ pub fn cluster_name(c: &Cluster) -> String {
 }
 
 /// The kubeconfig Secret `(namespace, name)` of a Cluster, or why it is not read.
-fn kubeconfig_secret_of(ctx: &Ctx, cluster: &Cluster) -> Result<(String, String), String> {
+fn kubeconfig_secret_of(ctx: &Ctx, cluster: &Cluster) -> Result<(String, String), PluginError> {
     match cluster.kubeconfig_secret() {
-        None => Err("the Cluster has no spec.kubeConfigSecret".to_string()),
-        Some((ns, secret_name))
-            if !cluster.fleet_reads_kubeconfig_from(&ns)
-                && !ctx.kubeconfig_namespaces.contains(&ns) =>
+        None => Err(PluginError::NoKubeconfigSecret),
+        Some((namespace, name))
+            if !cluster.fleet_reads_kubeconfig_from(&namespace)
+                && !ctx.kubeconfig_namespaces.contains(&namespace) =>
         {
-            Err(format!(
-                "kubeConfigSecretNamespace {ns} is not a namespace Fleet reads kubeconfigs \
-                 from (the Cluster's own, {}, cluster-*), so Secret {ns}/{secret_name} was not \
-                 read; --allow-kubeconfig-namespace {ns} allows it",
-                FLEET_KUBECONFIG_NAMESPACES.join(", ")
-            ))
+            Err(PluginError::KubeconfigNamespace { namespace, name })
         }
         Some(secret) => Ok(secret),
     }
@@ -157,15 +151,16 @@ pub async fn resolve_fleet(
         .iter()
         .filter_map(|c| kubeconfig_secret_of(ctx, c).ok())
         .collect();
-    let secrets: BTreeMap<(String, String), Result<Option<Secret>, String>> =
+    let secrets: BTreeMap<(String, String), Result<Option<Secret>, PluginError>> =
         futures::stream::iter(wanted)
             .map(|(ns, secret_name)| async move {
                 let api: Api<Secret> = Api::namespaced(ctx.upstream.clone(), &ns);
                 let got = api.get_opt(&secret_name).await.map_err(|e| {
-                    format!(
-                        "cannot read kubeconfig Secret {ns}/{secret_name}: {}",
-                        api_error::describe(&e)
-                    )
+                    PluginError::ReadKubeconfigSecret {
+                        namespace: ns.clone(),
+                        name: secret_name.clone(),
+                        reason: api_error::describe(&e),
+                    }
                 });
                 ((ns, secret_name), got)
             })
@@ -177,13 +172,25 @@ pub async fn resolve_fleet(
         let name = cluster_name(cluster);
         let client = match kubeconfig_secret_of(ctx, cluster) {
             Err(e) => Err(e),
-            Ok((ns, secret_name)) => match secrets.get(&(ns.clone(), secret_name.clone())) {
-                None => Err(format!("kubeconfig Secret {ns}/{secret_name} was not read")),
+            Ok((namespace, name)) => match secrets.get(&(namespace.clone(), name.clone())) {
+                None => Err(PluginError::KubeconfigSecretAbsent {
+                    namespace,
+                    name,
+                    looked_up: false,
+                }),
                 Some(Err(e)) => Err(e.clone()),
-                Some(Ok(None)) => Err(format!("kubeconfig Secret {ns}/{secret_name} not found")),
-                Some(Ok(Some(secret))) => client_from_secret(ctx, secret)
-                    .await
-                    .map_err(|e| format!("kubeconfig Secret {ns}/{secret_name}: {e}")),
+                Some(Ok(None)) => Err(PluginError::KubeconfigSecretAbsent {
+                    namespace,
+                    name,
+                    looked_up: true,
+                }),
+                Some(Ok(Some(secret))) => client_from_secret(ctx, secret).await.map_err(|e| {
+                    PluginError::BadKubeconfigSecret {
+                        namespace,
+                        name,
+                        problem: Box::new(e),
+                    }
+                }),
             },
         };
         entries.push((name.clone(), format!("cluster:{name}"), client));
@@ -237,24 +244,28 @@ fn merge(resolved: Vec<Entry>) -> Vec<Downstream> {
 
 /// A client from a Fleet kubeconfig Secret (data key `value`): the one kept from an earlier run
 /// for the same bytes, else a new one.
-async fn client_from_secret(ctx: &Ctx, secret: &Secret) -> Result<kube::Client, String> {
+async fn client_from_secret(ctx: &Ctx, secret: &Secret) -> Result<kube::Client, PluginError> {
     let bytes = secret
         .data
         .as_ref()
         .and_then(|d| d.get(KUBECONFIG_DATA_KEY))
-        .ok_or_else(|| format!("no data key `{KUBECONFIG_DATA_KEY}`"))?;
+        .ok_or(PluginError::NoKubeconfigKey {
+            key: KUBECONFIG_DATA_KEY,
+        })?;
     let key = ClientKey::Kubeconfig(bytes.0.clone());
     if let Some(client) = ctx.clients.get(&key) {
         return Ok(client);
     }
-    let text = std::str::from_utf8(&bytes.0)
-        .map_err(|_| format!("data key `{KUBECONFIG_DATA_KEY}` is not UTF-8 text"))?;
-    let kubeconfig = Kubeconfig::from_yaml(text).map_err(|e| kubeconfig_error(&e))?;
+    let text = std::str::from_utf8(&bytes.0).map_err(|_| PluginError::KubeconfigNotText {
+        key: KUBECONFIG_DATA_KEY,
+    })?;
+    let kubeconfig = Kubeconfig::from_yaml(text)
+        .map_err(|e| PluginError::InvalidKubeconfig(kubeconfig_error(&e)))?;
     check_self_contained(&kubeconfig)?;
     let mut config =
         kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
-            .map_err(|e| kubeconfig_error(&e))?;
+            .map_err(|e| PluginError::InvalidKubeconfig(kubeconfig_error(&e)))?;
     ctx.limit(&mut config);
     crate::roots::trust_system_roots(&mut config);
     build_client(ctx, key, config)
@@ -263,15 +274,14 @@ async fn client_from_secret(ctx: &Ctx, secret: &Secret) -> Result<kube::Client, 
 /// A kubeconfig read from a Secret is data, not configuration of this machine: it must not
 /// make the plugin run programs (`exec`, `auth-provider`) or read local files (paths of CAs,
 /// certificates, keys, tokens). Fleet's own kubeconfig Secrets embed everything.
-pub fn check_self_contained(kc: &Kubeconfig) -> Result<(), String> {
+pub fn check_self_contained(kc: &Kubeconfig) -> Result<(), PluginError> {
     for named in &kc.clusters {
         if let Some(c) = &named.cluster
             && c.certificate_authority.is_some()
         {
-            return Err(format!(
-                "cluster {:?} refers to a CA file; only embedded data is used from a Secret",
-                named.name
-            ));
+            return Err(PluginError::KubeconfigCaFile {
+                cluster: named.name.clone(),
+            });
         }
     }
     for named in &kc.auth_infos {
@@ -287,10 +297,10 @@ pub fn check_self_contained(kc: &Kubeconfig) -> Result<(), String> {
             None
         };
         if let Some(what) = what {
-            return Err(format!(
-                "user {:?} uses {what}; a kubeconfig from a Secret must embed its credentials",
-                named.name
-            ));
+            return Err(PluginError::KubeconfigLocalCredentials {
+                user: named.name.clone(),
+                what,
+            });
         }
     }
     Ok(())
@@ -349,7 +359,7 @@ current-context: x
         ] {
             let yaml = EMBEDDED.replace(needle, replacement);
             let kc = Kubeconfig::from_yaml(&yaml).unwrap();
-            let err = check_self_contained(&kc).unwrap_err();
+            let err = check_self_contained(&kc).unwrap_err().to_string();
             assert!(err.contains(expect), "{err}");
         }
     }
@@ -367,7 +377,7 @@ current-context: x
             (
                 "cluster:ns2/a".into(),
                 "ns2/a".into(),
-                Err("no secret".into()),
+                Err(PluginError::NoKubeconfigSecret),
             ),
             (a.clone(), "ns2/b".into(), Ok(cfg("https://localhost:6443"))),
             (
@@ -410,16 +420,25 @@ current-context: x
             (
                 "ns/nocreds".to_string(),
                 "cluster:ns/nocreds".to_string(),
-                Err("kubeconfig Secret ns/k not found".to_string()),
+                Err(PluginError::KubeconfigSecretAbsent {
+                    namespace: "ns".into(),
+                    name: "k".into(),
+                    looked_up: true,
+                }),
             ),
         ];
         let out = identify_all(entries, limits).await;
         assert_eq!(out[0].0, "cluster:ns/down");
-        let why = out[0].2.as_ref().err().cloned().unwrap_or_default();
+        let why = out[0]
+            .2
+            .as_ref()
+            .err()
+            .map(ToString::to_string)
+            .unwrap_or_default();
         assert!(why.starts_with("cannot identify the cluster"), "{why}");
         assert_eq!(out[1].0, "cluster:ns/nocreds");
         assert_eq!(
-            out[1].2.as_ref().err().map(String::as_str),
+            out[1].2.as_ref().err().map(ToString::to_string).as_deref(),
             Some("kubeconfig Secret ns/k not found")
         );
     }

@@ -32,7 +32,7 @@ pub struct Ctx {
     /// with `--upstream-id`.
     pub upstream_aliases: Vec<String>,
     /// The upstream cluster's identity ([`identity::identity_key`]), or why it is unknown.
-    pub upstream_cluster: Result<String, String>,
+    pub upstream_cluster: Result<String, PluginError>,
     /// `--upstream-id` was given.
     explicit_id: bool,
     /// `-n`, else the kubeconfig context's namespace (in a pod: its own), else `default`.
@@ -107,7 +107,7 @@ impl Ctx {
             upstream,
             upstream_id,
             upstream_aliases: Vec::new(),
-            upstream_cluster: Err("the upstream cluster was not identified".into()),
+            upstream_cluster: Err(PluginError::UpstreamNotIdentified),
             explicit_id,
             namespace,
             kubeconfig,
@@ -147,11 +147,10 @@ impl Ctx {
             }
             other => {
                 let why = match other {
-                    Err(e) => format!(
-                        "cannot read namespace kube-system of the upstream cluster: {}",
-                        api_error::describe(&e)
-                    ),
-                    Ok(_) => "namespace kube-system of the upstream cluster has no uid".into(),
+                    Err(e) => PluginError::UpstreamIdentity {
+                        reason: api_error::describe(&e),
+                    },
+                    Ok(_) => PluginError::UpstreamNoUid,
                 };
                 if !self.explicit_id {
                     tracing::warn!(
@@ -176,12 +175,14 @@ impl Ctx {
     }
 
     /// A client configuration for context `name` of the local kubeconfig (`--target-context`).
-    pub async fn context_config(&self, name: &str) -> Result<kube::Config, String> {
+    pub async fn context_config(&self, name: &str) -> Result<kube::Config, PluginError> {
         let Some(kc) = &self.kubeconfig else {
-            return Err("--target-context needs a kubeconfig (none is loaded)".into());
+            return Err(PluginError::NoKubeconfig);
         };
         if !kc.contexts.iter().any(|c| c.name == name) {
-            return Err(format!("context {name:?} is not in the kubeconfig"));
+            return Err(PluginError::UnknownContext {
+                name: name.to_owned(),
+            });
         }
         let options = KubeConfigOptions {
             context: Some(name.to_string()),
@@ -189,7 +190,7 @@ impl Ctx {
         };
         let mut config = kube::Config::from_custom_kubeconfig(kc.clone(), &options)
             .await
-            .map_err(|e| kubeconfig_error(&e))?;
+            .map_err(|e| PluginError::InvalidKubeconfig(kubeconfig_error(&e)))?;
         apply_request_timeout(&mut config, self.request_timeout);
         crate::roots::trust_system_roots(&mut config);
         Ok(config)

@@ -3,6 +3,9 @@
 use std::collections::HashSet;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::PluginError;
 
 /// Extensions picked up when walking a directory (explicit files are read whatever their name).
 const EXTENSIONS: &[&str] = &["yaml", "yml", "json"];
@@ -12,7 +15,7 @@ const EXTENSIONS: &[&str] = &["yaml", "yml", "json"];
 pub struct Input {
     /// The path as the user would recognise it, or `-` for stdin.
     pub name: String,
-    pub content: Result<Vec<u8>, String>,
+    pub content: Result<Vec<u8>, PluginError>,
 }
 
 /// Expands the arguments in order: files as given, directories recursively (sorted, so output
@@ -30,7 +33,7 @@ pub fn collect(args: &[PathBuf], stdin: &mut dyn Read) -> Vec<Input> {
             let content = stdin
                 .read_to_end(&mut buf)
                 .map(|_| buf)
-                .map_err(|e| format!("cannot read stdin: {e}"));
+                .map_err(|e| PluginError::ReadStdin(Arc::new(e)));
             out.push(Input {
                 name: "-".into(),
                 content,
@@ -45,14 +48,14 @@ pub fn collect(args: &[PathBuf], stdin: &mut dyn Read) -> Vec<Input> {
                 if out.len() == before {
                     out.push(Input {
                         name: arg.display().to_string(),
-                        content: Err("no *.yaml, *.yml or *.json files in this directory".into()),
+                        content: Err(PluginError::NoManifests),
                     });
                 }
             }
             Ok(_) => out.push(read(arg)),
             Err(e) => out.push(Input {
                 name: arg.display().to_string(),
-                content: Err(format!("cannot read: {e}")),
+                content: Err(PluginError::ReadFile(Arc::new(e))),
             }),
         }
     }
@@ -62,7 +65,7 @@ pub fn collect(args: &[PathBuf], stdin: &mut dyn Read) -> Vec<Input> {
 fn read(path: &Path) -> Input {
     Input {
         name: path.display().to_string(),
-        content: std::fs::read(path).map_err(|e| format!("cannot read: {e}")),
+        content: std::fs::read(path).map_err(|e| PluginError::ReadFile(Arc::new(e))),
     }
 }
 
@@ -77,7 +80,7 @@ fn walk(dir: &Path, out: &mut Vec<Input>, visited: &mut HashSet<PathBuf>) {
         Err(e) => {
             out.push(Input {
                 name: dir.display().to_string(),
-                content: Err(format!("cannot read directory: {e}")),
+                content: Err(PluginError::ReadDirectory(Arc::new(e))),
             });
             return;
         }
@@ -87,7 +90,7 @@ fn walk(dir: &Path, out: &mut Vec<Input>, visited: &mut HashSet<PathBuf>) {
         Err(e) => {
             out.push(Input {
                 name: dir.display().to_string(),
-                content: Err(format!("cannot read directory: {e}")),
+                content: Err(PluginError::ReadDirectory(Arc::new(e))),
             });
             return;
         }
@@ -102,7 +105,7 @@ fn walk(dir: &Path, out: &mut Vec<Input>, visited: &mut HashSet<PathBuf>) {
             // A dangling symlink with a manifest name is worth mentioning; other junk is not.
             Err(e) if has_manifest_extension(&path) => out.push(Input {
                 name: path.display().to_string(),
-                content: Err(format!("cannot read: {e}")),
+                content: Err(PluginError::ReadFile(Arc::new(e))),
             }),
             Err(_) => {}
         }
@@ -169,9 +172,17 @@ mod tests {
                 .content
                 .as_ref()
                 .unwrap_err()
+                .to_string()
                 .starts_with("cannot read:")
         );
-        assert!(got[1].content.as_ref().unwrap_err().contains("no *.yaml"));
+        assert!(
+            got[1]
+                .content
+                .as_ref()
+                .unwrap_err()
+                .to_string()
+                .contains("no *.yaml")
+        );
     }
 
     #[cfg(unix)]

@@ -823,7 +823,7 @@ mod tests {
         let ds = |key: &str, name: &str| Downstream {
             key: key.into(),
             names: vec![name.into()],
-            client: Err("unused".into()),
+            client: Err(PluginError::NoKubeconfigSecret),
         };
         let downstreams = [
             ds("https://e", "east"),

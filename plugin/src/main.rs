@@ -12,6 +12,7 @@ mod complete;
 mod context;
 mod error;
 mod hash_key;
+mod humanize;
 mod identity;
 mod images;
 mod inputs;

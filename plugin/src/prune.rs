@@ -48,7 +48,7 @@ use crate::observe::Observation;
 use crate::propagate::{annotations_patch, observe_and_plan, row};
 
 /// Live source uids by source (`None`: no such source), shared by the clusters of one run.
-type SourceUids = Mutex<BTreeMap<SourceRef, Result<Option<String>, String>>>;
+type SourceUids = Mutex<BTreeMap<SourceRef, Result<Option<String>, PluginError>>>;
 use crate::report::{self, Row};
 use crate::scope::Scope;
 use crate::sources::{self, Sources};
@@ -178,7 +178,7 @@ async fn prune_cluster(
     uids: &SourceUids,
     downstream: &Downstream,
     client: kube::Client,
-) -> Result<Vec<Row>, String> {
+) -> Result<Vec<Row>, PluginError> {
     let (obs, actions) =
         observe_and_plan(ctx, inv, sources, &downstream.key, &client, false).await?;
     let mut rows = Vec::new();
@@ -315,16 +315,16 @@ async fn verify_source(
     uids: &SourceUids,
     obs: &Observation,
     action: &Action,
-) -> Result<(), String> {
+) -> Result<(), PluginError> {
     let copy = obs
         .get(&action.namespace, &action.resource)
-        .ok_or("the copy is no longer listed")?;
+        .ok_or(PluginError::CopyNotListed)?;
     let source = copy
         .annotations
         .get(names::ANN_SOURCE)
         .and_then(|s| SourceRef::parse(s))
         .filter(|s| s.upstream_id == ctx.upstream_id)
-        .ok_or("its helmop.dev/source does not name a source of this upstream cluster")?;
+        .ok_or(PluginError::ForeignSource)?;
     let recorded = copy.annotations.get(names::ANN_SOURCE_UID);
     let live = {
         let mut cache = uids.lock().await;
@@ -339,18 +339,17 @@ async fn verify_source(
     };
     match live {
         Ok(Some(uid)) if recorded == Some(&uid) => Ok(()),
-        Ok(Some(_)) => Err(format!(
-            "its helmop.dev/source-uid does not match the live source {source}"
-        )),
-        Ok(None) => Err(format!(
-            "its source {source} no longer exists upstream, so the copy cannot be verified"
-        )),
-        Err(e) => Err(format!("cannot verify its source {source}: {e}")),
+        Ok(Some(_)) => Err(PluginError::SourceUidMismatch { object: source }),
+        Ok(None) => Err(PluginError::SourceGone { object: source }),
+        Err(e) => Err(PluginError::SourceUnverifiable {
+            object: source,
+            problem: Box::new(e),
+        }),
     }
 }
 
 /// The uid of a source object upstream (metadata only).
-async fn source_uid(ctx: &Ctx, source: &SourceRef) -> Result<Option<String>, String> {
+async fn source_uid(ctx: &Ctx, source: &SourceRef) -> Result<Option<String>, PluginError> {
     let name = &source.resource.name;
     let meta = match source.resource.kind {
         ResourceKind::Secret => Api::<Secret>::namespaced(ctx.upstream.clone(), &source.namespace)
@@ -365,7 +364,9 @@ async fn source_uid(ctx: &Ctx, source: &SourceRef) -> Result<Option<String>, Str
         }
     };
     meta.map(|m| m.map(|m| m.uid.unwrap_or_default()))
-        .map_err(|e| api_error::describe(&e))
+        .map_err(|e| PluginError::Api {
+            reason: api_error::describe(&e),
+        })
 }
 
 async fn delete(
@@ -520,7 +521,7 @@ mod tests {
                         .unwrap(),
                 )
             } else {
-                Err("no answer".into())
+                Err(PluginError::NoKubeconfigSecret)
             },
         };
         let a = identity::identity_key("uid-a");

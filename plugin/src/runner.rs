@@ -9,8 +9,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::args::humanize;
 use crate::clusters::Downstream;
+use crate::error::PluginError;
 
 /// How progress is shown on stderr.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub struct ClusterResult<T> {
     pub index: usize,
     /// The work's result, or why the cluster could not be worked on (no credentials, no
     /// connection, a failed listing, the deadline).
-    pub outcome: Result<T, String>,
+    pub outcome: Result<T, PluginError>,
 }
 
 /// Runs `work` for every downstream with a client, bounded and time-limited.
@@ -43,7 +43,7 @@ pub async fn for_each_cluster<T, F, Fut>(
 ) -> Vec<ClusterResult<T>>
 where
     F: Fn(usize, kube::Client) -> Fut,
-    Fut: Future<Output = Result<T, String>>,
+    Fut: Future<Output = Result<T, PluginError>>,
 {
     let bar = match progress {
         Progress::Auto if std::io::stderr().is_terminal() => {
@@ -72,10 +72,7 @@ where
                 Ok(client) => {
                     match tokio::time::timeout(deadline, work(index, client.clone())).await {
                         Ok(outcome) => outcome,
-                        Err(_) => Err(format!(
-                            "no answer within --cluster-timeout {}",
-                            humanize(deadline)
-                        )),
+                        Err(_) => Err(PluginError::ClusterTimeout { timeout: deadline }),
                     }
                 }
             };
@@ -127,7 +124,11 @@ mod tests {
             Downstream {
                 key: "cluster:x/nocreds".into(),
                 names: vec!["x/nocreds".into()],
-                client: Err("kubeconfig Secret x/k not found".into()),
+                client: Err(PluginError::KubeconfigSecretAbsent {
+                    namespace: "x".into(),
+                    name: "k".into(),
+                    looked_up: true,
+                }),
             },
             reachable("fast2"),
         ];
@@ -150,13 +151,16 @@ mod tests {
                         tokio::time::sleep(Duration::from_secs(30)).await;
                     }
                     running.fetch_sub(1, Ordering::SeqCst);
-                    Ok::<_, String>(index)
+                    Ok::<_, PluginError>(index)
                 }
             },
         )
         .await;
         assert!(started.elapsed() < Duration::from_secs(5));
-        let outcomes: Vec<Result<usize, String>> = results.into_iter().map(|r| r.outcome).collect();
+        let outcomes: Vec<Result<usize, String>> = results
+            .into_iter()
+            .map(|r| r.outcome.map_err(|e| e.to_string()))
+            .collect();
         assert_eq!(outcomes[0], Ok(0));
         assert_eq!(
             outcomes[1],
@@ -165,13 +169,5 @@ mod tests {
         assert_eq!(outcomes[2], Err("kubeconfig Secret x/k not found".into()));
         assert_eq!(outcomes[3], Ok(3));
         assert!(max_running.load(Ordering::SeqCst) <= 2);
-    }
-
-    #[test]
-    fn durations_read_well() {
-        assert_eq!(humanize(Duration::from_millis(250)), "250ms");
-        assert_eq!(humanize(Duration::from_secs(45)), "45s");
-        assert_eq!(humanize(Duration::from_secs(120)), "2m");
-        assert_eq!(humanize(Duration::from_secs(90)), "1m30s");
     }
 }

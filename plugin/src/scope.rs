@@ -69,7 +69,7 @@ impl Scope {
     ) -> (Vec<T>, usize)
     where
         F: Fn(&'a Downstream, kube::Client) -> Fut,
-        Fut: Future<Output = Result<Vec<T>, String>>,
+        Fut: Future<Output = Result<Vec<T>, PluginError>>,
         U: Fn(&Downstream, &str) -> Vec<T>,
     {
         let results = runner::for_each_cluster(
@@ -88,7 +88,10 @@ impl Scope {
                 Ok(mut r) => rows.append(&mut r),
                 Err(reason) => {
                     unreachable_clusters += 1;
-                    rows.extend(unreachable(&inv.downstreams[result.index], &reason));
+                    rows.extend(unreachable(
+                        &inv.downstreams[result.index],
+                        &reason.to_string(),
+                    ));
                 }
             }
         }

@@ -5,6 +5,7 @@
 //! (`RolloutPending` or `Current`, rule in [`crate::workloads`]).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use helmop_core::fleet_copy::{self, Lookup};
 use helmop_core::hash::{HashKey, ObjectData, content_hash};
@@ -130,7 +131,7 @@ async fn cluster_status(
     downstream: &Downstream,
     client: kube::Client,
     origin: KeyOrigin,
-) -> Result<Vec<Row>, String> {
+) -> Result<Vec<Row>, PluginError> {
     let (obs, actions) =
         observe_and_plan(ctx, inv, sources, &downstream.key, &client, false).await?;
     let mut rows = Vec::new();
@@ -184,11 +185,9 @@ async fn cluster_status(
     for (namespace, copies) in &copies {
         let found = workloads::list_opted_in(&client, namespace)
             .await
-            .map_err(|e| {
-                format!(
-                    "cannot list workloads in {namespace}: {}",
-                    api_error::describe(&e)
-                )
+            .map_err(|e| PluginError::ListWorkloads {
+                namespace: namespace.clone(),
+                reason: api_error::describe(&e),
             })?;
         for w in found {
             for resource in w.reads.iter().filter(|r| copies.contains_key(*r)) {
@@ -222,7 +221,7 @@ async fn cluster_status(
 /// HelmOp's BundleDeployment for that cluster and its `Accepted` condition upstream (rule in
 /// [`fleet_copy`]). One list of BundleDeployments per HelmOp, only when it has such rows.
 async fn judge_fleet_copies(ctx: &Ctx, inv: &Inventory, rows: &mut [Row]) {
-    let mut listed: BTreeMap<String, Result<Vec<serde_json::Value>, String>> = BTreeMap::new();
+    let mut listed: BTreeMap<String, Result<Vec<serde_json::Value>, PluginError>> = BTreeMap::new();
     for r in rows
         .iter_mut()
         .filter(|r| r.state == RowState::FleetManaged && r.workload.is_none())
@@ -240,7 +239,7 @@ async fn judge_fleet_copies(ctx: &Ctx, inv: &Inventory, rows: &mut [Row]) {
         let clusters: Vec<&str> = r.cluster.split(',').collect();
         let lookup = match listed.get(&key) {
             Some(Ok(bds)) => fleet_copy::find(bds, &clusters),
-            Some(Err(why)) => Lookup::Failed(why.clone()),
+            Some(Err(why)) => Lookup::Failed(why.to_string()),
             None => continue,
         };
         let rejected = inv
@@ -264,7 +263,7 @@ async fn bundle_deployments(
     ctx: &Ctx,
     namespace: &str,
     name: &str,
-) -> Result<Vec<serde_json::Value>, String> {
+) -> Result<Vec<serde_json::Value>, PluginError> {
     let resource = ApiResource {
         group: "fleet.cattle.io".into(),
         version: "v1alpha1".into(),
@@ -281,11 +280,13 @@ async fn bundle_deployments(
     let list = api
         .list(&ListParams::default().labels(&selector))
         .await
-        .map_err(|e| api_error::describe(&e))?;
+        .map_err(|e| PluginError::Api {
+            reason: api_error::describe(&e),
+        })?;
     list.items
         .iter()
         .map(|o| {
-            serde_json::to_value(o).map_err(|e| format!("cannot read a BundleDeployment: {e}"))
+            serde_json::to_value(o).map_err(|e| PluginError::ReadBundleDeployment(Arc::new(e)))
         })
         .collect()
 }

@@ -1,4 +1,4 @@
-//! helmop's own images, built the way `./dev image` builds them (`images/build`: buildah, offline,
+//! helmop's own images, built the way `./dev image` builds them (`containers/build`: buildah, offline,
 //! FROM scratch) from the release binaries, pushed to a test's registry, and inspected there with skopeo:
 //! what a node pulls is what the tests check.
 //!
@@ -19,7 +19,7 @@ use crate::binaries::target_profile_dir;
 pub const WEBHOOK_IMAGE: &str = "helmop-webhook";
 pub const PROPAGATOR_IMAGE: &str = "kubectl-helmop";
 
-/// One image pushed by `images/build`.
+/// One image pushed by `containers/build`.
 #[derive(Debug, Clone)]
 pub struct BuiltImage {
     /// `helmop-webhook` or `kubectl-helmop`.
@@ -29,7 +29,7 @@ pub struct BuiltImage {
     pub tag: String,
     /// `sha256:...` of the pushed manifest.
     pub digest: String,
-    /// Config and layers as stored in the registry (compressed), as `images/build` reported it.
+    /// Config and layers as stored in the registry (compressed), as `containers/build` reported it.
     pub compressed_bytes: u64,
 }
 
@@ -70,11 +70,11 @@ pub fn release_dir() -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-/// Builds both images with `images/build` and pushes them to `registry` (`HOST:PORT`, plain HTTP) under
+/// Builds both images with `containers/build` and pushes them to `registry` (`HOST:PORT`, plain HTTP) under
 /// `tag`; buildah's storage is a temporary directory, removed afterwards.
 pub async fn build_images(registry: &str, tag: &str) -> anyhow::Result<Vec<BuiltImage>> {
     let bin_dir = release_dir()?;
-    let script = repo_root().join("images/build");
+    let script = repo_root().join("containers/build");
     let mut cmd = Command::new(&script);
     cmd.arg("--bin-dir")
         .arg(&bin_dir)
@@ -83,11 +83,11 @@ pub async fn build_images(registry: &str, tag: &str) -> anyhow::Result<Vec<Built
         .kill_on_drop(true);
     let out = tokio::time::timeout(Duration::from_secs(600), cmd.output())
         .await
-        .context("images/build did not finish in 10 minutes")?
+        .context("containers/build did not finish in 10 minutes")?
         .with_context(|| format!("running {}", script.display()))?;
     if !out.status.success() {
         bail!(
-            "images/build failed ({}): {}",
+            "containers/build failed ({}): {}",
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
@@ -97,7 +97,7 @@ pub async fn build_images(registry: &str, tag: &str) -> anyhow::Result<Vec<Built
     for line in stdout.lines().filter(|l| !l.trim().is_empty()) {
         let fields: Vec<&str> = line.split_whitespace().collect();
         let [name, reference, size] = fields[..] else {
-            bail!("images/build printed an unexpected line: {line:?}");
+            bail!("containers/build printed an unexpected line: {line:?}");
         };
         let (tagged, digest) = reference
             .split_once('@')
@@ -117,7 +117,7 @@ pub async fn build_images(registry: &str, tag: &str) -> anyhow::Result<Vec<Built
     }
     let names: Vec<&str> = images.iter().map(|i| i.name.as_str()).collect();
     if names != [WEBHOOK_IMAGE, PROPAGATOR_IMAGE] {
-        bail!("images/build built {names:?}, expected [{WEBHOOK_IMAGE}, {PROPAGATOR_IMAGE}]");
+        bail!("containers/build built {names:?}, expected [{WEBHOOK_IMAGE}, {PROPAGATOR_IMAGE}]");
     }
     Ok(images)
 }

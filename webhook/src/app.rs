@@ -6,7 +6,7 @@ use futures::future::BoxFuture;
 
 use crate::admission::Request;
 use crate::cli::{Cli, LogFormat};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::handlers;
 use crate::images::{ImageResolver, RegistryResolver};
 use crate::metrics::Metrics;
@@ -70,7 +70,7 @@ pub async fn run(cli: Cli) -> Result<()> {
     let config = cli.config();
     // Built even with `--image-mode off`: a namespace or workload annotation may still ask for pin/annotate.
     let images: Arc<dyn ImageResolver> =
-        Arc::new(RegistryResolver::new(client.clone(), &config, &metrics).map_err(Error::Startup)?);
+        Arc::new(RegistryResolver::new(client.clone(), &config, &metrics)?);
     let options = Options {
         digest_cache_entries: cli.digest_cache_entries,
         max_live_gets: usize::try_from(cli.max_live_gets).unwrap_or(usize::MAX),

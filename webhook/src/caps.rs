@@ -2,6 +2,7 @@
 //! hundreds of API requests: a HelmOp above the reference cap is denied (it cannot be checked), a workload
 //! above it is admitted without a config stamp, with a warning (mutation never blocks).
 
+use crate::error::Error;
 use crate::verdict::Verdict;
 
 /// Distinct Secrets and ConfigMaps one admission may reference. Each is one existence check (HelmOp) or one
@@ -19,12 +20,12 @@ pub fn helmop_references(name: &str, count: usize) -> Option<Verdict> {
 }
 
 /// Why a workload referencing `count` Secrets and ConfigMaps gets no config stamp, if it is above the cap.
-pub fn workload_references(count: usize) -> Result<(), String> {
+pub fn workload_references(count: usize) -> Result<(), Error> {
     if count > MAX_REFERENCES {
-        return Err(format!(
-            "the pod template references {count} Secrets and ConfigMaps, more than the {MAX_REFERENCES} one \
-             admission may read"
-        ));
+        return Err(Error::TooManyReferences {
+            count,
+            limit: MAX_REFERENCES,
+        });
     }
     Ok(())
 }
@@ -50,6 +51,7 @@ mod tests {
         assert!(
             workload_references(MAX_REFERENCES + 1)
                 .unwrap_err()
+                .to_string()
                 .contains("257")
         );
     }

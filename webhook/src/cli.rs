@@ -243,6 +243,17 @@ mod tests {
     }
 
     #[test]
+    fn a_secret_ref_without_a_namespace_is_refused_with_the_value() {
+        let mut args = REQUIRED.to_vec();
+        args.extend(["--hash-key-secret", "key"]);
+        let err = Cli::try_parse_from(args).unwrap_err().to_string();
+        assert!(
+            err.contains(r#"expected NAMESPACE/NAME, got "key""#),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn client_ca_and_limits_reach_the_serve_options() {
         let cli = Cli::try_parse_from(REQUIRED).unwrap();
         let defaults = cli.serve_options();

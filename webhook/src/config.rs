@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 
+use crate::error::Error;
+
 /// What happens to a DELETE of an object a HelmOp lists (`--guard`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum GuardMode {
@@ -41,9 +43,9 @@ impl std::fmt::Display for SecretRef {
 }
 
 impl std::str::FromStr for SecretRef {
-    type Err = String;
+    type Err = Error;
 
-    fn from_str(s: &str) -> Result<SecretRef, String> {
+    fn from_str(s: &str) -> Result<SecretRef, Error> {
         match s.split_once('/') {
             Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
                 Ok(SecretRef {
@@ -51,7 +53,9 @@ impl std::str::FromStr for SecretRef {
                     name: name.to_owned(),
                 })
             }
-            _ => Err(format!("expected NAMESPACE/NAME, got {s:?}")),
+            _ => Err(Error::NotNamespacedName {
+                value: s.to_owned(),
+            }),
         }
     }
 }

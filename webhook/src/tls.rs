@@ -31,16 +31,25 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+const CERT_FILE: &str = "certificate file";
+const CLIENT_CA_FILE: &str = "client CA file";
+
 /// Parses a PEM certificate chain and private key and checks that they belong together.
-pub fn load_certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, String> {
+pub fn load_certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, Error> {
     let chain = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("certificate file: {e}"))?;
+        .map_err(|source| Error::Pem {
+            file: CERT_FILE,
+            source,
+        })?;
     if chain.is_empty() {
-        return Err("certificate file: no CERTIFICATE block".into());
+        return Err(Error::NoCertificate { file: CERT_FILE });
     }
-    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| format!("key file: {e}"))?;
-    CertifiedKey::from_der(chain, key, &provider()).map_err(|e| format!("certificate and key: {e}"))
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|source| Error::Pem {
+        file: "key file",
+        source,
+    })?;
+    CertifiedKey::from_der(chain, key, &provider()).map_err(Error::KeyMismatch)
 }
 
 /// Serves whichever certificate was stored last.
@@ -76,18 +85,21 @@ impl ResolvesServerCert for CertResolver {
 }
 
 /// Parses the PEM certificates that client certificates must chain to.
-pub fn load_client_ca(pem: &[u8]) -> Result<RootCertStore, String> {
+pub fn load_client_ca(pem: &[u8]) -> Result<RootCertStore, Error> {
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("client CA file: {e}"))?;
+        .map_err(|source| Error::Pem {
+            file: CLIENT_CA_FILE,
+            source,
+        })?;
     if certs.is_empty() {
-        return Err("client CA file: no CERTIFICATE block".into());
+        return Err(Error::NoCertificate {
+            file: CLIENT_CA_FILE,
+        });
     }
     let mut roots = RootCertStore::empty();
     for cert in certs {
-        roots
-            .add(cert)
-            .map_err(|e| format!("client CA file: {e}"))?;
+        roots.add(cert).map_err(Error::ClientCa)?;
     }
     Ok(roots)
 }
@@ -159,7 +171,9 @@ impl CertReloader {
     ) -> Result<CertReloader, Error> {
         let observation = observe(cert_path, key_path).await;
         let key = match &observation {
-            Observation::Read { cert, key } => load_certified_key(cert, key),
+            Observation::Read { cert, key } => {
+                load_certified_key(cert, key).map_err(|e| e.to_string())
+            }
             Observation::Unreadable(reason) => Err(reason.clone()),
         }
         .map_err(|reason| Error::Tls(format!("cannot serve {}: {reason}", cert_path.display())))?;
@@ -189,7 +203,9 @@ impl CertReloader {
             return PollResult::Unchanged;
         }
         let loaded = match &observation {
-            Observation::Read { cert, key } => load_certified_key(cert, key),
+            Observation::Read { cert, key } => {
+                load_certified_key(cert, key).map_err(|e| e.to_string())
+            }
             Observation::Unreadable(reason) => Err(reason.clone()),
         };
         match loaded {
@@ -280,16 +296,20 @@ mod tests {
         let (c1, k1) = pair("a");
         let (_c2, k2) = pair("b");
         assert!(load_certified_key(c1.as_bytes(), k1.as_bytes()).is_ok());
-        let err = load_certified_key(c1.as_bytes(), k2.as_bytes()).unwrap_err();
+        let err = load_certified_key(c1.as_bytes(), k2.as_bytes())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("certificate and key"), "{err}");
         assert!(
             load_certified_key(b"", k1.as_bytes())
                 .unwrap_err()
+                .to_string()
                 .contains("no CERTIFICATE")
         );
         assert!(
             load_certified_key(c1.as_bytes(), b"junk")
                 .unwrap_err()
+                .to_string()
                 .contains("key file")
         );
     }
@@ -299,7 +319,9 @@ mod tests {
         let (c1, k1) = pair("a");
         // A truncated key must not be echoed back in the error.
         let truncated = &k1[..k1.len() / 2];
-        let err = load_certified_key(c1.as_bytes(), truncated.as_bytes()).unwrap_err();
+        let err = load_certified_key(c1.as_bytes(), truncated.as_bytes())
+            .unwrap_err()
+            .to_string();
         let body_line = k1.lines().nth(1).unwrap();
         assert!(!err.contains(body_line), "{err}");
     }

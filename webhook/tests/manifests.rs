@@ -794,7 +794,7 @@ fn propagator_serves_metrics_and_probes_where_the_manifests_look() {
     assert_eq!(strings(&events[0]["verbs"]), ["create"]);
 }
 
-/// The two images `images/build` (`./dev image`) makes, at the workspace version: every container of every
+/// The two images `containers/build` (`./dev image`) makes, at the workspace version: every container of every
 /// install directory runs one of them, and its command is a binary that image ships. Users retarget them with
 /// kustomize `images:` under exactly these names.
 #[test]

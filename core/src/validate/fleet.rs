@@ -14,8 +14,8 @@
 
 use crate::model::{HelmOp, Policy};
 
-use super::Finding;
 use super::helm::source_problems;
+use super::{Error, Finding};
 
 /// A HelmOp Fleet's controller would not turn into a Bundle, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,7 +118,7 @@ pub struct Authorized {
 
 /// Fleet's `AuthorizeAndAssignDefaults`: no Policy means no restriction; otherwise the
 /// defaults fill empty fields, then each restriction is checked in Fleet's order.
-pub fn authorize(op: &HelmOp, policies: &[Policy]) -> Result<Authorized, String> {
+pub fn authorize(op: &HelmOp, policies: &[Policy]) -> Result<Authorized, Error> {
     let own = |s: Option<&str>| s.unwrap_or_default().to_string();
     let mut service_account = own(op.spec.service_account());
     let mut helm_secret_name = own(op.spec.helm_secret_name());
@@ -137,23 +137,23 @@ pub fn authorize(op: &HelmOp, policies: &[Policy]) -> Result<Authorized, String>
         helm_secret_name = pol.default_helm_secret_name.clone();
     }
     if pol.require_service_account && service_account.is_empty() {
-        return Err("serviceAccount is required by Policy but is not set".into());
+        return Err(Error::ServiceAccountRequired);
     }
-    if let Err(e) = allowed(&service_account, &pol.allowed_service_accounts) {
-        return Err(format!("disallowed serviceAccount {service_account}: {e}"));
-    }
-    if let Err(e) = allowed(&helm_secret_name, &pol.allowed_helm_secret_names) {
-        return Err(format!("disallowed helmSecretName {helm_secret_name}: {e}"));
-    }
+    allowed(
+        "serviceAccount",
+        &service_account,
+        &pol.allowed_service_accounts,
+    )?;
+    allowed(
+        "helmSecretName",
+        &helm_secret_name,
+        &pol.allowed_helm_secret_names,
+    )?;
     if let Some(helm) = &op.spec.helm {
         let repo = helm.repo.as_deref().unwrap_or_default();
-        if let Err(e) = allowed_by_regex(repo, &pol.allowed_repo_patterns) {
-            return Err(format!("disallowed helm repo {repo}: {e}"));
-        }
+        allowed_by_regex("helm repo", repo, &pol.allowed_repo_patterns)?;
         let chart = helm.chart.as_deref().unwrap_or_default();
-        if let Err(e) = allowed_by_regex(chart, &pol.allowed_chart_patterns) {
-            return Err(format!("disallowed helm chart {chart}: {e}"));
-        }
+        allowed_by_regex("helm chart", chart, &pol.allowed_chart_patterns)?;
     }
     Ok(Authorized {
         service_account: non_empty(service_account),
@@ -162,18 +162,22 @@ pub fn authorize(op: &HelmOp, policies: &[Policy]) -> Result<Authorized, String>
 }
 
 /// Fleet's `IsAllowed`: empty values and empty lists allow.
-fn allowed(value: &str, list: &[String]) -> Result<(), String> {
+fn allowed(field: &'static str, value: &str, list: &[String]) -> Result<(), Error> {
     if value.is_empty() || list.is_empty() || list.iter().any(|v| v == value) {
         Ok(())
     } else {
-        Err(format!("{value} not in allowed set [{}]", list.join(" ")))
+        Err(Error::Disallowed {
+            field,
+            value: value.to_owned(),
+            allowed: list.to_vec(),
+        })
     }
 }
 
 /// Fleet's `IsAllowedByRegex`: a pattern matches verbatim or as an anchored regular
 /// expression; patterns are tried in order and one that does not compile fails the check
 /// (Go's RE2 syntax and Rust's `regex` agree on everything but a few escapes).
-fn allowed_by_regex(value: &str, patterns: &[String]) -> Result<(), String> {
+fn allowed_by_regex(field: &'static str, value: &str, patterns: &[String]) -> Result<(), Error> {
     if value.is_empty() || patterns.is_empty() {
         return Ok(());
     }
@@ -181,16 +185,22 @@ fn allowed_by_regex(value: &str, patterns: &[String]) -> Result<(), String> {
         if pattern == value {
             return Ok(());
         }
-        let re = regex::Regex::new(&format!("^(?:{pattern})$"))
-            .map_err(|e| format!("policy failed to compile regex {pattern:?}: {e}"))?;
+        let re =
+            regex::Regex::new(&format!("^(?:{pattern})$")).map_err(|e| Error::PolicyRegex {
+                field,
+                value: value.to_owned(),
+                pattern: pattern.clone(),
+                reason: e.to_string(),
+            })?;
         if re.is_match(value) {
             return Ok(());
         }
     }
-    Err(format!(
-        "{value} not in allowed set [{}]",
-        patterns.join(" ")
-    ))
+    Err(Error::Disallowed {
+        field,
+        value: value.to_owned(),
+        allowed: patterns.to_vec(),
+    })
 }
 
 /// The `helmSecretName` Secret whose existence [`rejection`] depends on (after Policy defaults),
@@ -344,7 +354,11 @@ mod tests {
         let require = policy("a", |p| p.require_service_account = Some(true));
         assert_eq!(
             authorize(&ok(), std::slice::from_ref(&require)),
-            Err("serviceAccount is required by Policy but is not set".into())
+            Err(Error::ServiceAccountRequired)
+        );
+        assert_eq!(
+            Error::ServiceAccountRequired.to_string(),
+            "serviceAccount is required by Policy but is not set"
         );
         // A default from a Policy (first non-empty in name order) satisfies it.
         let defaults = [
@@ -360,7 +374,7 @@ mod tests {
         let mut other = ok();
         other.spec.service_account = Some("root".into());
         assert_eq!(
-            authorize(&other, std::slice::from_ref(&allowed)),
+            authorize(&other, std::slice::from_ref(&allowed)).map_err(|e| e.to_string()),
             Err("disallowed serviceAccount root: root not in allowed set [deployer]".into())
         );
         other.spec.service_account = Some("deployer".into());
@@ -414,7 +428,8 @@ mod tests {
         assert!(authorize(&op("api", "https://charts.example.com/stable", ""), &p).is_ok());
         // Anchored: a prefix or suffix match is not enough.
         assert_eq!(
-            authorize(&op("web", "https://evil.example/https://charts.example.com", ""), &p),
+            authorize(&op("web", "https://evil.example/https://charts.example.com", ""), &p)
+                .map_err(|e| e.to_string()),
             Err("disallowed helm repo https://evil.example/https://charts.example.com: https://evil.example/https://charts.example.com not in allowed set [https://charts\\.example\\.com(/.*)?]".into())
         );
         assert!(authorize(&op("webx", "https://charts.example.com", ""), &p).is_err());
@@ -426,7 +441,8 @@ mod tests {
             h.allowed_chart_patterns = v(&["(unclosed"]);
         })];
         assert!(
-            authorize(&ok(), &broken).is_err_and(|e| e.contains("policy failed to compile regex"))
+            authorize(&ok(), &broken)
+                .is_err_and(|e| e.to_string().contains("policy failed to compile regex"))
         );
     }
 

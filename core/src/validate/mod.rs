@@ -5,6 +5,7 @@
 //! and so that one pass can list every problem. The webhook (admission), `kubectl helmop
 //! validate` and any later existence check share these functions.
 
+mod error;
 pub mod fleet;
 mod helm;
 mod missing;
@@ -21,6 +22,7 @@ use serde_json::Value;
 
 use crate::resource::ResourceRef;
 
+pub use error::Error;
 pub use missing::missing_reference_finding;
 
 /// How bad a finding is: `Deny` rejects the HelmOp, `Warn` lets it through with a warning.

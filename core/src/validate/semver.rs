@@ -28,6 +28,8 @@
 //! An empty string is not a constraint (step 2 needs at least one `CV`): Helm substitutes `*`
 //! for an empty version, Fleet's OCI path does not (see [`super::helm`]).
 
+use super::Error;
+
 /// `None` if `s` parses as a Masterminds semver v3 constraint, else a short reason.
 pub fn constraint_error(s: &str) -> Option<String> {
     let rewritten = rewrite_ranges(s);
@@ -38,7 +40,7 @@ pub fn constraint_error(s: &str) -> Option<String> {
         };
         for cv in constraints {
             if let Err(problem) = check_version(&cv) {
-                return Some(problem);
+                return Some(problem.to_string());
             }
         }
     }
@@ -215,18 +217,19 @@ fn split_group(s: &[u8]) -> Option<Vec<Cv<'_>>> {
 
 /// `parseConstraint` + `NewVersion` (coercing): the parts up to the first wildcard must be
 /// numbers that fit a u64; the pre-release must not have numeric identifiers with leading zeros.
-fn check_version(cv: &Cv<'_>) -> Result<(), String> {
+fn check_version(cv: &Cv<'_>) -> Result<(), Error> {
     let wildcard = |p: &str| matches!(p, "x" | "X" | "*");
     let numeric = cv.parts.iter().take_while(|p| !wildcard(p));
     for part in numeric {
         if !part.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(format!(
-                "{} is not a version number or one of x, X, *",
-                super::q(part)
-            ));
+            return Err(Error::NotAVersionNumber {
+                part: (*part).to_owned(),
+            });
         }
         if part.parse::<u64>().is_err() {
-            return Err(format!("version number {part} is too large"));
+            return Err(Error::VersionNumberTooLarge {
+                part: (*part).to_owned(),
+            });
         }
     }
     if let Some(pre) = cv.pre {
@@ -235,10 +238,9 @@ fn check_version(cv: &Cv<'_>) -> Result<(), String> {
                 && ident.starts_with('0')
                 && ident.bytes().all(|b| b.is_ascii_digit())
             {
-                return Err(format!(
-                    "pre-release {} has a numeric identifier with a leading zero",
-                    super::q(pre)
-                ));
+                return Err(Error::LeadingZero {
+                    pre: pre.to_owned(),
+                });
             }
         }
     }

@@ -30,7 +30,7 @@ use crate::workloads::{new_restamp_value, opted_in};
 pub struct RolloutArgs {
     /// The workload: deployment/NAME, statefulset/NAME, daemonset/NAME, replicaset/NAME,
     /// job/NAME, cronjob/NAME or rollout/NAME (kubectl's short names work too: deploy, sts, ds)
-    #[arg(value_name = "KIND/NAME", value_parser = parse_target)]
+    #[arg(value_name = "KIND/NAME", value_parser = workload_ref::parse)]
     pub target: WorkloadRef,
 
     /// Send the restamp as a server-side dry run: the webhook computes the stamp, nothing is stored
@@ -43,10 +43,6 @@ pub struct RolloutArgs {
 
     #[command(flatten)]
     pub kube: KubeArgs,
-}
-
-fn parse_target(s: &str) -> Result<WorkloadRef, String> {
-    workload_ref::parse(s).map_err(|e| e.to_string())
 }
 
 /// What `rollout` did.

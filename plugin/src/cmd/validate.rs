@@ -209,7 +209,7 @@ fn check_input(input: Input) -> FileReport {
     let bytes = match input.content {
         Ok(bytes) => bytes,
         Err(e) => {
-            report.error = Some(e);
+            report.error = Some(e.to_string());
             return report;
         }
     };
@@ -415,6 +415,8 @@ fn describe(doc: &DocumentReport) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use helmop_core::validate::Severity;
 
     use super::*;
@@ -523,7 +525,9 @@ spec:
         let report = build_report(vec![
             Input {
                 name: "gone.yaml".into(),
-                content: Err("cannot read: No such file or directory (os error 2)".into()),
+                content: Err(PluginError::ReadFile(Arc::new(
+                    std::io::Error::from_raw_os_error(2),
+                ))),
             },
             input("broken.yaml", "a: 1\nb: [\n"),
         ]);

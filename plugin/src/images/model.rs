@@ -14,10 +14,10 @@
 
 use helmop_core::names::ANN_IMAGE_DIGESTS;
 use helmop_core::workload::PodTemplate;
-use helmop_registry::client::ResolveError;
-use helmop_registry::podspec::{parse_digests, slots};
-use helmop_registry::reference::ImageRef;
-use helmop_registry::tags::MutableTags;
+use helmop_images::client::ResolveError;
+use helmop_images::podspec::{parse_digests, slots};
+use helmop_images::reference::ImageRef;
+use helmop_images::tags::MutableTags;
 use serde::Serialize;
 
 use crate::report::Colour;

@@ -2,10 +2,11 @@
 //! status of what the scan found. `images --watch` runs the same pass every interval.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
-use helmop_registry::client::{RegistryClient, RegistrySettings};
-use helmop_registry::tags::MutableTags;
+use helmop_images::client::{RegistryClient, RegistrySettings};
+use helmop_images::tags::MutableTags;
 use serde::Serialize;
 
 use super::model::{ImageRow, ImageState, short_digest};
@@ -44,11 +45,11 @@ impl Setup {
         }
         let settings = match args.registry_config {
             Some(path) => RegistrySettings::load(path)
-                .map_err(|e| PluginError::Usage(format!("--registry-config: {e}")))?,
+                .map_err(|e| PluginError::RegistryConfig(Arc::new(e)))?,
             None => RegistrySettings::default(),
         };
         let registry = RegistryClient::new(settings, helmop_core::names::MANAGER)
-            .map_err(PluginError::Usage)?;
+            .map_err(|e| PluginError::RegistryClient(Arc::new(e)))?;
         let ctx = Ctx::connect(args.kube).await?;
         let namespace = (!args.all_namespaces).then(|| ctx.namespace.clone());
         Ok(Setup {

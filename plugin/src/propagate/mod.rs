@@ -310,7 +310,7 @@ pub async fn observe_and_plan(
     cluster: &str,
     client: &kube::Client,
     adopt: bool,
-) -> Result<(Observation, Vec<Action>), String> {
+) -> Result<(Observation, Vec<Action>), PluginError> {
     let mut obs = observe_cluster(inv, cluster, client, sources.key.as_ref()).await?;
     // Copies marked with an earlier id of this upstream are ours (docs/cluster-identity.md).
     migrate_upstream_ids(&mut obs.copies, &ctx.upstream_id, &ctx.upstream_aliases);
@@ -325,10 +325,12 @@ pub async fn observe_cluster(
     cluster: &str,
     client: &kube::Client,
     key: Option<&HashKey>,
-) -> Result<Observation, String> {
+) -> Result<Observation, PluginError> {
     observe::observe(client, cluster, &wanted_places(inv, cluster), key)
         .await
-        .map_err(|e| format!("cannot list copies: {}", api_error::describe(&e)))
+        .map_err(|e| PluginError::ListCopies {
+            reason: api_error::describe(&e),
+        })
 }
 
 /// Plans one cluster with the core planner, then decides how each write can really be done
@@ -358,7 +360,7 @@ pub fn plan_observed(
         adopt,
         holds: inv.holds.clone(),
     };
-    let refused = if ctx.upstream_cluster.as_deref() == Ok(cluster) {
+    let refused = if ctx.upstream_cluster.as_deref().ok() == Some(cluster) {
         take_sources(&mut input)
     } else {
         Vec::new()
@@ -458,7 +460,7 @@ impl Outcome {
 }
 
 impl ClusterRun<'_> {
-    async fn run(&self) -> Result<Vec<Row>, String> {
+    async fn run(&self) -> Result<Vec<Row>, PluginError> {
         let (obs, actions) = observe_and_plan(
             self.ctx,
             self.inv,
@@ -509,7 +511,7 @@ impl ClusterRun<'_> {
         &self,
         namespace: &str,
         known: &mut BTreeMap<String, NamespaceState>,
-    ) -> Result<NamespaceState, String> {
+    ) -> Result<NamespaceState, PluginError> {
         if let Some(s) = known.get(namespace) {
             return Ok(*s);
         }
@@ -526,12 +528,12 @@ impl ClusterRun<'_> {
         &self,
         namespace: &str,
         known: &mut BTreeMap<String, NamespaceState>,
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<String>, PluginError> {
         match self.namespace(namespace, known).await? {
             NamespaceState::Active | NamespaceState::Created => Ok(None),
-            NamespaceState::Terminating => Err(format!(
-                "namespace {namespace} is being deleted and cannot hold new objects; run again once it is gone"
-            )),
+            NamespaceState::Terminating => Err(PluginError::NamespaceTerminating {
+                namespace: namespace.to_owned(),
+            }),
             NamespaceState::Absent => {
                 let (meta, disputed) = self.inv.namespace_metadata(&self.downstream.key, namespace);
                 if !self.opts.dry_run {
@@ -571,7 +573,7 @@ impl ClusterRun<'_> {
                 };
                 let note = match self.prepare_namespace(&action.namespace, namespaces).await {
                     Ok(n) => n,
-                    Err(reason) => return Outcome::failed(reason),
+                    Err(reason) => return Outcome::failed(reason.to_string()),
                 };
                 let reason = with_note(action.reason(), note);
                 if dry {
@@ -600,7 +602,7 @@ impl ClusterRun<'_> {
                 };
                 match apply::write_copy(self.ctx, &self.client, &w).await {
                     Ok(()) => Outcome::new(RowState::Updated, action.reason(), hash),
-                    Err(e) => Outcome::failed(write_error("applying the copy", &e)),
+                    Err(e) => Outcome::failed(write_error("applying the copy", &e).to_string()),
                 }
             }
             ActionKind::Recreate {
@@ -617,7 +619,7 @@ impl ClusterRun<'_> {
                 // Deleting first and then finding the namespace refuses the new object would
                 // lose the copy: check before.
                 if let Err(reason) = self.prepare_namespace(&action.namespace, namespaces).await {
-                    return Outcome::failed(reason);
+                    return Outcome::failed(reason.to_string());
                 }
                 if dry {
                     return Outcome::new(RowState::Recreate, action.reason(), hash);
@@ -632,7 +634,9 @@ impl ClusterRun<'_> {
                 )
                 .await
                 {
-                    return Outcome::failed(write_error("deleting the copy to recreate it", &e));
+                    return Outcome::failed(
+                        write_error("deleting the copy to recreate it", &e).to_string(),
+                    );
                 }
                 let out = self.create(data, action, meta, action.reason(), hash).await;
                 match out.state {
@@ -678,7 +682,7 @@ impl ClusterRun<'_> {
                 "an object of this name appeared after the cluster was read; it was left untouched, run again to see whose it is".into(),
                 None,
             ),
-            Err(e) => Outcome::failed(write_error("creating the copy", &e)),
+            Err(e) => Outcome::failed(write_error("creating the copy", &e).to_string()),
         }
     }
 
@@ -738,7 +742,7 @@ impl ClusterRun<'_> {
                         };
                         (RowState::Restamped, stamp)
                     }
-                    Err(e) => (RowState::Failed, write_error("restamping", &e)),
+                    Err(e) => (RowState::Failed, write_error("restamping", &e).to_string()),
                 }
             };
             for resource in &due.copies {
@@ -802,14 +806,11 @@ fn with_note(reason: String, note: Option<String>) -> String {
     }
 }
 
-fn write_error(what: &str, e: &kube::Error) -> String {
-    if api_error::is_conflict(e) {
-        format!(
-            "{what}: the object changed since it was read; run again ({})",
-            api_error::describe(e)
-        )
-    } else {
-        format!("{what}: {}", api_error::describe(e))
+fn write_error(what: &'static str, e: &kube::Error) -> PluginError {
+    PluginError::Write {
+        what,
+        changed: api_error::is_conflict(e),
+        reason: api_error::describe(e),
     }
 }
 
@@ -1015,7 +1016,7 @@ mod tests {
         let d1 = Downstream {
             key: "https://d1".into(),
             names: vec!["team/d1".into()],
-            client: Err("down".into()),
+            client: Err(PluginError::NoKubeconfigSecret),
         };
         let rows = unreachable_rows(&inv, &d1, "connection refused");
         assert_eq!(rows.len(), 1);
@@ -1027,7 +1028,7 @@ mod tests {
         let d2 = Downstream {
             key: "https://d2".into(),
             names: vec!["team/d2".into()],
-            client: Err("down".into()),
+            client: Err(PluginError::NoKubeconfigSecret),
         };
         let rows = unreachable_rows(&inv, &d2, "timeout");
         assert_eq!(

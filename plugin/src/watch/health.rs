@@ -63,13 +63,13 @@ impl Health {
     }
 
     /// `Ok` when ready, else what is missing.
-    fn readiness(&self) -> Result<(), String> {
+    fn readiness(&self) -> Result<(), PluginError> {
         if !self.joined_election.load(Ordering::Relaxed) {
-            return Err("not ready: leader election not joined yet".into());
+            return Err(PluginError::ElectionNotJoined);
         }
         let (synced, total) = self.watches.progress();
         if synced < total || total == 0 {
-            return Err(format!("not ready: {synced} of {total} watches synced"));
+            return Err(PluginError::WatchesNotSynced { synced, total });
         }
         Ok(())
     }
@@ -148,14 +148,15 @@ async fn readyz(State(health): State<Arc<Health>>) -> Response {
 }
 
 /// `--metrics-addr`: `HOST:PORT`, or `:PORT` for every interface.
-pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+pub fn parse_addr(s: &str) -> Result<SocketAddr, PluginError> {
     let full = if s.starts_with(':') {
         format!("0.0.0.0{s}")
     } else {
         s.to_owned()
     };
-    full.parse()
-        .map_err(|_| format!("{s:?} is not an address: use HOST:PORT, e.g. :8080 or 127.0.0.1:0"))
+    full.parse().map_err(|_| PluginError::InvalidAddr {
+        value: s.to_owned(),
+    })
 }
 
 #[cfg(test)]
@@ -184,7 +185,7 @@ mod tests {
         synced.expect(2);
         synced.mark();
         assert_eq!(
-            h.readiness().unwrap_err(),
+            h.readiness().unwrap_err().to_string(),
             "not ready: 1 of 2 watches synced"
         );
         synced.mark();

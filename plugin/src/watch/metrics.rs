@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use helmop_core::state::RowState;
+use helmop_core::state::{Problem, RowState};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -74,36 +74,13 @@ impl ErrorKind {
 
 /// The kind a row in `state` is counted as an error under, if it is one.
 fn error_kind(state: RowState) -> Option<ErrorKind> {
-    match state {
-        RowState::Conflict => Some(ErrorKind::Conflict),
-        RowState::SourceMissing => Some(ErrorKind::SourceMissing),
-        RowState::Failed => Some(ErrorKind::Write),
-        RowState::Invalid => Some(ErrorKind::Invalid),
+    match state.problem()? {
+        Problem::Conflict => Some(ErrorKind::Conflict),
+        Problem::SourceMissing => Some(ErrorKind::SourceMissing),
+        Problem::Failed => Some(ErrorKind::Write),
+        Problem::Invalid => Some(ErrorKind::Invalid),
         // Counted per cluster, not per row (`unreachable_clusters`).
-        RowState::Unreachable => None,
-        RowState::Create
-        | RowState::Created
-        | RowState::Current
-        | RowState::Drifted
-        | RowState::FleetManaged
-        | RowState::Kept
-        | RowState::Missing
-        | RowState::Orphaned
-        | RowState::Paused
-        | RowState::Prune
-        | RowState::Pruned
-        | RowState::Recreate
-        | RowState::Recreated
-        | RowState::Release
-        | RowState::Released
-        | RowState::Restamp
-        | RowState::Restamped
-        | RowState::RolloutPending
-        | RowState::Stale
-        | RowState::Synced
-        | RowState::Unchanged
-        | RowState::Update
-        | RowState::Updated => None,
+        Problem::Unreachable => None,
     }
 }
 

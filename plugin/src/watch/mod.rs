@@ -24,11 +24,11 @@ use clap::Args;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::args::humanize;
 use crate::args::parse_duration;
 use crate::args::{KubeArgs, ReportFormat};
 use crate::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
+use crate::humanize::humanize;
 use crate::inventory::Selection;
 use crate::leader::{self, Elector, LeaderHandle, LeaseTimings};
 use crate::propagate::{PropagateOpts, propagate_once};

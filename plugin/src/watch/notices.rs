@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use helmop_core::state::RowState;
+use helmop_core::state::Problem;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -108,8 +108,8 @@ impl Notices {
 pub fn problems(report: &Report) -> BTreeMap<Key, String> {
     let mut out = BTreeMap::new();
     for row in &report.rows {
-        let (reason, subject, note) = match row.state {
-            RowState::Conflict => (
+        let (reason, subject, note) = match row.state.problem() {
+            Some(Problem::Conflict) => (
                 "Conflict",
                 format!(
                     "{} {}/{} on {}",
@@ -120,7 +120,7 @@ pub fn problems(report: &Report) -> BTreeMap<Key, String> {
                     row.kind, row.namespace, row.name, row.cluster, row.reason
                 ),
             ),
-            RowState::Unreachable => (
+            Some(Problem::Unreachable) => (
                 "ClusterUnreachable",
                 row.cluster.clone(),
                 format!(
@@ -128,7 +128,7 @@ pub fn problems(report: &Report) -> BTreeMap<Key, String> {
                     row.cluster, row.reason
                 ),
             ),
-            RowState::SourceMissing => (
+            Some(Problem::SourceMissing) => (
                 "SourceMissing",
                 format!("{} {}", row.kind, row.name),
                 format!(
@@ -138,31 +138,7 @@ pub fn problems(report: &Report) -> BTreeMap<Key, String> {
             ),
             // Failed writes and invalid HelmOps are the run's own errors (output, metrics); the
             // rest need nothing from a user.
-            RowState::Create
-            | RowState::Created
-            | RowState::Current
-            | RowState::Drifted
-            | RowState::Failed
-            | RowState::FleetManaged
-            | RowState::Invalid
-            | RowState::Kept
-            | RowState::Missing
-            | RowState::Orphaned
-            | RowState::Paused
-            | RowState::Prune
-            | RowState::Pruned
-            | RowState::Recreate
-            | RowState::Recreated
-            | RowState::Release
-            | RowState::Released
-            | RowState::Restamp
-            | RowState::Restamped
-            | RowState::RolloutPending
-            | RowState::Stale
-            | RowState::Synced
-            | RowState::Unchanged
-            | RowState::Update
-            | RowState::Updated => continue,
+            Some(Problem::Failed | Problem::Invalid) | None => continue,
         };
         for helmop in &row.helmops {
             out.entry(Key {
@@ -191,6 +167,7 @@ fn truncate(s: &str, max: usize) -> String {
 mod tests {
     use super::*;
     use crate::report::Row;
+    use helmop_core::state::RowState;
 
     fn row(helmops: &[&str], cluster: &str, name: &str, state: RowState) -> Row {
         Row {

@@ -124,7 +124,7 @@ async fn images_run_as_nonroot_without_a_shell_and_stay_small() -> anyhow::Resul
     let registry = TestRegistry::start().await?;
     let started = std::time::Instant::now();
     let images = build_images(registry.host(), "e2e").await?;
-    eprintln!("images/build took {:?}", started.elapsed());
+    eprintln!("containers/build took {:?}", started.elapsed());
     let version = env!("CARGO_PKG_VERSION");
     let head = git_head()?;
     let storage = tempfile::tempdir()?;
@@ -133,7 +133,7 @@ async fn images_run_as_nonroot_without_a_shell_and_stay_small() -> anyhow::Resul
         let who = &image.name;
         let (manifest, config) = inspect(&image.pinned()).await?;
 
-        // Size from the registry's manifest, independently of what images/build printed.
+        // Size from the registry's manifest, independently of what containers/build printed.
         let layers = manifest["layers"].as_array().context("no layers")?;
         let size: u64 = layers
             .iter()

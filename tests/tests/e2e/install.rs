@@ -1,6 +1,6 @@
 //! Installing helmop the way manifests/README.md tells users, on a real single-node cluster (kubelet,
 //! containerd, pods), through kubectl only: an overlay over the shipped `self-signed` directory with the
-//! `kube-1.20` component and kustomize `images:` pointing at the images `images/build` pushed to a local
+//! `kube-1.20` component and kustomize `images:` pointing at the images `containers/build` pushed to a local
 //! registry. The webhook runs under the shipped ServiceAccount and ClusterRole (the test's admin
 //! credentials only run kubectl); the API server reaches it through its Service.
 //!

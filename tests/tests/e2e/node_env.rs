@@ -139,7 +139,7 @@ impl NodeEnv {
                 .iter()
                 .find(|i| i.name == name)
                 .map(|i| format!("{}:{}", i.repository, i.tag))
-                .with_context(|| format!("images/build built no {name}"))
+                .with_context(|| format!("containers/build built no {name}"))
         };
         let dir = cp.dir.join("node-flows");
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;

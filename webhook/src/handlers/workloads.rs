@@ -28,6 +28,7 @@ use helmop_core::resource::ResourceRef;
 use helmop_core::workload::{PodTemplate, WorkloadKind, pod_template};
 
 use crate::admission::{Object, Request};
+use crate::error::Error;
 use crate::images::ImageRequest;
 use crate::server::request_deadline;
 use crate::state::{AppState, HashKeyState, ImageMode};
@@ -254,9 +255,7 @@ pub(super) async fn mutate(state: &AppState, req: &Request) -> Verdict {
     let computed = match stages_deadline {
         Some(deadline) => tokio::time::timeout_at(deadline, computed)
             .await
-            .unwrap_or_else(|_| {
-                Err("the config stamp was not computed before the request deadline".to_owned())
-            }),
+            .unwrap_or_else(|_| Err(Error::StampDeadline)),
         None => computed.await,
     };
     let (mut ops, mut warnings) = match computed {
@@ -354,8 +353,8 @@ async fn config_ops(
     namespace: &str,
     template: &PodTemplate<'_>,
     previous: Option<&str>,
-) -> Result<(Vec<PatchOperation>, Vec<String>), String> {
-    let refs = pod_refs_from_value(template.spec).map_err(|e| e.to_string())?;
+) -> Result<(Vec<PatchOperation>, Vec<String>), Error> {
+    let refs = pod_refs_from_value(template.spec)?;
     if refs.is_empty() {
         // Reads nothing: no stamp (and a stale one from an earlier template goes).
         let ops = stamp_ops(
@@ -368,9 +367,11 @@ async fn config_ops(
     let (key, generation) = match state.hash_key() {
         HashKeyState::Loaded { key, generation } => (key, generation),
         other => {
-            return Err(other
-                .problem(&state.config().hash_key_secret)
-                .unwrap_or_default());
+            return Err(Error::HashKeyUnavailable(
+                other
+                    .problem(&state.config().hash_key_secret)
+                    .unwrap_or_default(),
+            ));
         }
     };
     let lookups = state.observe_all(namespace, &refs, &key, generation).await;
@@ -380,11 +381,12 @@ async fn config_ops(
             Ok(observation) => {
                 observed.insert(r.resource.clone(), observation);
             }
-            Err(error) => {
-                return Err(format!(
-                    "cannot read {} in namespace {namespace:?}: {error}",
-                    r.resource
-                ));
+            Err(source) => {
+                return Err(Error::ReadReference {
+                    resource: r.resource.clone(),
+                    namespace: namespace.to_owned(),
+                    source,
+                });
             }
         }
     }

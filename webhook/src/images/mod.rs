@@ -9,9 +9,9 @@
 pub mod patch;
 mod resolver;
 
-// The parsing, credentials and registry client are shared with the plugin (crate `helmop-registry`).
-pub use helmop_registry::client as registry;
-pub use helmop_registry::{auth, cache, pull_secrets, reference, tags};
+// The parsing, credentials and registry client are shared with the plugin (crate `helmop-images`).
+pub use helmop_images::client as registry;
+pub use helmop_images::{auth, cache, pull_secrets, reference, tags};
 
 use futures::future::BoxFuture;
 use json_patch::PatchOperation;

@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use helmop_core::names::ANN_IMAGE_DIGESTS;
 
-pub use helmop_registry::podspec::{Slot, format_digests, parse_digests, slots};
+pub use helmop_images::podspec::{Slot, format_digests, parse_digests, slots};
 
 fn pointer(base: &str, tokens: &[&str]) -> PointerBuf {
     let mut p = PointerBuf::parse(base).unwrap_or_default();

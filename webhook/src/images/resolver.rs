@@ -78,7 +78,7 @@ impl RegistryResolver {
         client: kube::Client,
         config: &Config,
         metrics: &Metrics,
-    ) -> Result<RegistryResolver, String> {
+    ) -> Result<RegistryResolver, crate::error::Error> {
         let settings = match &config.registry_config {
             Some(path) => RegistrySettings::load(path)?,
             None => RegistrySettings::default(),

@@ -28,14 +28,50 @@ pub(super) struct Shared {
     pub(super) body_bytes: Arc<Semaphore>,
 }
 
-fn reject(
-    metrics: &Metrics,
-    webhook: Webhook,
-    outcome: Outcome,
-    status: StatusCode,
-    reason: String,
-    started: Instant,
-) -> Response {
+/// Why a request is answered without a decision.
+enum Rejection {
+    TooLarge,
+    Unreadable,
+    /// The body did not arrive before the deadline.
+    Late,
+    /// Not an AdmissionReview; the decoder's reason.
+    Undecodable(String),
+    /// The in-flight limits are reached.
+    Busy,
+}
+
+impl Rejection {
+    fn answer(self) -> (Outcome, StatusCode, String) {
+        match self {
+            Rejection::TooLarge => (
+                Outcome::TooLarge,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body above the {MAX_BODY_BYTES} byte limit"),
+            ),
+            Rejection::Unreadable => (
+                Outcome::BadRequest,
+                StatusCode::BAD_REQUEST,
+                "request body could not be read".to_owned(),
+            ),
+            Rejection::Late => (
+                Outcome::Timeout,
+                StatusCode::REQUEST_TIMEOUT,
+                "request body did not arrive before the deadline".to_owned(),
+            ),
+            Rejection::Undecodable(reason) => {
+                (Outcome::BadRequest, StatusCode::BAD_REQUEST, reason)
+            }
+            Rejection::Busy => (
+                Outcome::Busy,
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many admission requests in flight; retry".to_owned(),
+            ),
+        }
+    }
+}
+
+fn reject(metrics: &Metrics, webhook: Webhook, rejection: Rejection, started: Instant) -> Response {
+    let (outcome, status, reason) = rejection.answer();
     let latency = started.elapsed();
     metrics.observe_request(webhook.name(), "unknown", outcome, latency.as_secs_f64());
     tracing::warn!(
@@ -47,18 +83,6 @@ fn reject(
         "admission request rejected"
     );
     plain(status, format!("{reason}\n"))
-}
-
-/// The fast answer when the in-flight limits are reached.
-fn busy(metrics: &Metrics, webhook: Webhook, started: Instant) -> Response {
-    reject(
-        metrics,
-        webhook,
-        Outcome::Busy,
-        StatusCode::TOO_MANY_REQUESTS,
-        "too many admission requests in flight; retry".to_owned(),
-        started,
-    )
 }
 
 pub(super) async fn answer(
@@ -75,7 +99,6 @@ pub(super) async fn answer(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
-        let reason = format!("request body above the {MAX_BODY_BYTES} byte limit");
         if declared.is_some_and(|len| len <= MAX_BODY_BYTES as u64 + MAX_DRAIN_BYTES) {
             drain(
                 request.into_body().into_data_stream(),
@@ -84,14 +107,7 @@ pub(super) async fn answer(
             )
             .await;
         }
-        return reject(
-            metrics,
-            webhook,
-            Outcome::TooLarge,
-            StatusCode::PAYLOAD_TOO_LARGE,
-            reason,
-            started,
-        );
+        return reject(metrics, webhook, Rejection::TooLarge, started);
     }
     // The declared length only sizes the first allocation, capped: a client may declare 7 MiB and send nothing.
     let size_hint = declared.map_or(16 * 1024, |len| (len as usize).min(256 * 1024));
@@ -108,52 +124,28 @@ pub(super) async fn answer(
     {
         Ok(Ok(body)) => body,
         Ok(Err((BodyError::TooLarge, rest))) => {
-            let reason = format!("request body above the {MAX_BODY_BYTES} byte limit");
             if let Some(rest) = rest {
                 drain(rest, MAX_DRAIN_BYTES, deadline).await;
             }
-            return reject(
-                metrics,
-                webhook,
-                Outcome::TooLarge,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                reason,
-                started,
-            );
+            return reject(metrics, webhook, Rejection::TooLarge, started);
         }
         Ok(Err((BodyError::Busy, rest))) => {
             if let Some(rest) = rest {
                 drain(rest, MAX_BODY_BYTES as u64, deadline).await;
             }
-            return busy(metrics, webhook, started);
+            return reject(metrics, webhook, Rejection::Busy, started);
         }
         Ok(Err((BodyError::Unreadable, _))) => {
-            let reason = "request body could not be read".to_owned();
-            return reject(
-                metrics,
-                webhook,
-                Outcome::BadRequest,
-                StatusCode::BAD_REQUEST,
-                reason,
-                started,
-            );
+            return reject(metrics, webhook, Rejection::Unreadable, started);
         }
         Err(_) => {
-            let reason = "request body did not arrive before the deadline".to_owned();
-            return reject(
-                metrics,
-                webhook,
-                Outcome::Timeout,
-                StatusCode::REQUEST_TIMEOUT,
-                reason,
-                started,
-            );
+            return reject(metrics, webhook, Rejection::Late, started);
         }
     };
     // Taken once the body is in, so a slow sender holds only the bytes it sent (from the body budget), never a
     // decision slot.
     let Ok(_slot) = shared.in_flight.clone().try_acquire_owned() else {
-        return busy(metrics, webhook, started);
+        return reject(metrics, webhook, Rejection::Busy, started);
     };
     // The body's share of the budget stays taken until the answer: the decoded review is about as large.
     let ReadBody {
@@ -166,9 +158,7 @@ pub(super) async fn answer(
             return reject(
                 metrics,
                 webhook,
-                Outcome::BadRequest,
-                StatusCode::BAD_REQUEST,
-                e.to_string(),
+                Rejection::Undecodable(e.to_string()),
                 started,
             );
         }

@@ -125,19 +125,9 @@ impl Server {
     /// Serves until `shutdown` resolves, then fails `/readyz`, waits `shutdown_delay`, stops accepting and drains
     /// in-flight requests for up to `drain_timeout`.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
-        let Server {
-            options,
-            webhook_listener,
-            admin_listener,
-            webhook_addr,
-            admin_addr,
-            reloader,
-            client_ca,
-            handlers,
-            metrics,
-        } = self;
-        let client_auth = client_ca.is_some();
-        let tls_config = tls::server_config(reloader.resolver(), client_ca)?;
+        let options = self.options;
+        let client_auth = self.client_ca.is_some();
+        let tls_config = tls::server_config(self.reloader.resolver(), self.client_ca)?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let stopped = move || {
             let mut rx = stop_rx.clone();
@@ -147,12 +137,16 @@ impl Server {
             }
         };
 
-        let reload_task = tokio::spawn(reloader.run(options.cert_poll_interval, stopped()));
+        let reload_task = tokio::spawn(self.reloader.run(options.cert_poll_interval, stopped()));
 
         let shutting_down = Arc::new(AtomicBool::new(false));
-        let admin = admin_router(handlers.clone(), metrics.clone(), shutting_down.clone());
+        let admin = admin_router(
+            self.handlers.clone(),
+            self.metrics.clone(),
+            shutting_down.clone(),
+        );
         let admin_task = tokio::spawn(
-            axum::serve(admin_listener, admin)
+            axum::serve(self.admin_listener, admin)
                 .with_graceful_shutdown(stopped())
                 .into_future(),
         );
@@ -162,7 +156,7 @@ impl Server {
             axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(tls_config)),
         )
         .handshake_timeout(options.handshake_timeout);
-        let mut server = axum_server::Server::from_listener(webhook_listener)
+        let mut server = axum_server::Server::from_listener(self.webhook_listener)
             .acceptor(acceptor)
             .handle(handle.clone());
         let builder = server.http_builder();
@@ -174,11 +168,18 @@ impl Server {
             .http2()
             .timer(hyper_util::rt::TokioTimer::new())
             .keep_alive_interval(Duration::from_secs(30));
-        let app = router(handlers, metrics, options.request_timeout, options.limits).layer(
-            axum::middleware::from_fn_with_state(shutting_down.clone(), close_when_shutting_down),
-        );
+        let app = router(
+            self.handlers,
+            self.metrics,
+            options.request_timeout,
+            options.limits,
+        )
+        .layer(axum::middleware::from_fn_with_state(
+            shutting_down.clone(),
+            close_when_shutting_down,
+        ));
         let mut webhook_task = tokio::spawn(server.serve(app.into_make_service()));
-        tracing::info!(listen = %webhook_addr, admin_listen = %admin_addr, client_auth, "serving");
+        tracing::info!(listen = %self.webhook_addr, admin_listen = %self.admin_addr, client_auth, "serving");
 
         let early_exit = tokio::select! {
             _ = shutdown => None,

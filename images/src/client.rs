@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,12 +60,38 @@ pub struct RegistrySettings {
     pub realms: Vec<String>,
 }
 
+/// Why the registry client cannot be set up (`--registry-config`, the HTTP clients): at startup, for the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    // Boxed: the parser's error is large, and these are rare.
+    #[error("{0}")]
+    Parse(#[source] Box<serde_saphyr::Error>),
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Invalid {
+        path: PathBuf,
+        #[source]
+        source: Box<serde_saphyr::Error>,
+    },
+    #[error("cannot build the registry client: {0}")]
+    Build(#[source] reqwest::Error),
+}
+
 impl RegistrySettings {
-    pub fn parse(text: &str) -> Result<RegistrySettings, String> {
+    pub fn parse(text: &str) -> Result<RegistrySettings, SetupError> {
+        Self::parse_yaml(text).map_err(|e| SetupError::Parse(Box::new(e)))
+    }
+
+    fn parse_yaml(text: &str) -> Result<RegistrySettings, serde_saphyr::Error> {
         if text.trim().is_empty() {
             return Ok(RegistrySettings::default());
         }
-        let raw: RegistrySettings = serde_saphyr::from_str(text).map_err(|e| e.to_string())?;
+        let raw: RegistrySettings = serde_saphyr::from_str(text)?;
         Ok(RegistrySettings {
             insecure: raw.insecure.iter().map(|h| normalise_registry(h)).collect(),
             registries: raw
@@ -91,10 +117,15 @@ impl RegistrySettings {
         })
     }
 
-    pub fn load(path: &Path) -> Result<RegistrySettings, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    pub fn load(path: &Path) -> Result<RegistrySettings, SetupError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SetupError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse_yaml(&text).map_err(|source| SetupError::Invalid {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })
     }
 
     fn scheme(&self, host: &str) -> &'static str {
@@ -233,7 +264,7 @@ pub struct RegistryClient {
 
 impl RegistryClient {
     /// `product` names the program in the `User-Agent` (`helmop-webhook`, `kubectl-helmop`).
-    pub fn new(settings: RegistrySettings, product: &str) -> Result<RegistryClient, String> {
+    pub fn new(settings: RegistrySettings, product: &str) -> Result<RegistryClient, SetupError> {
         let builder = || {
             reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(2))
@@ -252,13 +283,12 @@ impl RegistryClient {
                     }
                 }))
         };
-        let build_error = |e: reqwest::Error| format!("cannot build the registry client: {e}");
-        let trusted = builder().build().map_err(build_error)?;
+        let trusted = builder().build().map_err(SetupError::Build)?;
         let open = builder()
             .no_proxy()
             .dns_resolver(Arc::new(PublicOnly))
             .build()
-            .map_err(build_error)?;
+            .map_err(SetupError::Build)?;
         let insecure = settings
             .insecure
             .iter()
