@@ -275,7 +275,8 @@ async fn bare_client(t: &ClusterInfo, roots: &[Vec<u8>]) -> anyhow::Result<Clien
         ..Default::default()
     };
     let mut config =
-        kube::Config::from_custom_kubeconfig(Kubeconfig::read_from(&t.kubeconfig)?, &options).await?;
+        kube::Config::from_custom_kubeconfig(Kubeconfig::read_from(&t.kubeconfig)?, &options)
+            .await?;
     if config.root_cert.is_none() {
         config.root_cert = Some(roots.to_vec());
     }
