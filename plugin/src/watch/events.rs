@@ -108,7 +108,8 @@ impl Events {
         );
     }
 
-    pub fn run(&self, number: u64, reasons: &[String], report: &Report) {
+    /// `retry_in`: when the run's transient problems are tried again with nothing changed.
+    pub fn run(&self, number: u64, reasons: &[String], report: &Report, retry_in: Option<&str>) {
         let s = &report.summary;
         let states: Vec<String> = s.states.iter().map(|(k, v)| format!("{v} {k}")).collect();
         let mut text = format!(
@@ -124,6 +125,9 @@ impl Events {
             },
             s.writes
         );
+        if let Some(wait) = retry_in {
+            text.push_str(&format!("; retrying the failed and unreachable in {wait}"));
+        }
         let rows: Vec<Row> = report
             .rows
             .iter()
@@ -149,6 +153,8 @@ impl Events {
             run: u64,
             reasons: &'a [String],
             writes: u64,
+            #[serde(rename = "retryIn", skip_serializing_if = "Option::is_none")]
+            retry_in: Option<&'a str>,
             report: &'a Report,
         }
         self.emit(
@@ -157,6 +163,7 @@ impl Events {
                 run: number,
                 reasons,
                 writes: s.writes,
+                retry_in,
                 report,
             },
             text,

@@ -239,48 +239,8 @@ impl Metrics {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
-
     use super::*;
-    use crate::hash_key::KeyOrigin;
-    use crate::propagate::Summary;
-    use crate::report::Row;
-
-    fn row(cluster: &str, state: RowState) -> Row {
-        Row {
-            helmops: vec!["team/app".into()],
-            cluster: cluster.into(),
-            namespace: "apps".into(),
-            kind: "Secret".into(),
-            name: "db".into(),
-            workload: None,
-            state,
-            reason: String::new(),
-            in_sync: None,
-            fleet_copy: None,
-        }
-    }
-
-    fn report(rows: Vec<Row>, unreachable: usize) -> Report {
-        Report {
-            upstream_id: "up".into(),
-            dry_run: false,
-            rejected: Vec::new(),
-            hash_key: KeyOrigin::Existing,
-            summary: Summary {
-                helmops: 1,
-                clusters: 2,
-                unreachable_clusters: unreachable,
-                states: crate::report::counts(&rows),
-                writes: 0,
-            },
-            rows,
-            problems: Vec::new(),
-            namespaces: BTreeSet::new(),
-            helmop_refs: Default::default(),
-            clusters: vec!["team/d1".into(), "team/d2".into()],
-        }
-    }
+    use crate::watch::fixtures::{report, row};
 
     #[test]
     fn a_run_sets_states_errors_and_per_cluster_success() {

@@ -11,6 +11,8 @@
 
 pub mod debounce;
 pub mod events;
+#[cfg(test)]
+mod fixtures;
 pub mod health;
 pub mod metrics;
 pub mod notices;
@@ -90,8 +92,12 @@ pub struct WatchArgs {
 /// Namespace of the Lease when neither `--lease-namespace` nor `POD_NAMESPACE` says.
 pub const DEFAULT_LEASE_NAMESPACE: &str = helmop_core::names::SYSTEM_NAMESPACE;
 
-/// Longest wait between failed runs.
+/// Longest wait between failed runs, and before retrying a run's failed writes.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// Longest wait before retrying a run whose only transient problem is clusters that could not be
+/// reached: one dead cluster in a fleet of a thousand costs a full run every few minutes, not
+/// every minute.
+const MAX_UNREACHABLE_BACKOFF: Duration = Duration::from_secs(300);
 
 /// `opts` turns the connected context into the options of each run (`propagate`'s flags).
 pub async fn run(
@@ -199,6 +205,9 @@ pub async fn run(
     let mut pending = Pending::leading_edge();
     pending.mark(Instant::now(), "start");
     let mut next_resync = resync_after(watch_args.resync);
+    // A run that completed with transient problems runs again on its own at this instant; a
+    // change before it runs at once as usual (unlike a failed run's back-off, which holds changes).
+    let mut next_retry: Option<Instant> = None;
     let mut run_number = 0u64;
     let mut failures = 0u32;
     let mut election_alive = election.is_some();
@@ -237,6 +246,10 @@ pub async fn run(
                 pending.mark(Instant::now(), "resync");
                 next_resync = resync_after(watch_args.resync);
             }
+            _ = sleep_until_opt(next_retry) => {
+                pending.mark(Instant::now(), "retry");
+                next_retry = None;
+            }
             _ = sleep_until_opt(due) => {
                 let reasons = pending.take();
                 run_number += 1;
@@ -254,11 +267,14 @@ pub async fn run(
                 pending.ran(Instant::now());
                 match outcome {
                     Outcome::Done(Ok(report)) => {
-                        failures = 0;
+                        let retry = retry_after(&report, failures + 1);
+                        failures = if retry.is_some() { failures + 1 } else { 0 };
+                        next_retry = retry.map(|wait| Instant::now() + wait);
                         watches.note_namespaces(&report.namespaces);
                         metrics.run_done(&report, k8s_openapi::jiff::Timestamp::now().as_second());
                         metrics.set_clients(ctx.clients.len());
-                        events.run(run_number, &reasons, &report);
+                        let retry_in = retry.map(humanize);
+                        events.run(run_number, &reasons, &report, retry_in.as_deref());
                         // Only the leader tells: a run only completes while leading.
                         if *leading.borrow() && let Some(n) = notices.as_mut() {
                             let failed = tokio::select! {
@@ -311,6 +327,31 @@ pub async fn run(
     }
     events.stopped(signal);
     Ok(ExitStatus::Ok)
+}
+
+/// When a completed run with transient problems (failed writes or reads, unreachable clusters:
+/// [`helmop_core::state::Problem::transient`]) is tried again with nothing changed, as the
+/// `failures`-th consecutive one; `None` when it has none. Without this a copy whose write failed
+/// once would wait for the next change or the resync (10 minutes by default).
+fn retry_after(report: &crate::propagate::Report, failures: u32) -> Option<Duration> {
+    let mut unreachable = report.summary.unreachable_clusters > 0;
+    let mut failed = false;
+    for (state, count) in &report.summary.states {
+        match state.problem() {
+            Some(p) if *count > 0 && p.transient() => match p {
+                helmop_core::state::Problem::Unreachable => unreachable = true,
+                _ => failed = true,
+            },
+            _ => {}
+        }
+    }
+    if failed {
+        Some(debounce::backoff(failures, MAX_BACKOFF))
+    } else if unreachable {
+        Some(debounce::backoff(failures, MAX_UNREACHABLE_BACKOFF))
+    } else {
+        None
+    }
 }
 
 fn leader_note(leading: bool) -> &'static str {
@@ -394,6 +435,53 @@ impl Signals {
         {
             let _ = tokio::signal::ctrl_c().await;
             "SIGINT"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use helmop_core::state::RowState;
+
+    use super::*;
+    use crate::watch::fixtures::{report, row};
+
+    #[test]
+    fn failed_writes_are_retried_with_back_off_up_to_a_minute() {
+        let r = report(
+            vec![
+                row("team/d1", RowState::Failed),
+                row("team/d2", RowState::Unreachable),
+            ],
+            1,
+        );
+        assert_eq!(retry_after(&r, 1), Some(Duration::from_secs(1)));
+        assert_eq!(retry_after(&r, 3), Some(Duration::from_secs(4)));
+        assert_eq!(retry_after(&r, 20), Some(MAX_BACKOFF));
+    }
+
+    #[test]
+    fn unreachable_clusters_alone_back_off_up_to_five_minutes() {
+        let rows = report(vec![row("team/d2", RowState::Unreachable)], 1);
+        // A cluster unreachable before any row was planned for it counts too.
+        let none = report(vec![row("team/d1", RowState::Unchanged)], 1);
+        for r in [rows, none] {
+            assert_eq!(retry_after(&r, 2), Some(Duration::from_secs(2)));
+            assert_eq!(retry_after(&r, 20), Some(MAX_UNREACHABLE_BACKOFF));
+        }
+    }
+
+    #[test]
+    fn problems_that_need_a_change_are_not_retried() {
+        for state in [
+            RowState::Conflict,
+            RowState::SourceMissing,
+            RowState::Invalid,
+            RowState::Unchanged,
+            RowState::Created,
+        ] {
+            let r = report(vec![row("team/d1", state)], 0);
+            assert_eq!(retry_after(&r, 1), None, "{state}");
         }
     }
 }

@@ -144,7 +144,8 @@ async fn diagnostics(cluster: &ClusterInfo, ns: &str, selector: &str) -> String 
     report
 }
 
-/// `result`, with [`diagnostics`] attached when it is an error.
+/// `result`, with [`diagnostics`] attached when it is an error. The error's own chain leads, so the
+/// first lines of a truncated CI log still say what failed.
 async fn explained<T>(
     result: anyhow::Result<T>,
     cluster: &ClusterInfo,
@@ -153,7 +154,10 @@ async fn explained<T>(
 ) -> anyhow::Result<T> {
     match result {
         Ok(v) => Ok(v),
-        Err(e) => Err(e.context(diagnostics(cluster, ns, selector).await)),
+        Err(e) => {
+            let report = diagnostics(cluster, ns, selector).await;
+            Err(anyhow::anyhow!("{e:#}\n{report}"))
+        }
     }
 }
 
@@ -585,7 +589,45 @@ async fn wait_propagated(
         },
     )
     .await;
+    // What the wait last saw downstream, so a timeout says which half (copy or roll) is missing.
+    let waited = match waited {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let copy = copy_value(&client, dest).await;
+            let rollout = reader_rollout(&client, dest).await;
+            let stamps = reader_set_stamps(&client, dest).await;
+            Err(e.context(format!(
+                "downstream: copy of db reads {copy:?}; reader stamp and rolled {rollout:?} \
+                 (before: {before:?}); reader ReplicaSets' stamps {stamps:?}"
+            )))
+        }
+    };
     explained(waited, up, LEASE_NAMESPACE, PROPAGATOR).await
+}
+
+/// The config-hash stamp of each reader ReplicaSet's pod template, by ReplicaSet name.
+async fn reader_set_stamps(
+    down: &Client,
+    ns: &str,
+) -> anyhow::Result<Vec<(String, Option<String>)>> {
+    let sets = Api::<ReplicaSet>::namespaced(down.clone(), ns)
+        .list(&ListParams::default().labels("app=reader"))
+        .await?;
+    Ok(sets
+        .items
+        .iter()
+        .map(|rs| {
+            let stamp = rs
+                .spec
+                .template
+                .as_ref()
+                .and_then(|t| t.metadata.as_ref())
+                .and_then(|m| m.annotations.as_ref())
+                .and_then(|a| a.get(CONFIG_HASH))
+                .cloned();
+            (rs.metadata.name.clone().unwrap_or_default(), stamp)
+        })
+        .collect())
 }
 
 /// The copy of Secret `db` on the downstream cluster, as text.

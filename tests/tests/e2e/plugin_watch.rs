@@ -1,8 +1,9 @@
 //! `kubectl helmop propagate --watch` end to end, with the real binary against the shared control
 //! plane (upstream, down1, down2): changes propagate without a rerun, leader election keeps two
 //! watchers from both writing (hand-over on SIGTERM at once, on a crash after the lease duration),
-//! the propagator manifests' RBAC is enough and no more, and (on a private control plane) the
-//! watcher survives an upstream API server restart.
+//! the propagator manifests' RBAC is enough and no more, a write the downstream refused is retried
+//! with nothing changed upstream, and (on a private control plane) the watcher survives an upstream
+//! API server restart.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -10,9 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use helmop_tests::*;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
@@ -250,6 +251,97 @@ async fn watch_propagates_changes_within_seconds_without_a_rerun() -> anyhow::Re
     let lease = f.lease().await?.context("the Lease exists")?;
     let holder = lease.spec.and_then(|s| s.holder_identity);
     assert_eq!(holder, None, "the Lease is released on exit");
+    Ok(())
+}
+
+/// A copy whose write the downstream API server refused (a validating webhook that nothing answers,
+/// `failurePolicy: Fail`) is written once the refusal is gone, with nothing changed upstream: a
+/// run's failed writes are tried again with back-off, not left for the next change or the resync
+/// (10 minutes).
+#[tokio::test]
+async fn a_refused_write_is_retried_with_nothing_changed_upstream() -> anyhow::Result<()> {
+    let f = Fixture::new("watch-retry").await?;
+    let down1_info = control_plane().cluster(DOWNSTREAM_1);
+    let down1 = down1_info.client().await;
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {
+        "name": f.ns,
+        "labels": {TEST_NAMESPACE_LABEL: f.ns},
+    }}))?;
+    Api::<Namespace>::all(down1.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .context("creating the destination namespace downstream")?;
+    let hook = format!("{}-refuse", f.ns);
+    WebhookRegistration::new(
+        WebhookKind::Validating,
+        &hook,
+        "https://127.0.0.1:1/refuse",
+        &down1_info.ca_pem(),
+    )
+    .rule(WebhookRule::new(&["CREATE"], "", "v1", &["secrets"]))
+    .only_namespace(&f.ns)
+    .register(&down1)
+    .await?;
+    // The API server reads webhook configurations through a cache: wait until it refuses.
+    let secrets: Api<Secret> = Api::namespaced(down1.clone(), &f.ns);
+    wait_until(
+        "the webhook to refuse new Secrets",
+        PROPAGATION_BOUND,
+        || {
+            let secrets = secrets.clone();
+            async move {
+                let probe: Secret = serde_json::from_value(json!({"metadata": {"name": "probe"}}))?;
+                match secrets.create(&PostParams::default(), &probe).await {
+                    Ok(_) => {
+                        secrets.delete("probe", &DeleteParams::default()).await?;
+                        Ok(false)
+                    }
+                    Err(kube::Error::Api(_)) => Ok(true),
+                    Err(e) => Err(e.into()),
+                }
+            }
+        },
+    )
+    .await?;
+
+    let mut w = f.spawn_watcher(&["app"])?;
+    let failed = |e: &Value| {
+        e["report"]["summary"]["states"]["Failed"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let refused = w
+        .wait_event(
+            "a run whose write is refused, with a retry",
+            PROPAGATION_BOUND,
+            0,
+            |e| e["event"] == "run" && failed(e) >= 1,
+        )
+        .await?;
+    assert!(refused["retryIn"].is_string(), "no retry: {refused}");
+    // Tried again on its own, while still refused.
+    let seen = w.events().len();
+    w.wait_event("a retry run", PROPAGATION_BOUND, seen, |e| {
+        is_run_for(e, "retry") && failed(e) >= 1
+    })
+    .await?;
+    assert_eq!(copy_value(DOWNSTREAM_1, &f.ns).await?, None);
+
+    // The refusal goes; nothing upstream changes, and the copy arrives within the back-off cap.
+    unregister_webhook(&down1, WebhookKind::Validating, &hook).await?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "one", Duration::from_secs(90)).await?;
+    let done = w
+        .wait_event("the clean retry run", PROPAGATION_BOUND, seen, |e| {
+            is_run_for(e, "retry") && failed(e) == 0
+        })
+        .await?;
+    assert!(
+        done.get("retryIn").is_none(),
+        "a clean run schedules another retry: {done}"
+    );
+    w.signal(libc::SIGINT)?;
+    let status = w.wait_exit(Duration::from_secs(15)).await?;
+    assert_eq!(status.code(), Some(0), "{}", w.context());
     Ok(())
 }
 
