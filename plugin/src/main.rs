@@ -57,8 +57,8 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse_from(std::iter::once(program).chain(args)) {
         Ok(cli) => cli,
         Err(e) => {
-            // clap's own exit code for usage errors is 2, which DESIGN reserves for partial
-            // failure; a bad command line is invalid input (1). Help and --version stay 0.
+            // clap's own exit code for usage errors is 2, which helmop's exit codes reserve for
+            // partial failure; a bad command line is invalid input (1). Help and --version stay 0.
             let _ = e.print();
             return if e.use_stderr() {
                 ExitStatus::Invalid.into()
