@@ -108,18 +108,6 @@ pub enum Problem {
     Unreachable,
 }
 
-impl Problem {
-    /// Whether the problem may go away with nothing changed upstream (a write or read that failed,
-    /// a cluster that could not be reached), so a watcher tries again on its own; the others wait
-    /// for a change somebody makes (an edit upstream, which the watcher sees, or the resync).
-    pub fn transient(self) -> bool {
-        match self {
-            Problem::Failed | Problem::Unreachable => true,
-            Problem::Conflict | Problem::SourceMissing | Problem::Invalid => false,
-        }
-    }
-}
-
 impl RowState {
     /// The problem a row in this state is, if it is one.
     pub fn problem(self) -> Option<Problem> {

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
+use helmop_core::state::Problem;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
@@ -329,28 +330,33 @@ pub async fn run(
     Ok(ExitStatus::Ok)
 }
 
-/// When a completed run with transient problems (failed writes or reads, unreachable clusters:
-/// [`helmop_core::state::Problem::transient`]) is tried again with nothing changed, as the
-/// `failures`-th consecutive one; `None` when it has none. Without this a copy whose write failed
-/// once would wait for the next change or the resync (10 minutes by default).
+/// When a completed run is tried again with nothing changed, as the `failures`-th consecutive one:
+/// after the back-off of its most urgent problem that can go away on its own ([`retry_cap`]);
+/// `None` when it has none. Without this a copy whose write failed once would wait for the next
+/// change or the resync (10 minutes by default).
 fn retry_after(report: &crate::propagate::Report, failures: u32) -> Option<Duration> {
-    let mut unreachable = report.summary.unreachable_clusters > 0;
-    let mut failed = false;
-    for (state, count) in &report.summary.states {
-        match state.problem() {
-            Some(p) if *count > 0 && p.transient() => match p {
-                helmop_core::state::Problem::Unreachable => unreachable = true,
-                _ => failed = true,
-            },
-            _ => {}
-        }
-    }
-    if failed {
-        Some(debounce::backoff(failures, MAX_BACKOFF))
-    } else if unreachable {
-        Some(debounce::backoff(failures, MAX_UNREACHABLE_BACKOFF))
-    } else {
-        None
+    let rows = report
+        .summary
+        .states
+        .iter()
+        .filter(|(_, count)| **count > 0)
+        .filter_map(|(state, _)| state.problem());
+    // A cluster unreachable before any row was planned for it has no row.
+    let clusters = (report.summary.unreachable_clusters > 0).then_some(Problem::Unreachable);
+    rows.chain(clusters)
+        .filter_map(retry_cap)
+        .min()
+        .map(|cap| debounce::backoff(failures, cap))
+}
+
+/// The longest back-off before a problem is tried again on its own; `None` for the problems that
+/// need somebody to change something (an edit upstream, which the watches see, or the resync).
+fn retry_cap(problem: Problem) -> Option<Duration> {
+    match problem {
+        // A write or read that failed.
+        Problem::Failed => Some(MAX_BACKOFF),
+        Problem::Unreachable => Some(MAX_UNREACHABLE_BACKOFF),
+        Problem::Conflict | Problem::SourceMissing | Problem::Invalid => None,
     }
 }
 

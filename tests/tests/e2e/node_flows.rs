@@ -548,19 +548,37 @@ async fn reader_rollout(down: &Client, ns: &str) -> anyhow::Result<(Option<Strin
         return Ok((None, false));
     };
     let stamp = template_annotation(&d, CONFIG_HASH);
+    let rolled = stamp.is_some()
+        && reader_set_stamps(down, ns)
+            .await?
+            .iter()
+            .any(|(_, set_stamp)| *set_stamp == stamp);
+    Ok((stamp, rolled))
+}
+
+/// The config-hash stamp of each reader ReplicaSet's pod template, by ReplicaSet name.
+async fn reader_set_stamps(
+    down: &Client,
+    ns: &str,
+) -> anyhow::Result<Vec<(String, Option<String>)>> {
     let sets = Api::<ReplicaSet>::namespaced(down.clone(), ns)
         .list(&ListParams::default().labels("app=reader"))
         .await?;
-    let rolled = sets.items.iter().any(|rs| {
-        let annotations = rs
-            .spec
-            .template
-            .as_ref()
-            .and_then(|t| t.metadata.as_ref())
-            .and_then(|m| m.annotations.as_ref());
-        stamp.is_some() && annotations.and_then(|a| a.get(CONFIG_HASH)) == stamp.as_ref()
-    });
-    Ok((stamp, rolled))
+    Ok(sets
+        .items
+        .iter()
+        .map(|rs| {
+            let stamp = rs
+                .spec
+                .template
+                .as_ref()
+                .and_then(|t| t.metadata.as_ref())
+                .and_then(|m| m.annotations.as_ref())
+                .and_then(|a| a.get(CONFIG_HASH))
+                .cloned();
+            (rs.metadata.name.clone().unwrap_or_default(), stamp)
+        })
+        .collect())
 }
 
 /// Waits until the copy of `db` on `down` reads `value` and the reader has rolled from stamp
@@ -603,31 +621,6 @@ async fn wait_propagated(
         }
     };
     explained(waited, up, LEASE_NAMESPACE, PROPAGATOR).await
-}
-
-/// The config-hash stamp of each reader ReplicaSet's pod template, by ReplicaSet name.
-async fn reader_set_stamps(
-    down: &Client,
-    ns: &str,
-) -> anyhow::Result<Vec<(String, Option<String>)>> {
-    let sets = Api::<ReplicaSet>::namespaced(down.clone(), ns)
-        .list(&ListParams::default().labels("app=reader"))
-        .await?;
-    Ok(sets
-        .items
-        .iter()
-        .map(|rs| {
-            let stamp = rs
-                .spec
-                .template
-                .as_ref()
-                .and_then(|t| t.metadata.as_ref())
-                .and_then(|m| m.annotations.as_ref())
-                .and_then(|a| a.get(CONFIG_HASH))
-                .cloned();
-            (rs.metadata.name.clone().unwrap_or_default(), stamp)
-        })
-        .collect())
 }
 
 /// The copy of Secret `db` on the downstream cluster, as text.
