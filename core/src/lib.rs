@@ -10,6 +10,7 @@ pub mod names;
 pub mod plan;
 pub mod podrefs;
 pub mod resource;
+pub mod rollout;
 pub mod selector;
 pub mod state;
 pub mod targeting;

@@ -24,6 +24,7 @@ mod propagate;
 mod prune;
 mod report;
 mod roots;
+mod rollout_watch;
 mod runner;
 mod scope;
 mod sources;

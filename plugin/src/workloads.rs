@@ -67,26 +67,7 @@ impl Workload {
     }
 }
 
-/// Opt-in rule: the workload label `"true"`/`"false"` decides; without it,
-/// the namespace label `enabled` opts every workload in.
-pub fn opted_in(
-    namespace_labels: &BTreeMap<String, String>,
-    workload_labels: &BTreeMap<String, String>,
-) -> bool {
-    match workload_labels
-        .get(names::LABEL_ROLLOUT_ON_CHANGE)
-        .map(String::as_str)
-    {
-        Some("true") => true,
-        Some("false") => false,
-        _ => {
-            namespace_labels
-                .get(names::LABEL_ROLLOUT_ON_CHANGE)
-                .map(String::as_str)
-                == Some("enabled")
-        }
-    }
-}
+pub use helmop_core::rollout::opted_in;
 
 /// The restamp value for the copies (resource -> content hash) a workload reads.
 pub fn restamp_value(copies: &BTreeMap<String, String>) -> String {
@@ -287,29 +268,6 @@ mod tests {
         assert_eq!(v, "rollout:2026-01-02T03:04:05.123456789Z");
         assert_ne!(new_restamp_value(t, Some(&v)), v);
         assert!(parse_restamp(&v).is_empty());
-    }
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    #[test]
-    fn opt_in_rules() {
-        let on = labels(&[("helmop.dev/rollout-on-change", "enabled")]);
-        let off = labels(&[]);
-        let yes = labels(&[("helmop.dev/rollout-on-change", "true")]);
-        let no = labels(&[("helmop.dev/rollout-on-change", "false")]);
-        assert!(opted_in(&on, &off));
-        assert!(!opted_in(&on, &no));
-        assert!(opted_in(&off, &yes));
-        assert!(!opted_in(&off, &off));
-        assert!(!opted_in(
-            &labels(&[("helmop.dev/rollout-on-change", "true")]),
-            &off
-        ));
     }
 
     #[test]

@@ -6,8 +6,9 @@ use crate::error::Error;
 use crate::verdict::Verdict;
 
 /// Distinct Secrets and ConfigMaps one admission may reference. Each is one existence check (HelmOp) or one
-/// lookup (workload stamp); real objects reference a handful.
-pub const MAX_REFERENCES: usize = 256;
+/// lookup (workload stamp); real objects reference a handful. The rollout watcher skips workloads above it
+/// by the same constant.
+pub const MAX_REFERENCES: usize = helmop_core::rollout::MAX_REFERENCES;
 
 /// The denial of a HelmOp listing more than [`MAX_REFERENCES`] downstream resources.
 pub fn helmop_references(name: &str, count: usize) -> Option<Verdict> {

@@ -30,12 +30,16 @@ use crate::workloads::{new_restamp_value, opted_in};
 pub struct RolloutArgs {
     /// The workload: deployment/NAME, statefulset/NAME, daemonset/NAME, replicaset/NAME,
     /// job/NAME, cronjob/NAME or rollout/NAME (kubectl's short names work too: deploy, sts, ds)
-    #[arg(value_name = "KIND/NAME", value_parser = workload_ref::parse)]
-    pub target: WorkloadRef,
+    #[arg(value_name = "KIND/NAME", value_parser = workload_ref::parse, required_unless_present = "watch", conflicts_with = "watch")]
+    pub target: Option<WorkloadRef>,
 
-    /// Send the restamp as a server-side dry run: the webhook computes the stamp, nothing is stored
+    /// Send the restamp as a server-side dry run: the webhook computes the stamp, nothing is
+    /// stored. With --watch: report what would be restamped, write nothing
     #[arg(long)]
     pub dry_run: bool,
+
+    #[command(flatten)]
+    pub watch: crate::rollout_watch::RolloutWatchArgs,
 
     /// Output format
     #[arg(short = 'o', long, value_enum, default_value_t = ReportFormat::Table)]
@@ -66,7 +70,10 @@ pub struct RolloutReport {
 
 pub async fn run(args: &RolloutArgs) -> Result<ExitStatus, PluginError> {
     let ctx = Ctx::connect(&args.kube).await?;
-    let report = restamp(&ctx.upstream, &ctx.namespace, &args.target, args.dry_run).await?;
+    let Some(target) = &args.target else {
+        return crate::rollout_watch::run(&ctx, &args.watch, args.output, args.dry_run).await;
+    };
+    let report = restamp(&ctx.upstream, &ctx.namespace, target, args.dry_run).await?;
     let text = match args.output {
         ReportFormat::Json => output::json(&report)?,
         ReportFormat::Yaml => serde_saphyr::to_string(&report)

@@ -1,4 +1,4 @@
-//! The HTTP listener of `propagate --watch --metrics-addr`: `/metrics` (Prometheus text,
+//! The HTTP listener of `propagate --watch --metrics-addr` (and `rollout --watch`'s): `/metrics` (Prometheus text,
 //! [`super::metrics`]), `/livez` and `/readyz`.
 //!
 //! Liveness is a heartbeat the watch loop updates (also while a run is in flight): a loop that
@@ -20,8 +20,19 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::metrics::Metrics;
 use crate::error::PluginError;
+
+/// What `/metrics` serves: the Prometheus text of a watcher's metrics (`propagate --watch`'s or
+/// `rollout --watch`'s).
+pub trait Exposition: Clone + Send + Sync + 'static {
+    fn encode(&self) -> Result<String, std::fmt::Error>;
+}
+
+impl Exposition for super::metrics::Metrics {
+    fn encode(&self) -> Result<String, std::fmt::Error> {
+        super::metrics::Metrics::encode(self)
+    }
+}
 
 /// How often the watch loop beats.
 pub const HEARTBEAT: Duration = Duration::from_secs(2);
@@ -88,9 +99,9 @@ impl Drop for Listener {
 }
 
 /// Binds `addr` and serves in the background.
-pub async fn serve(
+pub async fn serve<M: Exposition>(
     addr: SocketAddr,
-    metrics: Metrics,
+    metrics: M,
     health: Arc<Health>,
 ) -> Result<Listener, PluginError> {
     let listener = TcpListener::bind(addr)
@@ -98,7 +109,7 @@ pub async fn serve(
         .map_err(|e| PluginError::Usage(format!("cannot listen on --metrics-addr {addr}: {e}")))?;
     let addr = listener.local_addr()?;
     let app = Router::new()
-        .route("/metrics", get(metrics_text))
+        .route("/metrics", get(metrics_text::<M>))
         .with_state(metrics)
         .merge(
             Router::new()
@@ -114,7 +125,7 @@ pub async fn serve(
     Ok(Listener { addr, task })
 }
 
-async fn metrics_text(State(metrics): State<Metrics>) -> Response {
+async fn metrics_text<M: Exposition>(State(metrics): State<M>) -> Response {
     match metrics.encode() {
         Ok(text) => (
             [(

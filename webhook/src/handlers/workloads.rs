@@ -25,6 +25,7 @@ use helmop_core::names::{
 };
 use helmop_core::podrefs::pod_refs_from_value;
 use helmop_core::resource::ResourceRef;
+pub use helmop_core::rollout::{OptIn, opt_in};
 use helmop_core::workload::{PodTemplate, WorkloadKind, pod_template};
 
 use crate::admission::{Object, Request};
@@ -50,36 +51,6 @@ fn stages_deadline(
         .checked_sub(ANSWER_RESERVE)
         .unwrap_or(request)
         .max(now)
-}
-
-/// Why a workload is, or is not, stamped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OptIn {
-    /// The workload's own label `helmop.dev/rollout-on-change: "true"`.
-    ByWorkload,
-    /// Its namespace's label `helmop.dev/rollout-on-change: enabled`.
-    ByNamespace,
-    /// The workload's label is `"false"`, which overrides the namespace.
-    OptedOut,
-    NotOptedIn,
-}
-
-impl OptIn {
-    pub fn stamps(self) -> bool {
-        matches!(self, OptIn::ByWorkload | OptIn::ByNamespace)
-    }
-}
-
-/// The opt-in decision. `workload` is the label on the workload's own `metadata.labels` (not on its pod
-/// template: the template's labels belong to the pods and their selectors); `namespace` the label on the
-/// Namespace. Any other workload value than `"true"`/`"false"` defers to the namespace.
-pub fn opt_in(workload: Option<&str>, namespace: Option<&str>) -> OptIn {
-    match workload {
-        Some("true") => OptIn::ByWorkload,
-        Some("false") => OptIn::OptedOut,
-        _ if namespace == Some("enabled") => OptIn::ByNamespace,
-        _ => OptIn::NotOptedIn,
-    }
 }
 
 /// JSONPatch operations that make the template's annotations hold `desired` (`None` = absent), creating

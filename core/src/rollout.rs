@@ -1,0 +1,246 @@
+//! Which workloads are stamped, and whether a stamped workload's stamp is behind what its pods would
+//! read now: the one home of the opt-in rule (the webhook stamps by it, the plugin and the rollout
+//! watcher report and restamp by it) and of the watcher's decision.
+//!
+//! The decision recomputes the stamp exactly as the webhook does on an UPDATE
+//! ([`crate::hash::migrated_stamp`] with the stored stamp as the previous one), so "due" means "an
+//! UPDATE now would change the pod template": the workload would roll. The watcher only decides with
+//! it; the webhook stays the only author of stamps (a restamp is an UPDATE it answers).
+
+use std::collections::BTreeMap;
+
+use crate::hash::{HashKey, Observed, migrated_stamp};
+use crate::names::LABEL_ROLLOUT_ON_CHANGE;
+use crate::podrefs::PodRef;
+
+/// Distinct Secrets and ConfigMaps one workload may read and still be stamped: each is one lookup
+/// per admission. Above it the webhook admits the workload without a stamp (with a warning), and
+/// nothing restamps it.
+pub const MAX_REFERENCES: usize = 256;
+
+/// Why a workload is, or is not, stamped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptIn {
+    /// The workload's own label `helmop.dev/rollout-on-change: "true"`.
+    ByWorkload,
+    /// Its namespace's label `helmop.dev/rollout-on-change: enabled`.
+    ByNamespace,
+    /// The workload's label is `"false"`, which overrides the namespace.
+    OptedOut,
+    NotOptedIn,
+}
+
+impl OptIn {
+    pub fn stamps(self) -> bool {
+        matches!(self, OptIn::ByWorkload | OptIn::ByNamespace)
+    }
+}
+
+/// The opt-in decision. `workload` is the label on the workload's own `metadata.labels` (not on its
+/// pod template: the template's labels belong to the pods and their selectors); `namespace` the
+/// label on the Namespace. Any other workload value than `"true"`/`"false"` defers to the namespace.
+pub fn opt_in(workload: Option<&str>, namespace: Option<&str>) -> OptIn {
+    match workload {
+        Some("true") => OptIn::ByWorkload,
+        Some("false") => OptIn::OptedOut,
+        _ if namespace == Some("enabled") => OptIn::ByNamespace,
+        _ => OptIn::NotOptedIn,
+    }
+}
+
+/// [`opt_in`] on whole label maps.
+pub fn opted_in(
+    namespace_labels: &BTreeMap<String, String>,
+    workload_labels: &BTreeMap<String, String>,
+) -> bool {
+    opt_in(
+        workload_labels
+            .get(LABEL_ROLLOUT_ON_CHANGE)
+            .map(String::as_str),
+        namespace_labels
+            .get(LABEL_ROLLOUT_ON_CHANGE)
+            .map(String::as_str),
+    )
+    .stamps()
+}
+
+/// Whether an opted-in workload must be restamped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// An UPDATE now would write the stamp it has: nothing its pods read changed.
+    Current,
+    /// An UPDATE now would write `expected` instead of `current`: the workload would roll.
+    Due {
+        current: Option<String>,
+        expected: String,
+    },
+    /// The webhook does not stamp it (the reason): restamping would change nothing.
+    NotStamped(String),
+}
+
+/// The decision for a pod template of `namespace` that reads `refs` and carries the stamp
+/// `current`; `lookup` says what each referenced object holds now (called once per object).
+///
+/// A template that reads nothing is `Current` whatever it carries: the webhook drops a leftover
+/// stamp on the next UPDATE anyway, and rolling pods that read nothing for it would be pointless.
+pub fn decide<'a>(
+    key: &HashKey,
+    namespace: &str,
+    refs: &[PodRef],
+    current: Option<&str>,
+    lookup: impl FnMut(&PodRef) -> Observed<'a>,
+) -> Decision {
+    if refs.is_empty() {
+        return Decision::Current;
+    }
+    if refs.len() > MAX_REFERENCES {
+        return Decision::NotStamped(format!(
+            "it reads {} Secrets and ConfigMaps, more than the {MAX_REFERENCES} the webhook stamps",
+            refs.len()
+        ));
+    }
+    let expected = migrated_stamp(key, namespace, refs, current, lookup).config_hash;
+    if current == Some(expected.as_str()) {
+        Decision::Current
+    } else {
+        Decision::Due {
+            current: current.map(str::to_owned),
+            expected,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::hash::{ObjectData, config_stamp, config_stamp_v2};
+    use crate::podrefs::Keys;
+    use crate::resource::ResourceRef;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn opt_in_rules() {
+        let on = labels(&[(LABEL_ROLLOUT_ON_CHANGE, "enabled")]);
+        let off = labels(&[]);
+        let yes = labels(&[(LABEL_ROLLOUT_ON_CHANGE, "true")]);
+        let no = labels(&[(LABEL_ROLLOUT_ON_CHANGE, "false")]);
+        assert!(opted_in(&on, &off));
+        assert!(!opted_in(&on, &no), "the workload's false wins");
+        assert!(opted_in(&off, &yes));
+        assert!(!opted_in(&off, &off));
+        // `true` is the workload's value; on a namespace only `enabled` counts.
+        assert!(!opted_in(&yes, &off));
+        assert_eq!(opt_in(Some("maybe"), Some("enabled")), OptIn::ByNamespace);
+        assert_eq!(opt_in(Some("maybe"), None), OptIn::NotOptedIn);
+    }
+
+    fn key() -> HashKey {
+        HashKey::new(&[7; 32]).unwrap()
+    }
+
+    fn data(value: &'static [u8]) -> ObjectData<'static> {
+        ObjectData {
+            type_: None,
+            data: BTreeMap::from([("a", value)]),
+            binary_data: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn due_exactly_when_an_update_would_change_the_stamp() {
+        let refs = vec![PodRef::new(
+            ResourceRef::config_map("app"),
+            Keys::All,
+            false,
+        )];
+        let v2 = config_stamp_v2(&key(), "apps", &refs, |_| Observed::Data(data(b"1"))).config_hash;
+        let lookup_1 = |_: &PodRef| Observed::Data(data(b"1"));
+        assert_eq!(
+            decide(&key(), "apps", &refs, Some(&v2), lookup_1),
+            Decision::Current
+        );
+        match decide(&key(), "apps", &refs, Some(&v2), |_| {
+            Observed::Data(data(b"2"))
+        }) {
+            Decision::Due { current, expected } => {
+                assert_eq!(current.as_deref(), Some(v2.as_str()));
+                assert_ne!(expected, v2);
+                assert!(expected.starts_with("v2:"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Never stamped: the webhook would stamp it.
+        assert!(matches!(
+            decide(&key(), "apps", &refs, None, lookup_1),
+            Decision::Due { current: None, .. }
+        ));
+        // The same stamp in another namespace is not current: stamps bind the namespace.
+        assert!(matches!(
+            decide(&key(), "other", &refs, Some(&v2), lookup_1),
+            Decision::Due { .. }
+        ));
+    }
+
+    #[test]
+    fn a_current_v1_stamp_is_kept_as_the_webhook_keeps_it() {
+        let refs = vec![PodRef::new(ResourceRef::secret("db"), Keys::All, false)];
+        let v1 = config_stamp(&key(), &refs, |_| Observed::Data(data(b"1"))).config_hash;
+        assert!(v1.starts_with("v1:"));
+        assert_eq!(
+            decide(&key(), "apps", &refs, Some(&v1), |_| Observed::Data(data(
+                b"1"
+            ))),
+            Decision::Current,
+            "a v1 stamp of the current content is not rewritten as v2 (no roll for the move)"
+        );
+        assert!(matches!(
+            decide(&key(), "apps", &refs, Some(&v1), |_| Observed::Data(data(
+                b"2"
+            ))),
+            Decision::Due { .. }
+        ));
+    }
+
+    #[test]
+    fn an_optional_reference_created_later_is_due() {
+        let refs = vec![PodRef::new(
+            ResourceRef::config_map("later"),
+            Keys::All,
+            true,
+        )];
+        let absent = config_stamp_v2(&key(), "apps", &refs, |_| Observed::Absent).config_hash;
+        assert_eq!(
+            decide(&key(), "apps", &refs, Some(&absent), |_| Observed::Absent),
+            Decision::Current
+        );
+        assert!(matches!(
+            decide(&key(), "apps", &refs, Some(&absent), |_| Observed::Data(
+                data(b"x")
+            )),
+            Decision::Due { .. }
+        ));
+    }
+
+    #[test]
+    fn templates_that_read_nothing_or_too_much_are_left_alone() {
+        assert_eq!(
+            decide(&key(), "apps", &[], Some("v2:old"), |_| Observed::Absent),
+            Decision::Current
+        );
+        let many: Vec<PodRef> = (0..=MAX_REFERENCES)
+            .map(|i| PodRef::new(ResourceRef::config_map(format!("c{i}")), Keys::All, true))
+            .collect();
+        match decide(&key(), "apps", &many, None, |_| Observed::Absent) {
+            Decision::NotStamped(why) => assert!(why.contains("257"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

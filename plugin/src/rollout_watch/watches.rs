@@ -1,0 +1,455 @@
+//! The watches of `rollout --watch`, each turning what it sees into the small facts of
+//! [`super::index`] before they reach the loop, so no object is held whole beyond its own event:
+//! workloads of every stamped kind the server serves (whole: the pod template decides), Secrets
+//! and ConfigMaps metadata only (their version and, for helmop's copies, the content hash),
+//! Namespaces metadata only (the opt-in label), and the hash key Secret.
+//!
+//! A watch that fails is retried with kube's default back-off; after a re-list the loop drops
+//! what the new listing no longer has ([`Change::Listed`]).
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use helmop_core::hash::HashKey;
+use helmop_core::names;
+use helmop_core::podrefs::pod_refs_from_value;
+use helmop_core::resource::{ResourceKind, ResourceRef};
+use helmop_core::workload::{WorkloadKind, pod_template};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::api::{ApiResource, DynamicObject};
+use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::index::{ObjectFacts, ObjectKey, Version, WorkloadFacts, WorkloadKey};
+use crate::watch::triggers::Synced;
+
+/// One step of one watch.
+#[derive(Debug)]
+pub enum Step<P, K> {
+    /// Added or modified.
+    Put(P),
+    Delete(K),
+    /// A (re-)listing starts: what it does not bring again is gone.
+    Relist,
+    /// Listed during a (re-)listing.
+    Listed(P),
+    /// The (re-)listing is complete.
+    Done,
+}
+
+/// What a watch tells the loop.
+#[derive(Debug)]
+pub enum Change {
+    Workload(WorkloadKind, Step<(WorkloadKey, WorkloadFacts), WorkloadKey>),
+    Object(ResourceKind, Step<(ObjectKey, ObjectFacts), ObjectKey>),
+    Namespace(Step<(String, Option<String>), String>),
+    /// The hash key Secret: its key, or why there is none (absent, malformed).
+    HashKey(Result<HashKey, String>),
+    /// The hash key's watch listed once (after its [`Change::HashKey`]).
+    HashKeyListed,
+    /// A watch failed (it is retried); the first failure of a streak only.
+    WatchFailed { what: String, error: String },
+}
+
+/// What to watch.
+pub struct Scope {
+    /// `None`: every namespace.
+    pub namespace: Option<String>,
+    /// `-l`: only workloads matching it.
+    pub selector: Option<String>,
+    /// The workload kinds the server serves, with the API resource to reach each.
+    pub kinds: Vec<(WorkloadKind, ApiResource)>,
+    /// `--hash-key-secret`.
+    pub hash_key: (String, String),
+}
+
+/// The running watches; dropping this stops them.
+pub struct Watches {
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Starts every watch of `scope`; `synced` counts those that listed once.
+pub fn spawn(
+    client: &Client,
+    scope: &Scope,
+    tx: mpsc::Sender<Change>,
+    synced: &Arc<Synced>,
+) -> Watches {
+    let mut tasks = Vec::new();
+    let workloads = match &scope.selector {
+        Some(s) => watcher::Config::default().labels(s),
+        None => watcher::Config::default(),
+    };
+    for (kind, resource) in &scope.kinds {
+        let api: Api<DynamicObject> = match &scope.namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
+            None => Api::all_with(client.clone(), resource),
+        };
+        let kind = *kind;
+        let stream = watcher::watcher(api, workloads.clone()).default_backoff();
+        tasks.push(forward(
+            stream,
+            format!("{kind}s"),
+            tx.clone(),
+            synced.clone(),
+            move |obj: DynamicObject| workload_facts(kind, obj),
+            move |obj: &DynamicObject| workload_key(kind, obj),
+            move |step| Change::Workload(kind, step),
+        ));
+    }
+    tasks.push(watch_objects::<Secret>(
+        client,
+        scope,
+        ResourceKind::Secret,
+        tx.clone(),
+        synced,
+    ));
+    tasks.push(watch_objects::<ConfigMap>(
+        client,
+        scope,
+        ResourceKind::ConfigMap,
+        tx.clone(),
+        synced,
+    ));
+    let namespaces = match &scope.namespace {
+        Some(ns) => watcher::Config::default().fields(&format!("metadata.name={ns}")),
+        None => watcher::Config::default(),
+    };
+    let api: Api<PartialObjectMeta<Namespace>> = Api::all(client.clone());
+    tasks.push(forward(
+        watcher::watcher(api, namespaces).default_backoff(),
+        "namespaces".to_owned(),
+        tx.clone(),
+        synced.clone(),
+        |ns: PartialObjectMeta<Namespace>| {
+            let name = ns.metadata.name?;
+            let label = ns
+                .metadata
+                .labels
+                .and_then(|mut l| l.remove(names::LABEL_ROLLOUT_ON_CHANGE));
+            Some((name, label))
+        },
+        |ns: &PartialObjectMeta<Namespace>| ns.metadata.name.clone(),
+        Change::Namespace,
+    ));
+    tasks.push(watch_hash_key(client, &scope.hash_key, tx, synced.clone()));
+    synced.expect(tasks.len());
+    Watches { tasks }
+}
+
+fn watch_objects<K>(
+    client: &Client,
+    scope: &Scope,
+    kind: ResourceKind,
+    tx: mpsc::Sender<Change>,
+    synced: &Arc<Synced>,
+) -> JoinHandle<()>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let api: Api<PartialObjectMeta<K>> = match &scope.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    forward(
+        stream,
+        format!("{kind}s"),
+        tx,
+        synced.clone(),
+        move |obj: PartialObjectMeta<K>| {
+            let key = object_key(kind, &obj.metadata)?;
+            let version = Version {
+                uid: obj.metadata.uid.clone()?,
+                resource_version: obj.metadata.resource_version.clone()?,
+            };
+            // Only helmop's own copies: a foreign object's annotation of that name records nothing.
+            let ours = obj
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(names::LABEL_MANAGED_BY))
+                .is_some_and(|v| v == names::MANAGER);
+            let content_hash = obj
+                .metadata
+                .annotations
+                .and_then(|mut a| a.remove(names::ANN_CONTENT_HASH))
+                .filter(|_| ours);
+            Some((
+                key,
+                ObjectFacts {
+                    version,
+                    content_hash,
+                },
+            ))
+        },
+        move |obj: &PartialObjectMeta<K>| object_key(kind, &obj.metadata),
+        move |step| Change::Object(kind, step),
+    )
+}
+
+fn object_key(kind: ResourceKind, meta: &kube::api::ObjectMeta) -> Option<ObjectKey> {
+    Some(ObjectKey {
+        namespace: meta.namespace.clone()?,
+        resource: ResourceRef::new(kind, meta.name.clone()?),
+    })
+}
+
+fn workload_key(kind: WorkloadKind, obj: &DynamicObject) -> Option<WorkloadKey> {
+    Some(WorkloadKey {
+        kind,
+        namespace: obj.metadata.namespace.clone()?,
+        name: obj.metadata.name.clone()?,
+    })
+}
+
+/// The facts of a workload; `None` for one being deleted (nothing restamps it any more).
+pub fn workload_facts(
+    kind: WorkloadKind,
+    obj: DynamicObject,
+) -> Option<(WorkloadKey, WorkloadFacts)> {
+    if obj.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let key = workload_key(kind, &obj)?;
+    let template = pod_template(kind, &obj.data);
+    let refs = match &template {
+        Some(t) => pod_refs_from_value(t.spec).map_err(|e| e.to_string()),
+        // e.g. an Argo Rollout with a workloadRef: the Deployment it names is stamped.
+        None => Ok(Vec::new()),
+    };
+    let stamp = template
+        .as_ref()
+        .and_then(|t| t.annotation(names::ANN_CONFIG_HASH))
+        .map(str::to_owned);
+    let mut labels = obj.metadata.labels.unwrap_or_default();
+    Some((
+        key,
+        WorkloadFacts {
+            uid: obj.metadata.uid.unwrap_or_default(),
+            label: labels.remove(names::LABEL_ROLLOUT_ON_CHANGE),
+            refs,
+            stamp,
+        },
+    ))
+}
+
+/// Drives one watch stream, converting each object with `facts` (`None`: treat as deleted, keyed
+/// by `key`) and sending `wrap`ped steps.
+#[allow(clippy::too_many_arguments)]
+fn forward<K, P, Q, S>(
+    stream: S,
+    what: String,
+    tx: mpsc::Sender<Change>,
+    synced: Arc<Synced>,
+    facts: impl Fn(K) -> Option<P> + Send + 'static,
+    key: impl Fn(&K) -> Option<Q> + Send + 'static,
+    wrap: impl Fn(Step<P, Q>) -> Change + Send + 'static,
+) -> JoinHandle<()>
+where
+    K: Send + 'static,
+    P: Send + 'static,
+    Q: Send + 'static,
+    S: futures::Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        let mut listed = false;
+        let mut failing = false;
+        while let Some(event) = stream.next().await {
+            let step = match event {
+                Ok(Event::Apply(obj)) => {
+                    let k = key(&obj);
+                    match facts(obj) {
+                        Some(p) => Step::Put(p),
+                        None => match k {
+                            Some(k) => Step::Delete(k),
+                            None => continue,
+                        },
+                    }
+                }
+                Ok(Event::Delete(obj)) => match key(&obj) {
+                    Some(k) => Step::Delete(k),
+                    None => continue,
+                },
+                Ok(Event::Init) => Step::Relist,
+                Ok(Event::InitApply(obj)) => match facts(obj) {
+                    Some(p) => Step::Listed(p),
+                    None => continue,
+                },
+                Ok(Event::InitDone) => {
+                    if !listed {
+                        synced.mark();
+                        listed = true;
+                    }
+                    if failing {
+                        tracing::info!(watch = %what, "watch reconnected");
+                    }
+                    failing = false;
+                    Step::Done
+                }
+                Err(e) => {
+                    if !failing {
+                        let error = e.to_string();
+                        tracing::warn!(watch = %what, %error, "watch failed; retrying");
+                        let _ = tx
+                            .send(Change::WatchFailed {
+                                what: what.clone(),
+                                error,
+                            })
+                            .await;
+                    }
+                    failing = true;
+                    continue;
+                }
+            };
+            // Every step counts (the index depends on each), so wait for room rather than drop.
+            if tx.send(wrap(step)).await.is_err() {
+                return;
+            }
+        }
+    })
+}
+
+fn watch_hash_key(
+    client: &Client,
+    (namespace, name): &(String, String),
+    tx: mpsc::Sender<Change>,
+    synced: Arc<Synced>,
+) -> JoinHandle<()> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let stream = watcher::watcher(api, config).default_backoff();
+    let what = format!("the hash key Secret {namespace}/{name}");
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        let mut listed = false;
+        let mut found = false;
+        let mut failing = false;
+        while let Some(event) = stream.next().await {
+            let key = match event {
+                Ok(Event::Apply(secret) | Event::InitApply(secret)) => {
+                    found = true;
+                    Some(HashKey::from_secret(&secret).map_err(|e| format!("{what}: {e}")))
+                }
+                Ok(Event::Delete(_)) => {
+                    found = false;
+                    Some(Err(format!("{what} does not exist")))
+                }
+                Ok(Event::Init) => {
+                    found = false;
+                    None
+                }
+                Ok(Event::InitDone) => {
+                    failing = false;
+                    let missing = (!found).then(|| Err(format!("{what} does not exist")));
+                    if let Some(missing) = missing
+                        && tx.send(Change::HashKey(missing)).await.is_err()
+                    {
+                        return;
+                    }
+                    if !listed {
+                        synced.mark();
+                        listed = true;
+                        if tx.send(Change::HashKeyListed).await.is_err() {
+                            return;
+                        }
+                    }
+                    None
+                }
+                Err(e) => {
+                    if !failing {
+                        let _ = tx
+                            .send(Change::WatchFailed {
+                                what: what.clone(),
+                                error: e.to_string(),
+                            })
+                            .await;
+                    }
+                    failing = true;
+                    None
+                }
+            };
+            if let Some(key) = key
+                && tx.send(Change::HashKey(key)).await.is_err()
+            {
+                return;
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn object(v: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_workload_is_kept_as_what_decides_its_stamp() {
+        let obj = object(json!({
+            "apiVersion": "batch/v1beta1", "kind": "CronJob",
+            "metadata": {"name": "nightly", "namespace": "apps", "uid": "u1",
+                         "labels": {"helmop.dev/rollout-on-change": "true", "app": "x"},
+                         "annotations": {"helmop.dev/restamp": "r1"}},
+            "spec": {"schedule": "@daily", "jobTemplate": {"spec": {"template": {
+                "metadata": {"annotations": {"helmop.dev/config-hash": "v2:aa"}},
+                "spec": {"containers": [{"name": "c", "image": "i",
+                    "envFrom": [{"secretRef": {"name": "db"}}]}],
+                    "initContainers": [{"name": "i", "image": "i",
+                    "env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "app", "key": "k"}}}]}]}
+            }}}}
+        }));
+        let (key, facts) = workload_facts(WorkloadKind::CronJob, obj).unwrap();
+        assert_eq!(key.to_string(), "apps/CronJob/nightly");
+        assert_eq!(facts.label.as_deref(), Some("true"));
+        assert_eq!(facts.stamp.as_deref(), Some("v2:aa"));
+        let refs: Vec<String> = facts
+            .refs
+            .unwrap()
+            .iter()
+            .map(|r| r.resource.to_string())
+            .collect();
+        assert_eq!(refs, vec!["configmap/app", "secret/db"], "init containers count");
+    }
+
+    #[test]
+    fn deleting_and_unreadable_workloads() {
+        let deleting = object(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "apps", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"template": {"spec": {"containers": []}}}
+        }));
+        assert!(workload_facts(WorkloadKind::Deployment, deleting).is_none());
+        let bad = object(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "apps"},
+            "spec": {"template": {"spec": {"containers": "not a list"}}}
+        }));
+        let (_, facts) = workload_facts(WorkloadKind::Deployment, bad).unwrap();
+        assert!(facts.refs.is_err());
+    }
+}
