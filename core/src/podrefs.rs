@@ -5,12 +5,23 @@
 //! (the one key), in containers, init containers and ephemeral containers (the API server refuses
 //! ephemeral containers in templates, but a plain Pod may have them).
 //!
-//! What each reference reads is what the kubelet (1.20, `makeEnvironmentVariables` and the
-//! configMap/secret/projected volume plugins) reads, kept in [`Reads`]:
+//! What each reference reads is what the kubelet reads (`makeEnvironmentVariables` in
+//! `pkg/kubelet/kubelet_pods.go` and the configMap/secret/projected volume plugins), kept in
+//! [`Reads`]; where kubelet versions differ, helmop follows the newest one, because a missed
+//! rollout is worse than an extra one:
 //! - a volume without `items` every key of `data` and `binaryData`; with `items` those keys, each
 //!   from `data` or else `binaryData`;
-//! - `envFrom` only `data`, and only the keys that, with the source's `prefix`, are valid variable
-//!   names (`[-._a-zA-Z][-._a-zA-Z0-9]*`, not `.`, `..` or `..`-prefixed); others are skipped;
+//! - `envFrom` only `data`, and every key of it, whatever name the key makes with the source's
+//!   `prefix`. From Kubernetes 1.30 on, `makeEnvironmentVariables` sets `prefix + key` for each key
+//!   without checking the name (kubernetes/kubernetes#123385, release notes of v1.30; read in
+//!   `pkg/kubelet/kubelet_pods.go` of kubernetes/kubernetes master, commit 001a80e9): KEP-4369 left
+//!   the name rule to the API server, and the kubelet never looks at the
+//!   RelaxedEnvironmentVariableValidation gate. Kubelets 1.20 to 1.29 skip the keys whose
+//!   `prefix + key` fails [`is_env_var_name`]: on such nodes a change of such a key rolls pods
+//!   that do not see it (docs/stamping.md, "envFrom: the newest kubelet's rule"). For every object
+//!   the API server admits this is the same as "read when [`is_relaxed_env_var_name`] accepts
+//!   `prefix + key`": keys are held to `IsConfigMapKey` (`[-._a-zA-Z0-9]+`) and prefixes to one of
+//!   the two name rules, so `prefix + key` always passes the relaxed one;
 //! - a key ref only `data[key]`: a key that exists only in `binaryData` is missing for it.
 //!
 //! Not counted, because no process in the pod reads them: `imagePullSecrets` (the kubelet uses
@@ -62,8 +73,9 @@ impl Keys {
 pub struct Reads {
     /// A volume without `items`: every key of `data` and `binaryData`.
     pub whole: bool,
-    /// The `prefix` of each `envFrom` (`""` without one): the keys of `data` that make a valid
-    /// variable name with it.
+    /// The `prefix` of each `envFrom` (`""` without one). Any `envFrom` reads every key of
+    /// `data`, whatever the prefix (module docs); the prefixes are kept to describe the reference
+    /// (a 1.20-1.29 kubelet would skip keys that fail [`is_env_var_name`] with them).
     pub env_prefixes: BTreeSet<String>,
     /// Volume `items`: these keys, from `data` or else `binaryData`; `true` when a reference
     /// that is not optional needs the key (missing, the volume cannot be set up).
@@ -73,7 +85,15 @@ pub struct Reads {
     pub vars: BTreeMap<String, bool>,
 }
 
-/// Whether the kubelet takes `name` as an environment variable (`validation.IsEnvVarName`).
+/// Kubernetes' strict environment variable name rule, `validation.IsEnvVarName`
+/// (`staging/src/k8s.io/apimachinery/pkg/util/validation/validation.go`):
+/// `[-._a-zA-Z][-._a-zA-Z0-9]*`, and not `.`, `..` or starting with `..`.
+///
+/// Kubelets 1.20 to 1.29 import an `envFrom` key only when `prefix + key` passes it, and API
+/// servers without RelaxedEnvironmentVariableValidation (before 1.32 by default) hold `env[].name`
+/// and `envFrom[].prefix` to it. helmop does not use it to decide what is read (the newest kubelet
+/// imports every key, see the module docs); it says which keys older kubelets skip, and every
+/// name it accepts [`is_relaxed_env_var_name`] accepts too.
 pub fn is_env_var_name(name: &str) -> bool {
     let mut bytes = name.bytes();
     let valid_first = bytes
@@ -83,6 +103,22 @@ pub fn is_env_var_name(name: &str) -> bool {
         && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
         && name != "."
         && !name.starts_with("..")
+}
+
+/// Kubernetes' relaxed environment variable name rule, `validation.IsRelaxedEnvVarName` (same
+/// file, since 1.30): not empty, and every character printable ASCII (`' '` to `'~'`, so a space
+/// counts; Go's `unicode.IsPrint`) other than `=`. Unlike the strict rule it accepts a leading
+/// digit, `.`, `..` and `..x`.
+///
+/// The API server's rule for `env[].name` and `envFrom[].prefix` with the
+/// RelaxedEnvironmentVariableValidation gate (alpha 1.30, beta and on by default 1.32, GA and
+/// locked on 1.34). The kubelet checks no name at all since 1.30; every `prefix + key` of an
+/// object the API server admits passes this rule, which is why "every key of `data`" and
+/// "every key this rule accepts with the prefix" are the same reads.
+pub fn is_relaxed_env_var_name(name: &str) -> bool {
+    // A non-ASCII character is more than one byte, each >= 0x80: refused like Go's
+    // `r > unicode.MaxASCII`.
+    !name.is_empty() && name.bytes().all(|b| matches!(b, b' '..=b'~') && b != b'=')
 }
 
 impl Reads {
@@ -120,9 +156,9 @@ impl Reads {
     /// Whether the pod reads `key` of `data`.
     pub fn reads_data(&self, key: &str) -> bool {
         self.whole
+            || self.reads_env()
             || self.files.contains_key(key)
             || self.vars.contains_key(key)
-            || self.env_reads(key)
     }
 
     /// Whether the pod reads `key` of `binaryData`.
@@ -130,11 +166,10 @@ impl Reads {
         self.whole || self.files.contains_key(key)
     }
 
-    /// Whether some `envFrom` turns `data` key `key` into a variable.
-    pub fn env_reads(&self, key: &str) -> bool {
-        self.env_prefixes
-            .iter()
-            .any(|p| is_env_var_name(&format!("{p}{key}")))
+    /// Whether some `envFrom` reads the object: then every key of `data` becomes a variable
+    /// (`prefix + key`), whatever the prefix and the key (module docs).
+    pub fn reads_env(&self) -> bool {
+        !self.env_prefixes.is_empty()
     }
 
     /// The named keys the pod looks for and does not find, given which keys `data` and
@@ -439,14 +474,15 @@ mod tests {
                 ("secret/whole".to_string(), whole.clone()),
             ]
         );
-        // envFrom reads data only, and only keys that make variable names with some prefix.
+        // envFrom reads data only, and every key of it, whatever the prefix.
         assert!(env.reads_data("GREETING") && env.reads_data("k") && env.reads_data("1st"));
         assert!(!env.reads_binary("GREETING"));
         let plain = Reads {
             env_prefixes: ["".to_string()].into(),
             ..Reads::default()
         };
-        assert!(!plain.reads_data("1st") && !plain.reads_data("a/b") && !plain.reads_data(".."));
+        assert!(plain.reads_data("1st") && plain.reads_data("a/b") && plain.reads_data(".."));
+        assert!(!plain.reads_binary("1st"));
         assert_eq!(plain.keys(), Keys::All);
         // Volume items read both maps; key refs only data.
         assert!(files.reads_binary("a") && files.reads_data("a") && !files.reads_data("c"));
@@ -484,7 +520,7 @@ mod tests {
     }
 
     #[test]
-    fn env_var_names_as_the_kubelet_checks_them() {
+    fn strict_env_var_names_as_kubelets_before_1_30_check_them() {
         for good in [
             "A",
             "a_b",
@@ -499,6 +535,93 @@ mod tests {
         }
         for bad in ["", "1a", "a b", "a/b", "a=b", ".", "..", "..x", "ü", "a\n"] {
             assert!(!is_env_var_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn relaxed_env_var_names_as_the_api_server_checks_them() {
+        // Every printable ASCII character but `=`, the space included; no rule on `.` or `..`.
+        let printable: String = (b' '..=b'~')
+            .filter(|b| *b != b'=')
+            .map(char::from)
+            .collect();
+        for good in [
+            "A",
+            "1a",
+            "1",
+            "a b",
+            " ",
+            "a/b",
+            ".",
+            "..",
+            "..x",
+            "~",
+            "Logging:LogLevel:Default",
+            printable.as_str(),
+        ] {
+            assert!(is_relaxed_env_var_name(good), "{good:?}");
+        }
+        for bad in [
+            "", "=", "a=b", "a=", "ü", "aü", "a\n", "\t", "a\u{7f}", "\0", "a\u{a0}",
+        ] {
+            assert!(!is_relaxed_env_var_name(bad), "{bad:?}");
+        }
+    }
+
+    fn env_from(prefix: Option<&str>) -> Reads {
+        let spec = json!({"containers": [{"name": "a", "envFrom": [
+            {"configMapRef": {"name": "app"}, "prefix": prefix}]}]});
+        let refs = pod_refs_from_value(&spec).unwrap();
+        assert_eq!(refs.len(), 1);
+        refs[0].reads.clone()
+    }
+
+    #[test]
+    fn env_from_reads_every_data_key_as_the_newest_kubelet_does() {
+        // Without a prefix a key starting with a digit is read: a 1.30+ kubelet imports it
+        // (a 1.20-1.29 kubelet skips it: strict rule).
+        let plain = env_from(None);
+        assert_eq!(plain.env_prefixes, BTreeSet::from([String::new()]));
+        assert!(plain.reads_data("1st-line") && !is_env_var_name("1st-line"));
+        for key in ["GREETING", "log.level", "-x", "_x", ".x", "1", "9lives"] {
+            assert!(plain.reads_data(key), "{key:?}");
+            assert!(!plain.reads_binary(key), "{key:?}");
+        }
+        // Any prefix: the same keys. A prefix with `=` (which the API server refuses under
+        // either rule, so no such pod runs) does not make helmop read less.
+        for prefix in ["APP_", "1_", "my app:", ".", "A="] {
+            let reads = env_from(Some(prefix));
+            assert!(reads.reads_env(), "{prefix:?}");
+            for key in ["GREETING", "1st-line", ".x"] {
+                assert!(reads.reads_data(key), "{prefix:?} {key:?}");
+            }
+            assert_eq!(reads.keys(), Keys::All);
+        }
+        // `prefix: ""` is no prefix.
+        assert_eq!(env_from(Some("")), plain);
+        // Only envFrom reads so: a key ref or volume item names its keys.
+        let keyref = var_reads("k", None);
+        assert!(!keyref.reads_env() && !keyref.reads_data("1st-line"));
+    }
+
+    proptest::proptest! {
+        /// The strict rule's names are a subset of the relaxed rule's.
+        #[test]
+        fn strict_names_are_relaxed_names(name in "[ -~]{0,12}|[-._a-zA-Z][-._a-zA-Z0-9]{0,12}|\\PC{0,6}") {
+            proptest::prop_assert!(!is_env_var_name(&name) || is_relaxed_env_var_name(&name));
+        }
+
+        /// For every prefix the API server admits (empty, or relaxed: the strict names are
+        /// among them) and every key it admits in a ConfigMap or Secret (`IsConfigMapKey`:
+        /// `[-._a-zA-Z0-9]+`), the relaxed rule accepts `prefix + key`: reading every key is
+        /// reading the keys that rule accepts.
+        #[test]
+        fn admitted_prefix_and_key_make_a_relaxed_name(
+            prefix in "([ -<>-~]{1,12})?",
+            key in "[-._a-zA-Z0-9]{1,20}",
+        ) {
+            let name = format!("{prefix}{key}");
+            proptest::prop_assert!(is_relaxed_env_var_name(&name), "{:?}", name);
         }
     }
 

@@ -104,7 +104,7 @@ fn documented_example() {
 }
 
 /// The same example read from the pod spec the README describes, through the kubelet's rules
-/// (envFrom reads `data` under valid names, a key ref `data[key]`): the documented stamp stays.
+/// (envFrom reads every key of `data`, a key ref `data[key]`): the documented stamp stays.
 #[test]
 fn documented_example_from_the_pod_spec() {
     let spec = serde_json::json!({

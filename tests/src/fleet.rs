@@ -219,37 +219,9 @@ pub fn shared_dir() -> std::path::PathBuf {
 /// until the API server serves it. Installing it twice is fine: tests of one binary share the
 /// control plane.
 pub async fn install_fleet_crd(client: &Client, plural: &str) -> anyhow::Result<()> {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-
     let path = shared_dir()
         .join("fleet-crds")
         .join(format!("{plural}.fleet.cattle.io.yaml"));
-    let yaml =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let crd: CustomResourceDefinition =
-        serde_saphyr::from_str(&yaml).with_context(|| format!("parsing {}", path.display()))?;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    match crds.create(&PostParams::default(), &crd).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => return Err(e).with_context(|| format!("creating CRD {plural}.fleet.cattle.io")),
-    }
-    let kind = crd.spec.names.kind.clone();
-    let served = ApiResource {
-        group: "fleet.cattle.io".to_owned(),
-        version: "v1alpha1".to_owned(),
-        api_version: FLEET_API_VERSION.to_owned(),
-        kind,
-        plural: plural.to_owned(),
-    };
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &served);
-    crate::wait_until(
-        &format!("{plural}.fleet.cattle.io to be served"),
-        crate::DEFAULT_TIMEOUT,
-        || {
-            let api = api.clone();
-            async move { Ok(api.list(&Default::default()).await.is_ok()) }
-        },
-    )
-    .await
+    crate::crds::install_crd(client, &path).await?;
+    Ok(())
 }

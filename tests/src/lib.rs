@@ -16,9 +16,11 @@
 //! control plane itself panics with a message saying what to do (a missing prerequisite is a
 //! test failure, never a skip).
 
+mod argo;
 mod binaries;
 mod certs;
 mod controlplane;
+mod crds;
 mod endpoints;
 mod fleet;
 pub mod images;
@@ -30,6 +32,9 @@ mod wait;
 mod webhook_server;
 mod webhooks;
 
+pub use argo::{
+    ARGO_ROLLOUTS_API_VERSION, argo_rollouts_crd_path, install_argo_rollouts_crd, rollout_resource,
+};
 pub use binaries::{PluginProcess, plugin_binary, run_plugin, workspace_binary};
 pub use certs::{TestCerts, WebhookClientPki, test_certs, test_certs_for, webhook_client_pki};
 pub use controlplane::{

@@ -794,6 +794,276 @@ fn propagator_serves_metrics_and_probes_where_the_manifests_look() {
     assert_eq!(strings(&events[0]["verbs"]), ["create"]);
 }
 
+/// The value of `flag` in `args`, written `FLAG VALUE` or `FLAG=VALUE`.
+fn flag_value<'a>(args: &[&'a str], flag: &str) -> Option<&'a str> {
+    args.iter().enumerate().find_map(|(i, a)| {
+        if *a == flag {
+            args.get(i + 1).copied()
+        } else {
+            a.strip_prefix(flag).and_then(|rest| rest.strip_prefix('='))
+        }
+    })
+}
+
+/// `(apiGroup, resource)` -> verbs, over every rule of `roles`.
+fn grants(roles: &[&Value]) -> std::collections::BTreeMap<(String, String), BTreeSet<String>> {
+    let mut granted = std::collections::BTreeMap::<_, BTreeSet<String>>::new();
+    for role in roles {
+        for rule in role["rules"].as_array().unwrap() {
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    granted
+                        .entry((group.to_owned(), resource.to_owned()))
+                        .or_default()
+                        .extend(strings(&rule["verbs"]).into_iter().map(String::from));
+                }
+            }
+        }
+    }
+    granted
+}
+
+/// `kubectl helmop rollout -A --watch` in the cluster (manifests/rollout-watcher): the command line the
+/// plugin takes, probes and scrape targets on the port it listens on, and RBAC that lets it restamp
+/// workloads and nothing else.
+#[test]
+fn rollout_watcher_serves_metrics_and_probes_where_the_manifests_look() {
+    let docs = render(&manifests_dir().join("rollout-watcher"));
+    let deployment = named(&docs, "Deployment", "helmop-rollout-watcher");
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let pod = pod_spec(deployment);
+    let c = &pod["containers"][0];
+    assert_eq!(strings(&c["command"]), ["kubectl-helmop"]);
+    let args = strings(&c["args"]);
+    assert_eq!(args.first(), Some(&"rollout"), "{args:?}");
+    for flag in ["-A", "--watch"] {
+        assert!(args.contains(&flag), "{flag} missing: {args:?}");
+    }
+    assert_eq!(
+        flag_value(&args, "-o").or(flag_value(&args, "--output")),
+        Some("json"),
+        "{args:?}"
+    );
+    let port = c["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "metrics")
+        .expect("a container port named metrics");
+    let number = port["containerPort"].as_i64().unwrap();
+    assert_eq!(
+        flag_value(&args, "--metrics-addr"),
+        Some(format!(":{number}").as_str()),
+        "the listener must be on the declared port {number}: {args:?}"
+    );
+    for (probe, path) in [("livenessProbe", "/livez"), ("readinessProbe", "/readyz")] {
+        assert_eq!(c[probe]["httpGet"]["path"], path, "{probe}");
+        assert_eq!(c[probe]["httpGet"]["port"], "metrics", "{probe}");
+    }
+    let annotations = &deployment["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(annotations["prometheus.io/scrape"], "true");
+    assert_eq!(annotations["prometheus.io/port"], number.to_string());
+    assert_eq!(annotations["prometheus.io/path"], "/metrics");
+    let service = named(&docs, "Service", "helmop-rollout-watcher-metrics");
+    assert_eq!(
+        service["spec"]["selector"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "metrics");
+    assert_eq!(c["resources"]["limits"]["memory"], "128Mi");
+    assert_eq!(c["resources"]["limits"]["cpu"], "500m");
+
+    // The Lease is in the pod's namespace, which comes from the downward API.
+    let pod_namespace = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "POD_NAMESPACE")
+        .expect("POD_NAMESPACE");
+    assert_eq!(
+        pod_namespace["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.namespace"
+    );
+    assert_eq!(deployment["metadata"]["namespace"], "helmop-system");
+    assert_eq!(flag_value(&args, "--lease-namespace"), None, "{args:?}");
+    let lease = flag_value(&args, "--lease-name").unwrap_or("kubectl-helmop-rollout");
+    assert_eq!(lease, "kubectl-helmop-rollout");
+
+    // Every binding is to the Deployment's ServiceAccount, every role is bound.
+    let account = pod["serviceAccountName"].as_str().unwrap();
+    named(&docs, "ServiceAccount", account);
+    let mut bound = BTreeSet::new();
+    for binding in of_kind(&docs, "ClusterRoleBinding")
+        .into_iter()
+        .chain(of_kind(&docs, "RoleBinding"))
+    {
+        let who = name_of(binding);
+        let subjects = binding["subjects"].as_array().unwrap();
+        assert_eq!(subjects.len(), 1, "{who}");
+        assert_eq!(subjects[0]["kind"], "ServiceAccount", "{who}");
+        assert_eq!(subjects[0]["name"], account, "{who}");
+        assert_eq!(subjects[0]["namespace"], "helmop-system", "{who}");
+        let role_kind = binding["roleRef"]["kind"].as_str().unwrap();
+        if binding["kind"] == "ClusterRoleBinding" {
+            assert_eq!(role_kind, "ClusterRole", "{who}");
+        }
+        bound.insert((
+            role_kind.to_owned(),
+            binding["roleRef"]["name"].as_str().unwrap().to_owned(),
+        ));
+    }
+    let roles: BTreeSet<(String, String)> = of_kind(&docs, "ClusterRole")
+        .into_iter()
+        .chain(of_kind(&docs, "Role"))
+        .map(|r| {
+            (
+                r["kind"].as_str().unwrap().to_owned(),
+                r["metadata"]["name"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(bound, roles);
+
+    // Cluster-wide: read what pods read and the namespace opt-in, patch (the restamp annotation) only the
+    // workload kinds that roll on a new pod template: not ReplicaSets (a template change replaces no
+    // pod), Jobs (immutable template) or Pods. Events: create only.
+    let cluster_roles = of_kind(&docs, "ClusterRole");
+    for role in &cluster_roles {
+        for rule in role["rules"].as_array().unwrap() {
+            assert!(rule.get("resourceNames").is_none(), "{rule}");
+        }
+    }
+    let granted = grants(&cluster_roles);
+    let set = |verbs: &[&str]| verbs.iter().map(|v| v.to_string()).collect::<BTreeSet<_>>();
+    let key = |group: &str, resource: &str| (group.to_owned(), resource.to_owned());
+    let patched: BTreeSet<(String, String)> = granted
+        .iter()
+        .filter(|(_, verbs)| verbs.contains("patch"))
+        .map(|(k, _)| k.clone())
+        .collect();
+    let workloads: BTreeSet<(String, String)> = WorkloadKind::ALL
+        .into_iter()
+        .filter(|k| {
+            ![
+                WorkloadKind::ReplicaSet,
+                WorkloadKind::Job,
+                WorkloadKind::Pod,
+            ]
+            .contains(k)
+        })
+        .map(|k| key(k.group(), k.plural()))
+        .collect();
+    assert_eq!(patched, workloads);
+    for workload in &workloads {
+        assert_eq!(
+            granted[workload],
+            set(&["get", "list", "watch", "patch"]),
+            "{workload:?}"
+        );
+    }
+    for resource in ["secrets", "configmaps", "namespaces"] {
+        assert_eq!(
+            granted.get(&key("", resource)),
+            Some(&set(&["get", "list", "watch"])),
+            "{resource}: read-only"
+        );
+    }
+    assert_eq!(
+        granted.get(&key("events.k8s.io", "events")),
+        Some(&set(&["create"]))
+    );
+    assert_eq!(
+        granted.len(),
+        workloads.len() + 4,
+        "nothing else is granted: {granted:?}"
+    );
+
+    // Namespaced: only its Lease, in helmop-system.
+    for role in of_kind(&docs, "Role") {
+        assert_eq!(role["metadata"]["namespace"], "helmop-system");
+        for rule in role["rules"].as_array().unwrap() {
+            assert_eq!(
+                strings(&rule["apiGroups"]),
+                ["coordination.k8s.io"],
+                "{rule}"
+            );
+            assert_eq!(strings(&rule["resources"]), ["leases"], "{rule}");
+            let verbs = strings(&rule["verbs"]);
+            if verbs == ["create"] {
+                // create cannot be limited by name
+                continue;
+            }
+            assert_eq!(strings(&rule["resourceNames"]), [lease], "{rule}");
+            assert!(
+                verbs.iter().all(|v| ["get", "update"].contains(v)),
+                "{rule}"
+            );
+        }
+    }
+    let lease_grants = grants(&of_kind(&docs, "Role"));
+    assert_eq!(
+        lease_grants.get(&key("coordination.k8s.io", "leases")),
+        Some(&set(&["create", "get", "update"]))
+    );
+
+    // It computes expected stamps with the key the webhook stamps with.
+    let base = render(&manifests_dir().join("base"));
+    let webhook = &pod_spec(named(&base, "Deployment", "helmop-webhook"))["containers"][0];
+    let mut argv = strings(&webhook["command"]);
+    argv.extend(strings(&webhook["args"]));
+    let cli = Cli::try_parse_from(&argv).unwrap();
+    assert_eq!(
+        flag_value(&args, "--hash-key-secret").unwrap_or("helmop-system/helmop-hash-key"),
+        cli.hash_key_secret.to_string()
+    );
+}
+
+/// The watcher runs next to the webhook, downstream (stamping-only) and on the management cluster, also
+/// combined in one overlay and on 1.20: no object clashes, and the namespace and hash key it relies on
+/// come from the webhook's part.
+#[test]
+fn rollout_watcher_combines_with_the_webhook_overlays() {
+    let alone = render(&manifests_dir().join("rollout-watcher"));
+    let watcher = named(&alone, "Deployment", "helmop-rollout-watcher");
+    let cases: [(&[&str], &[&str]); 4] = [
+        (&["stamping-only", "rollout-watcher"], &[]),
+        (&["stamping-only", "rollout-watcher"], &["kube-1.20"]),
+        (&["self-signed", "propagator", "rollout-watcher"], &[]),
+        (
+            &["cert-manager", "propagator", "rollout-watcher"],
+            &["kube-1.20"],
+        ),
+    ];
+    for (dirs, components) in cases {
+        let who = format!("{dirs:?} + {components:?}");
+        let docs = render_overlay(dirs, components);
+        let parts: usize = dirs
+            .iter()
+            .map(|d| render(&manifests_dir().join(d)).len())
+            .sum();
+        assert_eq!(docs.len(), parts, "{who}");
+        assert_eq!(
+            named(&docs, "Deployment", "helmop-rollout-watcher"),
+            watcher,
+            "{who}"
+        );
+        named(&docs, "Namespace", "helmop-system");
+        let job = named(&docs, "Job", "helmop-hash-key-init");
+        let argv = strings(&pod_spec(job)["containers"][0]["command"]);
+        match BootstrapCli::try_parse_from(&argv).unwrap().command {
+            helmop_webhook::cli::BootstrapCommand::HashKey { secret } => {
+                let args = strings(&pod_spec(watcher)["containers"][0]["args"]);
+                assert_eq!(
+                    flag_value(&args, "--hash-key-secret"),
+                    Some(secret.to_string().as_str()),
+                    "{who}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
 /// The two images `containers/build` (`./dev image`) makes, at the workspace version: every container of every
 /// install directory runs one of them, and its command is a binary that image ships. Users retarget them with
 /// kustomize `images:` under exactly these names.
@@ -842,21 +1112,30 @@ fn relative(from: &Path, to: &Path) -> PathBuf {
     rel.join(to.strip_prefix("/").unwrap())
 }
 
+/// Renders a user's overlay listing the install directories `dirs` under `resources:` and `components`
+/// under `components:`, as manifests/README.md tells users to combine them.
+fn render_overlay(dirs: &[&str], components: &[&str]) -> Vec<Value> {
+    let overlay = tempfile::tempdir().unwrap();
+    let list = |names: &[&str]| {
+        names
+            .iter()
+            .map(|n| {
+                let path = relative(overlay.path(), &manifests_dir().join(n));
+                format!("  - {}\n", path.display())
+            })
+            .collect::<String>()
+    };
+    let mut text = format!("resources:\n{}", list(dirs));
+    if !components.is_empty() {
+        text.push_str(&format!("components:\n{}", list(components)));
+    }
+    std::fs::write(overlay.path().join("kustomization.yaml"), text).unwrap();
+    render(overlay.path())
+}
+
 /// Renders an overlay of `dir` with the `kube-1.20` component, as manifests/README.md tells 1.20 users.
 fn render_for_1_20(dir: &str) -> Vec<Value> {
-    let overlay = tempfile::tempdir().unwrap();
-    let base = relative(overlay.path(), &manifests_dir().join(dir));
-    let component = relative(overlay.path(), &manifests_dir().join("kube-1.20"));
-    std::fs::write(
-        overlay.path().join("kustomization.yaml"),
-        format!(
-            "resources:\n  - {}\ncomponents:\n  - {}\n",
-            base.display(),
-            component.display()
-        ),
-    )
-    .unwrap();
-    render(overlay.path())
+    render_overlay(&[dir], &["kube-1.20"])
 }
 
 /// 1.20 serves CronJob and PodDisruptionBudget only as v1beta1 (removed in 1.25): the component changes
@@ -869,6 +1148,7 @@ fn kube_1_20_component_only_downgrades_cronjob_and_pdb_versions() {
         "client-auth",
         "cert-manager",
         "propagator",
+        "rollout-watcher",
     ] {
         let current = render(&manifests_dir().join(dir));
         let old = render_for_1_20(dir);

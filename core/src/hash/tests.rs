@@ -530,36 +530,57 @@ fn var_reads(keys: &[&str]) -> Reads {
 
 #[test]
 fn env_from_digests_what_a_whole_volume_did_when_the_kubelet_reads_it_all() {
-    // No binaryData and only valid variable names: the stamp of an existing envFrom workload stays.
-    let o = obj(&[("GREETING", "hello"), ("log.level", "debug")], &[]);
+    // No binaryData: the stamp of an existing envFrom workload stays, whatever its keys are
+    // (a 1.30+ kubelet imports every key of data, `1st-line` included) and whatever the prefixes.
+    let o = obj(
+        &[
+            ("GREETING", "hello"),
+            ("log.level", "debug"),
+            ("1st-line", "x"),
+        ],
+        &[],
+    );
     assert_eq!(
         encode_reads(&o, &env_reads(&[""])),
         encode_object(&o, &Keys::All)
     );
-    assert_eq!(
-        reads_digest(&key(1), &o, &env_reads(&["", "X_"])),
-        digest(&o, &Keys::All)
-    );
+    for prefixes in [&["", "X_"][..], &["1_"], &["my app:"]] {
+        assert_eq!(
+            reads_digest(&key(1), &o, &env_reads(prefixes)),
+            digest(&o, &Keys::All),
+            "{prefixes:?}"
+        );
+    }
 }
 
 #[test]
-fn env_from_ignores_binary_data_and_keys_that_make_no_variable_name() {
+fn env_from_ignores_binary_data_and_reads_every_data_key() {
     let reads = env_reads(&[""]);
     let base = reads_digest(&key(1), &obj(&[("A", "1")], &[]), &reads);
-    for unseen in [
-        obj(&[("A", "1")], &[("blob", "x")]),
+    // binaryData is never imported.
+    assert_eq!(
+        reads_digest(&key(1), &obj(&[("A", "1")], &[("blob", "x")]), &reads),
+        base
+    );
+    // Every key of data is: also those a 1.20-1.29 kubelet skips (they fail the strict rule with
+    // the prefix), so changing, adding or removing one restamps there without the pods seeing it.
+    for seen in [
         obj(&[("A", "1"), ("1st", "x")], &[]),
         obj(&[("A", "1"), ("a/b", "x"), ("..x", "y")], &[]),
     ] {
-        assert_eq!(reads_digest(&key(1), &unseen, &reads), base, "{unseen:?}");
+        assert_ne!(reads_digest(&key(1), &seen, &reads), base, "{seen:?}");
     }
-    // The same key is seen once a prefix makes it a valid name.
-    let prefixed = obj(&[("A", "1"), ("1st", "x")], &[]);
     assert_ne!(
-        reads_digest(&key(1), &prefixed, &env_reads(&["", "P_"])),
-        reads_digest(&key(1), &obj(&[("A", "1")], &[]), &env_reads(&["", "P_"]))
+        reads_digest(&key(1), &obj(&[("A", "1"), ("1st", "x")], &[]), &reads),
+        reads_digest(&key(1), &obj(&[("A", "1"), ("1st", "y")], &[]), &reads)
     );
-    // A change of a key it does read.
+    // The prefix changes nothing: the same keys are read under any.
+    let with_digit = obj(&[("A", "1"), ("1st", "x")], &[]);
+    assert_eq!(
+        reads_digest(&key(1), &with_digit, &env_reads(&["", "P_"])),
+        reads_digest(&key(1), &with_digit, &reads)
+    );
+    // A change of a key it reads.
     assert_ne!(
         reads_digest(&key(1), &obj(&[("A", "2")], &[]), &reads),
         base

@@ -44,7 +44,12 @@ pub struct DigestCache {
 }
 
 impl DigestCache {
-    pub fn get(&self, object: &ObjectKey, version: &Version, reads: &Reads) -> Option<ObjectDigest> {
+    pub fn get(
+        &self,
+        object: &ObjectKey,
+        version: &Version,
+        reads: &Reads,
+    ) -> Option<ObjectDigest> {
         let (v, digests) = self.entries.get(object)?;
         if v != version {
             return None;
@@ -52,7 +57,13 @@ impl DigestCache {
         digests.iter().find(|(r, _)| r == reads).map(|(_, d)| *d)
     }
 
-    pub fn insert(&mut self, object: ObjectKey, version: Version, reads: Reads, digest: ObjectDigest) {
+    pub fn insert(
+        &mut self,
+        object: ObjectKey,
+        version: Version,
+        reads: Reads,
+        digest: ObjectDigest,
+    ) {
         let entry = self
             .entries
             .entry(object)
@@ -200,16 +211,15 @@ pub async fn run(shared: Arc<Shared>, job: Job) -> Finished {
         };
         observed.push(seen);
     }
-    let digests: HashMap<&ResourceRef, Option<ObjectDigest>> = refs
-        .iter()
-        .map(|r| &r.resource)
-        .zip(observed)
-        .collect();
-    let decision = decide(&key, &namespace, &refs, stamp.as_deref(), |r| {
-        match digests.get(&r.resource).copied().flatten() {
-            Some(d) => Observed::Digest(d),
-            None => Observed::Absent,
-        }
+    let digests: HashMap<&ResourceRef, Option<ObjectDigest>> =
+        refs.iter().map(|r| &r.resource).zip(observed).collect();
+    let decision = decide(&key, &namespace, &refs, stamp.as_deref(), |r| match digests
+        .get(&r.resource)
+        .copied()
+        .flatten()
+    {
+        Some(d) => Observed::Digest(d),
+        None => Observed::Absent,
     });
     let expected = match decision {
         Decision::Current => return finished,
@@ -230,7 +240,11 @@ pub async fn run(shared: Arc<Shared>, job: Job) -> Finished {
     match result {
         Ok(after) => {
             finished.detail.to = after.clone();
-            if after.as_deref() == Some(expected.as_str()) {
+            // A stamp that moved, even to another than expected (the content moved again after
+            // it was read: the webhook reads it live), is a restamp that rolled; whether it is
+            // current now is decided again when the workload's own change comes back.
+            let moved = after.is_some() && after != stamp;
+            if after.as_deref() == Some(expected.as_str()) || moved {
                 finished.outcome = Outcome::Restamped;
                 let note = format!("Restamped: {}", ticket.reason);
                 let about = Regarding {
@@ -437,7 +451,11 @@ mod tests {
         cache.insert(object.clone(), v1.clone(), whole.clone(), digest);
         assert_eq!(cache.get(&object, &v1, &whole), Some(digest));
         assert_eq!(cache.get(&object, &v2, &whole), None, "another version");
-        assert_eq!(cache.get(&object, &v1, &Reads::default()), None, "read otherwise");
+        assert_eq!(
+            cache.get(&object, &v1, &Reads::default()),
+            None,
+            "read otherwise"
+        );
         cache.insert(object.clone(), v2.clone(), whole.clone(), digest);
         assert_eq!(cache.get(&object, &v1, &whole), None, "replaced, not added");
         assert_eq!(cache.len(), 1);

@@ -77,7 +77,10 @@ pub struct ObjectFacts {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reason {
     /// An object it reads was created, changed or deleted.
-    Object { object: ObjectKey, what: &'static str },
+    Object {
+        object: ObjectKey,
+        what: &'static str,
+    },
     /// Its own template, stamp or label changed (or it is new).
     Workload,
     /// Its namespace's opt-in label changed.
@@ -366,7 +369,7 @@ mod tests {
         let mut index = Index::default();
         let (app, db) = (ResourceRef::config_map("app"), ResourceRef::secret("db"));
         assert_eq!(
-            index.put_workload(wkey("web"), reading(&[app.clone()], "v2:a")),
+            index.put_workload(wkey("web"), reading(std::slice::from_ref(&app), "v2:a")),
             vec![wkey("web")]
         );
         index.put_workload(wkey("api"), reading(&[app.clone(), db.clone()], "v2:b"));
@@ -408,7 +411,7 @@ mod tests {
     fn a_workload_that_stops_reading_an_object_is_no_longer_its_reader() {
         let mut index = Index::default();
         let app = ResourceRef::config_map("app");
-        index.put_workload(wkey("web"), reading(&[app.clone()], "v2:a"));
+        index.put_workload(wkey("web"), reading(std::slice::from_ref(&app), "v2:a"));
         index.put_object(okey(app.clone()), version("1", "1"));
         index.put_workload(wkey("web"), reading(&[], "v2:a"));
         assert!(
@@ -416,7 +419,7 @@ mod tests {
                 .put_object(okey(app.clone()), version("1", "2"))
                 .is_empty()
         );
-        index.put_workload(wkey("web"), reading(&[app.clone()], "v2:a"));
+        index.put_workload(wkey("web"), reading(std::slice::from_ref(&app), "v2:a"));
         index.delete_workload(&wkey("web"));
         assert!(
             index

@@ -92,7 +92,11 @@ impl Metrics {
             ineffective.clone(),
         );
         let errors = Family::<KindLabel, Counter>::default();
-        registry.register("errors", "Errors by kind: read, event, watch", errors.clone());
+        registry.register(
+            "errors",
+            "Errors by kind: read, event, watch",
+            errors.clone(),
+        );
         let reads = Counter::default();
         registry.register(
             "object_reads",

@@ -98,7 +98,12 @@ pub struct RolloutWatchArgs {
 
     /// With --watch: the cluster's hash key Secret, NAMESPACE/NAME (the webhook's
     /// --hash-key-secret): the stamp is recomputed with it to decide, never written
-    #[arg(long, value_name = "NAMESPACE/NAME", default_value = "helmop-system/helmop-hash-key", requires = "watch")]
+    #[arg(
+        long,
+        value_name = "NAMESPACE/NAME",
+        default_value = "helmop-system/helmop-hash-key",
+        requires = "watch"
+    )]
     pub hash_key_secret: String,
 
     /// With --watch: do not elect a leader. Only for a single watcher of this scope
@@ -196,11 +201,16 @@ pub async fn run(
         let lease_namespace = args
             .lease_namespace
             .clone()
-            .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|n| !n.is_empty()))
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|n| !n.is_empty())
+            })
             .unwrap_or_else(|| helmop_core::names::SYSTEM_NAMESPACE.to_owned());
-        let name = args.lease_name.clone().unwrap_or_else(|| {
-            lease_name(namespace.as_deref(), args.selector.as_deref())
-        });
+        let name = args
+            .lease_name
+            .clone()
+            .unwrap_or_else(|| lease_name(namespace.as_deref(), args.selector.as_deref()));
         let elector = Elector::new(
             client.clone(),
             &lease_namespace,
@@ -243,13 +253,22 @@ pub async fn run(
                 .as_ref()
                 .map(|l| format!("; metrics on {}", l.addr))
                 .unwrap_or_default(),
-            if dry_run { " (dry run: writing nothing)" } else { "" }
+            if dry_run {
+                " (dry run: writing nothing)"
+            } else {
+                ""
+            }
         ),
     );
     let was_leading = *leading.borrow_and_update();
     metrics.set_leader(was_leading);
     if let Some(h) = &election {
-        events.leader(was_leading, h.identity(), h.lease(), leader_note(was_leading));
+        events.leader(
+            was_leading,
+            h.identity(),
+            h.lease(),
+            leader_note(was_leading),
+        );
     }
 
     let identity = election
@@ -599,18 +618,18 @@ impl Loop {
             .collect();
         let all_known = lookups.iter().all(|l| !matches!(l, Lookup::Read));
         if all_known {
-            let digests: HashMap<&helmop_core::resource::ResourceRef, &Lookup> =
-                refs.iter().map(|r| &r.resource).zip(lookups.iter()).collect();
-            let decision = helmop_core::rollout::decide(
-                key,
-                ns,
-                refs,
-                facts.stamp.as_deref(),
-                |r| match digests.get(&r.resource) {
-                    Some(Lookup::Digest(d)) => helmop_core::hash::Observed::Digest(*d),
-                    _ => helmop_core::hash::Observed::Absent,
-                },
-            );
+            let digests: HashMap<&helmop_core::resource::ResourceRef, &Lookup> = refs
+                .iter()
+                .map(|r| &r.resource)
+                .zip(lookups.iter())
+                .collect();
+            let decision =
+                helmop_core::rollout::decide(key, ns, refs, facts.stamp.as_deref(), |r| {
+                    match digests.get(&r.resource) {
+                        Some(Lookup::Digest(d)) => helmop_core::hash::Observed::Digest(*d),
+                        _ => helmop_core::hash::Observed::Absent,
+                    }
+                });
             if !matches!(decision, helmop_core::rollout::Decision::Due { .. }) {
                 return Planned::Done(ticket.key, Outcome::Settled);
             }
@@ -718,9 +737,14 @@ impl Loop {
                     key: &key,
                     uid: &uid,
                 };
-                let published =
-                    act::publish(&shared, &about, EventType::Warning, "RestampIneffective", &note)
-                        .await;
+                let published = act::publish(
+                    &shared,
+                    &about,
+                    EventType::Warning,
+                    "RestampIneffective",
+                    &note,
+                )
+                .await;
                 if !published {
                     metrics.error(ErrorKind::Event);
                 }
@@ -839,7 +863,10 @@ mod tests {
     #[test]
     fn each_scope_has_its_own_lease() {
         assert_eq!(lease_name(None, None), "kubectl-helmop-rollout");
-        assert_eq!(lease_name(Some("apps"), None), "kubectl-helmop-rollout-ns-apps");
+        assert_eq!(
+            lease_name(Some("apps"), None),
+            "kubectl-helmop-rollout-ns-apps"
+        );
         let a = lease_name(None, Some("app=web"));
         let b = lease_name(None, Some("app=api"));
         assert!(a.starts_with("kubectl-helmop-rollout-l-") && a != b);

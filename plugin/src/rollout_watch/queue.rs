@@ -29,9 +29,9 @@ pub const INEFFECTIVE_TRIES: u32 = 3;
 pub enum Outcome {
     /// Nothing to do (current, not opted in, not stamped by the webhook, or a dry run).
     Settled,
-    /// Restamped, and the webhook wrote the stamp the watcher expected.
+    /// Restamped, and the webhook wrote a new stamp (the expected one, or a newer one).
     Restamped,
-    /// Restamped, but the stamp did not become the expected one.
+    /// Restamped, but the webhook left the stamp as it was (or wrote none).
     Ineffective,
     /// The restamp (or a read it needed) failed.
     Failed,
@@ -263,7 +263,11 @@ mod tests {
         assert!(q.take(t0, 10).is_empty(), "waits for the debounce");
         assert_eq!(q.next_at(), Some(t0 + debounce));
         let second = q.take(t0 + debounce, 10);
-        assert_eq!(names(&second), vec!["web"], "one more, with the final content");
+        assert_eq!(
+            names(&second),
+            vec!["web"],
+            "one more, with the final content"
+        );
         q.done(&key("web"), &Outcome::Settled, t0 + debounce);
         assert!(q.take(t0 + debounce * 5, 10).is_empty());
         assert_eq!(q.pending(), 0);

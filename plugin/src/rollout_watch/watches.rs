@@ -45,7 +45,10 @@ pub enum Step<P, K> {
 /// What a watch tells the loop.
 #[derive(Debug)]
 pub enum Change {
-    Workload(WorkloadKind, Step<(WorkloadKey, WorkloadFacts), WorkloadKey>),
+    Workload(
+        WorkloadKind,
+        Step<(WorkloadKey, WorkloadFacts), WorkloadKey>,
+    ),
     Object(ResourceKind, Step<(ObjectKey, ObjectFacts), ObjectKey>),
     Namespace(Step<(String, Option<String>), String>),
     /// The hash key Secret: its key, or why there is none (absent, malformed).
@@ -53,7 +56,10 @@ pub enum Change {
     /// The hash key's watch listed once (after its [`Change::HashKey`]).
     HashKeyListed,
     /// A watch failed (it is retried); the first failure of a streak only.
-    WatchFailed { what: String, error: String },
+    WatchFailed {
+        what: String,
+        error: String,
+    },
 }
 
 /// What to watch.
@@ -433,7 +439,11 @@ mod tests {
             .iter()
             .map(|r| r.resource.to_string())
             .collect();
-        assert_eq!(refs, vec!["configmap/app", "secret/db"], "init containers count");
+        assert_eq!(
+            refs,
+            vec!["configmap/app", "secret/db"],
+            "init containers count"
+        );
     }
 
     #[test]

@@ -21,6 +21,7 @@ mod plugin;
 mod plugin_rollout;
 mod plugin_watch;
 mod propagator_service;
+mod rollout_watch;
 mod safety;
 mod security;
 mod stamping;

@@ -1,0 +1,806 @@
+//! `kubectl helmop rollout --watch` against the upstream cluster (API server and controller
+//! manager) with the real admission webhook (in-process, registered for the test's namespace):
+//! pods roll whoever changed what they read, and only then.
+//!
+//! Ordering without sleeps: a watcher run with `--max-concurrent 1 --debounce 0s` decides
+//! workloads one at a time in the order their changes arrived on one watch, so once a change
+//! made after another (to a Secret watched on the same stream) has been restamped, the earlier
+//! change has been decided too; that is how "this did not roll" is shown.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use helmop_tests::*;
+use helmop_webhook::state::Config;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::events::v1::Event as KubeEvent;
+use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+const CONFIG_HASH: &str = "helmop.dev/config-hash";
+const RESTAMP: &str = "helmop.dev/restamp";
+const WAIT: Duration = Duration::from_secs(60);
+
+struct Fixture {
+    up: &'static ClusterInfo,
+    client: Client,
+    ns: String,
+    kubeconfig: String,
+    _webhook: LocalWebhook,
+}
+
+impl Fixture {
+    async fn new(prefix: &str) -> anyhow::Result<Fixture> {
+        let up = control_plane().upstream();
+        let client = up.client().await;
+        ensure_hash_key(&client).await?;
+        let ns = fresh_namespace_with_labels(
+            &client,
+            prefix,
+            &[("helmop.dev/rollout-on-change", "enabled")],
+        )
+        .await?;
+        let webhook = LocalWebhook::start(client.clone(), Config::default()).await?;
+        WebhookRegistration::new(
+            WebhookKind::Mutating,
+            &format!("{ns}-stamp"),
+            &format!("{}/mutate/workloads", webhook.url),
+            &webhook.ca_pem,
+        )
+        .rule(WebhookRule::new(
+            &["CREATE", "UPDATE"],
+            "apps",
+            "v1",
+            &["deployments", "statefulsets", "daemonsets", "replicasets"],
+        ))
+        .rule(WebhookRule::new(
+            &["CREATE", "UPDATE"],
+            "batch",
+            "v1beta1",
+            &["cronjobs"],
+        ))
+        .rule(WebhookRule::new(
+            &["CREATE", "UPDATE"],
+            "argoproj.io",
+            "v1alpha1",
+            &["rollouts"],
+        ))
+        .only_namespace(&ns)
+        .register(&client)
+        .await?;
+        Ok(Fixture {
+            up,
+            client,
+            ns,
+            kubeconfig: up.kubeconfig.display().to_string(),
+            _webhook: webhook,
+        })
+    }
+
+    fn spawn_watcher(&self, extra: &[&str], env: &[(&str, &str)]) -> anyhow::Result<PluginProcess> {
+        let mut args = vec![
+            "rollout",
+            "-n",
+            &self.ns,
+            "--watch",
+            "--kubeconfig",
+            &self.kubeconfig,
+            "-o",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        let mut all_env = vec![("HELMOP_LOG", "info")];
+        all_env.extend_from_slice(env);
+        PluginProcess::spawn(&args, &all_env)
+    }
+
+    /// A watcher that decides one workload at a time, in order (see the module's doc).
+    async fn ordered_watcher(&self) -> anyhow::Result<PluginProcess> {
+        let mut w = self.spawn_watcher(
+            &[
+                "--no-leader-election",
+                "--max-concurrent",
+                "1",
+                "--debounce",
+                "0s",
+            ],
+            &[],
+        )?;
+        w.wait_event("the expected event", WAIT, 0, |e| e["event"] == "synced")
+            .await?;
+        Ok(w)
+    }
+
+    async fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> anyhow::Result<()> {
+        let mut all = vec!["-n", &self.ns];
+        all.extend_from_slice(args);
+        let out = self.up.run_kubectl(&all, stdin).await?;
+        anyhow::ensure!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    }
+
+    async fn apply(&self, manifest: &Value) -> anyhow::Result<()> {
+        self.kubectl(&["apply", "-f", "-"], Some(&manifest.to_string()))
+            .await
+    }
+
+    async fn deployment(&self, name: &str) -> anyhow::Result<Deployment> {
+        Ok(Api::<Deployment>::namespaced(self.client.clone(), &self.ns)
+            .get(name)
+            .await?)
+    }
+
+    async fn stamp(&self, name: &str) -> anyhow::Result<Option<String>> {
+        Ok(template_annotation(
+            &self.deployment(name).await?,
+            CONFIG_HASH,
+        ))
+    }
+
+    async fn replica_sets(&self, app: &str) -> anyhow::Result<usize> {
+        let list = Api::<ReplicaSet>::namespaced(self.client.clone(), &self.ns)
+            .list(&ListParams::default().labels(&format!("app={app}")))
+            .await?;
+        Ok(list.items.len())
+    }
+
+    async fn wait_replica_sets(&self, app: &str, n: usize) -> anyhow::Result<()> {
+        wait_until(&format!("{n} ReplicaSets of {app}"), WAIT, || async {
+            Ok(self.replica_sets(app).await? == n)
+        })
+        .await
+    }
+
+    async fn wait_replica_sets_at_least(&self, app: &str, n: usize) -> anyhow::Result<()> {
+        wait_until(&format!("{n} ReplicaSets of {app}"), WAIT, || async {
+            Ok(self.replica_sets(app).await? >= n)
+        })
+        .await
+    }
+
+    /// Events on `name` with `reason`.
+    async fn events(&self, name: &str, reason: &str) -> anyhow::Result<Vec<KubeEvent>> {
+        let list = Api::<KubeEvent>::namespaced(self.client.clone(), &self.ns)
+            .list(&ListParams::default())
+            .await?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            })
+            .collect())
+    }
+}
+
+/// A Deployment `name` (label `app=name`) whose one container reads `pod` (extra PodSpec fields).
+fn deployment(name: &str, labels: Value, pod: Value) -> Value {
+    let mut spec =
+        json!({"containers": [{"name": "app", "image": "registry.example.com/app:1.0"}]});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), pod.as_object()) {
+        for (k, v) in extra {
+            if k == "container" {
+                if let (Some(c), Some(fields)) =
+                    (spec["containers"][0].as_object_mut(), v.as_object())
+                {
+                    c.extend(fields.clone());
+                }
+            } else {
+                spec.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    let mut labels = labels;
+    labels["app"] = json!(name);
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
+        },
+    })
+}
+
+fn restamped_for(name: &str) -> impl Fn(&Value) -> bool + '_ {
+    move |e: &Value| {
+        e["event"] == "restamped"
+            && e["workload"]
+                .as_str()
+                .is_some_and(|w| w.ends_with(&format!("/{name}")))
+    }
+}
+
+fn restamps_of(w: &PluginProcess, name: &str) -> usize {
+    w.events().iter().filter(|e| restamped_for(name)(e)).count()
+}
+
+/// Changes the Secret `sentinel` (read by the Deployment `sentinel`) and waits until the watcher
+/// restamped that: every change on the Secret watch before it has been decided.
+async fn barrier(f: &Fixture, w: &mut PluginProcess, value: &str) -> anyhow::Result<()> {
+    let skip = w.events().len();
+    let patch = json!({"stringData": {"v": value}}).to_string();
+    f.kubectl(
+        &[
+            "patch", "secret", "sentinel", "--type", "merge", "-p", &patch,
+        ],
+        None,
+    )
+    .await?;
+    w.wait_event("the expected event", WAIT, skip, restamped_for("sentinel"))
+        .await?;
+    Ok(())
+}
+
+async fn sentinel(f: &Fixture) -> anyhow::Result<()> {
+    create_secret(&f.client, &f.ns, "sentinel", &[("v", b"0")]).await?;
+    f.apply(&deployment(
+        "sentinel",
+        json!({}),
+        json!({"container": {"envFrom": [{"secretRef": {"name": "sentinel"}}]}}),
+    ))
+    .await
+}
+
+#[tokio::test]
+async fn edits_rotations_and_late_optional_references_roll_and_nothing_else_does()
+-> anyhow::Result<()> {
+    let f = Fixture::new("rwatch").await?;
+    // The ConfigMap as Fleet's agent writes a downstream copy (its BundleDeployment label).
+    f.apply(&json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "settings", "labels": {"fleet.cattle.io/bundledeployment": "app-x"}},
+        "data": {"mode": "a"},
+    }))
+    .await?;
+    create_secret(
+        &f.client,
+        &f.ns,
+        "db",
+        &[("password", b"p1"), ("other", b"o1")],
+    )
+    .await?;
+    sentinel(&f).await?;
+    let reads = json!({
+        "container": {
+            "envFrom": [{"configMapRef": {"name": "settings"}}],
+            "env": [{"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}],
+        },
+        "volumes": [{"name": "later", "configMap": {"name": "later", "optional": true}}],
+    });
+    f.apply(&deployment("web", json!({}), reads.clone()))
+        .await?;
+    f.apply(&deployment(
+        "manual",
+        json!({"helmop.dev/rollout-on-change": "false"}),
+        reads,
+    ))
+    .await?;
+    let first = f.stamp("web").await?.context("stamped at creation")?;
+    f.wait_replica_sets("web", 1).await?;
+    let mut w = f.ordered_watcher().await?;
+
+    // Nothing changed since admission: the start decides every workload and restamps none.
+    barrier(&f, &mut w, "1").await?;
+    assert_eq!(restamps_of(&w, "web"), 0, "{}", w.context());
+    assert_eq!(f.stamp("web").await?.as_deref(), Some(first.as_str()));
+
+    // kubectl edit of the ConfigMap (a merge patch, as `kubectl edit` sends): web rolls.
+    let skip = w.events().len();
+    f.kubectl(
+        &[
+            "patch",
+            "configmap",
+            "settings",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"data":{"mode":"b"}}"#,
+        ],
+        None,
+    )
+    .await?;
+    let e = w
+        .wait_event("the expected event", WAIT, skip, restamped_for("web"))
+        .await?;
+    assert!(
+        e["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("ConfigMap") && r.contains("settings changed")),
+        "{e}"
+    );
+    let second = f.stamp("web").await?.context("stamp")?;
+    assert_ne!(second, first);
+    assert_eq!(e["to"], second.as_str());
+    f.wait_replica_sets("web", 2).await?;
+    let deployment = f.deployment("web").await?;
+    let restamp = deployment
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(RESTAMP))
+        .context("restamp annotation")?;
+    assert!(restamp.starts_with("watch:"), "{restamp}");
+    wait_until("a Restamped Event on web", WAIT, || async {
+        Ok(f.events("web", "Restamped").await?.iter().any(|e| {
+            e.note
+                .as_deref()
+                .is_some_and(|n| n.contains("settings changed"))
+        }))
+    })
+    .await?;
+
+    // A key nobody reads changes: no restamp, no new ReplicaSet.
+    f.kubectl(
+        &[
+            "patch",
+            "secret",
+            "db",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"stringData":{"other":"o2"}}"#,
+        ],
+        None,
+    )
+    .await?;
+    barrier(&f, &mut w, "2").await?;
+    assert_eq!(restamps_of(&w, "web"), 1, "{}", w.context());
+    assert_eq!(f.stamp("web").await?.as_deref(), Some(second.as_str()));
+    assert_eq!(f.replica_sets("web").await?, 2);
+
+    // An operator rotates the Secret by delete + create: web rolls, to the new content.
+    f.kubectl(&["delete", "secret", "db"], None).await?;
+    create_secret(
+        &f.client,
+        &f.ns,
+        "db",
+        &[("password", b"p2"), ("other", b"o2")],
+    )
+    .await?;
+    barrier(&f, &mut w, "3").await?;
+    let third = f.stamp("web").await?.context("stamp")?;
+    assert_ne!(third, second);
+    assert!(
+        current(&f, "web").await?,
+        "stamped for the recreated Secret"
+    );
+    assert!(restamps_of(&w, "web") >= 2, "{}", w.context());
+
+    // A missing optional reference is created later: web rolls.
+    let skip = w.events().len();
+    create_config_map(&f.client, &f.ns, "later", &[("file", "x")]).await?;
+    let e = w
+        .wait_event("the expected event", WAIT, skip, restamped_for("web"))
+        .await?;
+    assert!(
+        e["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("later created")),
+        "{e}"
+    );
+    let fourth = f.stamp("web").await?.context("stamp")?;
+    assert_ne!(fourth, third);
+
+    // The opted-out workload read all of it and was never stamped nor restamped.
+    barrier(&f, &mut w, "4").await?;
+    assert_eq!(restamps_of(&w, "manual"), 0, "{}", w.context());
+    let manual = f.deployment("manual").await?;
+    assert_eq!(template_annotation(&manual, CONFIG_HASH), None);
+    assert!(
+        manual
+            .metadata
+            .annotations
+            .as_ref()
+            .is_none_or(|a| !a.contains_key(RESTAMP))
+    );
+    assert_eq!(f.replica_sets("manual").await?, 1);
+    Ok(())
+}
+
+/// Whether `name`'s stored stamp is the one the webhook computes now: a server-side dry-run
+/// restamp would not change it.
+async fn current(f: &Fixture, name: &str) -> anyhow::Result<bool> {
+    let target = format!("deploy/{name}");
+    let out = run_plugin(
+        &[
+            "rollout",
+            &target,
+            "--dry-run",
+            "-o",
+            "json",
+            "-n",
+            &f.ns,
+            "--kubeconfig",
+            &f.kubeconfig,
+        ],
+        &[],
+        WAIT,
+    )
+    .await?;
+    let r: Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "rollout --dry-run: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    Ok(r["stampChanged"] == false)
+}
+
+#[tokio::test]
+async fn a_burst_of_edits_rolls_once_or_twice_and_ends_with_the_final_content() -> anyhow::Result<()>
+{
+    let f = Fixture::new("rwatch-burst").await?;
+    create_config_map(&f.client, &f.ns, "settings", &[("mode", "0")]).await?;
+    f.apply(&deployment(
+        "web",
+        json!({}),
+        json!({"container": {"envFrom": [{"configMapRef": {"name": "settings"}}]}}),
+    ))
+    .await?;
+    f.wait_replica_sets("web", 1).await?;
+    let mut w = f.spawn_watcher(&["--no-leader-election", "--debounce", "1s"], &[])?;
+    w.wait_event("the expected event", WAIT, 0, |e| e["event"] == "synced")
+        .await?;
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(f.client.clone(), &f.ns);
+    for i in 1..=10 {
+        cms.patch(
+            "settings",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"mode": i.to_string()}})),
+        )
+        .await?;
+    }
+    // Settled: the stored stamp is the one the webhook computes for the final content. From then
+    // on no restamp can change it (a later decision finds it current), so the count is final.
+    wait_until("web stamped for the final content", WAIT, || {
+        current(&f, "web")
+    })
+    .await?;
+    // The last restamp's event may print just after its stamp is stored: read until it has.
+    wait_until("the restamp that stored the final stamp", WAIT, || async {
+        let stamp = f.stamp("web").await?;
+        Ok(w.events_named("restamped")
+            .iter()
+            .any(|e| e["to"].as_str() == stamp.as_deref()))
+    })
+    .await?;
+    let restamps = restamps_of(&w, "web");
+    assert!(
+        (1..=2).contains(&restamps),
+        "a burst of 10 edits: {restamps} restamps\n{}",
+        w.context()
+    );
+    // One new ReplicaSet per template the Deployment controller saw: at least the final one, at
+    // most one per restamp.
+    f.wait_replica_sets_at_least("web", 2).await?;
+    let sets = f.replica_sets("web").await?;
+    assert!(
+        sets <= 1 + restamps,
+        "{sets} ReplicaSets for {restamps} restamps"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn statefulsets_daemonsets_cronjobs_and_argo_rollouts_roll_too() -> anyhow::Result<()> {
+    let f = Fixture::new("rwatch-kinds").await?;
+    install_argo_rollouts_crd(&f.client).await?;
+    create_config_map(&f.client, &f.ns, "shared", &[("mode", "a")]).await?;
+    let pod = json!({
+        "containers": [{"name": "app", "image": "registry.example.com/app:1.0",
+                        "envFrom": [{"configMapRef": {"name": "shared"}}]}],
+        "restartPolicy": "Always",
+    });
+    let mut job_pod = pod.clone();
+    job_pod["restartPolicy"] = json!("Never");
+    let template =
+        |name: &str, pod: &Value| json!({"metadata": {"labels": {"app": name}}, "spec": pod});
+    let manifests = [
+        json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "db"},
+               "spec": {"serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
+                        "template": template("db", &pod)}}),
+        json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent"},
+               "spec": {"selector": {"matchLabels": {"app": "agent"}},
+                        "template": template("agent", &pod)}}),
+        json!({"apiVersion": "batch/v1beta1", "kind": "CronJob", "metadata": {"name": "nightly"},
+               "spec": {"schedule": "0 3 * * *", "jobTemplate": {"spec": {
+                        "template": template("nightly", &job_pod)}}}}),
+        json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "metadata": {"name": "canary"},
+               "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "canary"}},
+                        "template": template("canary", &pod),
+                        "strategy": {"canary": {"steps": [{"setWeight": 50}]}}}}),
+    ];
+    for m in &manifests {
+        f.apply(m).await?;
+    }
+    let kinds = [
+        (
+            "apps",
+            "v1",
+            "StatefulSet",
+            "statefulsets",
+            "db",
+            &["spec", "template"][..],
+        ),
+        (
+            "apps",
+            "v1",
+            "DaemonSet",
+            "daemonsets",
+            "agent",
+            &["spec", "template"][..],
+        ),
+        (
+            "batch",
+            "v1beta1",
+            "CronJob",
+            "cronjobs",
+            "nightly",
+            &["spec", "jobTemplate", "spec", "template"][..],
+        ),
+        (
+            "argoproj.io",
+            "v1alpha1",
+            "Rollout",
+            "rollouts",
+            "canary",
+            &["spec", "template"][..],
+        ),
+    ];
+    let stamp_of = |obj: &DynamicObject, path: &[&str]| -> Option<String> {
+        let mut v = &obj.data;
+        for p in path {
+            v = v.get(*p)?;
+        }
+        v.pointer("/metadata/annotations/helmop.dev~1config-hash")?
+            .as_str()
+            .map(str::to_owned)
+    };
+    let mut before = Vec::new();
+    for (group, version, kind, plural, name, path) in kinds {
+        let ar = kube::api::ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: format!("{group}/{version}"),
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        let api: Api<DynamicObject> = Api::namespaced_with(f.client.clone(), &f.ns, &ar);
+        let obj = api.get(name).await?;
+        let stamp =
+            stamp_of(&obj, path).with_context(|| format!("{kind} {name} stamped at creation"))?;
+        before.push((api, name, path, stamp));
+    }
+    let mut w = f.spawn_watcher(&["--no-leader-election"], &[])?;
+    let started = w
+        .wait_event("the expected event", WAIT, 0, |e| e["event"] == "started")
+        .await?;
+    for kind in ["StatefulSet", "DaemonSet", "CronJob", "Rollout"] {
+        assert!(
+            started["kinds"]
+                .as_array()
+                .is_some_and(|k| k.contains(&json!(kind))),
+            "{started}"
+        );
+    }
+    w.wait_event("the expected event", WAIT, 0, |e| e["event"] == "synced")
+        .await?;
+    f.kubectl(
+        &[
+            "patch",
+            "configmap",
+            "shared",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"data":{"mode":"b"}}"#,
+        ],
+        None,
+    )
+    .await?;
+    for (api, name, path, old) in &before {
+        wait_until(&format!("{name} restamped"), WAIT, || async {
+            let obj = api.get(name).await?;
+            Ok(stamp_of(&obj, path).is_some_and(|s| s != *old))
+        })
+        .await?;
+        assert!(
+            w.events().iter().any(|e| restamped_for(name)(e)),
+            "{}",
+            w.context()
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_refused_restamp_is_reported_and_retried_with_back_off() -> anyhow::Result<()> {
+    let f = Fixture::new("rwatch-refused").await?;
+    create_config_map(&f.client, &f.ns, "settings", &[("mode", "a")]).await?;
+    f.apply(&deployment(
+        "web",
+        json!({}),
+        json!({"container": {"envFrom": [{"configMapRef": {"name": "settings"}}]}}),
+    ))
+    .await?;
+    let first = f.stamp("web").await?.context("stamped")?;
+    // Every UPDATE of a Deployment in the namespace is refused: nothing answers this webhook.
+    let refuse = format!("{}-refuse", f.ns);
+    WebhookRegistration::new(
+        WebhookKind::Validating,
+        &refuse,
+        "https://127.0.0.1:1/refuse",
+        &f._webhook.ca_pem,
+    )
+    .rule(WebhookRule::new(
+        &["UPDATE"],
+        "apps",
+        "v1",
+        &["deployments"],
+    ))
+    .only_namespace(&f.ns)
+    .timeout_seconds(2)
+    .register(&f.client)
+    .await?;
+    let mut w = f.spawn_watcher(&["--no-leader-election"], &[])?;
+    w.wait_event("the expected event", WAIT, 0, |e| e["event"] == "synced")
+        .await?;
+    f.kubectl(
+        &[
+            "patch",
+            "configmap",
+            "settings",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"data":{"mode":"b"}}"#,
+        ],
+        None,
+    )
+    .await?;
+    // Refused twice: reported each time, retried after a back-off, never in a hot loop.
+    w.wait_event("the expected event", WAIT, 0, |e| e["event"] == "failed")
+        .await?;
+    let failures = w.events_named("failed");
+    let second = w
+        .wait_event("a second refusal", WAIT, 0, |e| {
+            e["event"] == "failed" && e["time"] != failures[0]["time"]
+        })
+        .await?;
+    let t0: k8s_openapi::jiff::Timestamp = failures[0]["time"].as_str().context("time")?.parse()?;
+    let t1: k8s_openapi::jiff::Timestamp = second["time"].as_str().context("time")?.parse()?;
+    assert!(
+        t1.duration_since(t0).as_secs_f64() >= 0.9,
+        "retried after a back-off: {t0} then {t1}"
+    );
+    wait_until("a RestampRefused Event on web", WAIT, || async {
+        Ok(!f.events("web", "RestampRefused").await?.is_empty())
+    })
+    .await?;
+    assert_eq!(f.stamp("web").await?.as_deref(), Some(first.as_str()));
+    // The refusal goes: the next retry restamps, with nothing changed meanwhile.
+    unregister_webhook(&f.client, WebhookKind::Validating, &refuse).await?;
+    w.wait_event("the expected event", WAIT, 0, restamped_for("web"))
+        .await?;
+    assert_ne!(f.stamp("web").await?.as_deref(), Some(first.as_str()));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_watcher_killed_between_decision_and_restamp_repairs_on_start() -> anyhow::Result<()> {
+    let f = Fixture::new("rwatch-kill").await?;
+    create_config_map(&f.client, &f.ns, "settings", &[("mode", "a")]).await?;
+    f.apply(&deployment(
+        "web",
+        json!({}),
+        json!({"container": {"envFrom": [{"configMapRef": {"name": "settings"}}]}}),
+    ))
+    .await?;
+    let first = f.stamp("web").await?.context("stamped")?;
+    let dir = tempfile::tempdir()?;
+    let never = dir.path().join("never");
+    let pause = format!("rollout-before-restamp:{}", never.display());
+    let mut w = f.spawn_watcher(&["--no-leader-election"], &[("HELMOP_TEST_PAUSE", &pause)])?;
+    w.wait_event("the expected event", WAIT, 0, |e| e["event"] == "synced")
+        .await?;
+    f.kubectl(
+        &[
+            "patch",
+            "configmap",
+            "settings",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"data":{"mode":"b"}}"#,
+        ],
+        None,
+    )
+    .await?;
+    wait_until("the watcher paused before its restamp", WAIT, || async {
+        Ok(w.stderr().contains("paused at rollout-before-restamp"))
+    })
+    .await?;
+    w.signal(libc::SIGKILL)?;
+    w.wait_exit(WAIT).await?;
+    assert_eq!(f.stamp("web").await?.as_deref(), Some(first.as_str()));
+    // A new watcher knows nothing of the old one: its start decides from state.
+    let mut w = f.spawn_watcher(&["--no-leader-election"], &[])?;
+    let e = w
+        .wait_event("the expected event", WAIT, 0, restamped_for("web"))
+        .await?;
+    assert_eq!(e["reason"], "start", "{e}");
+    assert_ne!(f.stamp("web").await?.as_deref(), Some(first.as_str()));
+    f.wait_replica_sets("web", 2).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_watchers_of_one_scope_elect_one_restamper() -> anyhow::Result<()> {
+    let f = Fixture::new("rwatch-lease").await?;
+    create_config_map(&f.client, &f.ns, "settings", &[("mode", "a")]).await?;
+    f.apply(&deployment(
+        "web",
+        json!({}),
+        json!({"container": {"envFrom": [{"configMapRef": {"name": "settings"}}]}}),
+    ))
+    .await?;
+    let args = ["--lease-namespace", f.ns.as_str(), "--lease-duration", "3s"];
+    let mut a = f.spawn_watcher(&args, &[])?;
+    let mut b = f.spawn_watcher(&args, &[])?;
+    for w in [&mut a, &mut b] {
+        w.wait_event("the expected event", WAIT, 0, |e| e["event"] == "synced")
+            .await?;
+    }
+    let leaders = |w: &PluginProcess| {
+        w.events_named("leader")
+            .last()
+            .is_some_and(|e| e["leading"] == true)
+    };
+    wait_until("one leader", WAIT, || async {
+        Ok(leaders(&a) || leaders(&b))
+    })
+    .await?;
+    assert!(
+        !(leaders(&a) && leaders(&b)),
+        "{}\n{}",
+        a.context(),
+        b.context()
+    );
+    let lease =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(f.client.clone(), &f.ns)
+            .get(&format!("kubectl-helmop-rollout-ns-{}", f.ns))
+            .await?;
+    assert!(lease.spec.and_then(|s| s.holder_identity).is_some());
+    f.kubectl(
+        &[
+            "patch",
+            "configmap",
+            "settings",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"data":{"mode":"b"}}"#,
+        ],
+        None,
+    )
+    .await?;
+    let (leader, standby) = if leaders(&a) {
+        (&mut a, &b)
+    } else {
+        (&mut b, &a)
+    };
+    leader
+        .wait_event("the expected event", WAIT, 0, restamped_for("web"))
+        .await?;
+    assert_eq!(restamps_of(standby, "web"), 0, "{}", standby.context());
+    Ok(())
+}
