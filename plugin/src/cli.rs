@@ -77,9 +77,15 @@ read or a delete failed, 3 when the upstream cluster cannot be reached.",
 recomputes the helmop.dev/config-hash stamp in its pod template from what the pods read right now, \
 and report whether the stamp changed (then the workload rolls) or not (its pods already run with \
 the current configuration). Works on the cluster of the current (or --context) context.\n\n\
+With --watch (and no KIND/NAME), keep doing that for every opted-in workload whose stamp no longer \
+matches what its pods read, whoever changed it: watches the workloads and the Secrets and ConfigMaps \
+they read (metadata only; the data only of what a workload reads, once per version), decides with \
+the webhook's own rule, restamps with per-workload coalescing (--debounce), a cap on concurrent \
+restamps (--max-concurrent) and back-off on refusals, under leader election on one Lease per scope. \
+Prints one event per line (-o json: JSON Lines) until SIGINT/SIGTERM, then exits 0.\n\n\
 Exits 0 when the workload was restamped, 1 when it does not exist or the request is refused, \
 3 when the cluster cannot be reached.",
-        after_help = "Examples:\n  kubectl helmop rollout deployment/web -n apps\n  kubectl helmop rollout sts/db --context down1 -o json\n  kubectl helmop rollout deploy/web --dry-run"
+        after_help = "Examples:\n  kubectl helmop rollout deployment/web -n apps\n  kubectl helmop rollout sts/db --context down1 -o json\n  kubectl helmop rollout deploy/web --dry-run\n  kubectl helmop rollout -A --watch\n  kubectl helmop rollout -n apps -l tier=web --watch --dry-run"
     )]
     Rollout(crate::cmd::rollout::RolloutArgs),
     /// List the mutable image tags of opted-in workloads and whether the registry moved them

@@ -366,10 +366,23 @@ patches:
 
     /// `kubectl apply -k` of an overlay of `manifests/propagator` using the locally built image.
     pub async fn install_propagator(&self) -> anyhow::Result<()> {
-        let overlay = self.dir.join("propagator");
+        self.install_plugin_manifests("propagator").await.map(drop)
+    }
+
+    /// `kubectl apply -k` of an overlay of `manifests/rollout-watcher` using the locally built image;
+    /// returns the overlay, for [`NodeEnv::uninstall`].
+    pub async fn install_rollout_watcher(&self) -> anyhow::Result<PathBuf> {
+        self.install_plugin_manifests("rollout-watcher").await
+    }
+
+    /// `kubectl apply -k` of an overlay (in `DIR/node-flows/<shipped>`) of `manifests/<shipped>`, a
+    /// directory that runs the `ghcr.io/helmop/kubectl-helmop` image, pointing `images:` at the locally
+    /// built one. Returns the overlay directory.
+    async fn install_plugin_manifests(&self, shipped: &str) -> anyhow::Result<PathBuf> {
+        let overlay = self.dir.join(shipped);
         std::fs::create_dir_all(&overlay)?;
         let (name, tag) = split_image(&self.plugin_image)?;
-        let base = relative(&overlay, &repo_root().join("manifests/propagator"));
+        let base = relative(&overlay, &repo_root().join("manifests").join(shipped));
         std::fs::write(
             overlay.join("kustomization.yaml"),
             format!(
@@ -389,7 +402,16 @@ patches:
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        Ok(())
+        Ok(overlay)
+    }
+
+    /// `kubectl delete -k OVERLAY`, waiting until its objects are gone (the webhook stays).
+    pub async fn uninstall(&self, overlay: &Path) -> anyhow::Result<()> {
+        let dir = overlay.display().to_string();
+        let timeout = format!("--timeout={}s", INSTALL.as_secs());
+        self.kubectl_long(&["delete", "-k", &dir, "--wait=true", &timeout])
+            .await
+            .map(drop)
     }
 }
 
