@@ -18,6 +18,7 @@ mod images;
 mod inputs;
 mod inventory;
 mod leader;
+mod live_stamp;
 mod observe;
 mod output;
 mod propagate;

@@ -138,6 +138,8 @@ async fn cluster_status(
     // Our copies in sync or stale, per namespace: resource -> (content hash, HelmOps).
     let mut copies: BTreeMap<String, BTreeMap<ResourceRef, (String, Vec<String>)>> =
         BTreeMap::new();
+    // Copies Fleet's agent makes, per namespace: resource -> HelmOps.
+    let mut fleet: BTreeMap<String, BTreeMap<ResourceRef, Vec<String>>> = BTreeMap::new();
     for action in actions.iter().filter(|a| reported(a)) {
         let state = state_of(action);
         let mut reason = match &action.kind {
@@ -167,6 +169,10 @@ async fn cluster_status(
             let (in_sync, why) = fleet_copy_in_sync(&client, sources, key, action).await;
             r.in_sync = in_sync;
             r.reason = format!("{}; {why}", r.reason);
+            fleet
+                .entry(action.namespace.clone())
+                .or_default()
+                .insert(action.resource.clone(), r.helmops.clone());
         }
         if matches!(
             state,
@@ -208,6 +214,77 @@ async fn cluster_status(
                         RowState::Current
                     },
                     reason,
+                    in_sync: None,
+                    fleet_copy: None,
+                });
+            }
+        }
+    }
+    rows.extend(fleet_readers(&client, downstream, &fleet).await?);
+    Ok(rows)
+}
+
+/// One row per opted-in workload reading a copy Fleet's agent makes, and copy: `Current` when its
+/// stamp is what the webhook would write now, `RolloutPending` when not (read live, see
+/// [`workloads::LiveState`]), `Failed` when that cannot be told.
+async fn fleet_readers(
+    client: &kube::Client,
+    downstream: &Downstream,
+    fleet: &BTreeMap<String, BTreeMap<ResourceRef, Vec<String>>>,
+) -> Result<Vec<Row>, PluginError> {
+    let mut rows = Vec::new();
+    if fleet.is_empty() {
+        return Ok(rows);
+    }
+    let key = crate::live_stamp::cluster_key(client).await;
+    for (namespace, resources) in fleet {
+        let found = workloads::list_opted_in(client, namespace)
+            .await
+            .map_err(|e| PluginError::ListWorkloads {
+                namespace: namespace.clone(),
+                reason: api_error::describe(&e),
+            })?;
+        for w in found {
+            let read: Vec<&ResourceRef> = w
+                .reads
+                .iter()
+                .filter(|r| resources.contains_key(*r))
+                .collect();
+            if read.is_empty() {
+                continue;
+            }
+            let live =
+                workloads::live_state(client, &w, key.as_ref().map_err(String::as_str)).await;
+            let (state, reason) = match live {
+                workloads::LiveState::Current => (
+                    RowState::Current,
+                    "stamped for what its pods read now".to_owned(),
+                ),
+                workloads::LiveState::Behind => (
+                    RowState::RolloutPending,
+                    "its stamp is behind what its pods read (the copy changed since it was stamped); the rollout watcher, `kubectl helmop propagate` or `kubectl helmop rollout` restamps it".to_owned(),
+                ),
+                workloads::LiveState::Unstamped => (
+                    RowState::RolloutPending,
+                    format!(
+                        "the pod template has no {}: is the helmop webhook installed in this cluster?",
+                        names::ANN_CONFIG_HASH
+                    ),
+                ),
+                workloads::LiveState::Unknown(why) => {
+                    (RowState::Failed, format!("cannot check its stamp: {why}"))
+                }
+            };
+            for resource in read {
+                rows.push(Row {
+                    helmops: resources.get(resource).cloned().unwrap_or_default(),
+                    cluster: downstream.display(),
+                    namespace: namespace.clone(),
+                    kind: resource.kind.as_str().into(),
+                    name: resource.name.clone(),
+                    workload: Some(w.display()),
+                    state,
+                    reason: reason.clone(),
                     in_sync: None,
                     fleet_copy: None,
                 });

@@ -27,9 +27,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use helmop_core::hash::HashKey;
 use helmop_core::names;
-use helmop_core::podrefs::pod_refs_from_value;
+use helmop_core::podrefs::{PodRef, pod_refs_from_value};
 use helmop_core::resource::ResourceRef;
+use helmop_core::rollout::Decision;
 use helmop_core::workload::{WorkloadKind, pod_template};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
@@ -54,6 +56,8 @@ pub struct Workload {
     pub name: String,
     /// ConfigMaps and Secrets its pod template reads.
     pub reads: BTreeSet<ResourceRef>,
+    /// How it reads each (what the stamp covers), one entry per object.
+    pub refs: Vec<PodRef>,
     /// Its `helmop.dev/restamp` annotation.
     pub restamp: Option<String>,
     /// Its pod template's `helmop.dev/config-hash`.
@@ -156,6 +160,59 @@ pub fn stamp_pending(w: &Workload, copy: &ResourceRef, copy_hash: &str) -> (bool
     }
 }
 
+/// Where a reader of a copy helmop did not write (Fleet's agent copies `downstreamResources`
+/// itself) stands. Its restamp record cannot say (the copy has no helmop content hash), so its
+/// stamp is compared with the one the webhook would write now, from live reads of what it reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LiveState {
+    /// Stamped for what its pods read now.
+    Current,
+    /// An UPDATE now would change its stamp: it has not rolled to what its pods would read.
+    Behind,
+    /// No stamp at all (the webhook is not installed, or the workload predates it).
+    Unstamped,
+    /// Could not be decided (no hash key readable, a read refused): why.
+    Unknown(String),
+}
+
+/// [`LiveState`] of `w` against the cluster's hash key `key` (or why there is none).
+pub async fn live_state(client: &Client, w: &Workload, key: Result<&HashKey, &str>) -> LiveState {
+    if w.config_hash.is_none() {
+        return LiveState::Unstamped;
+    }
+    let key = match key {
+        Ok(key) => key,
+        Err(why) => return LiveState::Unknown(why.to_owned()),
+    };
+    match crate::live_stamp::decide_now(
+        client,
+        &w.namespace,
+        &w.refs,
+        w.config_hash.as_deref(),
+        key,
+    )
+    .await
+    {
+        Ok(Decision::Due { .. }) => LiveState::Behind,
+        Ok(Decision::Current | Decision::NotStamped(_)) => LiveState::Current,
+        Err(e) => LiveState::Unknown(format!(
+            "cannot read what it reads: {}",
+            api_error::describe(&e)
+        )),
+    }
+}
+
+/// The restamp value `propagate` writes for a reader of Fleet-managed copies: the record of
+/// helmop's copies kept as it was (so those are not restamped again), then the time.
+pub fn fleet_restamp_value(previous: Option<&str>, now: k8s_openapi::jiff::Timestamp) -> String {
+    let mut value = restamp_value(&previous.map(parse_restamp).unwrap_or_default());
+    if !value.is_empty() {
+        value.push(',');
+    }
+    value.push_str(&format!("propagate:{now}"));
+    value
+}
+
 fn api_resource(kind: WorkloadKind) -> ApiResource {
     let (group, version, kind_name) = kind.gvk();
     ApiResource {
@@ -170,16 +227,14 @@ fn api_resource(kind: WorkloadKind) -> ApiResource {
 fn to_workload(kind: WorkloadKind, obj: &DynamicObject) -> Option<Workload> {
     let value = serde_json::to_value(obj).ok()?;
     let template = pod_template(kind, &value)?;
-    let reads = pod_refs_from_value(template.spec)
-        .ok()?
-        .into_iter()
-        .map(|r| r.resource)
-        .collect();
+    let refs = pod_refs_from_value(template.spec).ok()?;
+    let reads = refs.iter().map(|r| r.resource.clone()).collect();
     Some(Workload {
         kind,
         namespace: obj.metadata.namespace.clone()?,
         name: obj.metadata.name.clone()?,
         reads,
+        refs,
         restamp: obj
             .metadata
             .annotations
@@ -271,6 +326,18 @@ mod tests {
     }
 
     #[test]
+    fn fleet_reader_restamps_keep_the_record_of_helmops_copies() {
+        let t: k8s_openapi::jiff::Timestamp = "2026-12-02T08:00:00Z".parse().unwrap();
+        let v = fleet_restamp_value(Some("secret/db=v1:aa,watch:2026-01-01T00:00:00Z"), t);
+        assert_eq!(v, "secret/db=v1:aa,propagate:2026-12-02T08:00:00Z");
+        assert_eq!(parse_restamp(&v).len(), 1);
+        assert_eq!(
+            fleet_restamp_value(None, t),
+            "propagate:2026-12-02T08:00:00Z"
+        );
+    }
+
+    #[test]
     fn restamp_values_round_trip_and_ignore_foreign_values() {
         let copies = BTreeMap::from([
             ("secret/db".to_string(), "v1:aa".to_string()),
@@ -291,6 +358,7 @@ mod tests {
             namespace: "apps".into(),
             name: "web".into(),
             reads: BTreeSet::from([db.clone(), app.clone()]),
+            refs: Vec::new(),
             restamp: None,
             config_hash: Some("v1:stamp".into()),
         };
@@ -323,6 +391,7 @@ mod tests {
             namespace: "apps".into(),
             name: "web".into(),
             reads: BTreeSet::from([db.clone()]),
+            refs: Vec::new(),
             restamp: None,
             config_hash: None,
         };

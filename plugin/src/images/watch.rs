@@ -166,6 +166,7 @@ async fn restamp(setup: &Setup, target: &Target) -> Result<String, PluginError> 
         namespace: target.namespace.clone(),
         name: target.name.clone(),
         reads: BTreeSet::new(),
+        refs: Vec::new(),
         restamp: target.restamp.clone(),
         config_hash: None,
     };

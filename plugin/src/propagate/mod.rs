@@ -477,7 +477,15 @@ impl ClusterRun<'_> {
         // from this state (not from what this run wrote), so a run killed between its copy
         // writes and its restamps is repaired by the next one.
         let mut copies: BTreeMap<String, BTreeMap<ResourceRef, CopyState>> = BTreeMap::new();
+        // Copies Fleet's agent makes: their readers are decided from live reads.
+        let mut fleet: BTreeMap<String, BTreeMap<ResourceRef, Vec<String>>> = BTreeMap::new();
         for action in actions.iter().filter(|a| reported(a)) {
+            if matches!(action.kind, ActionKind::SkipFleetManaged) {
+                fleet.entry(action.namespace.clone()).or_default().insert(
+                    action.resource.clone(),
+                    action.helmops.iter().map(ToString::to_string).collect(),
+                );
+            }
             let out = self.execute(action, &obs, &mut namespaces).await;
             if let Some(hash) = out.hash {
                 copies.entry(action.namespace.clone()).or_default().insert(
@@ -502,7 +510,104 @@ impl ClusterRun<'_> {
             }
             rows.extend(self.restamp(namespace, copies).await);
         }
+        if !fleet.is_empty() {
+            let key = crate::live_stamp::cluster_key(&self.client).await;
+            for (namespace, resources) in &fleet {
+                let restamped: BTreeSet<String> = rows
+                    .iter()
+                    .filter(|r| r.namespace == *namespace)
+                    .filter_map(|r| r.workload.clone())
+                    .collect();
+                let key = key.as_ref().map_err(String::as_str);
+                rows.extend(
+                    self.restamp_fleet_readers(namespace, resources, key, &restamped)
+                        .await,
+                );
+            }
+        }
         Ok(rows)
+    }
+
+    /// Restamps the opted-in workloads of `namespace` reading a copy Fleet's agent makes whose
+    /// stamp is behind what their pods read now (Fleet's agent changed the copy, and Helm's
+    /// unchanged Deployment was no UPDATE). Decided from live reads ([`workloads::live_state`]),
+    /// so a rerun with nothing changed writes nothing; a workload without any stamp is left
+    /// alone (no webhook stamps it: restamping would change nothing, every run).
+    async fn restamp_fleet_readers(
+        &self,
+        namespace: &str,
+        resources: &BTreeMap<ResourceRef, Vec<String>>,
+        key: Result<&helmop_core::hash::HashKey, &str>,
+        skip: &BTreeSet<String>,
+    ) -> Vec<Row> {
+        let found = match workloads::list_opted_in(&self.client, namespace).await {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::debug!(namespace, error = %api_error::describe(&e), "cannot list the readers of Fleet's copies");
+                return Vec::new();
+            }
+        };
+        let mut rows = Vec::new();
+        for w in found {
+            if skip.contains(&w.display()) {
+                continue;
+            }
+            let read: Vec<&ResourceRef> = w
+                .reads
+                .iter()
+                .filter(|r| resources.contains_key(*r))
+                .collect();
+            if read.is_empty() {
+                continue;
+            }
+            match workloads::live_state(&self.client, &w, key).await {
+                workloads::LiveState::Behind => {}
+                workloads::LiveState::Unknown(why) => {
+                    tracing::debug!(workload = %w.display(), namespace, why, "not deciding a reader of Fleet's copies");
+                    continue;
+                }
+                workloads::LiveState::Current | workloads::LiveState::Unstamped => continue,
+            }
+            let (state, reason) = if self.opts.dry_run {
+                (
+                    RowState::Restamp,
+                    "its stamp is behind what its pods read (Fleet's agent changed the copy)"
+                        .to_owned(),
+                )
+            } else {
+                let value = workloads::fleet_restamp_value(
+                    w.restamp.as_deref(),
+                    k8s_openapi::jiff::Timestamp::now(),
+                );
+                match workloads::restamp(&self.client, &w, &value).await {
+                    Ok(after) => {
+                        self.ctx.record_write();
+                        let what = if after != w.config_hash {
+                            "pod template re-stamped: Fleet's agent changed the copy"
+                        } else {
+                            "pod template stamp unchanged"
+                        };
+                        (RowState::Restamped, what.to_owned())
+                    }
+                    Err(e) => (RowState::Failed, write_error("restamping", &e).to_string()),
+                }
+            };
+            for resource in read {
+                rows.push(Row {
+                    helmops: resources.get(resource).cloned().unwrap_or_default(),
+                    cluster: self.downstream.display(),
+                    namespace: namespace.to_owned(),
+                    kind: resource.kind.as_str().to_owned(),
+                    name: resource.name.clone(),
+                    workload: Some(w.display()),
+                    state,
+                    reason: reason.clone(),
+                    in_sync: None,
+                    fleet_copy: None,
+                });
+            }
+        }
+        rows
     }
 
     /// The destination namespace's state, read once per run and cluster (observation may have

@@ -11,13 +11,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use helmop_core::hash::{HashKey, ObjectData, ObjectDigest, Observed, reads_digest};
+use helmop_core::hash::{HashKey, ObjectDigest, Observed};
 use helmop_core::names;
 use helmop_core::podrefs::{PodRef, Reads};
-use helmop_core::resource::{ResourceKind, ResourceRef};
+use helmop_core::resource::ResourceRef;
 use helmop_core::rollout::{Decision, decide};
 use helmop_core::workload::pod_template;
-use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -299,35 +299,10 @@ async fn read_digest(
     key: &HashKey,
     reads: &Reads,
 ) -> Result<Option<Read>, kube::Error> {
-    let ns = &object.namespace;
-    let name = &object.resource.name;
-    let (meta, digest) = match object.resource.kind {
-        ResourceKind::Secret => {
-            let Some(s) = Api::<Secret>::namespaced(client.clone(), ns)
-                .get_opt(name)
-                .await?
-            else {
-                return Ok(None);
-            };
-            let digest = reads_digest(key, &ObjectData::from(&s), reads);
-            (s.metadata, digest)
-        }
-        ResourceKind::ConfigMap => {
-            let Some(c) = Api::<ConfigMap>::namespaced(client.clone(), ns)
-                .get_opt(name)
-                .await?
-            else {
-                return Ok(None);
-            };
-            let digest = reads_digest(key, &ObjectData::from(&c), reads);
-            (c.metadata, digest)
-        }
-    };
-    let version = Version {
-        uid: meta.uid.unwrap_or_default(),
-        resource_version: meta.resource_version.unwrap_or_default(),
-    };
-    Ok(Some(Read {
+    let read =
+        crate::live_stamp::read_digest(client, &object.namespace, &object.resource, key, reads)
+            .await?;
+    Ok(read.map(|(version, digest)| Read {
         object: object.clone(),
         version,
         reads: reads.clone(),
@@ -411,6 +386,8 @@ fn truncate(note: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use helmop_core::hash::{ObjectData, reads_digest};
+
     use super::*;
 
     #[test]

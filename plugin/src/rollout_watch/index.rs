@@ -57,12 +57,7 @@ pub struct WorkloadFacts {
     pub stamp: Option<String>,
 }
 
-/// One version of a Secret's or ConfigMap's content.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Version {
-    pub uid: String,
-    pub resource_version: String,
-}
+pub use crate::live_stamp::Version;
 
 /// What the watcher keeps of a Secret or ConfigMap.
 #[derive(Clone, Debug, PartialEq, Eq)]

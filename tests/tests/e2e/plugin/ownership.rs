@@ -219,3 +219,148 @@ async fn fleet_managed_copies_are_left_alone_but_compared_and_missing_sources_re
         .expect(0);
     Ok(())
 }
+
+/// Readers of copies Fleet's agent makes: Fleet "redeploys" the release after copying, but Helm
+/// re-applies an unchanged Deployment as a no-op, so no UPDATE reaches the webhook. `status` says
+/// where each reader stands from live reads, and `propagate` restamps one whose stamp is behind, once.
+#[tokio::test]
+async fn readers_of_fleet_managed_copies_are_reported_and_restamped_once() -> anyhow::Result<()> {
+    use helmop_webhook::state::Config;
+    use k8s_openapi::api::apps::v1::Deployment;
+    use kube::api::{Patch, PatchParams};
+    use serde_json::json;
+
+    let f = Fleet::new("pa-fleet-readers").await?;
+    ensure_hash_key(&f.down1).await?;
+    let dest = fresh_namespace_with_labels(
+        &f.down1,
+        "pa-fleet-readers-dest",
+        &[("helmop.dev/rollout-on-change", "enabled")],
+    )
+    .await?;
+    let webhook = LocalWebhook::start(f.down1.clone(), Config::default()).await?;
+    WebhookRegistration::new(
+        WebhookKind::Mutating,
+        &format!("{dest}-stamp"),
+        &format!("{}/mutate/workloads", webhook.url),
+        &webhook.ca_pem,
+    )
+    .rule(WebhookRule::new(
+        &["CREATE", "UPDATE"],
+        "apps",
+        "v1",
+        &["deployments"],
+    ))
+    .only_namespace(&dest)
+    .register(&f.down1)
+    .await?;
+    create_config_map(&f.upstream, &f.ns, "cfg", &[("mode", "v1")]).await?;
+    // Fleet's agent's copy, current.
+    let copies: Api<ConfigMap> = Api::namespaced(f.down1.clone(), &dest);
+    copies
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("cfg".into()),
+                    labels: Some(
+                        [(
+                            "fleet.cattle.io/bundledeployment".to_string(),
+                            "app".to_string(),
+                        )]
+                        .into(),
+                    ),
+                    ..ObjectMeta::default()
+                },
+                data: Some([("mode".to_string(), "v1".to_string())].into()),
+                ..ConfigMap::default()
+            },
+        )
+        .await?;
+    let deployments: Api<Deployment> = Api::namespaced(f.down1.clone(), &dest);
+    let web: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}},
+                              "spec": {"containers": [{"name": "app", "image": "registry.example.com/app:1",
+                                       "envFrom": [{"configMapRef": {"name": "cfg"}}]}]}}},
+    }))?;
+    deployments.create(&PostParams::default(), &web).await?;
+    let stamp = |d: &Deployment| template_annotation(d, "helmop.dev/config-hash");
+    let first =
+        stamp(&deployments.get("web").await?).ok_or_else(|| anyhow::anyhow!("not stamped"))?;
+    f.helmop(&helmop_yaml(
+        "app",
+        &format!(
+            "downstreamResources:\n- {{kind: ConfigMap, name: cfg}}\ndefaultNamespace: {dest}\ntargets:\n- clusterName: down1\n"
+        ),
+    ))
+    .await?;
+    let d1 = format!("{}/down1", f.ns);
+    let reader = |report: &serde_json::Value| {
+        rows(report)
+            .into_iter()
+            .find(|r| r["cluster"] == d1.as_str() && r["workload"] == "Deployment/web")
+    };
+    let status = helmop(&["status", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .json();
+    let r = reader(&status).ok_or_else(|| anyhow::anyhow!("no reader row: {status:#}"))?;
+    assert_eq!(r["state"], "Current", "{r}");
+    assert_eq!(r["name"], "cfg");
+
+    // Fleet's agent copies a new version (the source changed upstream): the reader is behind.
+    let patch = Patch::Merge(json!({"data": {"mode": "v2"}}));
+    Api::<ConfigMap>::namespaced(f.upstream.clone(), &f.ns)
+        .patch("cfg", &PatchParams::default(), &patch)
+        .await?;
+    copies.patch("cfg", &PatchParams::default(), &patch).await?;
+    let status = helmop(&["status", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .json();
+    let r = reader(&status).ok_or_else(|| anyhow::anyhow!("no reader row: {status:#}"))?;
+    assert_eq!(r["state"], "RolloutPending", "{r}");
+    assert_eq!(
+        stamp(&deployments.get("web").await?).as_deref(),
+        Some(first.as_str())
+    );
+
+    // A dry run says so and writes nothing; the real run restamps it, once.
+    let dry = helmop(&["propagate", "app", "-n", &f.ns, "--dry-run", "-o", "json"])
+        .await?
+        .json();
+    assert_eq!(
+        reader(&dry).map(|r| r["state"].clone()),
+        Some(json!("Restamp")),
+        "{dry:#}"
+    );
+    assert_eq!(
+        stamp(&deployments.get("web").await?).as_deref(),
+        Some(first.as_str())
+    );
+    let out = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0)
+        .json();
+    let r = reader(&out).ok_or_else(|| anyhow::anyhow!("no restamp row: {out:#}"))?;
+    assert_eq!(r["state"], "Restamped", "{r}");
+    let second = stamp(&deployments.get("web").await?);
+    assert!(second.is_some() && second.as_deref() != Some(first.as_str()));
+    let again = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0)
+        .json();
+    assert_eq!(writes(&again), 0, "{again:#}");
+    let status = helmop(&["status", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .json();
+    assert_eq!(
+        reader(&status).map(|r| r["state"].clone()),
+        Some(json!("Current")),
+        "{status:#}"
+    );
+    unregister_webhook(&f.down1, WebhookKind::Mutating, &format!("{dest}-stamp")).await?;
+    drop(webhook);
+    Ok(())
+}
