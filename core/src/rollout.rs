@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use crate::hash::{HashKey, Observed, migrated_stamp};
 use crate::names::LABEL_ROLLOUT_ON_CHANGE;
 use crate::podrefs::PodRef;
+use crate::resource::ResourceRef;
 
 /// Distinct Secrets and ConfigMaps one workload may read and still be stamped: each is one lookup
 /// per admission. Above it the webhook admits the workload without a stamp (with a warning), and
@@ -76,6 +77,10 @@ pub enum Decision {
     },
     /// The webhook does not stamp it (the reason): restamping would change nothing.
     NotStamped(String),
+    /// An UPDATE now would change the stamp, but to one with these required references absent:
+    /// the new pods could not start (a Secret deleted to be created again, say), while the running
+    /// ones keep what they read. Rolling waits until they exist again.
+    Missing(Vec<ResourceRef>),
 }
 
 /// The decision for a pod template of `namespace` that reads `refs` and carries the stamp
@@ -99,13 +104,15 @@ pub fn decide<'a>(
             refs.len()
         ));
     }
-    let expected = migrated_stamp(key, namespace, refs, current, lookup).config_hash;
-    if current == Some(expected.as_str()) {
+    let stamp = migrated_stamp(key, namespace, refs, current, lookup);
+    if current == Some(stamp.config_hash.as_str()) {
         Decision::Current
+    } else if !stamp.missing.is_empty() {
+        Decision::Missing(stamp.missing)
     } else {
         Decision::Due {
             current: current.map(str::to_owned),
-            expected,
+            expected: stamp.config_hash,
         }
     }
 }
@@ -117,7 +124,6 @@ mod tests {
     use super::*;
     use crate::hash::{ObjectData, config_stamp, config_stamp_v2};
     use crate::podrefs::Keys;
-    use crate::resource::ResourceRef;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
@@ -227,6 +233,30 @@ mod tests {
             )),
             Decision::Due { .. }
         ));
+    }
+
+    #[test]
+    fn a_required_reference_gone_waits_for_it_to_come_back() {
+        let db = ResourceRef::secret("db");
+        let refs = vec![PodRef::new(db.clone(), Keys::All, false)];
+        let v2 = config_stamp_v2(&key(), "apps", &refs, |_| Observed::Data(data(b"1"))).config_hash;
+        assert_eq!(
+            decide(&key(), "apps", &refs, Some(&v2), |_| Observed::Absent),
+            Decision::Missing(vec![db.clone()]),
+            "deleted to be recreated: rolling now would start pods that cannot start"
+        );
+        assert!(matches!(
+            decide(&key(), "apps", &refs, Some(&v2), |_| Observed::Data(data(
+                b"2"
+            ))),
+            Decision::Due { .. }
+        ));
+        // The same absence stamped at admission is current: nothing to wait for.
+        let absent = config_stamp_v2(&key(), "apps", &refs, |_| Observed::Absent).config_hash;
+        assert_eq!(
+            decide(&key(), "apps", &refs, Some(&absent), |_| Observed::Absent),
+            Decision::Current
+        );
     }
 
     #[test]

@@ -271,6 +271,13 @@ async fn fleet_readers(
                         names::ANN_CONFIG_HASH
                     ),
                 ),
+                workloads::LiveState::Missing(missing) => (
+                    RowState::RolloutPending,
+                    format!(
+                        "behind what its pods read, but it requires {}, which does not exist: it is restamped once that exists",
+                        missing.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                    ),
+                ),
                 workloads::LiveState::Unknown(why) => {
                     (RowState::Failed, format!("cannot check its stamp: {why}"))
                 }

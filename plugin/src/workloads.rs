@@ -171,6 +171,9 @@ pub enum LiveState {
     Behind,
     /// No stamp at all (the webhook is not installed, or the workload predates it).
     Unstamped,
+    /// Behind, but rolling now would start pods that cannot start: these required objects are
+    /// missing. It rolls once they exist.
+    Missing(Vec<ResourceRef>),
     /// Could not be decided (no hash key readable, a read refused): why.
     Unknown(String),
 }
@@ -194,6 +197,7 @@ pub async fn live_state(client: &Client, w: &Workload, key: Result<&HashKey, &st
     .await
     {
         Ok(Decision::Due { .. }) => LiveState::Behind,
+        Ok(Decision::Missing(missing)) => LiveState::Missing(missing),
         Ok(Decision::Current | Decision::NotStamped(_)) => LiveState::Current,
         Err(e) => LiveState::Unknown(format!(
             "cannot read what it reads: {}",

@@ -566,7 +566,9 @@ impl ClusterRun<'_> {
                     tracing::debug!(workload = %w.display(), namespace, why, "not deciding a reader of Fleet's copies");
                     continue;
                 }
-                workloads::LiveState::Current | workloads::LiveState::Unstamped => continue,
+                workloads::LiveState::Current
+                | workloads::LiveState::Unstamped
+                | workloads::LiveState::Missing(_) => continue,
             }
             let (state, reason) = if self.opts.dry_run {
                 (

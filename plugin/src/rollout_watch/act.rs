@@ -143,6 +143,8 @@ pub struct Detail {
     pub to: Option<String>,
     pub error: Option<String>,
     pub dry_run: bool,
+    /// Required references absent: not restamped until they exist.
+    pub missing: Vec<ResourceRef>,
 }
 
 /// What every job shares.
@@ -225,6 +227,10 @@ pub async fn run(shared: Arc<Shared>, job: Job) -> Finished {
         Decision::Current => return finished,
         Decision::NotStamped(why) => {
             tracing::debug!(workload = %ticket.key, why, "not stamped by the webhook: left alone");
+            return finished;
+        }
+        Decision::Missing(missing) => {
+            finished.detail.missing = missing;
             return finished;
         }
         Decision::Due { expected, .. } => expected,

@@ -630,8 +630,13 @@ impl Loop {
                         _ => helmop_core::hash::Observed::Absent,
                     }
                 });
-            if !matches!(decision, helmop_core::rollout::Decision::Due { .. }) {
-                return Planned::Done(ticket.key, Outcome::Settled);
+            match decision {
+                helmop_core::rollout::Decision::Due { .. } => {}
+                helmop_core::rollout::Decision::Missing(missing) => {
+                    waiting(&self.events, &ticket.key, &ticket.reason, &missing);
+                    return Planned::Done(ticket.key, Outcome::Settled);
+                }
+                _ => return Planned::Done(ticket.key, Outcome::Settled),
             }
         }
         let copies = self.index.copies_read(&ticket.key);
@@ -716,6 +721,9 @@ impl Loop {
                     ),
                 );
             }
+            Outcome::Settled if !d.missing.is_empty() => {
+                waiting(&self.events, key, &finished.reason, &d.missing);
+            }
             Outcome::Settled | Outcome::Gone => {}
         }
         let gave_up = self.queue.done(key, &finished.outcome, now);
@@ -751,6 +759,24 @@ impl Loop {
             });
         }
     }
+}
+
+/// A workload not restamped because what it requires is missing (its new pods could not start).
+fn waiting(
+    events: &Events,
+    key: &WorkloadKey,
+    reason: &Reason,
+    missing: &[helmop_core::resource::ResourceRef],
+) {
+    let names: Vec<String> = missing.iter().map(ToString::to_string).collect();
+    events.emit(
+        "waiting",
+        &json!({"workload": key.to_string(), "reason": reason.to_string(), "missing": names}),
+        format!(
+            "not restamping {key} ({reason}): it requires {}, which does not exist; its pods keep running, and it rolls once it exists again",
+            names.join(", ")
+        ),
+    );
 }
 
 enum Planned {
