@@ -972,9 +972,15 @@ fn rollout_watcher_serves_metrics_and_probes_where_the_manifests_look() {
         granted.get(&key("events.k8s.io", "events")),
         Some(&set(&["create"]))
     );
+    // `--images`: the pull secrets of a pod's ServiceAccount, read as the kubelet reads them.
+    assert_eq!(
+        granted.get(&key("", "serviceaccounts")),
+        Some(&set(&["get"])),
+        "serviceaccounts: get only"
+    );
     assert_eq!(
         granted.len(),
-        workloads.len() + 4,
+        workloads.len() + 5,
         "nothing else is granted: {granted:?}"
     );
 

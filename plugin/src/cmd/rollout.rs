@@ -71,7 +71,8 @@ pub struct RolloutReport {
 pub async fn run(args: &RolloutArgs) -> Result<ExitStatus, PluginError> {
     let ctx = Ctx::connect(&args.kube).await?;
     let Some(target) = &args.target else {
-        return crate::rollout_watch::run(&ctx, &args.watch, args.output, args.dry_run).await;
+        return crate::rollout_watch::run(&ctx, &args.kube, &args.watch, args.output, args.dry_run)
+            .await;
     };
     let report = restamp(&ctx.upstream, &ctx.namespace, target, args.dry_run).await?;
     let text = match args.output {

@@ -13,6 +13,7 @@ use std::time::Duration;
 use helmop_core::names::ANN_RESTAMP;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::model::{ImageRow, ImageState};
@@ -45,6 +46,23 @@ pub async fn run(args: WatchOptions, setup: SetupOptions<'_>) -> Result<ExitStat
     let mut signals = Signals::install()?;
     let setup = Setup::new(setup).await?;
     let events = Events::new(args.output);
+    let (_always, leading) = watch::channel(true);
+    let signal = run_loop(&args, &setup, &events, leading, signals.recv()).await;
+    events.stopped(signal);
+    Ok(ExitStatus::Ok)
+}
+
+/// The polling loop, until `stop` resolves (its value is returned). Polls and restamps only while
+/// `leading` says so: `rollout --watch --images` runs it under its own leader election, and a
+/// standby neither polls the registries nor writes.
+pub async fn run_loop(
+    args: &WatchOptions,
+    setup: &Setup,
+    events: &Events,
+    mut leading: watch::Receiver<bool>,
+    stop: impl std::future::Future<Output = &'static str>,
+) -> &'static str {
+    let mut stop = std::pin::pin!(stop);
     let debounce = args.debounce;
     let mut rollouts = Rollouts::new(debounce);
     events.emit(
@@ -65,10 +83,16 @@ pub async fn run(args: WatchOptions, setup: SetupOptions<'_>) -> Result<ExitStat
     );
     let mut poll = 0u64;
     let mut failures = 0u32;
-    let signal = 'outer: loop {
+    'outer: loop {
+        if !*leading.borrow() {
+            tokio::select! {
+                signal = &mut stop => break signal,
+                _ = leading.wait_for(|l| *l) => {}
+            }
+        }
         poll += 1;
         let scanned = tokio::select! {
-            signal = signals.recv() => break signal,
+            signal = &mut stop => break signal,
             scanned = setup.scan() => scanned,
         };
         let wait = match scanned {
@@ -98,9 +122,12 @@ pub async fn run(args: WatchOptions, setup: SetupOptions<'_>) -> Result<ExitStat
                                 );
                                 continue;
                             }
+                            if !*leading.borrow() {
+                                continue;
+                            }
                             let restamped = tokio::select! {
-                                signal = signals.recv() => break 'outer signal,
-                                r = restamp(&setup, target) => r,
+                                signal = &mut stop => break 'outer signal,
+                                r = restamp(setup, target) => r,
                             };
                             match restamped {
                                 Ok(value) => {
@@ -144,12 +171,10 @@ pub async fn run(args: WatchOptions, setup: SetupOptions<'_>) -> Result<ExitStat
             }
         };
         tokio::select! {
-            signal = signals.recv() => break signal,
+            signal = &mut stop => break signal,
             _ = tokio::time::sleep(wait) => {}
         }
-    };
-    events.stopped(signal);
-    Ok(ExitStatus::Ok)
+    }
 }
 
 fn find<'a>(targets: &'a [Target], key: &WorkloadKey) -> Option<&'a Target> {

@@ -128,7 +128,36 @@ pub struct RolloutWatchArgs {
     /// (HOST:PORT, or :PORT for every interface; port 0 picks a free one)
     #[arg(long, value_name = "ADDR", value_parser = health::parse_addr, requires = "watch")]
     pub metrics_addr: Option<SocketAddr>,
+
+    /// With --watch: also poll the registry for the mutable image tags of opted-in workloads and
+    /// restamp those whose tag moved, as `images --watch` does, under the same leader election (a
+    /// standby polls nothing): one process covers everything that changes what pods run
+    #[arg(long, requires = "watch")]
+    pub images: bool,
+
+    /// With --images: time between registry polls (each +-10%); a moved tag is restamped once
+    /// its new digest stayed the same for one interval
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s", requires = "images")]
+    pub image_interval: Duration,
+
+    /// With --images: registry configuration (insecure registries, mirrors): the webhook's
+    /// --registry-config file
+    #[arg(long, value_name = "FILE", requires = "images")]
+    pub registry_config: Option<std::path::PathBuf>,
+
+    /// With --images: extra image tags treated as mutable besides `latest` and no tag (comma
+    /// separated or repeated; `*` and `?` globs): the webhook's --mutable-tags
+    #[arg(
+        long,
+        value_name = "PATTERN",
+        value_delimiter = ',',
+        requires = "images"
+    )]
+    pub mutable_tags: Vec<String>,
 }
+
+/// How long one registry lookup of `--images` may take.
+const REGISTRY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the loop holds besides the index.
 struct Loop {
@@ -159,10 +188,16 @@ enum Source {
 
 pub async fn run(
     ctx: &Ctx,
+    kube: &crate::args::KubeArgs,
     args: &RolloutWatchArgs,
     output: ReportFormat,
     dry_run: bool,
 ) -> Result<ExitStatus, PluginError> {
+    if args.images && args.image_interval.is_zero() {
+        return Err(PluginError::Usage(
+            "--image-interval must be greater than 0".into(),
+        ));
+    }
     let mut signals = Signals::install()?;
     let timings = LeaseTimings::from_lease_duration(args.lease_duration).ok_or_else(|| {
         PluginError::Usage(format!(
@@ -290,6 +325,48 @@ pub async fn run(
     };
     let (tx, mut rx) = mpsc::channel(1024);
     let watches = watches::spawn(&client, &scope, tx, &synced);
+    // `--images`: the registry poll loop, driven beside this one (same task: it borrows its setup).
+    let image_setup = if args.images {
+        Some(
+            crate::images::pass::Setup::new(crate::images::pass::SetupOptions {
+                kube,
+                registry_config: args.registry_config.as_deref(),
+                mutable_tags: &args.mutable_tags,
+                all_namespaces: args.all_namespaces,
+                registry_timeout: REGISTRY_TIMEOUT,
+            })
+            .await?,
+        )
+    } else {
+        None
+    };
+    let image_options = crate::images::watch::WatchOptions {
+        interval: args.image_interval,
+        debounce: args.image_interval,
+        output,
+        dry_run,
+    };
+    let image_events = Events::new(output);
+    let mut images_running = image_setup.is_some();
+    let (stop_images, images_stopped) = tokio::sync::oneshot::channel::<&'static str>();
+    let images_leading = leading.clone();
+    let images = async move {
+        match image_setup {
+            Some(setup) => {
+                let stopped = async { images_stopped.await.unwrap_or("the watcher stopped") };
+                crate::images::watch::run_loop(
+                    &image_options,
+                    &setup,
+                    &image_events,
+                    images_leading,
+                    stopped,
+                )
+                .await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    let mut images = std::pin::pin!(images);
     let mut state = Loop {
         index: Index::default(),
         queue: Queue::new(args.debounce),
@@ -363,10 +440,15 @@ pub async fn run(
                 next_resync = after(args.resync);
             }
             _ = sleep_until(next) => {}
+            _ = &mut images, if images_running => images_running = false,
         }
     };
     drop(watches);
     jobs.abort_all();
+    if images_running {
+        let _ = stop_images.send(signal);
+        images.await;
+    }
     if let Some(h) = election {
         h.shutdown().await;
     }

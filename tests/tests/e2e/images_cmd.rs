@@ -348,3 +348,108 @@ async fn images_uses_pull_secrets_and_reports_unresolvable() -> anyhow::Result<(
     unregister_webhook(&client, WebhookKind::Mutating, &registration).await?;
     Ok(())
 }
+
+/// `rollout --watch --images`: one process covers both what pods read and the images they run, under
+/// one leader election: the leader polls the registry and restamps a moved tag; a standby polls
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollout_watch_with_images_repins_a_moved_tag_and_a_standby_polls_nothing()
+-> anyhow::Result<()> {
+    let client = control_plane().upstream().client().await;
+    let ns = fresh_namespace(&client, "img-rwatch").await?;
+    ensure_hash_key(&client).await?;
+    let registry = TestRegistry::start().await?;
+    let webhook =
+        Webhook::start(client.clone(), &[registry.host()], Duration::from_secs(2)).await?;
+    let registration = webhook.register(&client, &ns).await?;
+    let setup = Setup::new(&registry)?;
+    let latest = format!("{}:latest", registry.repository("demo/app"));
+    let v1 = OciImage::single("rwatch-v1")?;
+    registry.push(&v1, "demo/app", "latest").await?;
+    kubectl_apply(&deployment(&ns, "app", &latest, json!({}), json!({}))).await?;
+    assert_eq!(
+        image_of(&stored(&client, &ns, "app").await?),
+        format!("{latest}@{}", v1.digest)
+    );
+    let registries = setup
+        .registries
+        .path()
+        .to_str()
+        .unwrap_or_default()
+        .to_owned();
+    let args = [
+        "rollout",
+        "--watch",
+        "--images",
+        "--image-interval",
+        "1s",
+        "--registry-config",
+        &registries,
+        "--kubeconfig",
+        &setup.kubeconfig,
+        "-n",
+        &ns,
+        "--lease-namespace",
+        &ns,
+        "-o",
+        "json",
+    ];
+    let mut leader = PluginProcess::spawn(&args, &[])?;
+    leader
+        .wait_event("the first watcher leads", DEFAULT_TIMEOUT, 0, |e| {
+            e["event"] == "leader" && e["leading"] == true
+        })
+        .await?;
+    let mut standby = PluginProcess::spawn(&args, &[])?;
+    standby
+        .wait_event("the second watcher stands by", DEFAULT_TIMEOUT, 0, |e| {
+            e["event"] == "leader" && e["leading"] == false
+        })
+        .await?;
+    leader
+        .wait_event(
+            "a poll finding the Deployment current",
+            DEFAULT_TIMEOUT,
+            0,
+            |e| e["event"] == "poll" && e["summary"]["Current"] == 1,
+        )
+        .await?;
+    let v2 = OciImage::single("rwatch-v2")?;
+    registry.push(&v2, "demo/app", "latest").await?;
+    let restamped = leader
+        .wait_event(
+            "the leader restamps the moved tag",
+            DEFAULT_TIMEOUT,
+            0,
+            |e| e["event"] == "restamped" && e["workload"] == "deployment/app",
+        )
+        .await?;
+    assert!(restamped["reasons"].is_array(), "{restamped}");
+    wait_until(
+        "the Deployment pinned to the new digest",
+        DEFAULT_TIMEOUT,
+        || async {
+            Ok(image_of(&stored(&client, &ns, "app").await?) == format!("{latest}@{}", v2.digest))
+        },
+    )
+    .await?;
+    assert!(
+        standby.events_named("poll").is_empty() && standby.events_named("restamped").is_empty(),
+        "a standby polls and writes nothing: {}",
+        standby.context()
+    );
+    leader.signal(libc::SIGTERM)?;
+    let status = leader.wait_exit(Duration::from_secs(20)).await?;
+    assert_eq!(status.code(), Some(0), "{}", leader.context());
+    // The standby takes over (at once: the leader released its Lease) and polls.
+    standby
+        .wait_event(
+            "the standby takes over and polls",
+            DEFAULT_TIMEOUT,
+            0,
+            |e| e["event"] == "poll" && e["summary"]["Current"] == 1,
+        )
+        .await?;
+    unregister_webhook(&client, WebhookKind::Mutating, &registration).await?;
+    Ok(())
+}
