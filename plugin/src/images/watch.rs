@@ -98,7 +98,7 @@ pub async fn run_loop(
         let wait = match scanned {
             Ok(scan) => {
                 failures = 0;
-                poll_event(&events, poll, &scan, args.output == ReportFormat::Wide);
+                poll_event(events, poll, &scan, args.output == ReportFormat::Wide);
                 let now = Instant::now();
                 for verdict in rollouts.observe(now, &scan.rows) {
                     match verdict {
