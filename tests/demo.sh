@@ -4,7 +4,8 @@
 # naming the images `./dev image` pushed), two downstream clusters (API servers only, their stamping
 # webhook a host process registered by url), Fleet Clusters and a ClusterGroup, a rejected and an
 # accepted HelmOp, `kubectl helmop propagate` and `status`, and a Deployment on the node that rolls
-# (new pods, new value in their logs) when the source ConfigMap changes upstream.
+# (new pods, new value in their logs) when the source ConfigMap changes upstream, and again when its
+# own ConfigMap is edited with plain kubectl (the rollout watcher, installed from its manifests).
 #
 #   tests/demo.sh DIR         run the demo with its state in DIR (a previous run there is stopped first)
 #   tests/demo.sh --down DIR  stop the demo's webhooks and clusters, node included (`./dev down`)
@@ -261,17 +262,21 @@ run kubectl label --overwrite namespace kube-system kubernetes.io/metadata.name=
 mkdir -p "$DIR/install" "$DIR/webhooks" "$DIR/manifests"
 # kustomize wants relative paths to other kustomizations.
 cat >"$DIR/install/kustomization.yaml" <<EOF
-# The shipped self-signed install, the 1.20 component, and the images ./dev image pushed.
+# The shipped self-signed install with the rollout watcher, the 1.20 component, and the images
+# ./dev image pushed.
 resources:
   - $(realpath --relative-to="$DIR/install" "$REPO/manifests/self-signed")
+  - $(realpath --relative-to="$DIR/install" "$REPO/manifests/rollout-watcher")
 components:
   - $(realpath --relative-to="$DIR/install" "$REPO/manifests/kube-1.20")
 images:
   - {name: ghcr.io/helmop/helmop-webhook, newName: $REGISTRY/helmop-webhook, newTag: $VERSION}
+  - {name: ghcr.io/helmop/kubectl-helmop, newName: $REGISTRY/kubectl-helmop, newTag: $VERSION}
 EOF
 run cat "$DIR/install/kustomization.yaml"
 run kubectl apply -k "$DIR/install"
 run kubectl -n helmop-system rollout status deployment/helmop-webhook --timeout="${WAIT}s"
+run kubectl -n helmop-system rollout status deployment/helmop-rollout-watcher --timeout="${WAIT}s"
 run kubectl -n helmop-system wait --for=condition=complete --timeout="${WAIT}s" \
   job/helmop-tls-bootstrap job/helmop-hash-key-init
 run kubectl -n helmop-system get pods -o wide
@@ -374,6 +379,12 @@ metadata:
   name: $APP_NS
   labels: {helmop.dev/rollout-on-change: enabled}
 ---
+# The application's own settings, next to it (not copied by helmop): edited in place below.
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: web-settings, namespace: $APP_NS}
+data: {GREETING: hello}
+---
 apiVersion: apps/v1
 kind: Deployment
 metadata: {name: web, namespace: $APP_NS}
@@ -389,12 +400,13 @@ spec:
       - name: web
         image: $APP_IMAGE
         # Prints the ConfigMap's values it started with (never the password), then idles.
-        command: [sh, -c, 'echo "LOG_LEVEL=\$LOG_LEVEL FEATURE_X=\$FEATURE_X"; exec sleep 86400']
+        command: [sh, -c, 'echo "LOG_LEVEL=\$LOG_LEVEL FEATURE_X=\$FEATURE_X GREETING=\$GREETING"; exec sleep 86400']
         env:
         - name: DB_PASSWORD
           valueFrom: {secretKeyRef: {name: db-credentials, key: password}}
         envFrom:
         - configMapRef: {name: app-config}
+        - configMapRef: {name: web-settings}
 EOF
 sed -n '1,$p' "$DIR/manifests/web-app.yaml"
 run kubectl apply -f "$DIR/manifests/web-app.yaml"
@@ -441,6 +453,28 @@ run kubectl -n "$APP_NS" get pods -l app=web -o wide
 run kubectl -n "$APP_NS" logs -l app=web --prefix
 run kubectl helmop status -A
 
+section "A plain kubectl edit rolls the pods: no helmop command typed"
+note "(the rollout watcher on the node sees the ConfigMap change and asks the webhook to restamp its readers)"
+second_stamp=$(stamp)
+second_pods=$(kubectl -n "$APP_NS" get pods -l app=web -o jsonpath='{.items[*].metadata.name}')
+run kubectl -n "$APP_NS" patch configmap web-settings --type merge -p '{"data":{"GREETING":"bonjour"}}'
+restamped() { [[ $(stamp) != "$second_stamp" ]]; }
+wait_for "the rollout watcher to restamp web" restamped
+show_stamp
+run kubectl -n "$APP_NS" rollout status deployment/web --timeout="${WAIT}s"
+only_newer_pods() {
+  local p
+  for p in $(kubectl -n "$APP_NS" get pods -l app=web -o jsonpath='{.items[*].metadata.name}'); do
+    [[ " $second_pods " != *" $p "* ]] || return 1
+  done
+}
+wait_for "the previous pods of web to be gone" only_newer_pods
+both_print_bonjour() { (($(kubectl -n "$APP_NS" logs -l app=web | grep -c 'GREETING=bonjour') == 2)); }
+wait_for "both new pods to print GREETING=bonjour" both_print_bonjour
+run kubectl -n "$APP_NS" logs -l app=web --prefix
+run kubectl -n "$APP_NS" get events --field-selector reason=Restamped
+run kubectl -n helmop-system logs deployment/helmop-rollout-watcher --tail=5
+
 section "Done in $((SECONDS - started))s (after the build)"
 cat <<EOF
 The clusters keep running. Point kubectl at them with:
@@ -448,7 +482,7 @@ The clusters keep running. Point kubectl at them with:
   export KUBECONFIG=$DIR/kubeconfig
   export PATH=$BIN:\$PATH     # so that \`kubectl helmop\` finds the plugin
   kubectl config get-contexts  # upstream (current, with the node), down1, down2
-  kubectl -n helmop-system get pods            # helmop's webhook on the node
+  kubectl -n helmop-system get pods            # helmop's webhook and rollout watcher on the node
   kubectl -n $APP_NS get deployment,replicasets,pods
   kubectl helmop status -A -o wide
 
