@@ -821,3 +821,91 @@ async fn two_watchers_of_one_scope_elect_one_restamper() -> anyhow::Result<()> {
     assert_eq!(restamps_of(standby, "web"), 0, "{}", standby.context());
     Ok(())
 }
+
+#[tokio::test]
+async fn a_workload_deleted_mid_restamp_is_dropped_quietly() -> anyhow::Result<()> {
+    let f = Fixture::new("rwatch-gone").await?;
+    create_config_map(&f.client, &f.ns, "settings", &[("mode", "a")]).await?;
+    for name in ["web", "api"] {
+        f.apply(&deployment(
+            name,
+            json!({}),
+            json!({"container": {"envFrom": [{"configMapRef": {"name": "settings"}}]}}),
+        ))
+        .await?;
+    }
+    let dir = tempfile::tempdir()?;
+    let release = dir.path().join("release");
+    let pause = format!("rollout-before-restamp:{}", release.display());
+    let mut w = f.spawn_watcher(
+        &["--no-leader-election", "--max-concurrent", "1"],
+        &[("HELMOP_TEST_PAUSE", &pause)],
+    )?;
+    w.wait_event("synced", WAIT, 0, |e| e["event"] == "synced")
+        .await?;
+    f.kubectl(
+        &[
+            "patch",
+            "configmap",
+            "settings",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"data":{"mode":"b"}}"#,
+        ],
+        None,
+    )
+    .await?;
+    wait_until(
+        "the watcher paused before its first restamp",
+        WAIT,
+        || async { Ok(w.stderr().contains("paused at rollout-before-restamp")) },
+    )
+    .await?;
+    // Both were due; one is being restamped. Delete both, then let the restamp go on.
+    f.kubectl(
+        &["delete", "deployment", "web", "api", "--wait=false"],
+        None,
+    )
+    .await?;
+    wait_until("both Deployments gone", WAIT, || async {
+        Ok(Api::<Deployment>::namespaced(f.client.clone(), &f.ns)
+            .list(&ListParams::default())
+            .await?
+            .items
+            .is_empty())
+    })
+    .await?;
+    std::fs::write(&release, b"")?;
+    // The watcher goes on: a new reader is restamped as usual, and nothing failed meanwhile.
+    f.apply(&deployment(
+        "late",
+        json!({}),
+        json!({"container": {"envFrom": [{"configMapRef": {"name": "settings"}}]}}),
+    ))
+    .await?;
+    f.kubectl(
+        &[
+            "patch",
+            "configmap",
+            "settings",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"data":{"mode":"c"}}"#,
+        ],
+        None,
+    )
+    .await?;
+    w.wait_event("the new reader restamped", WAIT, 0, restamped_for("late"))
+        .await?;
+    for bad in ["failed", "ineffective"] {
+        assert!(
+            w.events_named(bad).is_empty(),
+            "a deleted workload is no failure: {}",
+            w.context()
+        );
+    }
+    assert_eq!(restamps_of(&w, "web") + restamps_of(&w, "api"), 0);
+    Ok(())
+}
