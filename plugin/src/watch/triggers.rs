@@ -9,6 +9,13 @@
 //! The BundleNamespaceMapping watch does not count towards readiness: many installations do not
 //! serve that kind, and without it there are no mappings to miss.
 //!
+//! BundleDeployments are watched for two fields only: `status.appliedDeploymentID` and
+//! `status.downstreamResourcesGeneration`, which Fleet's agent sets when it applied a deployment and
+//! copied the HelmOp's downstream resources itself. The
+//! readers of such a copy may then be behind (Helm's re-apply of an unchanged Deployment is no UPDATE),
+//! and the run restamps them. Status churn (conditions, resource lists, check-ins) triggers nothing; nor
+//! does this watch count towards readiness (Fleet may not be installed).
+//!
 //! kube's watcher re-lists and re-watches after errors with exponential back-off; a re-list after
 //! the first one may have missed events, so it triggers a run as well.
 
@@ -173,6 +180,7 @@ pub fn spawn(
     ));
     synced.expect(tasks.len());
     if fleet {
+        tasks.push(watch_bundle_deployments(client, selection, tx.clone()));
         tasks.push(watch_kind::<BundleNamespaceMapping>(
             api(client, namespace.as_deref()),
             watcher::Config::default(),
@@ -276,6 +284,92 @@ where
     })
 }
 
+/// The BundleDeployments of the selected HelmOps (labelled with their Bundle, named after the HelmOp),
+/// in every namespace: a run when what one's agent reports applied and copied changes ([`applied_id`]).
+fn watch_bundle_deployments(
+    client: &Client,
+    selection: &Selection,
+    tx: mpsc::Sender<Trigger>,
+) -> JoinHandle<()> {
+    use helmop_core::fleet_copy::{BD_BUNDLE_NAME_LABEL, BD_BUNDLE_NAMESPACE_LABEL};
+    use kube::api::{ApiResource, DynamicObject};
+
+    let resource = ApiResource {
+        group: "fleet.cattle.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "fleet.cattle.io/v1alpha1".into(),
+        kind: "BundleDeployment".into(),
+        plural: "bundledeployments".into(),
+    };
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let config = match selection {
+        Selection::One { namespace, name } => watcher::Config::default().labels(&format!(
+            "{BD_BUNDLE_NAMESPACE_LABEL}={namespace},{BD_BUNDLE_NAME_LABEL}={name}"
+        )),
+        Selection::Namespace(ns) => {
+            watcher::Config::default().labels(&format!("{BD_BUNDLE_NAMESPACE_LABEL}={ns}"))
+        }
+        Selection::All => watcher::Config::default().labels(BD_BUNDLE_NAMESPACE_LABEL),
+    };
+    tokio::spawn(async move {
+        let stream = watcher::watcher(api, config).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        // BundleDeployment (namespace, name) -> its appliedDeploymentID.
+        let mut applied: std::collections::HashMap<(String, String), Option<String>> =
+            std::collections::HashMap::new();
+        let mut failing = false;
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(Event::InitApply(bd)) => {
+                    let id = applied_id(&bd);
+                    applied.insert(bd_key(&bd), id);
+                }
+                Ok(Event::Apply(bd)) => {
+                    let id = applied_id(&bd);
+                    let key = bd_key(&bd);
+                    let before = applied.insert(key.clone(), id.clone());
+                    if before.is_some_and(|b| b != id) && id.is_some() {
+                        send(&tx, format!("BundleDeployment {}/{} applied", key.0, key.1));
+                    }
+                }
+                Ok(Event::Delete(bd)) => {
+                    applied.remove(&bd_key(&bd));
+                }
+                Ok(Event::Init) => applied.clear(),
+                Ok(Event::InitDone) => failing = false,
+                Err(e) => {
+                    if !failing && !is_not_served(&e) {
+                        tracing::warn!(kind = "BundleDeployment", error = %e, "watch failed; retrying with back-off");
+                    }
+                    failing = true;
+                }
+            }
+        }
+    })
+}
+
+fn bd_key(bd: &kube::api::DynamicObject) -> (String, String) {
+    (
+        bd.metadata.namespace.clone().unwrap_or_default(),
+        bd.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// What Fleet's agent reports when it copied the downstream resources: the deployment it applied
+/// and, from Fleet v0.16, the generation of the downstream resources it copied. `None` before either.
+fn applied_id(bd: &kube::api::DynamicObject) -> Option<String> {
+    let applied = bd
+        .data
+        .pointer("/status/appliedDeploymentID")
+        .and_then(serde_json::Value::as_str);
+    let copied = bd
+        .data
+        .pointer("/status/downstreamResourcesGeneration")
+        .and_then(serde_json::Value::as_i64);
+    (applied.is_some() || copied.is_some())
+        .then(|| format!("{}/{}", applied.unwrap_or(""), copied.unwrap_or(0)))
+}
+
 /// What a watched kind's events mean besides a run.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Marks {
@@ -348,4 +442,42 @@ where
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn bd(status: serde_json::Value) -> kube::api::DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "fleet.cattle.io/v1alpha1", "kind": "BundleDeployment",
+            "metadata": {"name": "app", "namespace": "c"},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_what_the_agent_applied_and_copied_counts() {
+        let before = applied_id(&bd(
+            json!({"appliedDeploymentID": "s-1", "downstreamResourcesGeneration": 1}),
+        ));
+        // Status churn: conditions, resource lists, check-ins.
+        let churn = applied_id(&bd(json!({
+            "appliedDeploymentID": "s-1", "downstreamResourcesGeneration": 1,
+            "conditions": [{"type": "Ready", "status": "False"}], "resources": [{"name": "x"}],
+        })));
+        assert_eq!(before, churn);
+        let copied = applied_id(&bd(
+            json!({"appliedDeploymentID": "s-1", "downstreamResourcesGeneration": 2}),
+        ));
+        let deployed = applied_id(&bd(
+            json!({"appliedDeploymentID": "s-2", "downstreamResourcesGeneration": 1}),
+        ));
+        assert_ne!(before, copied);
+        assert_ne!(before, deployed);
+        assert_eq!(applied_id(&bd(json!({}))), None, "nothing applied yet");
+    }
 }

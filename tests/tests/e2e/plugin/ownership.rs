@@ -5,6 +5,7 @@ use helmop_tests::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
+use std::time::Duration;
 
 use super::support::*;
 
@@ -361,6 +362,164 @@ async fn readers_of_fleet_managed_copies_are_reported_and_restamped_once() -> an
         "{status:#}"
     );
     unregister_webhook(&f.down1, WebhookKind::Mutating, &format!("{dest}-stamp")).await?;
+    drop(webhook);
+    Ok(())
+}
+
+/// `propagate --watch` learns from the HelmOp's BundleDeployment that Fleet's agent copied the
+/// downstream resources anew (its status), and restamps the copies' readers without waiting for the
+/// resync (which is off here). Which status writes trigger is `applied_id`'s unit test.
+#[tokio::test]
+async fn watch_restamps_readers_when_fleets_agent_reports_a_new_copy() -> anyhow::Result<()> {
+    use helmop_webhook::state::Config;
+    use k8s_openapi::api::apps::v1::Deployment;
+    use kube::api::{Patch, PatchParams};
+    use serde_json::json;
+
+    let f = Fleet::new("pa-fleet-bd").await?;
+    ensure_hash_key(&f.down1).await?;
+    let dest = fresh_namespace_with_labels(
+        &f.down1,
+        "pa-fleet-bd-dest",
+        &[("helmop.dev/rollout-on-change", "enabled")],
+    )
+    .await?;
+    let webhook = LocalWebhook::start(f.down1.clone(), Config::default()).await?;
+    let registration = format!("{dest}-stamp");
+    WebhookRegistration::new(
+        WebhookKind::Mutating,
+        &registration,
+        &format!("{}/mutate/workloads", webhook.url),
+        &webhook.ca_pem,
+    )
+    .rule(WebhookRule::new(
+        &["CREATE", "UPDATE"],
+        "apps",
+        "v1",
+        &["deployments"],
+    ))
+    .only_namespace(&dest)
+    .register(&f.down1)
+    .await?;
+    create_config_map(&f.upstream, &f.ns, "cfg", &[("mode", "v1")]).await?;
+    let copies: Api<ConfigMap> = Api::namespaced(f.down1.clone(), &dest);
+    copies
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("cfg".into()),
+                    labels: Some(
+                        [(
+                            "fleet.cattle.io/bundledeployment".to_string(),
+                            "app".to_string(),
+                        )]
+                        .into(),
+                    ),
+                    ..ObjectMeta::default()
+                },
+                data: Some([("mode".to_string(), "v1".to_string())].into()),
+                ..ConfigMap::default()
+            },
+        )
+        .await?;
+    let deployments: Api<Deployment> = Api::namespaced(f.down1.clone(), &dest);
+    let web: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}},
+                              "spec": {"containers": [{"name": "app", "image": "registry.example.com/app:1",
+                                       "envFrom": [{"configMapRef": {"name": "cfg"}}]}]}}},
+    }))?;
+    deployments.create(&PostParams::default(), &web).await?;
+    let stamp = |d: &Deployment| template_annotation(d, "helmop.dev/config-hash");
+    let first =
+        stamp(&deployments.get("web").await?).ok_or_else(|| anyhow::anyhow!("not stamped"))?;
+    f.helmop(&helmop_yaml(
+        "app",
+        &format!(
+            "downstreamResources:\n- {{kind: ConfigMap, name: cfg}}\ndefaultNamespace: {dest}\ntargets:\n- clusterName: down1\n"
+        ),
+    ))
+    .await?;
+    let bds = fleet_api(&f.upstream, &f.ns, &bundle_deployment_resource());
+    create_fleet_object(
+        &f.upstream,
+        &f.ns,
+        &bundle_deployment_resource(),
+        json!({
+            "metadata": {"name": "app", "labels": {
+                "fleet.cattle.io/bundle-name": "app",
+                "fleet.cattle.io/bundle-namespace": f.ns,
+                "fleet.cattle.io/cluster": "down1",
+                "fleet.cattle.io/cluster-namespace": f.ns,
+            }},
+            "spec": {"deploymentID": "s-1:abc", "downstreamResourcesGeneration": 1},
+        }),
+    )
+    .await?;
+    let agent = |generation: i64| {
+        Patch::Merge(
+            json!({"status": {"appliedDeploymentID": "s-1:abc", "downstreamResourcesGeneration": generation}}),
+        )
+    };
+    bds.patch_status("app", &PatchParams::default(), &agent(1))
+        .await?;
+    let kubeconfig = control_plane().upstream().kubeconfig.display().to_string();
+    let mut w = PluginProcess::spawn(
+        &[
+            "propagate",
+            "-n",
+            &f.ns,
+            "--watch",
+            "--kubeconfig",
+            &kubeconfig,
+            "--no-leader-election",
+            "--resync",
+            "0",
+            "--debounce",
+            "200ms",
+            "-o",
+            "json",
+        ],
+        &[("HELMOP_LOG", "info")],
+    )?;
+    w.wait_event("the first run", Duration::from_secs(60), 0, |e| {
+        e["event"] == "run"
+    })
+    .await?;
+    // Fleet's agent copies a new version, then reports it: the run restamps the reader.
+    let patch = Patch::Merge(json!({"data": {"mode": "v2"}}));
+    Api::<ConfigMap>::namespaced(f.upstream.clone(), &f.ns)
+        .patch("cfg", &PatchParams::default(), &patch)
+        .await?;
+    let skip = w.events().len();
+    copies.patch("cfg", &PatchParams::default(), &patch).await?;
+    bds.patch_status("app", &PatchParams::default(), &agent(2))
+        .await?;
+    let run = w
+        .wait_event(
+            "a run for the agent's report",
+            Duration::from_secs(60),
+            skip,
+            |e| {
+                e["event"] == "run"
+                    && e["reasons"].as_array().is_some_and(|r| {
+                        r.iter()
+                            .any(|r| r.as_str().is_some_and(|r| r.contains("BundleDeployment")))
+                    })
+            },
+        )
+        .await?;
+    assert!(
+        run.to_string().contains("Restamped"),
+        "the reader was restamped: {run}"
+    );
+    let second = stamp(&deployments.get("web").await?);
+    assert!(second.is_some() && second.as_deref() != Some(first.as_str()));
+    w.signal(libc::SIGTERM)?;
+    unregister_webhook(&f.down1, WebhookKind::Mutating, &registration).await?;
     drop(webhook);
     Ok(())
 }
