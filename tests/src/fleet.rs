@@ -190,6 +190,18 @@ pub async fn propagator_events(
     ns: &str,
     helmop: &str,
 ) -> anyhow::Result<Vec<Event>> {
+    controller_events(client, ns, "HelmOp", helmop, "helmop.dev/propagator").await
+}
+
+/// The Events (events.k8s.io) that `controller` (their `reportingController`) put on the object
+/// `ns/name` of kind `kind`.
+pub async fn controller_events(
+    client: &Client,
+    ns: &str,
+    kind: &str,
+    name: &str,
+    controller: &str,
+) -> anyhow::Result<Vec<Event>> {
     let events: Api<Event> = Api::namespaced(client.clone(), ns);
     Ok(events
         .list(&Default::default())
@@ -198,9 +210,10 @@ pub async fn propagator_events(
         .items
         .into_iter()
         .filter(|e| {
-            e.regarding.as_ref().is_some_and(|r| {
-                r.kind.as_deref() == Some("HelmOp") && r.name.as_deref() == Some(helmop)
-            }) && e.reporting_controller.as_deref() == Some("helmop.dev/propagator")
+            e.regarding
+                .as_ref()
+                .is_some_and(|r| r.kind.as_deref() == Some(kind) && r.name.as_deref() == Some(name))
+                && e.reporting_controller.as_deref() == Some(controller)
         })
         .collect())
 }

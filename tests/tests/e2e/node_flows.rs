@@ -14,6 +14,12 @@
 //!   the API server's pod proxy; a Conflict, an unreachable Cluster and a deleted source each become a
 //!   Warning Event on their HelmOp; deleting the leader pod hands the Lease to the other replica
 //!   and a later change still propagates.
+//! - `the_rollout_watcher_deployment_rolls_workloads_whose_config_map_or_secret_changes`: the rollout
+//!   watcher Deployment (manifests/rollout-watcher, 2 replicas, leader election) rolls an opted-in
+//!   Deployment nobody touches when its ConfigMap is patched in place and when its Secret is deleted
+//!   and created again with another value: new ReplicaSets, new pods printing the new values; it is
+//!   Ready with one Lease holder and leaves a Restamped Event on the Deployment; then it is removed
+//!   with `kubectl delete -k`.
 //!
 //! Every wait has a deadline; a failure carries `kubectl get/describe/logs` and the events of what
 //! it waited for.
@@ -514,9 +520,10 @@ const LEASE_NAMESPACE: &str = "helmop-system";
 const LEASE_NAME: &str = "kubectl-helmop-propagate";
 const PROPAGATOR: &str = "app.kubernetes.io/name=helmop-propagator";
 
-async fn lease_holder(client: &Client) -> anyhow::Result<Option<String>> {
+/// The holder of Lease `helmop-system/<lease>`.
+async fn lease_holder(client: &Client, lease: &str) -> anyhow::Result<Option<String>> {
     Ok(Api::<Lease>::namespaced(client.clone(), LEASE_NAMESPACE)
-        .get_opt(LEASE_NAME)
+        .get_opt(lease)
         .await?
         .and_then(|l| l.spec)
         .and_then(|s| s.holder_identity)
@@ -528,15 +535,49 @@ fn holder_pod(holder: &str) -> &str {
     holder.rsplit_once('_').map_or(holder, |(pod, _)| pod)
 }
 
-async fn propagator_pods(client: &Client) -> anyhow::Result<Vec<Pod>> {
+/// The live pods in helmop-system matching `selector`.
+async fn system_pods(client: &Client, selector: &str) -> anyhow::Result<Vec<Pod>> {
     let pods = Api::<Pod>::namespaced(client.clone(), LEASE_NAMESPACE)
-        .list(&ListParams::default().labels(PROPAGATOR))
+        .list(&ListParams::default().labels(selector))
         .await?;
     Ok(pods
         .items
         .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .collect())
+}
+
+/// Waits until two ready live pods in helmop-system match `selector` and one of them holds Lease
+/// `helmop-system/<lease>`; returns the holder identity and the pod names.
+async fn two_ready_and_a_leader(
+    up: &ClusterInfo,
+    selector: &str,
+    lease: &str,
+) -> anyhow::Result<(String, Vec<String>)> {
+    let client = up.client().await;
+    let both = wait_for(
+        &format!("two ready pods of {selector} and a holder of Lease {lease}"),
+        ROLL,
+        || async {
+            let pods = system_pods(&client, selector).await?;
+            let Some(holder) = lease_holder(&client, lease).await? else {
+                return Ok(None);
+            };
+            if pods.len() != 2 || !pods.iter().all(is_ready) {
+                return Ok(None);
+            }
+            let names: Vec<String> = pods
+                .iter()
+                .filter_map(|p| p.metadata.name.clone())
+                .collect();
+            Ok(names
+                .iter()
+                .any(|n| n == holder_pod(&holder))
+                .then_some((holder, names)))
+        },
+    )
+    .await;
+    explained(both, up, LEASE_NAMESPACE, selector).await
 }
 
 /// The reader's stamp, and whether a ReplicaSet with that stamp exists.
@@ -739,29 +780,7 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
     let two = wait_propagated(up, down, &dest, "two", one).await?;
 
     // Both replicas run; one holds the Lease. Deleting it hands over to the other one.
-    let both = wait_for(
-        "two ready propagator pods and a Lease holder",
-        ROLL,
-        || async {
-            let pods = propagator_pods(&client).await?;
-            let Some(holder) = lease_holder(&client).await? else {
-                return Ok(None);
-            };
-            if pods.len() != 2 || !pods.iter().all(is_ready) {
-                return Ok(None);
-            }
-            let names: Vec<String> = pods
-                .iter()
-                .filter_map(|p| p.metadata.name.clone())
-                .collect();
-            Ok(names
-                .iter()
-                .any(|n| n == holder_pod(&holder))
-                .then_some((holder, names)))
-        },
-    )
-    .await;
-    let (holder, names) = explained(both, up, LEASE_NAMESPACE, PROPAGATOR).await?;
+    let (holder, names) = two_ready_and_a_leader(up, PROPAGATOR, LEASE_NAME).await?;
     let leader = holder_pod(&holder).to_owned();
     let standby = names
         .iter()
@@ -857,7 +876,7 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
                 &format!("the Lease to pass from {leader} to {standby}"),
                 ROLL,
                 || async {
-                    Ok(lease_holder(&client)
+                    Ok(lease_holder(&client, LEASE_NAME)
                         .await?
                         .is_some_and(|h| holder_pod(&h) == standby))
                 },
@@ -874,5 +893,191 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
 
     unregister_webhook(&down_client, WebhookKind::Mutating, &hook_name).await?;
     drop(hook);
+    Ok(())
+}
+
+/// The rollout watcher's Lease (the only name its Role lets it use) and pods.
+const WATCHER_LEASE: &str = "kubectl-helmop-rollout";
+const WATCHER: &str = "app.kubernetes.io/name=helmop-rollout-watcher";
+
+/// The busybox Deployment `name` (opted in by its namespace) printing, in a loop, the ConfigMap
+/// `settings`' key `GREETING` (all its keys as env vars, `envFrom`) and Secret `db`'s key `password`
+/// (`secretKeyRef`) as `greeting=<..> password=<..>`.
+fn printer(env: &NodeEnv, ns: &str, name: &str) -> Value {
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{
+                        "name": "app",
+                        "image": env.busybox,
+                        "command": env.shell(&[
+                            "while true; do echo \"greeting=$GREETING password=$PASSWORD\"; sleep 2; done",
+                        ]),
+                        "envFrom": [{"configMapRef": {"name": "settings"}}],
+                        "env": [{"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}],
+                    }],
+                },
+            },
+        },
+    })
+}
+
+/// The line [`printer`] pods print.
+fn printed(greeting: &str, password: &str) -> String {
+    format!("greeting={greeting} password={password}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rollout_watcher_deployment_rolls_workloads_whose_config_map_or_secret_changes()
+-> anyhow::Result<()> {
+    let env = node_env().await?;
+    let up = env.cluster();
+    let overlay = env.install_rollout_watcher().await?;
+    let flow = rollout_watcher_flow(env).await;
+    // The watcher's own state when anything failed: its pods, their logs (one JSON event a line) and
+    // the events of helmop-system.
+    let flow = match flow {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let report = diagnostics(up, LEASE_NAMESPACE, WATCHER).await;
+            Err(anyhow::anyhow!("{e:#}\n--- the rollout watcher:{report}"))
+        }
+    };
+    let removed = env.uninstall(&overlay).await;
+    flow?;
+    removed
+}
+
+async fn rollout_watcher_flow(env: &NodeEnv) -> anyhow::Result<()> {
+    let up = env.cluster();
+    let client = up.client().await;
+    let ns = fresh_namespace_with_labels(&client, "nf-watch", &[(OPT_IN, "enabled")]).await?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    apply(up, &config_map(&ns, "settings", &[("GREETING", "hello-1")])).await?;
+    create_source(up, &ns, "db", "password=first-pw").await?;
+    apply(up, &printer(env, &ns, "printer")).await?;
+    let stamp = |d: &Deployment| template_annotation(d, CONFIG_HASH);
+    let first_stamp = stamp(&deployments.get("printer").await?)
+        .context("the webhook stamped the Deployment of an opted-in namespace")?;
+    let first = wait_pods_logging(
+        up,
+        &ns,
+        "printer",
+        1,
+        &BTreeSet::new(),
+        &printed("hello-1", "first-pw"),
+    )
+    .await?;
+    // Both watchers listed everything (they are ready) and one leads before anything changes.
+    two_ready_and_a_leader(up, WATCHER, WATCHER_LEASE).await?;
+    let sets = replica_set_names(&client, &ns, "printer").await?;
+    assert_eq!(sets.len(), 1, "one ReplicaSet at first: {sets:?}");
+
+    // 1. The ConfigMap edited in place (the merge patch `kubectl edit` sends); nobody touches the
+    // Deployment: the watcher restamps it, and it rolls new pods that print the new value.
+    kubectl(
+        up,
+        &[
+            "patch",
+            "configmap",
+            "settings",
+            "-n",
+            &ns,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"data":{"GREETING":"hello-2"}}"#,
+        ],
+        None,
+    )
+    .await?;
+    let second = wait_pods_logging(
+        up,
+        &ns,
+        "printer",
+        1,
+        &first,
+        &printed("hello-2", "first-pw"),
+    )
+    .await?;
+    let second_stamp = stamp(&deployments.get("printer").await?).context("stamp after the edit")?;
+    assert_ne!(first_stamp, second_stamp, "the edit changed the stamp");
+    let after_edit = replica_set_names(&client, &ns, "printer").await?;
+    assert!(
+        after_edit.len() > sets.len() && after_edit.is_superset(&sets),
+        "a new ReplicaSet: before {sets:?}, after {after_edit:?}"
+    );
+
+    // 2. The Secret deleted and created again with another value.
+    kubectl(up, &["delete", "secret", "db", "-n", &ns], None).await?;
+    create_source(up, &ns, "db", "password=second-pw").await?;
+    wait_pods_logging(
+        up,
+        &ns,
+        "printer",
+        1,
+        &second,
+        &printed("hello-2", "second-pw"),
+    )
+    .await?;
+    let third_stamp =
+        stamp(&deployments.get("printer").await?).context("stamp after the new Secret")?;
+    assert_ne!(
+        second_stamp, third_stamp,
+        "the new Secret changed the stamp"
+    );
+    assert!(
+        replica_set_names(&client, &ns, "printer").await?.len() > after_edit.len(),
+        "a new ReplicaSet for the new Secret"
+    );
+
+    // 3. The watcher's Deployment is Ready with two replicas, one of which holds the Lease, and it
+    // said what it did on the Deployment.
+    two_ready_and_a_leader(up, WATCHER, WATCHER_LEASE).await?;
+    let watcher = Api::<Deployment>::namespaced(client.clone(), LEASE_NAMESPACE)
+        .get("helmop-rollout-watcher")
+        .await?;
+    let status = watcher.status.unwrap_or_default();
+    assert_eq!(
+        (status.replicas, status.ready_replicas),
+        (Some(2), Some(2)),
+        "the rollout watcher Deployment is Ready"
+    );
+    let event = wait_for(
+        "a Restamped Event on the Deployment printer",
+        ROLL,
+        || async {
+            Ok(controller_events(
+                &client,
+                &ns,
+                "Deployment",
+                "printer",
+                "helmop.dev/rollout-watcher",
+            )
+            .await?
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("Restamped")))
+        },
+    )
+    .await;
+    let event = explained(event, up, &ns, "app=printer").await?;
+    assert_eq!(event.type_.as_deref(), Some("Normal"), "{event:?}");
+    assert!(
+        !event
+            .note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("second-pw"),
+        "a Secret value in an Event: {event:?}"
+    );
+    kubectl(up, &["delete", "namespace", &ns, "--wait=false"], None).await?;
     Ok(())
 }
