@@ -22,9 +22,29 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-/// Default Lease name: one per upstream cluster, whatever the watch scope, so that a namespaced
-/// and an all-namespaces watcher never both write.
+/// Lease name of an all-namespaces `propagate --watch`; other scopes add theirs
+/// ([`scoped_lease_name`]).
 pub const DEFAULT_LEASE_NAME: &str = "kubectl-helmop-propagate";
+
+/// The Lease of one watch scope: `base`, then `-ns-NAMESPACE` for a namespaced watcher and a hash
+/// of `within` (one HelmOp's name, a label selector) when the scope is narrower still. Watchers of
+/// different scopes never stand by for each other (a `-n` watcher left running on a laptop does
+/// not stop the in-cluster `-A` one); two of one scope elect one. Always a valid object name: a
+/// namespace name has at most 63 characters, the hash 12.
+pub fn scoped_lease_name(base: &str, namespace: Option<&str>, within: Option<&str>) -> String {
+    use sha2::{Digest, Sha256};
+    let mut name = base.to_owned();
+    if let Some(ns) = namespace {
+        name.push_str("-ns-");
+        name.push_str(ns);
+    }
+    if let Some(within) = within {
+        let digest = Sha256::digest(within.as_bytes());
+        name.push('-');
+        name.push_str(&hex::encode(&digest[..6]));
+    }
+    name
+}
 
 /// How long the holder's claim lasts, and the two periods derived from it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -562,5 +582,23 @@ mod tests {
         let b = default_identity();
         assert_ne!(a, b);
         assert!(!a.is_empty() && a.contains('_'));
+    }
+
+    #[test]
+    fn each_scope_has_its_own_lease() {
+        assert_eq!(
+            scoped_lease_name(DEFAULT_LEASE_NAME, None, None),
+            "kubectl-helmop-propagate"
+        );
+        assert_eq!(
+            scoped_lease_name(DEFAULT_LEASE_NAME, Some("team"), None),
+            "kubectl-helmop-propagate-ns-team"
+        );
+        let a = scoped_lease_name(DEFAULT_LEASE_NAME, Some("team"), Some("app"));
+        let b = scoped_lease_name(DEFAULT_LEASE_NAME, Some("team"), Some("api"));
+        assert!(a.starts_with("kubectl-helmop-propagate-ns-team-") && a != b);
+        assert!(
+            scoped_lease_name(DEFAULT_LEASE_NAME, Some(&"n".repeat(63)), Some("x")).len() <= 253
+        );
     }
 }

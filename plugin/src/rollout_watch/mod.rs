@@ -32,7 +32,6 @@ use kube::Client;
 use kube::api::ApiResource;
 use kube::runtime::events::{EventType, Reporter};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -116,7 +115,8 @@ pub struct RolloutWatchArgs {
     pub lease_namespace: Option<String>,
 
     /// With --watch: name of the Lease (default: kubectl-helmop-rollout, plus -ns-NAMESPACE for
-    /// -n and a hash of -l, so watchers of different scopes never stand by for each other)
+    /// -n and a hash of -l, so watchers of different scopes never stand by for each other; pass
+    /// the same name to make them share one)
     #[arg(long, value_name = "NAME", requires = "watch")]
     pub lease_name: Option<String>,
 
@@ -911,19 +911,9 @@ async fn served_kinds(client: &Client) -> Result<HashMap<WorkloadKind, ApiResour
     Ok(out)
 }
 
-/// The Lease of a scope: watchers of different scopes never stand by for each other.
+/// The Lease of a scope ([`leader::scoped_lease_name`]).
 pub fn lease_name(namespace: Option<&str>, selector: Option<&str>) -> String {
-    let mut name = DEFAULT_LEASE_NAME.to_owned();
-    if let Some(ns) = namespace {
-        name.push_str("-ns-");
-        name.push_str(ns);
-    }
-    if let Some(selector) = selector {
-        let digest = Sha256::digest(selector.as_bytes());
-        name.push_str("-l-");
-        name.push_str(&hex::encode(&digest[..6]));
-    }
-    name
+    leader::scoped_lease_name(DEFAULT_LEASE_NAME, namespace, selector)
 }
 
 fn scope_text(namespace: Option<&str>, selector: Option<&str>) -> String {
@@ -977,7 +967,7 @@ mod tests {
         );
         let a = lease_name(None, Some("app=web"));
         let b = lease_name(None, Some("app=api"));
-        assert!(a.starts_with("kubectl-helmop-rollout-l-") && a != b);
+        assert!(a.starts_with("kubectl-helmop-rollout-") && a != b);
         assert!(lease_name(Some(&"n".repeat(63)), Some("x")).len() <= 253);
     }
 }

@@ -73,10 +73,11 @@ pub struct WatchArgs {
     #[arg(long, value_name = "NAMESPACE", requires = "watch")]
     pub lease_namespace: Option<String>,
 
-    /// With --watch: name of the leader-election Lease; every watcher of one upstream cluster
-    /// should use the same one, whatever HelmOps it watches
-    #[arg(long, value_name = "NAME", default_value = leader::DEFAULT_LEASE_NAME, requires = "watch")]
-    pub lease_name: String,
+    /// With --watch: name of the leader-election Lease (default: kubectl-helmop-propagate, plus
+    /// -ns-NAMESPACE for -n and a hash of the HelmOp's name for one HelmOp, so watchers of
+    /// different scopes never stand by for each other; pass the same name to make them share one)
+    #[arg(long, value_name = "NAME", requires = "watch")]
+    pub lease_name: Option<String>,
 
     /// With --watch: how long a leader's claim lasts; a standby takes over this long after the
     /// leader stopped renewing (at once when it shut down cleanly). At least 2s
@@ -143,13 +144,11 @@ pub async fn run(
             })
             .unwrap_or_else(|| DEFAULT_LEASE_NAMESPACE.to_owned());
         let identity = leader::default_identity();
-        let elector = Elector::new(
-            ctx.upstream.clone(),
-            &namespace,
-            &watch_args.lease_name,
-            &identity,
-            timings,
-        );
+        let name = watch_args
+            .lease_name
+            .clone()
+            .unwrap_or_else(|| lease_name(&opts.scope.selection));
+        let elector = Elector::new(ctx.upstream.clone(), &namespace, &name, &identity, timings);
         let lease = elector.lease();
         let handle = tokio::select! {
             h = LeaderHandle::start(elector) => h.map_err(|e| lease_error(&lease, &e))?,
@@ -192,10 +191,13 @@ pub async fn run(
 
     crate::test_pause::pause("before-watches", "upstream").await;
     let (tx, mut rx) = mpsc::channel(1024);
+    let mut own_ids = vec![ctx.upstream_id.clone()];
+    own_ids.extend(ctx.upstream_aliases.iter().cloned());
     let watches = triggers::spawn(
         &ctx.upstream,
         &opts.scope.selection,
         opts.scope.target_contexts.is_empty(),
+        triggers::OwnIds(own_ids),
         tx,
         &synced,
     );
@@ -389,6 +391,18 @@ async fn sleep_until_opt(at: Option<Instant>) {
 
 fn resync_after(every: Duration) -> Option<Instant> {
     (!every.is_zero()).then(|| Instant::now() + every)
+}
+
+/// The default Lease of a scope ([`leader::scoped_lease_name`]).
+fn lease_name(selection: &Selection) -> String {
+    let base = leader::DEFAULT_LEASE_NAME;
+    match selection {
+        Selection::All => leader::scoped_lease_name(base, None, None),
+        Selection::Namespace(ns) => leader::scoped_lease_name(base, Some(ns), None),
+        Selection::One { namespace, name } => {
+            leader::scoped_lease_name(base, Some(namespace), Some(name))
+        }
+    }
 }
 
 fn scope_text(selection: &Selection) -> String {

@@ -117,6 +117,7 @@ pub fn spawn(
     client: &Client,
     selection: &Selection,
     fleet: bool,
+    ours: OwnIds,
     tx: mpsc::Sender<Trigger>,
     synced: &Arc<Synced>,
 ) -> Watches {
@@ -159,15 +160,19 @@ pub fn spawn(
             synced.clone(),
         ));
     }
-    // Copies helmop itself made (when the upstream is also a downstream) are no reason to run.
-    let sources = watcher::Config::default().labels(&format!("!{}", names::LABEL_MANAGED_BY));
+    // Every Secret and ConfigMap, the labelled ones included: a source may carry helmop's label
+    // (a copy from another management cluster, or one made by hand). Only this upstream's own
+    // copies (when the upstream is also a downstream) are no reason to run: see `own_copy`.
+    let sources = watcher::Config::default();
     let filter = if all { Some(interesting.clone()) } else { None };
+    let ours = Arc::new(ours);
     tasks.push(watch_sources::<Secret>(
         api(client, namespace.as_deref()),
         sources.clone(),
         "Secret",
         tx.clone(),
         filter.clone(),
+        ours.clone(),
         synced.clone(),
     ));
     tasks.push(watch_sources::<ConfigMap>(
@@ -176,6 +181,7 @@ pub fn spawn(
         "ConfigMap",
         tx.clone(),
         filter,
+        ours,
         synced.clone(),
     ));
     synced.expect(tasks.len());
@@ -389,12 +395,36 @@ fn is_not_served(e: &watcher::Error) -> bool {
     }
 }
 
+/// The ids this upstream marks its copies with (the current one and earlier ones).
+#[derive(Clone, Debug, Default)]
+pub struct OwnIds(pub Vec<String>);
+
+/// Whether an object is one of this upstream's own copies: helmop's label and a
+/// `helmop.dev/source` naming one of `ours`. Its changes are helmop's own writes (or drift, which
+/// the resync repairs), never a reason to run; any other object, labelled or not, may be a source.
+pub fn own_copy(meta: &kube::api::ObjectMeta, ours: &OwnIds) -> bool {
+    let labelled = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(names::LABEL_MANAGED_BY))
+        .is_some_and(|v| v == names::MANAGER);
+    labelled
+        && meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(names::ANN_SOURCE))
+            .and_then(|s| helmop_core::plan::SourceRef::parse(s))
+            .is_some_and(|s| ours.0.iter().any(|id| *id == s.upstream_id))
+}
+
+#[allow(clippy::too_many_arguments)]
 fn watch_sources<K>(
     api: Api<PartialObjectMeta<K>>,
     config: watcher::Config,
     label: &'static str,
     tx: mpsc::Sender<Trigger>,
     filter: Option<Interesting>,
+    ours: Arc<OwnIds>,
     synced: Arc<Synced>,
 ) -> JoinHandle<()>
 where
@@ -405,18 +435,20 @@ where
         let mut stream = std::pin::pin!(stream);
         let mut listed = false;
         let mut failing = false;
-        let wanted = |ns: &str| filter.as_ref().is_none_or(|f| f.contains(ns));
+        let wanted = |obj: &PartialObjectMeta<K>, ns: &str| {
+            filter.as_ref().is_none_or(|f| f.contains(ns)) && !own_copy(&obj.metadata, &ours)
+        };
         while let Some(event) = stream.next().await {
             match event {
                 Ok(Event::Apply(obj)) => {
                     let (ns, name) = key(&obj);
-                    if wanted(&ns) {
+                    if wanted(&obj, &ns) {
                         send(&tx, format!("{label} {ns}/{name} changed"));
                     }
                 }
                 Ok(Event::Delete(obj)) => {
                     let (ns, name) = key(&obj);
-                    if wanted(&ns) {
+                    if wanted(&obj, &ns) {
                         send(&tx, format!("{label} {ns}/{name} deleted"));
                     }
                 }
@@ -457,6 +489,29 @@ mod tests {
             "status": status,
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn only_this_upstreams_own_copies_are_ignored() {
+        let meta = |labels: serde_json::Value, annotations: serde_json::Value| {
+            serde_json::from_value::<kube::api::ObjectMeta>(
+                json!({"name": "db", "labels": labels, "annotations": annotations}),
+            )
+            .unwrap()
+        };
+        let ours = OwnIds(vec!["up-aaa".into(), "legacy".into()]);
+        let label = json!({"helmop.dev/managed-by": "kubectl-helmop"});
+        let from = |id: &str| json!({"helmop.dev/source": format!("{id}/team/Secret/db")});
+        assert!(own_copy(&meta(label.clone(), from("up-aaa")), &ours));
+        assert!(
+            own_copy(&meta(label.clone(), from("legacy")), &ours),
+            "an earlier id"
+        );
+        // Another management cluster's copy, used here as a source: watched.
+        assert!(!own_copy(&meta(label.clone(), from("up-bbb")), &ours));
+        // The label alone (set by hand, or copied over) makes no copy.
+        assert!(!own_copy(&meta(label, json!({})), &ours));
+        assert!(!own_copy(&meta(json!({}), from("up-aaa")), &ours));
     }
 
     #[test]

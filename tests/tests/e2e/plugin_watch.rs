@@ -102,6 +102,9 @@ impl Fixture {
             &self.kubeconfig,
             "--lease-namespace",
             &self.ns,
+            // One Lease for every watcher of these tests, whatever its scope.
+            "--lease-name",
+            "kubectl-helmop-propagate",
             "--lease-duration",
             LEASE_FLAG,
             "--debounce",
@@ -745,6 +748,10 @@ async fn propagator_manifests_grant_enough_and_no_more() -> anyhow::Result<()> {
             "--watch",
             "--kubeconfig",
             &kubeconfig,
+            // The name the manifests' Role grants (the in-cluster propagator runs -A, whose default
+            // it is; this test watches one namespace).
+            "--lease-name",
+            "kubectl-helmop-propagate",
             "--lease-duration",
             LEASE_FLAG,
             "--debounce",
@@ -924,5 +931,107 @@ async fn watch_survives_an_upstream_api_server_restart() -> anyhow::Result<()> {
     .await?;
     w.signal(libc::SIGTERM)?;
     assert_eq!(w.wait_exit(Duration::from_secs(15)).await?.code(), Some(0));
+    Ok(())
+}
+
+/// Watchers of different scopes have their own Lease by default: a `-n` watcher left running (on a
+/// laptop, say) never makes another scope's watcher stand by, even with the Leases in one namespace.
+#[tokio::test]
+async fn watchers_of_different_scopes_lead_at_once() -> anyhow::Result<()> {
+    let a = Fixture::new("scope-a").await?;
+    let b = Fixture::new("scope-b").await?;
+    let spawn = |f: &Fixture| {
+        PluginProcess::spawn(
+            &[
+                "propagate",
+                "-n",
+                &f.ns,
+                "--watch",
+                "--kubeconfig",
+                &f.kubeconfig,
+                "--lease-namespace",
+                &a.ns,
+                "--lease-duration",
+                LEASE_FLAG,
+                "-o",
+                "json",
+            ],
+            &[],
+        )
+    };
+    let mut wa = spawn(&a)?;
+    let mut wb = spawn(&b)?;
+    for (w, f) in [(&mut wa, &a), (&mut wb, &b)] {
+        let lead = w
+            .wait_event("the watcher to lead", PROPAGATION_BOUND, 0, |e| {
+                e["event"] == "leader" && e["leading"] == true
+            })
+            .await?;
+        assert_eq!(
+            lead["lease"],
+            format!("{}/kubectl-helmop-propagate-ns-{}", a.ns, f.ns),
+            "{lead}"
+        );
+    }
+    wait_copy(DOWNSTREAM_1, &a.ns, "one", PROPAGATION_BOUND).await?;
+    wait_copy(DOWNSTREAM_1, &b.ns, "one", PROPAGATION_BOUND).await?;
+    Ok(())
+}
+
+/// A source that carries helmop's label (another management cluster's copy, used here as a source)
+/// is watched like any other: its change propagates at once, not at the resync.
+#[tokio::test]
+async fn a_source_carrying_helmops_label_is_watched() -> anyhow::Result<()> {
+    let f = Fixture::new("watch-labelled").await?;
+    let secrets: Api<Secret> = Api::namespaced(f.upstream.clone(), &f.ns);
+    let labelled: Secret = serde_json::from_value(json!({
+        "metadata": {
+            "name": "relayed",
+            "labels": {"helmop.dev/managed-by": "kubectl-helmop"},
+            "annotations": {"helmop.dev/source": "up-elsewhere/team/Secret/relayed"},
+        },
+        "stringData": {"token": "first"},
+    }))?;
+    secrets.create(&Default::default(), &labelled).await?;
+    f.apply_helmop(&[("Secret", "db"), ("Secret", "relayed")])
+        .await?;
+    let mut w = f.spawn_watcher(&["--resync", "0"])?;
+    w.wait_event("the start-up run", PROPAGATION_BOUND, 0, |e| {
+        e["event"] == "run"
+    })
+    .await?;
+    let down1 = control_plane().cluster(DOWNSTREAM_1).client().await;
+    let copies: Api<Secret> = Api::namespaced(down1, &f.ns);
+    let token = |s: Option<Secret>| {
+        s.and_then(|s| s.data).and_then(|d| {
+            d.get("token")
+                .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+        })
+    };
+    wait_until("the labelled source copied", PROPAGATION_BOUND, || async {
+        Ok(token(copies.get_opt("relayed").await?).as_deref() == Some("first"))
+    })
+    .await?;
+    let seen = w.events().len();
+    secrets
+        .patch(
+            "relayed",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"token": "second"}})),
+        )
+        .await?;
+    w.wait_event(
+        "a run for the labelled source",
+        PROPAGATION_BOUND,
+        seen,
+        |e| is_run_for(e, &format!("Secret {}/relayed changed", f.ns)),
+    )
+    .await?;
+    wait_until(
+        "the change copied without a resync",
+        PROPAGATION_BOUND,
+        || async { Ok(token(copies.get_opt("relayed").await?).as_deref() == Some("second")) },
+    )
+    .await?;
     Ok(())
 }
