@@ -23,6 +23,7 @@ use crate::machine::rss_kib;
 use crate::memory::{WebhookProcess, admin_get, cache_objects};
 use crate::pki::{Pki, SecretVolume};
 use crate::scenarios;
+use crate::stats::mib;
 
 #[derive(Debug, Clone)]
 pub struct HostileSettings {
@@ -184,10 +185,6 @@ pub async fn run(settings: &HostileSettings) -> anyhow::Result<HostileReport> {
         helmops_max_kib,
         healthy,
     })
-}
-
-fn mib(kib: u64) -> String {
-    format!("{:.1}", kib as f64 / 1024.0)
 }
 
 pub fn table(r: &HostileReport, s: &HostileSettings) -> String {

@@ -11,6 +11,7 @@ pub mod machine;
 pub mod memory;
 pub mod pki;
 pub mod propagate;
+pub mod rollout_watch;
 pub mod scenarios;
 pub mod soak;
 pub mod stats;

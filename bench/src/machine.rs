@@ -16,12 +16,17 @@ pub fn describe() -> String {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|kb| kb.parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0 / 1024.0);
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let load: Vec<&str> = load.split_whitespace().take(3).collect();
     format!(
         "{cpus} CPUs ({model}), {mem_gib:.1} GiB RAM, load average at start {}",
-        load.join(" ")
+        load_average()
     )
+}
+
+/// The 1, 5 and 15 minute load averages of `/proc/loadavg`, e.g. `2.13 2.01 1.91`.
+pub fn load_average() -> String {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    load.join(" ")
 }
 
 /// CPU time (user + system, all threads) this process has used so far, from `/proc/self/stat` (clock ticks of
@@ -38,10 +43,19 @@ pub fn process_cpu() -> Option<std::time::Duration> {
 
 /// Resident set size of a process in KiB (`VmRSS` of `/proc/PID/status`; `self` for this process).
 pub fn rss_kib(pid: &str) -> Option<u64> {
+    status_kib(pid, "VmRSS:")
+}
+
+/// Peak resident set size of a process in KiB (`VmHWM` of `/proc/PID/status`).
+pub fn hwm_kib(pid: &str) -> Option<u64> {
+    status_kib(pid, "VmHWM:")
+}
+
+fn status_kib(pid: &str, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
+        .find(|l| l.starts_with(field))?
         .split_whitespace()
         .nth(1)?
         .parse()

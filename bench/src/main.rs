@@ -9,6 +9,7 @@ use helmop_bench::fleet::bench::{self as fleet, FleetSettings};
 use helmop_bench::hostile::{self, HostileSettings};
 use helmop_bench::memory::{self, MemorySettings};
 use helmop_bench::propagate::{self, PropagateSettings};
+use helmop_bench::rollout_watch::{self, RolloutWatchSettings};
 use helmop_bench::soak::{self, SoakSettings};
 use helmop_bench::watch::{self, WatchSettings};
 use helmop_bench::{hash, machine, webhook};
@@ -97,6 +98,42 @@ enum Command {
         #[arg(long, default_value_t = 500)]
         gap_ms: u64,
         /// Extra flag for the watcher, e.g. `--watcher-arg=--resync=0` (repeatable).
+        #[arg(long = "watcher-arg", allow_hyphen_values = true)]
+        watcher_args: Vec<String>,
+    },
+    /// `rollout -A --watch`: change -> restamp latency, RSS against a watcher caching every Secret and
+    /// ConfigMap whole, idle CPU, in a cluster of many Secrets and ConfigMaps mostly read by no workload.
+    RolloutWatch {
+        /// `kubectl-helmop` to run (default: next to this binary).
+        #[arg(long)]
+        plugin_bin: Option<PathBuf>,
+        /// The baseline `helmop-bench-reflector` (default: next to this binary).
+        #[arg(long)]
+        baseline_bin: Option<PathBuf>,
+        /// Opted-in workload counts (comma separated), each a separate watcher.
+        #[arg(long, value_delimiter = ',', default_value = "100")]
+        workloads: Vec<usize>,
+        /// Secrets created, and as many ConfigMaps.
+        #[arg(long, default_value_t = 1000)]
+        objects: usize,
+        #[arg(long, default_value_t = 20)]
+        namespaces: usize,
+        /// Requests in flight while creating objects and workloads.
+        #[arg(long, default_value_t = 32)]
+        parallel: usize,
+        /// Rounds of changes (RSS is sampled after each).
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// Changes per round, one at a time.
+        #[arg(long, default_value_t = 20)]
+        changes: usize,
+        /// Seconds of each idle CPU measurement.
+        #[arg(long, default_value_t = 30)]
+        idle_seconds: u64,
+        /// Milliseconds between one restamp landing and the next change.
+        #[arg(long, default_value_t = 100)]
+        gap_ms: u64,
+        /// Extra flag for the watcher, e.g. `--watcher-arg=--max-concurrent=16` (repeatable).
         #[arg(long = "watcher-arg", allow_hyphen_values = true)]
         watcher_args: Vec<String>,
     },
@@ -260,6 +297,35 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             };
             let rows = watch::run(&settings).await?;
             println!("{}", watch::table(&rows, &settings));
+        }
+        Command::RolloutWatch {
+            plugin_bin,
+            baseline_bin,
+            workloads,
+            objects,
+            namespaces,
+            parallel,
+            rounds,
+            changes,
+            idle_seconds,
+            gap_ms,
+            watcher_args,
+        } => {
+            let settings = RolloutWatchSettings {
+                plugin_bin: plugin_bin.unwrap_or_else(|| sibling("kubectl-helmop")),
+                baseline_bin: baseline_bin.unwrap_or_else(|| sibling("helmop-bench-reflector")),
+                workloads,
+                objects,
+                namespaces,
+                parallel,
+                rounds,
+                changes: changes.max(1),
+                idle: Duration::from_secs(idle_seconds),
+                gap: Duration::from_millis(gap_ms),
+                extra_args: watcher_args,
+            };
+            let report = rollout_watch::run(&settings).await?;
+            println!("{}", rollout_watch::table(&report, &settings));
         }
         Command::Fleet {
             plugin_bin,

@@ -18,6 +18,7 @@ use crate::machine::rss_kib;
 use crate::pki::{Pki, SecretVolume};
 use crate::scenarios;
 use crate::soak::{self, SoakReport, SoakSettings};
+use crate::stats::mib;
 
 #[derive(Debug, Clone)]
 pub struct MemorySettings {
@@ -228,10 +229,6 @@ pub async fn run(settings: &MemorySettings) -> anyhow::Result<MemoryReport> {
         soak,
         after_soak_kib,
     })
-}
-
-fn mib(kib: u64) -> String {
-    format!("{:.1}", kib as f64 / 1024.0)
 }
 
 pub fn table(r: &MemoryReport, s: &MemorySettings) -> String {

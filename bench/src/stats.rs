@@ -50,6 +50,16 @@ pub fn ms(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1000.0)
 }
 
+/// KiB as MiB with one decimal, for tables.
+pub fn mib(kib: u64) -> String {
+    format!("{:.1}", kib as f64 / 1024.0)
+}
+
+/// A share of one CPU as a percentage, for tables.
+pub fn percent(share: f64) -> String {
+    format!("{:.2}%", share * 100.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -39,7 +39,7 @@ use crate::fixtures;
 use crate::fleet::route;
 use crate::fleet::sim::{self, Written};
 use crate::machine::rss_kib;
-use crate::stats::{Latencies, ms};
+use crate::stats::{Latencies, mib, ms, percent};
 
 /// What the Fleet Clusters point at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -102,7 +102,7 @@ pub struct Row {
 }
 
 /// `/proc/PID/stat` utime + stime, in clock ticks (USER_HZ, 100 on Linux).
-fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+pub fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .with_context(|| format!("reading /proc/{pid}/stat"))?;
     // The command name may hold spaces: fields are counted after its closing parenthesis.
@@ -119,7 +119,8 @@ fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
 
 const USER_HZ: f64 = 100.0;
 
-fn sample(pid: u32) -> ProcSample {
+/// RSS, threads and open sockets of `pid` now.
+pub fn sample(pid: u32) -> ProcSample {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let threads = status
         .lines()
@@ -143,7 +144,7 @@ fn sample(pid: u32) -> ProcSample {
 }
 
 /// CPU used by `pid` over `window`, as a share of one CPU.
-async fn idle_cpu(pid: u32, window: Duration) -> anyhow::Result<f64> {
+pub async fn idle_cpu(pid: u32, window: Duration) -> anyhow::Result<f64> {
     let before = cpu_ticks(pid)?;
     let started = Instant::now();
     tokio::time::sleep(window).await;
@@ -762,14 +763,6 @@ pub async fn run(settings: &WatchSettings) -> anyhow::Result<Vec<Row>> {
         }
     }
     Ok(rows)
-}
-
-fn mib(kib: u64) -> String {
-    format!("{:.1}", kib as f64 / 1024.0)
-}
-
-fn percent(share: f64) -> String {
-    format!("{:.2}%", share * 100.0)
 }
 
 /// RSS after edits 1, 5, 10 and the last, as far as there were edits: `16.9 / 17.1 / 17.3 (20: 17.3)`.

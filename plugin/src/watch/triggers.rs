@@ -414,7 +414,7 @@ pub fn own_copy(meta: &kube::api::ObjectMeta, ours: &OwnIds) -> bool {
             .as_ref()
             .and_then(|a| a.get(names::ANN_SOURCE))
             .and_then(|s| helmop_core::plan::SourceRef::parse(s))
-            .is_some_and(|s| ours.0.iter().any(|id| *id == s.upstream_id))
+            .is_some_and(|s| ours.0.contains(&s.upstream_id))
 }
 
 #[allow(clippy::too_many_arguments)]
