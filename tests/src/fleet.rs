@@ -218,23 +218,18 @@ pub async fn controller_events(
         .collect())
 }
 
-/// The directory holding `fleet-crds/`: `$HELMOP_SHARED`, else `shared/` beside the repository
-/// (where CI and the harness `cp` look too).
-pub fn shared_dir() -> std::path::PathBuf {
-    match std::env::var_os("HELMOP_SHARED") {
-        Some(dir) => dir.into(),
-        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"),
-    }
+/// `vendor/fleet-crds/` in this repository: Fleet's CRDs as the harness `cp` installs them
+/// (SOURCE.md there says where each comes from).
+pub fn fleet_crds_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../vendor/fleet-crds")
 }
 
-/// Installs the Fleet CRD `<plural>.fleet.cattle.io` from [`shared_dir`]`/fleet-crds` on a
+/// Installs the Fleet CRD `<plural>.fleet.cattle.io` from [`fleet_crds_dir`] on a
 /// cluster started without it (the harness installs only the kinds most tests need), and waits
 /// until the API server serves it. Installing it twice is fine: tests of one binary share the
 /// control plane.
 pub async fn install_fleet_crd(client: &Client, plural: &str) -> anyhow::Result<()> {
-    let path = shared_dir()
-        .join("fleet-crds")
-        .join(format!("{plural}.fleet.cattle.io.yaml"));
+    let path = fleet_crds_dir().join(format!("{plural}.fleet.cattle.io.yaml"));
     crate::crds::install_crd(client, &path).await?;
     Ok(())
 }

@@ -8,13 +8,13 @@ use serde_json::{Map, Value, json};
 use super::*;
 
 const HELMOP_CRD: &str =
-    include_str!("../../tests/fixtures/fleet-crds/helmops.fleet.cattle.io.yaml");
+    include_str!("../../../vendor/fleet-crds/helmops.fleet.cattle.io.yaml");
 const CLUSTER_CRD: &str =
-    include_str!("../../tests/fixtures/fleet-crds/clusters.fleet.cattle.io.yaml");
+    include_str!("../../../vendor/fleet-crds/clusters.fleet.cattle.io.yaml");
 const CLUSTERGROUP_CRD: &str =
-    include_str!("../../tests/fixtures/fleet-crds/clustergroups.fleet.cattle.io.yaml");
+    include_str!("../../../vendor/fleet-crds/clustergroups.fleet.cattle.io.yaml");
 const MAPPING_CRD: &str =
-    include_str!("../../tests/fixtures/fleet-crds/bundlenamespacemappings.fleet.cattle.io.yaml");
+    include_str!("../../../vendor/fleet-crds/bundlenamespacemappings.fleet.cattle.io.yaml");
 
 /// The openAPIV3Schema of a CRD's first version.
 fn schema(crd: &str) -> Value {

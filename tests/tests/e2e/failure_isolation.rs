@@ -271,8 +271,8 @@ async fn webhook_hung_blocks_nothing_unrelated() -> anyhow::Result<()> {
 
 /// `kubectl create` of Fleet's HelmOp CRD on down2 (as the harness installs it) and waits until served.
 async fn restore_helmop_crd(client: &Client) -> anyhow::Result<()> {
-    let shared = shared_dir().display().to_string();
-    let file = format!("{shared}/fleet-crds/helmops.fleet.cattle.io.yaml");
+    let crds = fleet_crds_dir().display().to_string();
+    let file = format!("{crds}/helmops.fleet.cattle.io.yaml");
     if let Err(stderr) = kubectl(&["create", "--validate=false", "-f", &file], None).await?
         && !stderr.contains("AlreadyExists")
     {

@@ -547,8 +547,8 @@ const WATCH_BOUND: Duration = Duration::from_secs(20);
 /// Installs Fleet's BundleNamespaceMapping CRD (not among the harness's CRDs) on `cluster`, as
 /// the harness installs the others, and waits until it is served.
 async fn install_mapping_crd(cluster: &ClusterInfo, client: &Client) -> anyhow::Result<()> {
-    let shared = shared_dir().display().to_string();
-    let file = format!("{shared}/fleet-crds/bundlenamespacemappings.fleet.cattle.io.yaml");
+    let crds = fleet_crds_dir().display().to_string();
+    let file = format!("{crds}/bundlenamespacemappings.fleet.cattle.io.yaml");
     let out = cluster
         .run_kubectl(&["create", "--validate=false", "-f", &file], None)
         .await?;

@@ -414,7 +414,7 @@ async fn connection_flags_work_before_and_after_the_subcommand_through_kubectl()
     assert!(ours.iter().all(|r| r["state"] == "Synced"), "{ours:#?}");
 
     // A flag the subcommand does not take is still refused by that subcommand, wherever typed.
-    let refused = through_kubectl(&["-A", "rollout", "deployment/web"], &env)
+    let refused = through_kubectl(&["-A", "validate", "-"], &env)
         .await?
         .expect(1);
     assert!(refused.stderr.contains("'-A'"), "{}", refused.stderr);
