@@ -7,10 +7,8 @@ use serde_json::{Map, Value, json};
 
 use super::*;
 
-const HELMOP_CRD: &str =
-    include_str!("../../../vendor/fleet-crds/helmops.fleet.cattle.io.yaml");
-const CLUSTER_CRD: &str =
-    include_str!("../../../vendor/fleet-crds/clusters.fleet.cattle.io.yaml");
+const HELMOP_CRD: &str = include_str!("../../../vendor/fleet-crds/helmops.fleet.cattle.io.yaml");
+const CLUSTER_CRD: &str = include_str!("../../../vendor/fleet-crds/clusters.fleet.cattle.io.yaml");
 const CLUSTERGROUP_CRD: &str =
     include_str!("../../../vendor/fleet-crds/clustergroups.fleet.cattle.io.yaml");
 const MAPPING_CRD: &str =
