@@ -133,6 +133,11 @@ enum Command {
         /// Milliseconds between one restamp landing and the next change.
         #[arg(long, default_value_t = 100)]
         gap_ms: u64,
+        /// Rounds of changes the baseline gets (default: --rounds). A long soak of the watcher
+        /// (`--rounds 12 --changes 60 --gap-ms 5000`: an hour) need not be repeated for the baseline,
+        /// whose RSS holds every object whatever changes.
+        #[arg(long)]
+        baseline_rounds: Option<usize>,
         /// Extra flag for the watcher, e.g. `--watcher-arg=--max-concurrent=16` (repeatable).
         #[arg(long = "watcher-arg", allow_hyphen_values = true)]
         watcher_args: Vec<String>,
@@ -309,6 +314,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             changes,
             idle_seconds,
             gap_ms,
+            baseline_rounds,
             watcher_args,
         } => {
             let settings = RolloutWatchSettings {
@@ -322,6 +328,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 changes: changes.max(1),
                 idle: Duration::from_secs(idle_seconds),
                 gap: Duration::from_millis(gap_ms),
+                baseline_rounds: baseline_rounds.unwrap_or(rounds),
                 extra_args: watcher_args,
             };
             let report = rollout_watch::run(&settings).await?;

@@ -59,6 +59,8 @@ pub struct RolloutWatchSettings {
     pub idle: Duration,
     /// Pause after each restamp landed, before the next change.
     pub gap: Duration,
+    /// Rounds of changes the baseline gets.
+    pub baseline_rounds: usize,
     /// Extra flags for the watcher.
     pub extra_args: Vec<String>,
 }
@@ -541,7 +543,7 @@ async fn one(
     args.extend(settings.extra_args.iter().map(String::as_str));
     eprintln!("rollout-watch: {n} workloads: starting the watcher ...");
     let started = Instant::now();
-    let mut watcher = PluginProcess::spawn_binary(&settings.plugin_bin, &args, &[])?;
+    let mut watcher = PluginProcess::spawn_binary(&settings.plugin_bin, &args, ALLOCATOR_ENV)?;
     let first = watcher
         .wait_event("the watcher to start", Duration::from_secs(60), 0, |e| {
             e["event"] == "started"
@@ -681,6 +683,11 @@ async fn one(
     })
 }
 
+/// The allocator setting `manifests/rollout-watcher` runs the watcher with (glibc's arenas capped, so
+/// memory freed by one worker thread is reused by the other instead of kept per thread). Both the
+/// watcher and the baseline run with it, so the ratio compares the state they hold.
+const ALLOCATOR_ENV: &[(&str, &str)] = &[("MALLOC_ARENA_MAX", "2")];
+
 /// The baseline process through the same rounds of changes (of the objects the largest N reads).
 async fn baseline(
     settings: &RolloutWatchSettings,
@@ -689,8 +696,9 @@ async fn baseline(
     let kubeconfig = cluster.info().kubeconfig.display().to_string();
     eprintln!("rollout-watch: starting the baseline (every Secret and ConfigMap cached whole) ...");
     let started = Instant::now();
-    let mut process =
-        PluginProcess::spawn_binary(&settings.baseline_bin, &[], &[("KUBECONFIG", &kubeconfig)])?;
+    let mut env = vec![("KUBECONFIG", kubeconfig.as_str())];
+    env.extend_from_slice(ALLOCATOR_ENV);
+    let mut process = PluginProcess::spawn_binary(&settings.baseline_bin, &[], &env)?;
     let synced_event = process
         .wait_event(
             "the baseline's synced event",
@@ -708,8 +716,8 @@ async fn baseline(
     let mut footprint = Footprint::default();
     settle(pid, &mut footprint, settings.idle).await?;
     let n = settings.workloads.iter().copied().max().unwrap_or(1).max(1);
-    let total = settings.rounds * settings.changes;
-    for round in 0..settings.rounds {
+    let total = settings.baseline_rounds * settings.changes;
+    for round in 0..settings.baseline_rounds {
         for c in 0..settings.changes {
             let w = target(round * settings.changes + c, total, n);
             change_object(

@@ -872,6 +872,17 @@ fn rollout_watcher_serves_metrics_and_probes_where_the_manifests_look() {
     assert_eq!(service["spec"]["ports"][0]["targetPort"], "metrics");
     assert_eq!(c["resources"]["limits"]["memory"], "128Mi");
     assert_eq!(c["resources"]["limits"]["cpu"], "500m");
+    // The RSS the benchmark measured (docs/performance.md, section 8) is with two glibc arenas.
+    let arenas = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "MALLOC_ARENA_MAX");
+    assert_eq!(
+        arenas.map(|e| &e["value"]),
+        Some(&serde_json::json!("2")),
+        "{c:#}"
+    );
 
     // The Lease is in the pod's namespace, which comes from the downward API.
     let pod_namespace = c["env"]

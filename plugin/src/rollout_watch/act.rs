@@ -20,7 +20,7 @@ use helmop_core::workload::pod_template;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Reporter};
 use kube::{Api, Client};
 use serde_json::json;
 use tokio::time::Instant;
@@ -28,12 +28,11 @@ use tokio::time::Instant;
 use super::index::{ObjectKey, Reason, Version, WorkloadKey};
 use super::queue::{Outcome, Ticket};
 use crate::api_error;
+use crate::watch::notices;
 use crate::workloads::restamp_value;
 
 /// `reportingController` of the watcher's Events.
 pub const CONTROLLER: &str = "helmop.dev/rollout-watcher";
-/// The API server refuses Event notes of 1 kB and more.
-const MAX_NOTE: usize = 1000;
 
 /// The digests of what workloads read, per object and version: a new version replaces the old
 /// one, so this holds one entry per object some opted-in workload reads (times the distinct ways
@@ -67,9 +66,10 @@ impl DigestCache {
         let entry = self
             .entries
             .entry(object)
-            .or_insert_with(|| (version.clone(), Vec::new()));
+            .or_insert_with(|| (version.clone(), Vec::with_capacity(1)));
         if entry.0 != version {
-            *entry = (version, Vec::new());
+            // One entry is the rule (one way of reading per object); a first push would reserve 4.
+            *entry = (version, Vec::with_capacity(1));
         }
         if !entry.1.iter().any(|(r, _)| *r == reads) {
             entry.1.push((reads, digest));
@@ -361,33 +361,14 @@ pub async fn publish(
         uid: (!about.uid.is_empty()).then(|| about.uid.to_owned()),
         ..ObjectReference::default()
     };
-    // A fresh recorder per Event: its cache would fold two different notes into one series.
-    let recorder = Recorder::new(shared.client.clone(), shared.reporter.clone());
-    let event = Event {
-        type_,
-        reason: reason.to_owned(),
-        note: Some(truncate(note)),
-        action: "Restamp".to_owned(),
-        secondary: None,
-    };
-    match recorder.publish(&event, &regarding).await {
+    let event = notices::event(type_, reason, "Restamp", note);
+    match notices::publish(&shared.client, &shared.reporter, &event, &regarding).await {
         Ok(()) => true,
         Err(e) => {
             tracing::warn!(workload = %key, reason, error = %api_error::describe(&e), "cannot publish an event");
             false
         }
     }
-}
-
-fn truncate(note: &str) -> String {
-    if note.len() < MAX_NOTE {
-        return note.to_owned();
-    }
-    let mut end = MAX_NOTE - 4;
-    while !note.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &note[..end])
 }
 
 #[cfg(test)]
@@ -442,6 +423,5 @@ mod tests {
         cache.insert(object.clone(), v2.clone(), whole.clone(), digest);
         assert_eq!(cache.get(&object, &v1, &whole), None, "replaced, not added");
         assert_eq!(cache.len(), 1);
-        assert!(truncate(&"é".repeat(800)).len() < MAX_NOTE);
     }
 }

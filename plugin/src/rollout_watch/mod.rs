@@ -19,7 +19,6 @@ pub mod queue;
 pub mod watches;
 
 use std::collections::{HashMap, HashSet};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,7 +31,7 @@ use kube::Client;
 use kube::api::ApiResource;
 use kube::runtime::events::{EventType, Reporter};
 use serde_json::json;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -44,11 +43,11 @@ use self::watches::{Change, Scope, Step};
 use crate::args::{ReportFormat, parse_duration};
 use crate::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
-use crate::humanize::humanize;
-use crate::leader::{self, Elector, LeaderHandle, LeaseTimings};
+use crate::leader::{self, LeaderHandle};
 use crate::watch::Signals;
 use crate::watch::events::Events;
 use crate::watch::health::{self, Health};
+use crate::watch::service::{Joined, ServiceArgs};
 use crate::watch::triggers::Synced;
 
 /// The kinds the watcher restamps: those whose controller rolls their pods when the template
@@ -105,29 +104,8 @@ pub struct RolloutWatchArgs {
     )]
     pub hash_key_secret: String,
 
-    /// With --watch: do not elect a leader. Only for a single watcher of this scope
-    #[arg(long, requires = "watch")]
-    pub no_leader_election: bool,
-
-    /// With --watch: namespace of the leader-election Lease (default: $POD_NAMESPACE, else
-    /// helmop-system)
-    #[arg(long, value_name = "NAMESPACE", requires = "watch")]
-    pub lease_namespace: Option<String>,
-
-    /// With --watch: name of the Lease (default: kubectl-helmop-rollout, plus -ns-NAMESPACE for
-    /// -n and a hash of -l, so watchers of different scopes never stand by for each other; pass
-    /// the same name to make them share one)
-    #[arg(long, value_name = "NAME", requires = "watch")]
-    pub lease_name: Option<String>,
-
-    /// With --watch: how long a leader's claim lasts. At least 2s
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "15s", requires = "watch")]
-    pub lease_duration: Duration,
-
-    /// With --watch: serve Prometheus /metrics, /livez and /readyz over HTTP on this address
-    /// (HOST:PORT, or :PORT for every interface; port 0 picks a free one)
-    #[arg(long, value_name = "ADDR", value_parser = health::parse_addr, requires = "watch")]
-    pub metrics_addr: Option<SocketAddr>,
+    #[command(flatten)]
+    pub service: ServiceArgs,
 
     /// With --watch: also poll the registry for the mutable image tags of opted-in workloads and
     /// restamp those whose tag moved, as `images --watch` does, under the same leader election (a
@@ -199,12 +177,7 @@ pub async fn run(
         ));
     }
     let mut signals = Signals::install()?;
-    let timings = LeaseTimings::from_lease_duration(args.lease_duration).ok_or_else(|| {
-        PluginError::Usage(format!(
-            "--lease-duration must be at least {}",
-            humanize(leader::MIN_LEASE_DURATION)
-        ))
-    })?;
+    args.service.timings()?;
     let hash_key = args
         .hash_key_secret
         .split_once('/')
@@ -220,54 +193,30 @@ pub async fn run(
     let synced = Arc::new(Synced::default());
     let health = Arc::new(Health::new(synced.clone()));
     health.beat();
-    let listener = match args.metrics_addr {
-        Some(addr) => Some(health::serve(addr, metrics.clone(), health.clone()).await?),
-        None => None,
-    };
+    let listener = args.service.listen(metrics.clone(), health.clone()).await?;
     let client = ctx.upstream.clone();
     let namespace = (!args.all_namespaces).then(|| ctx.namespace.clone());
     let resources = served_kinds(&client).await?;
     let scope_text = scope_text(namespace.as_deref(), args.selector.as_deref());
     let events = Events::new(output);
 
-    let election = if args.no_leader_election || dry_run {
-        None
-    } else {
-        let lease_namespace = args
-            .lease_namespace
-            .clone()
-            .or_else(|| {
-                std::env::var("POD_NAMESPACE")
-                    .ok()
-                    .filter(|n| !n.is_empty())
-            })
-            .unwrap_or_else(|| helmop_core::names::SYSTEM_NAMESPACE.to_owned());
-        let name = args
-            .lease_name
-            .clone()
-            .unwrap_or_else(|| lease_name(namespace.as_deref(), args.selector.as_deref()));
-        let elector = Elector::new(
-            client.clone(),
-            &lease_namespace,
-            &name,
-            &leader::default_identity(),
-            timings,
-        );
-        let lease = elector.lease();
-        let handle = tokio::select! {
-            h = LeaderHandle::start(elector) => h.map_err(|e| lease_error(&lease, &e))?,
-            signal = signals.recv() => {
-                events.stopped(signal);
-                return Ok(ExitStatus::Ok);
-            }
-        };
-        Some(handle)
-    };
-    health.joined_election();
-    let (_always, always_leading) = watch::channel(true);
-    let mut leading = match &election {
-        Some(h) => h.state(),
-        None => always_leading,
+    let Some(Joined {
+        election,
+        mut leading,
+        keep: _keep,
+    }) = args
+        .service
+        .join(
+            &client,
+            || lease_name(namespace.as_deref(), args.selector.as_deref()),
+            dry_run,
+            &mut signals,
+            &events,
+            &health,
+        )
+        .await?
+    else {
+        return Ok(ExitStatus::Ok);
     };
     let kinds: Vec<&str> = resources.keys().map(|k| k.kind()).collect();
     events.emit(
@@ -933,14 +882,6 @@ fn leader_note(leading: bool) -> &'static str {
     } else {
         "another process holds the Lease (or it could not be renewed): not restamping"
     }
-}
-
-fn lease_error(lease: &str, e: &kube::Error) -> PluginError {
-    let hint = "pass --lease-namespace, or --no-leader-election for a single watcher";
-    crate::api_error::upstream(
-        &format!("cannot use the leader-election Lease {lease} ({hint})"),
-        e,
-    )
 }
 
 async fn sleep_until(at: Option<Instant>) {

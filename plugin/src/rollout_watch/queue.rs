@@ -205,8 +205,20 @@ impl Queue {
         } else if slot.failures == 0 && slot.ineffective == 0 && slot.not_before <= now {
             // Nothing left to remember.
             self.slots.remove(key);
+            self.shrink();
         }
         gave_up
+    }
+
+    /// Gives back the room a burst took (start-up marks every workload) once it has settled: a map
+    /// never shrinks by itself.
+    fn shrink(&mut self) {
+        if self.slots.capacity() > 64 && self.slots.len() * 4 < self.slots.capacity() {
+            self.slots.shrink_to_fit();
+        }
+        if self.ready.is_empty() && self.ready.capacity() > 64 {
+            self.ready.shrink_to_fit();
+        }
     }
 
     /// Workloads marked, waiting or in flight.

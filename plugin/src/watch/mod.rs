@@ -16,9 +16,9 @@ mod fixtures;
 pub mod health;
 pub mod metrics;
 pub mod notices;
+pub mod service;
 pub mod triggers;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,7 +33,7 @@ use crate::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
 use crate::humanize::humanize;
 use crate::inventory::Selection;
-use crate::leader::{self, Elector, LeaderHandle, LeaseTimings};
+use crate::leader::{self, LeaderHandle};
 use crate::propagate::{PropagateOpts, propagate_once};
 
 use self::debounce::Pending;
@@ -41,6 +41,7 @@ use self::events::Events;
 use self::health::Health;
 use self::metrics::{ErrorKind, Metrics};
 use self::notices::Notices;
+use self::service::{Joined, ServiceArgs};
 
 /// The `--watch` flags of `propagate`.
 #[derive(Clone, Debug, Args)]
@@ -63,36 +64,9 @@ pub struct WatchArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10m", requires = "watch")]
     pub resync: Duration,
 
-    /// With --watch: do not elect a leader. Only for a single watcher: two watchers without
-    /// election both write
-    #[arg(long, requires = "watch")]
-    pub no_leader_election: bool,
-
-    /// With --watch: namespace of the leader-election Lease on the upstream cluster (default:
-    /// $POD_NAMESPACE, else helmop-system)
-    #[arg(long, value_name = "NAMESPACE", requires = "watch")]
-    pub lease_namespace: Option<String>,
-
-    /// With --watch: name of the leader-election Lease (default: kubectl-helmop-propagate, plus
-    /// -ns-NAMESPACE for -n and a hash of the HelmOp's name for one HelmOp, so watchers of
-    /// different scopes never stand by for each other; pass the same name to make them share one)
-    #[arg(long, value_name = "NAME", requires = "watch")]
-    pub lease_name: Option<String>,
-
-    /// With --watch: how long a leader's claim lasts; a standby takes over this long after the
-    /// leader stopped renewing (at once when it shut down cleanly). At least 2s
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "15s", requires = "watch")]
-    pub lease_duration: Duration,
-
-    /// With --watch: serve Prometheus /metrics, /livez and /readyz over HTTP on this address
-    /// (HOST:PORT, or :PORT for every interface; port 0 picks a free one, printed in the `started`
-    /// event). Off by default
-    #[arg(long, value_name = "ADDR", value_parser = health::parse_addr, requires = "watch")]
-    pub metrics_addr: Option<SocketAddr>,
+    #[command(flatten)]
+    pub service: ServiceArgs,
 }
-
-/// Namespace of the Lease when neither `--lease-namespace` nor `POD_NAMESPACE` says.
-pub const DEFAULT_LEASE_NAMESPACE: &str = helmop_core::names::SYSTEM_NAMESPACE;
 
 /// Longest wait between failed runs, and before retrying a run's failed writes.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -110,60 +84,37 @@ pub async fn run(
 ) -> Result<ExitStatus, PluginError> {
     // Installed first, so a signal during start-up is not lost.
     let mut signals = Signals::install()?;
-    let timings =
-        LeaseTimings::from_lease_duration(watch_args.lease_duration).ok_or_else(|| {
-            PluginError::Usage(format!(
-                "--lease-duration must be at least {}",
-                humanize(leader::MIN_LEASE_DURATION)
-            ))
-        })?;
+    watch_args.service.timings()?;
     let metrics = Metrics::new();
     let synced = Arc::new(triggers::Synced::default());
     let health = Arc::new(Health::new(synced.clone()));
     health.beat();
     // Bound before connecting, so probes answer (not ready) while start-up is slow.
-    let listener = match watch_args.metrics_addr {
-        Some(addr) => Some(health::serve(addr, metrics.clone(), health.clone()).await?),
-        None => None,
-    };
+    let listener = watch_args
+        .service
+        .listen(metrics.clone(), health.clone())
+        .await?;
     let ctx = Ctx::connect_identified(kube).await?;
     let opts = opts(&ctx);
     let events = Events::new(output);
 
-    // A dry run writes nothing, so it needs no leadership.
-    let election = if watch_args.no_leader_election || opts.dry_run {
-        None
-    } else {
-        let namespace = watch_args
-            .lease_namespace
-            .clone()
-            .or_else(|| {
-                std::env::var("POD_NAMESPACE")
-                    .ok()
-                    .filter(|n| !n.is_empty())
-            })
-            .unwrap_or_else(|| DEFAULT_LEASE_NAMESPACE.to_owned());
-        let identity = leader::default_identity();
-        let name = watch_args
-            .lease_name
-            .clone()
-            .unwrap_or_else(|| lease_name(&opts.scope.selection));
-        let elector = Elector::new(ctx.upstream.clone(), &namespace, &name, &identity, timings);
-        let lease = elector.lease();
-        let handle = tokio::select! {
-            h = LeaderHandle::start(elector) => h.map_err(|e| lease_error(&lease, &e))?,
-            signal = signals.recv() => {
-                events.stopped(signal);
-                return Ok(ExitStatus::Ok);
-            }
-        };
-        Some(handle)
-    };
-    health.joined_election();
-    let (_always, always_leading) = watch::channel(true);
-    let mut leading = match &election {
-        Some(h) => h.state(),
-        None => always_leading,
+    let Some(Joined {
+        election,
+        mut leading,
+        keep: _keep,
+    }) = watch_args
+        .service
+        .join(
+            &ctx.upstream,
+            || lease_name(&opts.scope.selection),
+            opts.dry_run,
+            &mut signals,
+            &events,
+            &health,
+        )
+        .await?
+    else {
+        return Ok(ExitStatus::Ok);
     };
     let scope = scope_text(&opts.scope.selection);
     events.started(
@@ -411,14 +362,6 @@ fn scope_text(selection: &Selection) -> String {
         Selection::Namespace(ns) => format!("the HelmOps of namespace {ns}"),
         Selection::All => "the HelmOps of all namespaces".to_owned(),
     }
-}
-
-fn lease_error(lease: &str, e: &kube::Error) -> PluginError {
-    let hint = "pass --lease-namespace, or --no-leader-election for a single watcher";
-    crate::api_error::upstream(
-        &format!("cannot use the leader-election Lease {lease} ({hint})"),
-        e,
-    )
 }
 
 /// SIGINT and SIGTERM.

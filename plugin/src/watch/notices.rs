@@ -22,7 +22,7 @@ use crate::propagate::Report;
 pub const CONTROLLER: &str = "helmop.dev/propagator";
 /// `action` of the Events.
 const ACTION: &str = "Propagate";
-/// The API server refuses notes of 1 kB and more.
+/// The API server refuses notes over 1 kB.
 const MAX_NOTE: usize = 1000;
 
 /// What one Event is about: HelmOp (`namespace/name`), reason, and the subject within it.
@@ -90,18 +90,34 @@ impl Notices {
         note: &str,
         regarding: &ObjectReference,
     ) -> Result<(), kube::Error> {
-        // A fresh recorder per Event: its cache would merge a second problem of the same reason on
-        // the same HelmOp into the first Event's series, keeping the first note.
-        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
-        let event = Event {
-            type_: EventType::Warning,
-            reason: key.reason.to_owned(),
-            note: Some(truncate(note, MAX_NOTE)),
-            action: ACTION.to_owned(),
-            secondary: None,
-        };
-        recorder.publish(&event, regarding).await
+        let event = event(EventType::Warning, key.reason, ACTION, note);
+        publish(&self.client, &self.reporter, &event, regarding).await
     }
+}
+
+/// An Event whose note is cut to what the API server accepts.
+pub fn event(type_: EventType, reason: &str, action: &str, note: &str) -> Event {
+    Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(truncate(note, MAX_NOTE)),
+        action: action.to_owned(),
+        secondary: None,
+    }
+}
+
+/// Publishes `event` about `regarding` through a fresh recorder: a shared one's cache would merge
+/// a second note of the same reason on the same object into the first Event's series, keeping the
+/// first note.
+pub async fn publish(
+    client: &Client,
+    reporter: &Reporter,
+    event: &Event,
+    regarding: &ObjectReference,
+) -> Result<(), kube::Error> {
+    Recorder::new(client.clone(), reporter.clone())
+        .publish(event, regarding)
+        .await
 }
 
 /// Every problem of a run worth an Event, with its note.

@@ -107,8 +107,7 @@ impl Fixture {
             ],
             &[],
         )?;
-        w.wait_event("the expected event", WAIT, 0, |e| e["event"] == "synced")
-            .await?;
+        wait_for(&mut w, "synced").await?;
         Ok(w)
     }
 
@@ -122,6 +121,27 @@ impl Fixture {
             String::from_utf8_lossy(&out.stderr)
         );
         Ok(())
+    }
+
+    /// The ConfigMap `settings` (`mode: a`) and the Deployment `web` reading it whole through
+    /// `envFrom`; the stamp `web` got at creation.
+    async fn web_reading_settings(&self) -> anyhow::Result<String> {
+        create_config_map(&self.client, &self.ns, "settings", &[("mode", "a")]).await?;
+        self.apply(&deployment(
+            "web",
+            json!({}),
+            json!({"container": {"envFrom": [{"configMapRef": {"name": "settings"}}]}}),
+        ))
+        .await?;
+        self.stamp("web")
+            .await?
+            .context("web was not stamped at creation")
+    }
+
+    /// `kubectl patch KIND NAME --type merge -p PATCH`, as a user edits an object.
+    async fn patch(&self, kind: &str, name: &str, patch: &str) -> anyhow::Result<()> {
+        self.kubectl(&["patch", kind, name, "--type", "merge", "-p", patch], None)
+            .await
     }
 
     async fn apply(&self, manifest: &Value) -> anyhow::Result<()> {
@@ -210,6 +230,14 @@ fn deployment(name: &str, labels: Value, pod: Value) -> Value {
     })
 }
 
+/// Waits for the watcher's next (or first) event named `event`.
+async fn wait_for(w: &mut PluginProcess, event: &str) -> anyhow::Result<Value> {
+    w.wait_event(&format!("the watcher's {event} event"), WAIT, 0, |e| {
+        e["event"] == event
+    })
+    .await
+}
+
 fn restamped_for(name: &str) -> impl Fn(&Value) -> bool + '_ {
     move |e: &Value| {
         e["event"] == "restamped"
@@ -228,13 +256,7 @@ fn restamps_of(w: &PluginProcess, name: &str) -> usize {
 async fn barrier(f: &Fixture, w: &mut PluginProcess, value: &str) -> anyhow::Result<()> {
     let skip = w.events().len();
     let patch = json!({"stringData": {"v": value}}).to_string();
-    f.kubectl(
-        &[
-            "patch", "secret", "sentinel", "--type", "merge", "-p", &patch,
-        ],
-        None,
-    )
-    .await?;
+    f.patch("secret", "sentinel", &patch).await?;
     w.wait_event("the expected event", WAIT, skip, restamped_for("sentinel"))
         .await?;
     Ok(())
@@ -295,19 +317,8 @@ async fn edits_rotations_and_late_optional_references_roll_and_nothing_else_does
 
     // kubectl edit of the ConfigMap (a merge patch, as `kubectl edit` sends): web rolls.
     let skip = w.events().len();
-    f.kubectl(
-        &[
-            "patch",
-            "configmap",
-            "settings",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"data":{"mode":"b"}}"#,
-        ],
-        None,
-    )
-    .await?;
+    f.patch("configmap", "settings", r#"{"data":{"mode":"b"}}"#)
+        .await?;
     let e = w
         .wait_event("the expected event", WAIT, skip, restamped_for("web"))
         .await?;
@@ -339,19 +350,8 @@ async fn edits_rotations_and_late_optional_references_roll_and_nothing_else_does
     .await?;
 
     // A key nobody reads changes: no restamp, no new ReplicaSet.
-    f.kubectl(
-        &[
-            "patch",
-            "secret",
-            "db",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"stringData":{"other":"o2"}}"#,
-        ],
-        None,
-    )
-    .await?;
+    f.patch("secret", "db", r#"{"stringData":{"other":"o2"}}"#)
+        .await?;
     barrier(&f, &mut w, "2").await?;
     assert_eq!(restamps_of(&w, "web"), 1, "{}", w.context());
     assert_eq!(f.stamp("web").await?.as_deref(), Some(second.as_str()));
@@ -465,8 +465,7 @@ async fn a_burst_of_edits_rolls_once_or_twice_and_ends_with_the_final_content() 
     .await?;
     f.wait_replica_sets("web", 1).await?;
     let mut w = f.spawn_watcher(&["--no-leader-election", "--debounce", "1s"], &[])?;
-    w.wait_event("the expected event", WAIT, 0, |e| e["event"] == "synced")
-        .await?;
+    wait_for(&mut w, "synced").await?;
     let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(f.client.clone(), &f.ns);
     for i in 1..=10 {
         cms.patch(
@@ -598,9 +597,7 @@ async fn statefulsets_daemonsets_cronjobs_and_argo_rollouts_roll_too() -> anyhow
         before.push((api, name, path, stamp));
     }
     let mut w = f.spawn_watcher(&["--no-leader-election"], &[])?;
-    let started = w
-        .wait_event("the expected event", WAIT, 0, |e| e["event"] == "started")
-        .await?;
+    let started = wait_for(&mut w, "started").await?;
     for kind in ["StatefulSet", "DaemonSet", "CronJob", "Rollout"] {
         assert!(
             started["kinds"]
@@ -609,21 +606,9 @@ async fn statefulsets_daemonsets_cronjobs_and_argo_rollouts_roll_too() -> anyhow
             "{started}"
         );
     }
-    w.wait_event("the expected event", WAIT, 0, |e| e["event"] == "synced")
+    wait_for(&mut w, "synced").await?;
+    f.patch("configmap", "shared", r#"{"data":{"mode":"b"}}"#)
         .await?;
-    f.kubectl(
-        &[
-            "patch",
-            "configmap",
-            "shared",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"data":{"mode":"b"}}"#,
-        ],
-        None,
-    )
-    .await?;
     for (api, name, path, old) in &before {
         wait_until(&format!("{name} restamped"), WAIT, || async {
             let obj = api.get(name).await?;
@@ -642,14 +627,7 @@ async fn statefulsets_daemonsets_cronjobs_and_argo_rollouts_roll_too() -> anyhow
 #[tokio::test]
 async fn a_refused_restamp_is_reported_and_retried_with_back_off() -> anyhow::Result<()> {
     let f = Fixture::new("rwatch-refused").await?;
-    create_config_map(&f.client, &f.ns, "settings", &[("mode", "a")]).await?;
-    f.apply(&deployment(
-        "web",
-        json!({}),
-        json!({"container": {"envFrom": [{"configMapRef": {"name": "settings"}}]}}),
-    ))
-    .await?;
-    let first = f.stamp("web").await?.context("stamped")?;
+    let first = f.web_reading_settings().await?;
     // Every UPDATE of a Deployment in the namespace is refused: nothing answers this webhook.
     let refuse = format!("{}-refuse", f.ns);
     WebhookRegistration::new(
@@ -669,24 +647,11 @@ async fn a_refused_restamp_is_reported_and_retried_with_back_off() -> anyhow::Re
     .register(&f.client)
     .await?;
     let mut w = f.spawn_watcher(&["--no-leader-election"], &[])?;
-    w.wait_event("the expected event", WAIT, 0, |e| e["event"] == "synced")
+    wait_for(&mut w, "synced").await?;
+    f.patch("configmap", "settings", r#"{"data":{"mode":"b"}}"#)
         .await?;
-    f.kubectl(
-        &[
-            "patch",
-            "configmap",
-            "settings",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"data":{"mode":"b"}}"#,
-        ],
-        None,
-    )
-    .await?;
     // Refused twice: reported each time, retried after a back-off, never in a hot loop.
-    w.wait_event("the expected event", WAIT, 0, |e| e["event"] == "failed")
-        .await?;
+    wait_for(&mut w, "failed").await?;
     let failures = w.events_named("failed");
     let second = w
         .wait_event("a second refusal", WAIT, 0, |e| {
@@ -715,33 +680,14 @@ async fn a_refused_restamp_is_reported_and_retried_with_back_off() -> anyhow::Re
 #[tokio::test]
 async fn a_watcher_killed_between_decision_and_restamp_repairs_on_start() -> anyhow::Result<()> {
     let f = Fixture::new("rwatch-kill").await?;
-    create_config_map(&f.client, &f.ns, "settings", &[("mode", "a")]).await?;
-    f.apply(&deployment(
-        "web",
-        json!({}),
-        json!({"container": {"envFrom": [{"configMapRef": {"name": "settings"}}]}}),
-    ))
-    .await?;
-    let first = f.stamp("web").await?.context("stamped")?;
+    let first = f.web_reading_settings().await?;
     let dir = tempfile::tempdir()?;
     let never = dir.path().join("never");
     let pause = format!("rollout-before-restamp:{}", never.display());
     let mut w = f.spawn_watcher(&["--no-leader-election"], &[("HELMOP_TEST_PAUSE", &pause)])?;
-    w.wait_event("the expected event", WAIT, 0, |e| e["event"] == "synced")
+    wait_for(&mut w, "synced").await?;
+    f.patch("configmap", "settings", r#"{"data":{"mode":"b"}}"#)
         .await?;
-    f.kubectl(
-        &[
-            "patch",
-            "configmap",
-            "settings",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"data":{"mode":"b"}}"#,
-        ],
-        None,
-    )
-    .await?;
     wait_until("the watcher paused before its restamp", WAIT, || async {
         Ok(w.stderr().contains("paused at rollout-before-restamp"))
     })
@@ -763,19 +709,12 @@ async fn a_watcher_killed_between_decision_and_restamp_repairs_on_start() -> any
 #[tokio::test]
 async fn two_watchers_of_one_scope_elect_one_restamper() -> anyhow::Result<()> {
     let f = Fixture::new("rwatch-lease").await?;
-    create_config_map(&f.client, &f.ns, "settings", &[("mode", "a")]).await?;
-    f.apply(&deployment(
-        "web",
-        json!({}),
-        json!({"container": {"envFrom": [{"configMapRef": {"name": "settings"}}]}}),
-    ))
-    .await?;
+    f.web_reading_settings().await?;
     let args = ["--lease-namespace", f.ns.as_str(), "--lease-duration", "3s"];
     let mut a = f.spawn_watcher(&args, &[])?;
     let mut b = f.spawn_watcher(&args, &[])?;
     for w in [&mut a, &mut b] {
-        w.wait_event("the expected event", WAIT, 0, |e| e["event"] == "synced")
-            .await?;
+        wait_for(w, "synced").await?;
     }
     let leaders = |w: &PluginProcess| {
         w.events_named("leader")
@@ -797,19 +736,8 @@ async fn two_watchers_of_one_scope_elect_one_restamper() -> anyhow::Result<()> {
             .get(&format!("kubectl-helmop-rollout-ns-{}", f.ns))
             .await?;
     assert!(lease.spec.and_then(|s| s.holder_identity).is_some());
-    f.kubectl(
-        &[
-            "patch",
-            "configmap",
-            "settings",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"data":{"mode":"b"}}"#,
-        ],
-        None,
-    )
-    .await?;
+    f.patch("configmap", "settings", r#"{"data":{"mode":"b"}}"#)
+        .await?;
     let (leader, standby) = if leaders(&a) {
         (&mut a, &b)
     } else {
@@ -843,19 +771,8 @@ async fn a_workload_deleted_mid_restamp_is_dropped_quietly() -> anyhow::Result<(
     )?;
     w.wait_event("synced", WAIT, 0, |e| e["event"] == "synced")
         .await?;
-    f.kubectl(
-        &[
-            "patch",
-            "configmap",
-            "settings",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"data":{"mode":"b"}}"#,
-        ],
-        None,
-    )
-    .await?;
+    f.patch("configmap", "settings", r#"{"data":{"mode":"b"}}"#)
+        .await?;
     wait_until(
         "the watcher paused before its first restamp",
         WAIT,
@@ -884,19 +801,8 @@ async fn a_workload_deleted_mid_restamp_is_dropped_quietly() -> anyhow::Result<(
         json!({"container": {"envFrom": [{"configMapRef": {"name": "settings"}}]}}),
     ))
     .await?;
-    f.kubectl(
-        &[
-            "patch",
-            "configmap",
-            "settings",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"data":{"mode":"c"}}"#,
-        ],
-        None,
-    )
-    .await?;
+    f.patch("configmap", "settings", r#"{"data":{"mode":"c"}}"#)
+        .await?;
     w.wait_event("the new reader restamped", WAIT, 0, restamped_for("late"))
         .await?;
     for bad in ["failed", "ineffective"] {

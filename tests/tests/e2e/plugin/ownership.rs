@@ -2,6 +2,8 @@
 //! copies Fleet's own agent manages are left alone but compared.
 
 use helmop_tests::*;
+use helmop_webhook::state::Config;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
@@ -127,26 +129,8 @@ async fn fleet_managed_copies_are_left_alone_but_compared_and_missing_sources_re
         ),
     )
     .await?;
-    let fleet_cfg = Api::<ConfigMap>::namespaced(f.down1.clone(), &dest)
-        .create(
-            &PostParams::default(),
-            &ConfigMap {
-                metadata: ObjectMeta {
-                    name: Some("cfg".into()),
-                    labels: Some(
-                        [(
-                            "fleet.cattle.io/bundledeployment".to_string(),
-                            "app".to_string(),
-                        )]
-                        .into(),
-                    ),
-                    ..ObjectMeta::default()
-                },
-                data: Some([("mode".to_string(), "old".to_string())].into()),
-                ..ConfigMap::default()
-            },
-        )
-        .await?;
+    let fleet_cfg =
+        fleets_agent_copy(&Api::namespaced(f.down1.clone(), &dest), "cfg", "old").await?;
     let one = format!("defaultNamespace: {dest}\ntargets:\n- clusterName: down1\n");
     f.helmop(&helmop_yaml(
         "app",
@@ -226,78 +210,18 @@ async fn fleet_managed_copies_are_left_alone_but_compared_and_missing_sources_re
 /// where each reader stands from live reads, and `propagate` restamps one whose stamp is behind, once.
 #[tokio::test]
 async fn readers_of_fleet_managed_copies_are_reported_and_restamped_once() -> anyhow::Result<()> {
-    use helmop_webhook::state::Config;
-    use k8s_openapi::api::apps::v1::Deployment;
     use kube::api::{Patch, PatchParams};
     use serde_json::json;
 
     let f = Fleet::new("pa-fleet-readers").await?;
-    ensure_hash_key(&f.down1).await?;
-    let dest = fresh_namespace_with_labels(
-        &f.down1,
-        "pa-fleet-readers-dest",
-        &[("helmop.dev/rollout-on-change", "enabled")],
-    )
-    .await?;
-    let webhook = LocalWebhook::start(f.down1.clone(), Config::default()).await?;
-    WebhookRegistration::new(
-        WebhookKind::Mutating,
-        &format!("{dest}-stamp"),
-        &format!("{}/mutate/workloads", webhook.url),
-        &webhook.ca_pem,
-    )
-    .rule(WebhookRule::new(
-        &["CREATE", "UPDATE"],
-        "apps",
-        "v1",
-        &["deployments"],
-    ))
-    .only_namespace(&dest)
-    .register(&f.down1)
-    .await?;
-    create_config_map(&f.upstream, &f.ns, "cfg", &[("mode", "v1")]).await?;
-    // Fleet's agent's copy, current.
-    let copies: Api<ConfigMap> = Api::namespaced(f.down1.clone(), &dest);
-    copies
-        .create(
-            &PostParams::default(),
-            &ConfigMap {
-                metadata: ObjectMeta {
-                    name: Some("cfg".into()),
-                    labels: Some(
-                        [(
-                            "fleet.cattle.io/bundledeployment".to_string(),
-                            "app".to_string(),
-                        )]
-                        .into(),
-                    ),
-                    ..ObjectMeta::default()
-                },
-                data: Some([("mode".to_string(), "v1".to_string())].into()),
-                ..ConfigMap::default()
-            },
-        )
-        .await?;
-    let deployments: Api<Deployment> = Api::namespaced(f.down1.clone(), &dest);
-    let web: Deployment = serde_json::from_value(json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "web"},
-        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}},
-                 "template": {"metadata": {"labels": {"app": "web"}},
-                              "spec": {"containers": [{"name": "app", "image": "registry.example.com/app:1",
-                                       "envFrom": [{"configMapRef": {"name": "cfg"}}]}]}}},
-    }))?;
-    deployments.create(&PostParams::default(), &web).await?;
-    let stamp = |d: &Deployment| template_annotation(d, "helmop.dev/config-hash");
-    let first =
-        stamp(&deployments.get("web").await?).ok_or_else(|| anyhow::anyhow!("not stamped"))?;
-    f.helmop(&helmop_yaml(
-        "app",
-        &format!(
-            "downstreamResources:\n- {{kind: ConfigMap, name: cfg}}\ndefaultNamespace: {dest}\ntargets:\n- clusterName: down1\n"
-        ),
-    ))
-    .await?;
+    let FleetReader {
+        dest,
+        webhook,
+        copies,
+        deployments,
+        first,
+    } = fleet_reader(&f, "pa-fleet-readers-dest").await?;
+    let stamp = |d: &Deployment| template_annotation(d, CONFIG_HASH);
     let d1 = format!("{}/down1", f.ns);
     let reader = |report: &serde_json::Value| {
         rows(report)
@@ -371,78 +295,18 @@ async fn readers_of_fleet_managed_copies_are_reported_and_restamped_once() -> an
 /// resync (which is off here). Which status writes trigger is `applied_id`'s unit test.
 #[tokio::test]
 async fn watch_restamps_readers_when_fleets_agent_reports_a_new_copy() -> anyhow::Result<()> {
-    use helmop_webhook::state::Config;
-    use k8s_openapi::api::apps::v1::Deployment;
     use kube::api::{Patch, PatchParams};
     use serde_json::json;
 
     let f = Fleet::new("pa-fleet-bd").await?;
-    ensure_hash_key(&f.down1).await?;
-    let dest = fresh_namespace_with_labels(
-        &f.down1,
-        "pa-fleet-bd-dest",
-        &[("helmop.dev/rollout-on-change", "enabled")],
-    )
-    .await?;
-    let webhook = LocalWebhook::start(f.down1.clone(), Config::default()).await?;
-    let registration = format!("{dest}-stamp");
-    WebhookRegistration::new(
-        WebhookKind::Mutating,
-        &registration,
-        &format!("{}/mutate/workloads", webhook.url),
-        &webhook.ca_pem,
-    )
-    .rule(WebhookRule::new(
-        &["CREATE", "UPDATE"],
-        "apps",
-        "v1",
-        &["deployments"],
-    ))
-    .only_namespace(&dest)
-    .register(&f.down1)
-    .await?;
-    create_config_map(&f.upstream, &f.ns, "cfg", &[("mode", "v1")]).await?;
-    let copies: Api<ConfigMap> = Api::namespaced(f.down1.clone(), &dest);
-    copies
-        .create(
-            &PostParams::default(),
-            &ConfigMap {
-                metadata: ObjectMeta {
-                    name: Some("cfg".into()),
-                    labels: Some(
-                        [(
-                            "fleet.cattle.io/bundledeployment".to_string(),
-                            "app".to_string(),
-                        )]
-                        .into(),
-                    ),
-                    ..ObjectMeta::default()
-                },
-                data: Some([("mode".to_string(), "v1".to_string())].into()),
-                ..ConfigMap::default()
-            },
-        )
-        .await?;
-    let deployments: Api<Deployment> = Api::namespaced(f.down1.clone(), &dest);
-    let web: Deployment = serde_json::from_value(json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "web"},
-        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}},
-                 "template": {"metadata": {"labels": {"app": "web"}},
-                              "spec": {"containers": [{"name": "app", "image": "registry.example.com/app:1",
-                                       "envFrom": [{"configMapRef": {"name": "cfg"}}]}]}}},
-    }))?;
-    deployments.create(&PostParams::default(), &web).await?;
-    let stamp = |d: &Deployment| template_annotation(d, "helmop.dev/config-hash");
-    let first =
-        stamp(&deployments.get("web").await?).ok_or_else(|| anyhow::anyhow!("not stamped"))?;
-    f.helmop(&helmop_yaml(
-        "app",
-        &format!(
-            "downstreamResources:\n- {{kind: ConfigMap, name: cfg}}\ndefaultNamespace: {dest}\ntargets:\n- clusterName: down1\n"
-        ),
-    ))
-    .await?;
+    let FleetReader {
+        dest,
+        webhook,
+        copies,
+        deployments,
+        first,
+    } = fleet_reader(&f, "pa-fleet-bd-dest").await?;
+    let stamp = |d: &Deployment| template_annotation(d, CONFIG_HASH);
     let bds = fleet_api(&f.upstream, &f.ns, &bundle_deployment_resource());
     create_fleet_object(
         &f.upstream,
@@ -519,7 +383,104 @@ async fn watch_restamps_readers_when_fleets_agent_reports_a_new_copy() -> anyhow
     let second = stamp(&deployments.get("web").await?);
     assert!(second.is_some() && second.as_deref() != Some(first.as_str()));
     w.signal(libc::SIGTERM)?;
-    unregister_webhook(&f.down1, WebhookKind::Mutating, &registration).await?;
+    unregister_webhook(&f.down1, WebhookKind::Mutating, &format!("{dest}-stamp")).await?;
     drop(webhook);
     Ok(())
+}
+
+const CONFIG_HASH: &str = "helmop.dev/config-hash";
+
+/// A reader of a copy Fleet's agent made on down1: a namespace stamped by a webhook of its own, the
+/// ConfigMap `cfg` upstream and its copy labelled as Fleet's agent labels it, a Deployment `web`
+/// reading the copy, and the HelmOp `app` listing it.
+struct FleetReader {
+    dest: String,
+    webhook: LocalWebhook,
+    copies: Api<ConfigMap>,
+    deployments: Api<Deployment>,
+    /// The stamp `web` got at creation.
+    first: String,
+}
+
+async fn fleet_reader(f: &Fleet, prefix: &str) -> anyhow::Result<FleetReader> {
+    use serde_json::json;
+
+    ensure_hash_key(&f.down1).await?;
+    let dest = fresh_namespace_with_labels(
+        &f.down1,
+        prefix,
+        &[("helmop.dev/rollout-on-change", "enabled")],
+    )
+    .await?;
+    let webhook = LocalWebhook::start(f.down1.clone(), Config::default()).await?;
+    WebhookRegistration::new(
+        WebhookKind::Mutating,
+        &format!("{dest}-stamp"),
+        &format!("{}/mutate/workloads", webhook.url),
+        &webhook.ca_pem,
+    )
+    .rule(WebhookRule::new(
+        &["CREATE", "UPDATE"],
+        "apps",
+        "v1",
+        &["deployments"],
+    ))
+    .only_namespace(&dest)
+    .register(&f.down1)
+    .await?;
+    create_config_map(&f.upstream, &f.ns, "cfg", &[("mode", "v1")]).await?;
+    // Fleet's agent's copy, current.
+    let copies: Api<ConfigMap> = Api::namespaced(f.down1.clone(), &dest);
+    fleets_agent_copy(&copies, "cfg", "v1").await?;
+    let deployments: Api<Deployment> = Api::namespaced(f.down1.clone(), &dest);
+    let web: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}},
+                              "spec": {"containers": [{"name": "app", "image": "registry.example.com/app:1",
+                                       "envFrom": [{"configMapRef": {"name": "cfg"}}]}]}}},
+    }))?;
+    deployments.create(&PostParams::default(), &web).await?;
+    let first = template_annotation(&deployments.get("web").await?, CONFIG_HASH)
+        .ok_or_else(|| anyhow::anyhow!("web was not stamped at creation"))?;
+    f.helmop(&helmop_yaml(
+        "app",
+        &format!(
+            "downstreamResources:\n- {{kind: ConfigMap, name: cfg}}\ndefaultNamespace: {dest}\ntargets:\n- clusterName: down1\n"
+        ),
+    ))
+    .await?;
+    Ok(FleetReader {
+        dest,
+        webhook,
+        copies,
+        deployments,
+        first,
+    })
+}
+
+/// A ConfigMap `name` with `mode: MODE`, labelled as Fleet's agent labels its copies (the
+/// BundleDeployment `app`).
+async fn fleets_agent_copy(
+    api: &Api<ConfigMap>,
+    name: &str,
+    mode: &str,
+) -> anyhow::Result<ConfigMap> {
+    let copy = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(
+                [(
+                    "fleet.cattle.io/bundledeployment".to_string(),
+                    "app".to_string(),
+                )]
+                .into(),
+            ),
+            ..ObjectMeta::default()
+        },
+        data: Some([("mode".to_string(), mode.to_string())].into()),
+        ..ConfigMap::default()
+    };
+    Ok(api.create(&PostParams::default(), &copy).await?)
 }
