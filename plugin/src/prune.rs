@@ -190,12 +190,14 @@ async fn prune_cluster(
                 | ActionKind::Keep { rewrite: true, .. }
         );
         if writes && let Err(why) = verify_source(ctx, uids, &obs, action).await {
-            rows.push(row(
-                downstream,
-                action,
-                RowState::Orphaned,
-                format!("{why}; left alone"),
-            ));
+            // A source that could not be read is no verdict: the copy may be ours and unwanted,
+            // or not ours at all. It is left alone and the run fails (exit 2), so nobody takes
+            // "nothing pruned" for "nothing to prune".
+            let state = match why {
+                PluginError::SourceUnverifiable { .. } => RowState::Failed,
+                _ => RowState::Orphaned,
+            };
+            rows.push(row(downstream, action, state, format!("{why}; left alone")));
             continue;
         }
         let guard = |uid: &str| Guard {

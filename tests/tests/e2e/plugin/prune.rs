@@ -252,3 +252,83 @@ async fn prune_deletes_exactly_the_stale_copies_and_nothing_when_clusters_cannot
     assert_eq!(annotation(&kept.metadata, "helmop.dev/keep"), None);
     Ok(())
 }
+
+/// A copy whose source cannot be read upstream (here: its source namespace is outside what the
+/// prune may read) is neither deleted nor called an orphan: the row is `Failed` and prune exits 2,
+/// so "nothing pruned" is never mistaken for "nothing to prune".
+#[tokio::test]
+async fn a_source_that_cannot_be_read_fails_the_prune_and_deletes_nothing() -> anyhow::Result<()> {
+    let f = Fleet::new("pa-prune-unread").await?;
+    let apps = f.dest("apps");
+    let elsewhere = fresh_namespace(&f.upstream, "pa-prune-unread-src").await?;
+    let source = create_secret(&f.upstream, &elsewhere, "g", &[("k", b"g")]).await?;
+    create_secret(&f.upstream, &f.ns, "a", &[("k", b"a")]).await?;
+    f.helmop(&helmop_yaml(
+        "app",
+        &format!(
+            "defaultNamespace: {apps}\ndownstreamResources:\n- {{kind: Secret, name: a}}\ntargets:\n- clusterName: down1\n"
+        ),
+    ))
+    .await?;
+    let out = helmop(&["propagate", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0)
+        .json();
+    let id = out["upstreamId"].as_str().unwrap_or_default().to_string();
+    // A copy of `elsewhere/g` owned by a HelmOp of this namespace that is gone: stale, and its
+    // markers name a real source with the right uid.
+    let uid = source.metadata.uid.clone().unwrap_or_default();
+    create(
+        &f.down1,
+        &secret_obj(
+            &apps,
+            "g",
+            "Opaque",
+            &[("k", b"g")],
+            &[("helmop.dev/managed-by", "kubectl-helmop")],
+            &[
+                ("helmop.dev/owners", &format!("{id}/{}/gone", f.ns)),
+                ("helmop.dev/source", &format!("{id}/{elsewhere}/Secret/g")),
+                ("helmop.dev/source-uid", &uid),
+            ],
+        ),
+    )
+    .await?;
+    let fleet = [
+        "helmops",
+        "clusters",
+        "clustergroups",
+        "bundlenamespacemappings",
+        "policies",
+        "bundles",
+        "bundledeployments",
+    ];
+    let dir = tempfile::tempdir()?;
+    let blind = limited_kubeconfig(&f.upstream, &f.ns, dir.path(), "blind", &fleet, true).await?;
+    let failed = run_with(&blind, &["prune", "-n", &f.ns, "-o", "json"], &[])
+        .await?
+        .expect(2);
+    let report = failed.json();
+    let report_rows = rows(&report);
+    let r = row(&report_rows, &format!("{}/down1", f.ns), "g");
+    assert_eq!(r["state"], "Failed", "{report:#}");
+    let reason = r["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("cannot verify its source") && reason.ends_with("left alone"),
+        "{reason}"
+    );
+    assert!(get_secret(&f.down1, &apps, "g").await?.is_some());
+    assert!(get_secret(&f.down1, &apps, "a").await?.is_some());
+    // Whoever may read the source prunes it.
+    let pruned = helmop(&["prune", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0)
+        .json();
+    assert_eq!(
+        row(&rows(&pruned), &format!("{}/down1", f.ns), "g")["state"],
+        "Pruned",
+        "{pruned:#}"
+    );
+    assert!(get_secret(&f.down1, &apps, "g").await?.is_none());
+    Ok(())
+}

@@ -362,7 +362,30 @@ pub async fn kubeconfig_without_cluster_access(
     ns: &str,
     dir: &Path,
 ) -> anyhow::Result<PathBuf> {
-    let name = "no-clusters";
+    let fleet = [
+        "helmops",
+        "clustergroups",
+        "bundlenamespacemappings",
+        "policies",
+        "bundles",
+    ];
+    limited_kubeconfig(upstream, ns, dir, "no-clusters", &fleet, false).await
+}
+
+/// A kubeconfig file (in `dir`) for the upstream cluster authenticating as the ServiceAccount
+/// `ns/name`, which may read the `fleet` resources, Secrets and ConfigMaps of `ns` and nothing
+/// of any other namespace; with `identity`, also the `kube-system` namespace object (what the
+/// plugin reads to identify the upstream cluster).
+pub async fn limited_kubeconfig(
+    upstream: &Client,
+    ns: &str,
+    dir: &Path,
+    name: &str,
+    fleet: &[&str],
+    identity: bool,
+) -> anyhow::Result<PathBuf> {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+
     let meta = |name: &str| ObjectMeta {
         name: Some(name.into()),
         namespace: Some(ns.into()),
@@ -383,22 +406,19 @@ pub async fn kubeconfig_without_cluster_access(
         verbs: vec!["get".into(), "list".into(), "watch".into()],
         ..PolicyRule::default()
     };
+    let subject = Subject {
+        kind: "ServiceAccount".into(),
+        name: name.into(),
+        namespace: Some(ns.into()),
+        ..Subject::default()
+    };
     Api::<Role>::namespaced(upstream.clone(), ns)
         .create(
             &PostParams::default(),
             &Role {
                 metadata: meta(name),
                 rules: Some(vec![
-                    rule(
-                        "fleet.cattle.io",
-                        &[
-                            "helmops",
-                            "clustergroups",
-                            "bundlenamespacemappings",
-                            "policies",
-                            "bundles",
-                        ],
-                    ),
+                    rule("fleet.cattle.io", fleet),
                     rule("", &["secrets", "configmaps"]),
                 ]),
             },
@@ -414,21 +434,54 @@ pub async fn kubeconfig_without_cluster_access(
                     kind: "Role".into(),
                     name: name.into(),
                 },
-                subjects: Some(vec![Subject {
-                    kind: "ServiceAccount".into(),
-                    name: name.into(),
-                    namespace: Some(ns.into()),
-                    ..Subject::default()
-                }]),
+                subjects: Some(vec![subject.clone()]),
             },
         )
         .await?;
+    if identity {
+        let cluster_name = format!("{ns}-{name}-identity");
+        let cluster_meta = ObjectMeta {
+            name: Some(cluster_name.clone()),
+            labels: Some([(TEST_NAMESPACE_LABEL.to_string(), ns.to_string())].into()),
+            ..ObjectMeta::default()
+        };
+        Api::<ClusterRole>::all(upstream.clone())
+            .create(
+                &PostParams::default(),
+                &ClusterRole {
+                    metadata: cluster_meta.clone(),
+                    rules: Some(vec![PolicyRule {
+                        api_groups: Some(vec![String::new()]),
+                        resources: Some(vec!["namespaces".into()]),
+                        resource_names: Some(vec!["kube-system".into()]),
+                        verbs: vec!["get".into()],
+                        ..PolicyRule::default()
+                    }]),
+                    ..ClusterRole::default()
+                },
+            )
+            .await?;
+        Api::<ClusterRoleBinding>::all(upstream.clone())
+            .create(
+                &PostParams::default(),
+                &ClusterRoleBinding {
+                    metadata: cluster_meta,
+                    role_ref: RoleRef {
+                        api_group: Some("rbac.authorization.k8s.io".into()),
+                        kind: "ClusterRole".into(),
+                        name: cluster_name,
+                    },
+                    subjects: Some(vec![subject]),
+                },
+            )
+            .await?;
+    }
     service_account_kubeconfig(
         control_plane().upstream(),
         upstream,
         ns,
         name,
-        &dir.join("limited.kubeconfig"),
+        &dir.join(format!("{name}.kubeconfig")),
     )
     .await
 }
