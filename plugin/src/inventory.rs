@@ -91,6 +91,10 @@ pub struct Inventory {
     pub holds: Holds,
     /// The HelmOps Fleet's controller rejects, with the reason.
     pub rejected: Vec<Problem>,
+    /// The downstream key of every Fleet Cluster (`NS/NAME`) as this enumeration identified it.
+    pub cluster_keys: BTreeMap<String, String>,
+    /// `--target-context` (empty: the downstreams are Fleet Clusters).
+    pub target_contexts: Vec<String>,
 }
 
 impl Inventory {
@@ -182,15 +186,18 @@ pub async fn enumerate(
 ) -> Result<Inventory, PluginError> {
     // Clients of clusters this enumeration no longer reaches go with their connections.
     ctx.clients.sweep();
-    let listing = match selection {
-        Selection::One { namespace, .. } if for_prune => Selection::Namespace(namespace.clone()),
-        other => other.clone(),
-    };
-    let helmops = list_helmops(ctx, &listing, for_prune).await?;
+    let helmops = list_helmops(ctx, &listing(selection, for_prune), for_prune).await?;
     let (mut holds, rejected) = helmop_holds(ctx, &helmops).await?;
+    let mut cluster_keys = BTreeMap::new();
+    let mut remember = |fleet: &FleetObjects, keys: &[String]| {
+        for (c, key) in fleet.clusters.iter().zip(keys) {
+            cluster_keys.insert(clusters::cluster_name(c), key.clone());
+        }
+    };
     let (downstreams, desired, problems) = if target_contexts.is_empty() {
         let fleet = list_fleet(ctx, selection.namespace(), &helmops, false).await?;
         let (downstreams, keys) = clusters::resolve_fleet(ctx, &fleet.clusters, limits).await;
+        remember(&fleet, &keys);
         pause_clusters(&mut holds, &helmops, &fleet, &keys);
         let (desired, problems) = desired_fleet(&helmops, &fleet, &keys);
         (downstreams, desired, problems)
@@ -207,14 +214,10 @@ pub async fn enumerate(
         };
         if let Some(fleet) = fleet {
             let (_, keys) = clusters::resolve_fleet(ctx, &fleet.clusters, limits).await;
+            remember(&fleet, &keys);
             pause_clusters(&mut holds, &helmops, &fleet, &keys);
             let (fleet_desired, fleet_problems) = desired_fleet(&helmops, &fleet, &keys);
-            // Wants on the contexts' clusters, and those of Clusters that could not be
-            // identified (prune keeps what they want everywhere).
-            desired.extend(fleet_desired.into_iter().filter(|d| {
-                !crate::identity::is_identity_key(&d.cluster)
-                    || downstreams.iter().any(|ds| ds.key == d.cluster)
-            }));
+            desired.extend(on_contexts(fleet_desired, &downstreams));
             for p in fleet_problems {
                 if !problems.iter().any(|q| q.helmop == p.helmop) {
                     problems.push(p);
@@ -231,7 +234,68 @@ pub async fn enumerate(
         problems,
         holds,
         rejected,
+        cluster_keys,
+        target_contexts: target_contexts.to_vec(),
     })
+}
+
+/// What `selection` lists: for prune, every HelmOp of the namespace (the wants are never scoped).
+fn listing(selection: &Selection, for_prune: bool) -> Selection {
+    match selection {
+        Selection::One { namespace, .. } if for_prune => Selection::Namespace(namespace.clone()),
+        other => other.clone(),
+    }
+}
+
+/// Of what Fleet Clusters want, the wants on the contexts' clusters and those of Clusters that
+/// could not be identified (prune keeps what they want everywhere).
+fn on_contexts(fleet_desired: Vec<DesiredCopy>, downstreams: &[Downstream]) -> Vec<DesiredCopy> {
+    fleet_desired
+        .into_iter()
+        .filter(|d| {
+            !crate::identity::is_identity_key(&d.cluster)
+                || downstreams.iter().any(|ds| ds.key == d.cluster)
+        })
+        .collect()
+}
+
+impl Inventory {
+    /// What the HelmOps want now, for prune's last look before it deletes: the HelmOps and Fleet's
+    /// objects are listed again, the clusters are those this enumeration identified (nothing
+    /// connects again; a Cluster registered since is unidentified, so what it wants counts on
+    /// every cluster). A HelmOp created or retargeted after the first listing keeps its copies.
+    pub async fn wants_now(&self, ctx: &Ctx) -> Result<Vec<DesiredCopy>, PluginError> {
+        let helmops = list_helmops(ctx, &listing(&self.selection, true), true).await?;
+        let contexts = !self.target_contexts.is_empty();
+        let fleet = list_fleet(ctx, self.selection.namespace(), &helmops, contexts).await?;
+        let keys: Vec<String> = fleet
+            .clusters
+            .iter()
+            .map(|c| {
+                let name = clusters::cluster_name(c);
+                self.cluster_keys
+                    .get(&name)
+                    .cloned()
+                    .unwrap_or_else(|| format!("cluster:{name}"))
+            })
+            .collect();
+        let (fleet_desired, mut problems) = desired_fleet(&helmops, &fleet, &keys);
+        let desired = if contexts {
+            let (mut desired, context_problems) = desired_contexts(&helmops, &self.downstreams);
+            desired.extend(on_contexts(fleet_desired, &self.downstreams));
+            problems.extend(context_problems);
+            desired
+        } else {
+            fleet_desired
+        };
+        if let Some(p) = problems.first() {
+            return Err(PluginError::Upstream(format!(
+                "the targets of {} cannot be evaluated now: {}",
+                p.helmop, p.message
+            )));
+        }
+        Ok(desired)
+    }
 }
 
 /// Records the paused Clusters. Fleet pauses every BundleDeployment on a paused Cluster, so it
@@ -851,6 +915,8 @@ mod tests {
             problems: Vec::new(),
             holds: Holds::default(),
             rejected: Vec::new(),
+            cluster_keys: BTreeMap::new(),
+            target_contexts: Vec::new(),
         };
         let copy = ObservedCopy {
             cluster: "c".into(),
@@ -954,6 +1020,8 @@ mod tests {
             problems: Vec::new(),
             holds: Holds::default(),
             rejected: Vec::new(),
+            cluster_keys: BTreeMap::new(),
+            target_contexts: Vec::new(),
         };
         let (meta, disputed) = inv.namespace_metadata("k1", "apps");
         assert_eq!(

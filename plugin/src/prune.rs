@@ -14,6 +14,8 @@
 //!   in `helmop.dev/source-uid` (metadata only). A look-alike carrying the labels without a
 //!   matching source uid is reported `Orphaned` and never touched; so is a real copy whose
 //!   source was deleted too (delete such copies by hand);
+//! - the wants are listed again after a cluster was observed and before its first write, so a
+//!   copy that a HelmOp created or retargeted during the run wants is left alone (`Kept`);
 //! - every delete carries uid and resourceVersion preconditions, every owners rewrite the same
 //!   guard, so an object replaced or changed since it was read is never touched.
 //!
@@ -24,8 +26,10 @@
 //! HelmOps and targets.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 
 use helmop_core::names;
 use helmop_core::plan::{
@@ -109,17 +113,22 @@ pub async fn prune(ctx: &Ctx, opts: &PruneOpts) -> Result<PruneReport, PluginErr
     }
     protect_unidentified_wants(&mut inv);
     let sources = sources::fetch_metadata(ctx, &inv.desired).await?;
+    crate::test_pause::pause("prune-after-list", "upstream").await;
     let uids = SourceUids::default();
+    let fresh = FreshWants::default();
     let (mut rows, unreachable) = opts
         .scope
         .rows_per_cluster(
             &inv,
             "prune",
             |downstream, client| {
-                let (inv, sources, uids) = (&inv, &sources, &uids);
-                async move {
-                    prune_cluster(ctx, opts, inv, sources, uids, downstream, client).await
-                }
+                let shared = Shared {
+                    inv: &inv,
+                    sources: &sources,
+                    uids: &uids,
+                    fresh: &fresh,
+                };
+                async move { prune_cluster(ctx, opts, shared, downstream, client).await }
             },
             |d, reason| {
                 vec![Row {
@@ -170,25 +179,153 @@ fn protect_unidentified_wants(inv: &mut Inventory) {
     }
 }
 
+/// What every cluster of one prune shares.
+#[derive(Clone, Copy)]
+struct Shared<'a> {
+    inv: &'a Inventory,
+    sources: &'a Sources,
+    uids: &'a SourceUids,
+    fresh: &'a FreshWants,
+}
+
+/// What the HelmOps want, listed again after a cluster was observed (see [`FreshWants::get`]).
+#[derive(Default)]
+struct FreshWants {
+    last: Mutex<Option<(Instant, Result<Arc<Vec<DesiredCopy>>, String>)>>,
+}
+
+impl FreshWants {
+    /// The wants as listed after `observed`: a listing started after it is shared by every
+    /// cluster observed before that start, so clusters finishing together cost one listing.
+    async fn get(
+        &self,
+        ctx: &Ctx,
+        inv: &Inventory,
+        observed: Instant,
+    ) -> Result<Arc<Vec<DesiredCopy>>, String> {
+        let mut last = self.last.lock().await;
+        if let Some((started, wants)) = &*last
+            && *started > observed
+        {
+            return wants.clone();
+        }
+        let started = Instant::now();
+        let wants = inv
+            .wants_now(ctx)
+            .await
+            .map(Arc::new)
+            .map_err(|e| e.to_string());
+        *last = Some((started, wants.clone()));
+        wants
+    }
+}
+
+/// The HelmOps that want `action`'s copy now, on `cluster` (or on an unidentified cluster,
+/// which may be this one), among those it would release (any, for a delete).
+fn wanted_again(wants: &[DesiredCopy], cluster: &str, action: &Action) -> Vec<HelmOpKey> {
+    // `None`: every HelmOp counts (the copy would be deleted, or lose all its owners).
+    let releasing = match &action.kind {
+        ActionKind::Prune { .. } | ActionKind::Keep { .. } => None,
+        ActionKind::Update { .. } => released(action),
+        _ => Some(action.helmops.clone()),
+    };
+    let mut out: Vec<HelmOpKey> = wants
+        .iter()
+        .filter(|d| d.cluster == cluster || !identity::is_identity_key(&d.cluster))
+        .filter(|d| d.namespace == action.namespace && d.resource == action.resource)
+        .filter(|d| releasing.as_ref().is_none_or(|r| r.contains(&d.helmop)))
+        .map(|d| d.helmop.clone())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Whether `action` would delete a copy or release owners of it.
+fn writes(action: &Action) -> bool {
+    matches!(
+        action.kind,
+        ActionKind::Prune { .. }
+            | ActionKind::RemoveOwner { .. }
+            | ActionKind::Keep { rewrite: true, .. }
+    ) || released(action).is_some()
+}
+
+/// The owners a still-wanted copy's planned update releases, if any.
+fn released(action: &Action) -> Option<Vec<HelmOpKey>> {
+    let ActionKind::Update { reasons, .. } = &action.kind else {
+        return None;
+    };
+    let keys: Vec<HelmOpKey> = reasons
+        .iter()
+        .flat_map(|r| match r {
+            UpdateReason::OwnersRemoved(keys) => keys.clone(),
+            _ => Vec::new(),
+        })
+        .collect();
+    (!keys.is_empty()).then_some(keys)
+}
+
 async fn prune_cluster(
     ctx: &Ctx,
     opts: &PruneOpts,
-    inv: &Inventory,
-    sources: &Sources,
-    uids: &SourceUids,
+    shared: Shared<'_>,
     downstream: &Downstream,
     client: kube::Client,
 ) -> Result<Vec<Row>, PluginError> {
+    let Shared {
+        inv,
+        sources,
+        uids,
+        fresh,
+    } = shared;
     let (obs, actions) =
         observe_and_plan(ctx, inv, sources, &downstream.key, &client, false).await?;
+    let observed = Instant::now();
+    crate::test_pause::pause("prune-after-plan", &downstream.display()).await;
+    // The first listing may be minutes old by now (a slow cluster before this one): what is
+    // deleted or released must still be unwanted by the HelmOps as they are after this
+    // cluster was observed. Read once per cluster that has something to write.
+    let wants_now = if actions.iter().any(writes) {
+        Some(fresh.get(ctx, inv, observed).await)
+    } else {
+        None
+    };
     let mut rows = Vec::new();
     for action in &actions {
-        let writes = matches!(
-            action.kind,
-            ActionKind::Prune { .. }
-                | ActionKind::RemoveOwner { .. }
-                | ActionKind::Keep { rewrite: true, .. }
-        );
+        let writes = writes(action);
+        if writes {
+            let again = match &wants_now {
+                Some(Ok(wants)) => Ok(wanted_again(wants, &downstream.key, action)),
+                Some(Err(why)) => Err(why),
+                None => Ok(Vec::new()),
+            };
+            match again {
+                Err(why) => {
+                    rows.push(row(
+                        downstream,
+                        action,
+                        RowState::Failed,
+                        format!("cannot list what HelmOps want now ({why}); left alone"),
+                    ));
+                    continue;
+                }
+                Ok(again) if !again.is_empty() => {
+                    let by: Vec<String> = again.iter().map(ToString::to_string).collect();
+                    rows.push(row(
+                        downstream,
+                        action,
+                        RowState::Kept,
+                        format!(
+                            "wanted again since the HelmOps were listed, by {}; left alone",
+                            by.join(", ")
+                        ),
+                    ));
+                    continue;
+                }
+                Ok(_) => {}
+            }
+        }
         if writes && let Err(why) = verify_source(ctx, uids, &obs, action).await {
             // A source that could not be read is no verdict: the copy may be ours and unwanted,
             // or not ours at all. It is left alone and the run fails (exit 2), so nobody takes
@@ -257,19 +394,10 @@ async fn prune_cluster(
             }
             // A copy still wanted, whose owners include HelmOps that let go: only the ownership
             // part of the planned update is prune's (the content is propagate's).
-            ActionKind::Update {
-                uid, meta, reasons, ..
-            } => {
-                let released: Vec<HelmOpKey> = reasons
-                    .iter()
-                    .flat_map(|r| match r {
-                        UpdateReason::OwnersRemoved(keys) => keys.clone(),
-                        _ => Vec::new(),
-                    })
-                    .collect();
-                if released.is_empty() {
+            ActionKind::Update { uid, meta, .. } => {
+                let Some(released) = released(action) else {
                     continue;
-                }
+                };
                 let shown = Action {
                     helmops: released,
                     ..action.clone()
@@ -503,6 +631,55 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_copy_wanted_again_is_only_kept_from_the_helmops_that_want_it_now() {
+        use helmop_core::resource::ResourceRef;
+        let here = crate::identity::identity_key("uid-1");
+        let want = |cluster: &str, helmop: &str, name: &str| DesiredCopy {
+            cluster: cluster.into(),
+            namespace: "apps".into(),
+            helmop: HelmOpKey::new("team", helmop),
+            resource: ResourceRef::secret(name),
+            keep: false,
+        };
+        let action = |kind: ActionKind, helmops: &[&str]| Action {
+            cluster: here.clone(),
+            namespace: "apps".into(),
+            resource: ResourceRef::secret("db"),
+            helmops: helmops.iter().map(|h| HelmOpKey::new("team", h)).collect(),
+            kind,
+        };
+        let prune = action(ActionKind::Prune { uid: "u".into() }, &["old"]);
+        let release = action(
+            ActionKind::RemoveOwner {
+                uid: "u".into(),
+                owners: "up/team/web".into(),
+            },
+            &["old"],
+        );
+        let other = crate::identity::identity_key("uid-2");
+        let wants = [
+            want(&here, "new", "db"),
+            want(&other, "far", "db"),
+            want(&here, "other", "cache"),
+        ];
+        assert_eq!(
+            wanted_again(&wants, &here, &prune),
+            [HelmOpKey::new("team", "new")],
+            "a delete waits for any HelmOp wanting the copy here"
+        );
+        assert!(
+            wanted_again(&wants, &here, &release).is_empty(),
+            "releasing old is fine while new wants it"
+        );
+        let wants = [want(&here, "old", "db")];
+        assert_eq!(wanted_again(&wants, &here, &release).len(), 1);
+        // An unidentified cluster may be this one.
+        let wants = [want("cluster:team/unknown", "new", "db")];
+        assert_eq!(wanted_again(&wants, &here, &prune).len(), 1);
+        assert!(wanted_again(&[], &here, &prune).is_empty());
+    }
+
     #[tokio::test]
     async fn wants_of_unidentified_entries_count_on_every_identified_cluster() {
         use crate::inventory::Selection;
@@ -540,6 +717,8 @@ mod tests {
             problems: Vec::new(),
             holds: Default::default(),
             rejected: Vec::new(),
+            cluster_keys: BTreeMap::new(),
+            target_contexts: Vec::new(),
         };
         protect_unidentified_wants(&mut inv);
         let got: Vec<(String, String)> = inv

@@ -7,7 +7,10 @@
 //!
 //! Points: `after-plan` (a cluster observed and planned, nothing written yet), `before-restamp`
 //! (a cluster's copies written, no workload restamped yet), `before-watches` (`propagate --watch`
-//! started and printed its `started` event, its watches not started: not ready yet).
+//! started and printed its `started` event, its watches not started: not ready yet),
+//! `prune-after-list` (prune listed the HelmOps and sources, no cluster observed yet),
+//! `prune-after-plan` (a cluster observed and planned by prune, nothing written there yet),
+//! `rollout-before-restamp` (the rollout watcher decided a restamp, not sent yet).
 
 use std::path::PathBuf;
 use std::time::Duration;

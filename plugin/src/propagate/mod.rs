@@ -1077,6 +1077,8 @@ mod tests {
             problems: Vec::new(),
             holds: Default::default(),
             rejected: Vec::new(),
+            cluster_keys: BTreeMap::new(),
+            target_contexts: Vec::new(),
         };
         let rows = uncopyable_rows(&inv);
         let got: Vec<(&str, &str, &str)> = rows
@@ -1119,6 +1121,8 @@ mod tests {
             problems: Vec::new(),
             holds: Default::default(),
             rejected: Vec::new(),
+            cluster_keys: BTreeMap::new(),
+            target_contexts: Vec::new(),
         };
         let d1 = Downstream {
             key: "https://d1".into(),

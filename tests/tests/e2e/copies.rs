@@ -6,7 +6,6 @@
 //! control plane, Fleet Clusters registered per test in a fresh namespace.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use helmop_tests::*;
@@ -380,45 +379,6 @@ async fn labels_on_copies_follow_the_source_exactly() -> anyhow::Result<()> {
     let (_, again) = propagate(&f, "app", &[]).await?;
     assert_eq!(writes(&again), 0, "{again:#}");
     Ok(())
-}
-
-/// A plugin run paused at a test-only pause point (`HELMOP_TEST_PAUSE`), and the file that
-/// releases it.
-struct Paused {
-    process: PluginProcess,
-    release: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Paused {
-    /// Starts `args` and waits until the run pauses at `point` on `cluster`.
-    async fn start(point: &str, cluster: &str, args: &[&str]) -> anyhow::Result<Paused> {
-        let dir = tempfile::tempdir()?;
-        let release = dir.path().join("release");
-        let kubeconfig = control_plane().upstream().kubeconfig.clone();
-        let mut full: Vec<&str> = args.to_vec();
-        let kc = kubeconfig.display().to_string();
-        full.extend(["--kubeconfig", &kc]);
-        let pause = format!("{point}:{}", release.display());
-        let process = PluginProcess::spawn(&full, &[("HELMOP_TEST_PAUSE", &pause)])?;
-        let marker = format!("helmop-test: paused at {point} on {cluster}");
-        let paused = Paused {
-            process,
-            release,
-            _dir: dir,
-        };
-        wait_until(&format!("the run to pause at {point}"), RUN, || {
-            let seen = paused.process.stderr().contains(&marker);
-            async move { Ok(seen) }
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", paused.process.context()))?;
-        Ok(paused)
-    }
-
-    fn release_path(&self) -> &Path {
-        &self.release
-    }
 }
 
 #[tokio::test]

@@ -1,6 +1,8 @@
 //! `prune` deletes exactly the stale copies, and nothing when the clusters cannot be listed.
 
 use helmop_tests::*;
+use std::time::Duration;
+
 use kube::api::DeleteParams;
 
 use super::support::*;
@@ -330,5 +332,85 @@ async fn a_source_that_cannot_be_read_fails_the_prune_and_deletes_nothing() -> a
         "{pruned:#}"
     );
     assert!(get_secret(&f.down1, &apps, "g").await?.is_none());
+    Ok(())
+}
+
+/// prune lists the HelmOps first and deletes later (minutes later, behind a slow cluster). A HelmOp
+/// created in between, whose copy `propagate` made meanwhile, keeps it: the wants are listed again
+/// after each cluster is observed, right before anything there is deleted.
+#[tokio::test]
+async fn a_copy_wanted_by_a_helmop_created_while_prune_runs_is_kept() -> anyhow::Result<()> {
+    let f = Fleet::new("pa-prune-race").await?;
+    let apps = f.dest("apps");
+    create_secret(&f.upstream, &f.ns, "wanted", &[("k", b"wanted")]).await?;
+    create_secret(&f.upstream, &f.ns, "stale", &[("k", b"stale")]).await?;
+    let wanting = |names: &[&str]| {
+        let entries: String = names
+            .iter()
+            .map(|n| format!("- {{kind: Secret, name: {n}}}\n"))
+            .collect();
+        format!(
+            "defaultNamespace: {apps}\ndownstreamResources:\n{entries}targets:\n- clusterName: down1\n"
+        )
+    };
+    f.helmop(&helmop_yaml("old", &wanting(&["wanted", "stale"])))
+        .await?;
+    helmop(&["propagate", "-n", &f.ns]).await?.expect(0);
+    fleet_api(&f.upstream, &f.ns, &helmop_resource())
+        .delete("old", &DeleteParams::default())
+        .await?;
+    // wanted and stale are stale now. prune lists the HelmOps, then waits; meanwhile a new HelmOp wants `wanted`
+    // and propagate gives it the copy.
+    let run = Paused::start(
+        "prune-after-list",
+        "upstream",
+        &["prune", "-n", &f.ns, "-o", "json"],
+    )
+    .await?;
+    f.helmop(&helmop_yaml("new", &wanting(&["wanted"]))).await?;
+    helmop(&["propagate", "new", "-n", &f.ns]).await?.expect(0);
+    run.release()?;
+    let mut process = run.process;
+    let status = process.wait_exit(Duration::from_secs(120)).await?;
+    let report: serde_json::Value = serde_json::from_str(&process.lines().join("\n"))
+        .map_err(|e| anyhow::anyhow!("{e}: {}", process.context()))?;
+    assert_eq!(status.code(), Some(0), "{report:#}");
+    let report_rows = rows(&report);
+    let d1 = format!("{}/down1", f.ns);
+    let wanted = row(&report_rows, &d1, "wanted");
+    assert_eq!(wanted["state"], "Kept", "{report:#}");
+    assert!(
+        wanted["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains(&format!("{}/new", f.ns))),
+        "{wanted}"
+    );
+    assert_eq!(
+        row(&report_rows, &d1, "stale")["state"],
+        "Pruned",
+        "{report:#}"
+    );
+    let copy = some(get_secret(&f.down1, &apps, "wanted").await?, "wanted")?;
+    assert!(
+        annotation(&copy.metadata, "helmop.dev/owners")
+            .is_some_and(|o| o.split(',').any(|o| o.ends_with("/new"))),
+        "{:?}",
+        copy.metadata.annotations
+    );
+    assert!(get_secret(&f.down1, &apps, "stale").await?.is_none());
+    // Run again: `wanted` is wanted by new alone; whatever of old's ownership propagate left goes.
+    helmop(&["prune", "-n", &f.ns]).await?.expect(0);
+    let copy = some(get_secret(&f.down1, &apps, "wanted").await?, "wanted")?;
+    assert_eq!(
+        annotation(&copy.metadata, "helmop.dev/owners"),
+        Some(
+            format!(
+                "{}/{}/new",
+                report["upstreamId"].as_str().unwrap_or_default(),
+                f.ns
+            )
+            .as_str()
+        )
+    );
     Ok(())
 }

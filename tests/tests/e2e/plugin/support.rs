@@ -600,3 +600,52 @@ pub fn b64(s: &[u8]) -> String {
 pub fn rv(meta: &ObjectMeta) -> String {
     meta.resource_version.clone().unwrap_or_default()
 }
+
+/// A plugin run paused at a test-only pause point (`HELMOP_TEST_PAUSE`), and the file that
+/// releases it.
+pub struct Paused {
+    pub process: PluginProcess,
+    release: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Paused {
+    /// Starts `args` and waits until the run pauses at `point` on `cluster`.
+    pub async fn start(point: &str, cluster: &str, args: &[&str]) -> anyhow::Result<Paused> {
+        let dir = tempfile::tempdir()?;
+        let release = dir.path().join("release");
+        let kubeconfig = control_plane().upstream().kubeconfig.clone();
+        let mut full: Vec<&str> = args.to_vec();
+        let kc = kubeconfig.display().to_string();
+        full.extend(["--kubeconfig", &kc]);
+        let pause = format!("{point}:{}", release.display());
+        let process = PluginProcess::spawn(&full, &[("HELMOP_TEST_PAUSE", &pause)])?;
+        let marker = format!("helmop-test: paused at {point} on {cluster}");
+        let paused = Paused {
+            process,
+            release,
+            _dir: dir,
+        };
+        wait_until(
+            &format!("the run to pause at {point}"),
+            Duration::from_secs(120),
+            || {
+                let seen = paused.process.stderr().contains(&marker);
+                async move { Ok(seen) }
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", paused.process.context()))?;
+        Ok(paused)
+    }
+
+    pub fn release_path(&self) -> &Path {
+        &self.release
+    }
+
+    /// Lets the run go on.
+    pub fn release(&self) -> anyhow::Result<()> {
+        std::fs::write(&self.release, b"go")?;
+        Ok(())
+    }
+}
