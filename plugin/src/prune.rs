@@ -191,18 +191,16 @@ struct Shared<'a> {
 /// What the HelmOps want, listed again after a cluster was observed (see [`FreshWants::get`]).
 #[derive(Default)]
 struct FreshWants {
-    last: Mutex<Option<(Instant, Result<Arc<Vec<DesiredCopy>>, String>)>>,
+    last: Mutex<Option<(Instant, Wants)>>,
 }
+
+/// One listing's wants, or why it failed.
+type Wants = Result<Arc<Vec<DesiredCopy>>, String>;
 
 impl FreshWants {
     /// The wants as listed after `observed`: a listing started after it is shared by every
     /// cluster observed before that start, so clusters finishing together cost one listing.
-    async fn get(
-        &self,
-        ctx: &Ctx,
-        inv: &Inventory,
-        observed: Instant,
-    ) -> Result<Arc<Vec<DesiredCopy>>, String> {
+    async fn get(&self, ctx: &Ctx, inv: &Inventory, observed: Instant) -> Wants {
         let mut last = self.last.lock().await;
         if let Some((started, wants)) = &*last
             && *started > observed

@@ -252,7 +252,7 @@ impl Index {
         let mut due: Vec<WorkloadKey> = self
             .readers
             .get(key)
-            .map(|r| r.iter().cloned().collect())
+            .map(|r| r.to_vec())
             .unwrap_or_default();
         due.sort();
         due.into_iter()
