@@ -24,6 +24,7 @@ use helmop_core::names;
 use helmop_core::plan::{
     DesiredCopy, HelmOpKey, HoldReason, Holds, ObservedCopy, OwnerRef, Scope, parse_owners,
 };
+use helmop_core::resource::ResourceRef;
 use helmop_core::targeting::{
     Matcher, NamespaceMetadata, TargetMatch, cluster_options, combine_namespace_metadata,
     match_cluster, namespace_metadata,
@@ -95,6 +96,10 @@ pub struct Inventory {
     pub cluster_keys: BTreeMap<String, String>,
     /// `--target-context` (empty: the downstreams are Fleet Clusters).
     pub target_contexts: Vec<String>,
+    /// `(namespace, resource)` of every source any HelmOp names, whatever the selection and the
+    /// targets: never adopted on the management cluster (set by `propagate --adopt`, see
+    /// [`named_sources`]).
+    pub named_sources: Vec<(String, ResourceRef)>,
 }
 
 impl Inventory {
@@ -236,7 +241,24 @@ pub async fn enumerate(
         rejected,
         cluster_keys,
         target_contexts: target_contexts.to_vec(),
+        named_sources: Vec::new(),
     })
+}
+
+/// Every source every HelmOp of the upstream cluster names (all namespaces, every entry of the
+/// root options and of the targets, targeted now or not).
+pub async fn named_sources(ctx: &Ctx) -> Result<Vec<(String, ResourceRef)>, PluginError> {
+    let helmops = list_helmops(ctx, &Selection::All, false).await?;
+    let mut out: Vec<(String, ResourceRef)> = helmops
+        .iter()
+        .flat_map(|h| {
+            let ns = h.metadata.namespace.clone().unwrap_or_default();
+            h.named_sources().into_iter().map(move |r| (ns.clone(), r))
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    Ok(out)
 }
 
 /// What `selection` lists: for prune, every HelmOp of the namespace (the wants are never scoped).
@@ -917,6 +939,7 @@ mod tests {
             rejected: Vec::new(),
             cluster_keys: BTreeMap::new(),
             target_contexts: Vec::new(),
+            named_sources: Vec::new(),
         };
         let copy = ObservedCopy {
             cluster: "c".into(),
@@ -1022,6 +1045,7 @@ mod tests {
             rejected: Vec::new(),
             cluster_keys: BTreeMap::new(),
             target_contexts: Vec::new(),
+            named_sources: Vec::new(),
         };
         let (meta, disputed) = inv.namespace_metadata("k1", "apps");
         assert_eq!(

@@ -717,6 +717,7 @@ mod tests {
             rejected: Vec::new(),
             cluster_keys: BTreeMap::new(),
             target_contexts: Vec::new(),
+            named_sources: Vec::new(),
         };
         protect_unidentified_wants(&mut inv);
         let got: Vec<(String, String)> = inv

@@ -43,6 +43,27 @@ impl HelmOp {
             extra: Extra::new(),
         }
     }
+
+    /// Every Secret and ConfigMap the HelmOp names as a source, in its root options or in any
+    /// target, whether or not a cluster is targeted now (the places on the management cluster
+    /// helmop never writes, adopts or prunes).
+    pub fn named_sources(&self) -> Vec<ResourceRef> {
+        let mut out: Vec<ResourceRef> = self
+            .spec
+            .downstream_resources()
+            .iter()
+            .chain(
+                self.spec
+                    .targets()
+                    .iter()
+                    .flat_map(|t| t.downstream_resources()),
+            )
+            .filter_map(DownstreamResource::to_ref)
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
 }
 
 /// `HelmOp.spec` (Fleet's `HelmOpSpec`, which embeds `BundleSpec` and its `BundleDeploymentOptions`).

@@ -79,9 +79,10 @@ fn place(namespace: &str, resource: &ResourceRef) -> Place {
 /// place that a HelmOp wants or that carries helmop's markers of this upstream.
 ///
 /// A place holds a source when it is the source namespace and resource of a desired copy or of
-/// a live source, or when the object there names itself as its own source (an older release
-/// may have adopted a source that way).
-pub fn take_sources(input: &mut PlanInput) -> Vec<Action> {
+/// a live source, when it is in `named` (what every HelmOp names, `(namespace, resource)`,
+/// whatever the run's scope and the HelmOps' targets), or when the object there names itself as
+/// its own source (an older release may have adopted a source that way).
+pub fn take_sources(input: &mut PlanInput, named: &[(String, ResourceRef)]) -> Vec<Action> {
     let upstream_id = input.upstream_id.clone();
     let self_marked = |o: &ObservedCopy| {
         o.annotations
@@ -103,6 +104,7 @@ pub fn take_sources(input: &mut PlanInput) -> Vec<Action> {
                 .iter()
                 .map(|s| place(&s.namespace, &s.resource)),
         )
+        .chain(named.iter().map(|(ns, r)| place(ns, r)))
         .collect();
     sources.extend(
         input
@@ -306,7 +308,7 @@ mod tests {
             vec![observed("team", "db", &[])],
             true,
         );
-        let refused = take_sources(&mut i);
+        let refused = take_sources(&mut i, &[]);
         assert_eq!(refused.len(), 1);
         assert_eq!(refused[0].namespace, "team");
         assert_eq!(refused[0].helmops, [HelmOpKey::new("team", "app")]);
@@ -330,10 +332,28 @@ mod tests {
             ],
         );
         let mut i = input(Vec::new(), vec![marked], false);
-        let refused = take_sources(&mut i);
+        let refused = take_sources(&mut i, &[]);
         assert_eq!(refused.len(), 1);
         assert_eq!(refused[0].helmops, [HelmOpKey::new("other", "gone")]);
         assert!(plan(&i).is_empty());
+    }
+
+    #[test]
+    fn a_source_another_helmop_names_is_never_adopted() {
+        // `app` (namespace team) copies db into namespace ops on the management cluster; ops
+        // holds the source db of HelmOp ops/other, which this run does not select (or which
+        // targets no cluster now), so nothing in the plan input says so but `named`.
+        let unowned = observed("ops", "db", &[]);
+        let mut i = input(vec![want("ops", "team", "app", "db")], vec![unowned], true);
+        let named = [("ops".to_string(), ResourceRef::secret("db"))];
+        let refused = take_sources(&mut i, &named);
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!(
+            refused[0].kind,
+            ActionKind::Conflict(ConflictReason::IsSource)
+        );
+        assert!(i.desired.is_empty() && i.observed.is_empty());
+        assert!(plan(&i).is_empty(), "not adopted, not written");
     }
 
     #[test]
@@ -347,7 +367,7 @@ mod tests {
             ],
         );
         let mut i = input(vec![want("apps", "team", "app", "db")], vec![copy], false);
-        assert!(take_sources(&mut i).is_empty());
+        assert!(take_sources(&mut i, &[]).is_empty());
         assert_eq!(i.desired.len(), 1);
         assert_eq!(i.observed.len(), 1);
         let kinds: Vec<&str> = plan(&i).iter().map(|a| a.kind.name()).collect();

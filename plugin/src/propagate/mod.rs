@@ -135,7 +135,10 @@ impl Report {
 /// One propagation run; see the module documentation.
 pub async fn propagate_once(ctx: &Ctx, opts: &PropagateOpts) -> Result<Report, PluginError> {
     let writes_before = ctx.writes();
-    let inv = opts.scope.inventory(ctx, false).await?;
+    let mut inv = opts.scope.inventory(ctx, false).await?;
+    if opts.adopt {
+        inv.named_sources = never_adopted(ctx, &inv).await?;
+    }
     let (mut key, mut origin) = load_key(ctx, false).await?;
     if origin == KeyOrigin::Ephemeral {
         // The dry run refuses exactly as the real run does.
@@ -302,6 +305,32 @@ pub fn wanted_places(inv: &Inventory, cluster: &str) -> BTreeSet<(String, Resour
         .collect()
 }
 
+/// With `--adopt`: the places on the management cluster that must never be adopted, every source
+/// any HelmOp names ([`crate::inventory::named_sources`]), when the run reaches that cluster. A
+/// run that cannot tell which cluster is the management cluster (the upstream cluster could not
+/// be identified), or cannot list every HelmOp while it reaches it, adopts nothing.
+async fn never_adopted(
+    ctx: &Ctx,
+    inv: &Inventory,
+) -> Result<Vec<(String, ResourceRef)>, PluginError> {
+    let upstream = match &ctx.upstream_cluster {
+        Ok(key) => key,
+        Err(why) => {
+            return Err(PluginError::Upstream(format!(
+                "--adopt refused: {why}, so helmop cannot tell whether a target is the management cluster, whose sources it must never take over; run without --adopt, or give the upstream credentials that may get namespaces/kube-system"
+            )));
+        }
+    };
+    if !inv.downstreams.iter().any(|d| &d.key == upstream) {
+        return Ok(Vec::new());
+    }
+    crate::inventory::named_sources(ctx).await.map_err(|e| {
+        PluginError::Upstream(format!(
+            "--adopt refused: the run reaches the management cluster, and the sources of every HelmOp there cannot be listed to protect them: {e}"
+        ))
+    })
+}
+
 /// Observes a cluster and plans it with the core planner.
 pub async fn observe_and_plan(
     ctx: &Ctx,
@@ -361,7 +390,7 @@ pub fn plan_observed(
         holds: inv.holds.clone(),
     };
     let refused = if ctx.upstream_cluster.as_deref().ok() == Some(cluster) {
-        take_sources(&mut input)
+        take_sources(&mut input, &inv.named_sources)
     } else {
         Vec::new()
     };
@@ -1079,6 +1108,7 @@ mod tests {
             rejected: Vec::new(),
             cluster_keys: BTreeMap::new(),
             target_contexts: Vec::new(),
+            named_sources: Vec::new(),
         };
         let rows = uncopyable_rows(&inv);
         let got: Vec<(&str, &str, &str)> = rows
@@ -1123,6 +1153,7 @@ mod tests {
             rejected: Vec::new(),
             cluster_keys: BTreeMap::new(),
             target_contexts: Vec::new(),
+            named_sources: Vec::new(),
         };
         let d1 = Downstream {
             key: "https://d1".into(),

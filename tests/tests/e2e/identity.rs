@@ -597,6 +597,91 @@ async fn the_management_cluster_as_a_target_never_adopts_or_prunes_a_source() ->
     Ok(())
 }
 
+/// `--adopt` on the management cluster never takes over a source any HelmOp names: not one of a
+/// namespace outside the run's scope, not one of a HelmOp that targets no cluster now. And a run
+/// that cannot tell which cluster is the management cluster adopts nothing.
+#[tokio::test]
+async fn adopt_never_takes_over_a_source_any_helmop_names() -> anyhow::Result<()> {
+    let f = Fleet::new("id-adopt").await?;
+    let cp = control_plane();
+    register_fleet_cluster(&f.upstream, &f.ns, "self", &[], cp.upstream()).await?;
+    // Another team's namespace holds its source `token`, named by a HelmOp that targets nothing.
+    let other = fresh_namespace(&f.upstream, "id-adopt-other").await?;
+    let theirs = create_secret(&f.upstream, &other, "token", &[("k", b"theirs")]).await?;
+    apply_helmop(
+        &f.upstream,
+        &other,
+        &helmop_yaml(
+            "idle",
+            "downstreamResources:\n- {kind: Secret, name: token}\ntargets:\n- clusterName: nowhere\n",
+        ),
+    )
+    .await?;
+    // This namespace's HelmOp copies its own `token` into that namespace of the management cluster.
+    create_secret(&f.upstream, &f.ns, "token", &[("k", b"mine")]).await?;
+    f.helmop(&helmop_yaml(
+        "app",
+        &format!(
+            "defaultNamespace: {other}\ndownstreamResources:\n- {{kind: Secret, name: token}}\ntargets:\n- clusterName: self\n"
+        ),
+    ))
+    .await?;
+    let out = helmop(&["propagate", "app", "-n", &f.ns, "--adopt", "-o", "json"])
+        .await?
+        .expect(1)
+        .json();
+    let r = row(&rows(&out), &format!("{}/self", f.ns), "token").clone();
+    assert_eq!(r["state"], "Conflict", "{out:#}");
+    assert!(
+        r["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("source itself"),
+        "{out:#}"
+    );
+    let after = some(
+        get_secret(&f.upstream, &other, "token").await?,
+        "their source",
+    )?;
+    assert_eq!(
+        after.metadata.resource_version,
+        theirs.metadata.resource_version
+    );
+    assert_eq!(after.data, theirs.data);
+
+    // Credentials that cannot read kube-system: the run cannot tell whether `self` is the
+    // management cluster, so --adopt is refused before anything is written.
+    let fleet = [
+        "helmops",
+        "clusters",
+        "clustergroups",
+        "bundlenamespacemappings",
+        "policies",
+        "bundles",
+        "bundledeployments",
+    ];
+    let dir = tempfile::tempdir()?;
+    let blind =
+        limited_kubeconfig(&f.upstream, &f.ns, dir.path(), "no-identity", &fleet, false).await?;
+    let refused = run_with(&blind, &["propagate", "app", "-n", &f.ns, "--adopt"], &[])
+        .await?
+        .expect(1);
+    assert!(
+        refused.stderr.contains("--adopt refused"),
+        "{}",
+        refused.stderr
+    );
+    let after = some(
+        get_secret(&f.upstream, &other, "token").await?,
+        "their source",
+    )?;
+    assert_eq!(
+        after.metadata.resource_version,
+        theirs.metadata.resource_version
+    );
+    Ok(())
+}
+
 /// The upstream id an older release derived for a kubeconfig without a CA (the first release's derivation).
 fn legacy_url_id(url: &str) -> String {
     let mut h = Sha256::new();
