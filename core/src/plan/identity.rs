@@ -3,7 +3,10 @@
 //! - [`migrate_upstream_ids`]: copies whose markers name an earlier id of this same upstream
 //!   (an alias, e.g. the id older releases derived from the API server's CA or URL) are read as
 //!   ours, and flagged so that the planner sees their markers differ and the next write records
-//!   the current id. Entries of any other id are left exactly as they are.
+//!   the current id, but only when their recorded source uid is a live source's of this run:
+//!   such ids were derived from how the upstream was reached, so another management cluster
+//!   behind the same proxy CA or URL carries the same one. Entries of any other id, and alias
+//!   copies that cannot be proven this upstream's, are left exactly as they are.
 //! - [`take_sources`]: on the upstream cluster itself, a place that holds a source is never a
 //!   copy: it is refused (`Conflict`, [`ConflictReason::IsSource`]) whatever `--adopt` says, and
 //!   never pruned.
@@ -11,8 +14,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
-    Action, ActionKind, ConflictReason, HelmOpKey, ObservedCopy, OwnerRef, PlanInput, SourceRef,
-    format_owners, parse_owners,
+    Action, ActionKind, ConflictReason, HelmOpKey, ObservedCopy, OwnerRef, PlanInput, SourceObject,
+    SourceRef, format_owners, parse_owners,
 };
 use crate::names;
 use crate::resource::ResourceRef;
@@ -23,10 +26,36 @@ use crate::resource::ResourceRef;
 pub const MIGRATING: &str = "helmop.dev/migrating-from-upstream-id";
 
 /// Rewrites, in `observed`, owners entries and source markers of the ids in `aliases` to
-/// `upstream_id` (see the module documentation).
-pub fn migrate_upstream_ids(observed: &mut [ObservedCopy], upstream_id: &str, aliases: &[String]) {
+/// `upstream_id`, in the copies whose `helmop.dev/source` names one of `live` (this upstream's
+/// sources, as read by the run) and whose `helmop.dev/source-uid` is that source's uid (see the
+/// module documentation).
+pub fn migrate_upstream_ids(
+    observed: &mut [ObservedCopy],
+    upstream_id: &str,
+    aliases: &[String],
+    live: &[SourceObject],
+) {
     let is_alias = |id: &str| id != upstream_id && aliases.iter().any(|a| a == id);
+    let proven = |o: &ObservedCopy| {
+        let Some(source) = o
+            .annotations
+            .get(names::ANN_SOURCE)
+            .and_then(|s| SourceRef::parse(s))
+            .filter(|s| s.upstream_id == upstream_id || is_alias(&s.upstream_id))
+        else {
+            return false;
+        };
+        let recorded = o.annotations.get(names::ANN_SOURCE_UID);
+        live.iter().any(|l| {
+            l.namespace == source.namespace
+                && l.resource == source.resource
+                && recorded == Some(&l.uid)
+        })
+    };
     for o in observed {
+        if !proven(o) {
+            continue;
+        }
         let mut from = None;
         if let Some(value) = o.annotations.get(names::ANN_OWNERS) {
             let mut changed = false;
@@ -241,6 +270,7 @@ mod tests {
                         "up-old/team/a,elsewhere/team/a,up-new/team/b",
                     ),
                     (names::ANN_SOURCE, "up-old/team/secret/db"),
+                    (names::ANN_SOURCE_UID, "uid-team-db"),
                 ],
             ),
             observed(
@@ -253,7 +283,7 @@ mod tests {
             ),
         ];
         let foreign = copies[1].clone();
-        migrate_upstream_ids(&mut copies, UP, &[OLD.to_string()]);
+        migrate_upstream_ids(&mut copies, UP, &[OLD.to_string()], &[source("team", "db")]);
         let a = &copies[0].annotations;
         assert_eq!(
             a[names::ANN_OWNERS],
@@ -265,6 +295,36 @@ mod tests {
     }
 
     #[test]
+    fn an_alias_copy_of_another_source_or_uid_is_not_migrated() {
+        // Another management cluster reached through the same proxy CA has the same legacy id:
+        // its copy of "team/db" records its own source's uid, or names a source this run does
+        // not read.
+        let other_uid = observed(
+            "apps",
+            "db",
+            &[
+                (names::ANN_OWNERS, "up-old/team/a"),
+                (names::ANN_SOURCE, "up-old/team/Secret/db"),
+                (names::ANN_SOURCE_UID, "uid-of-another-cluster"),
+            ],
+        );
+        let unknown_source = observed(
+            "apps",
+            "cfg",
+            &[
+                (names::ANN_OWNERS, "up-old/team/a"),
+                (names::ANN_SOURCE, "up-old/team/Secret/cfg"),
+                (names::ANN_SOURCE_UID, "uid-team-cfg"),
+            ],
+        );
+        let no_source = observed("apps", "x", &[(names::ANN_OWNERS, "up-old/team/a")]);
+        let mut copies = vec![other_uid, unknown_source, no_source];
+        let before = copies.clone();
+        migrate_upstream_ids(&mut copies, UP, &[OLD.to_string()], &[source("team", "db")]);
+        assert_eq!(copies, before, "none is proven this upstream's");
+    }
+
+    #[test]
     fn a_migrated_copy_is_updated_to_the_current_id_in_place() {
         let src = source("team", "db");
         let meta =
@@ -272,7 +332,7 @@ mod tests {
         let mut copy = observed("apps", "db", &[]);
         copy.annotations = meta.annotations;
         let mut copies = vec![copy];
-        migrate_upstream_ids(&mut copies, UP, &[OLD.to_string()]);
+        migrate_upstream_ids(&mut copies, UP, &[OLD.to_string()], &[src.clone()]);
         let plan_input = input(vec![want("apps", "team", "a", "db")], copies, false);
         let actions = plan(&plan_input);
         assert_eq!(actions.len(), 1);
@@ -292,8 +352,9 @@ mod tests {
             &[(names::ANN_OWNERS, "up-old/team/a")],
         )];
         let before = copies.clone();
-        migrate_upstream_ids(&mut copies, UP, &[]);
-        migrate_upstream_ids(&mut copies, UP, &[UP.to_string()]);
+        let live = [source("team", "db")];
+        migrate_upstream_ids(&mut copies, UP, &[], &live);
+        migrate_upstream_ids(&mut copies, UP, &[UP.to_string()], &live);
         assert_eq!(copies, before);
     }
 
@@ -386,10 +447,15 @@ mod tests {
                 .iter()
                 .map(|(i, ns, n)| format!("{}/{ns}/{n}", ids[*i]))
                 .collect();
-            let mut copies = vec![observed("apps", "db", &[(names::ANN_OWNERS, &value.join(","))])];
-            migrate_upstream_ids(&mut copies, UP, &[OLD.to_string()]);
+            let mut copies = vec![observed("apps", "db", &[
+                (names::ANN_OWNERS, &value.join(",")),
+                (names::ANN_SOURCE, &format!("{OLD}/team/Secret/db")),
+                (names::ANN_SOURCE_UID, "uid-team-db"),
+            ])];
+            let live = [source("team", "db")];
+            migrate_upstream_ids(&mut copies, UP, &[OLD.to_string()], &live);
             let once = copies.clone();
-            migrate_upstream_ids(&mut copies, UP, &[OLD.to_string()]);
+            migrate_upstream_ids(&mut copies, UP, &[OLD.to_string()], &live);
             prop_assert_eq!(&copies, &once);
             let got = parse_owners(copies[0].annotations.get(names::ANN_OWNERS).map(String::as_str).unwrap_or(""));
             let want: BTreeSet<String> = value

@@ -342,7 +342,12 @@ pub async fn observe_and_plan(
 ) -> Result<(Observation, Vec<Action>), PluginError> {
     let mut obs = observe_cluster(inv, cluster, client, sources.key.as_ref()).await?;
     // Copies marked with an earlier id of this upstream are ours (docs/cluster-identity.md).
-    migrate_upstream_ids(&mut obs.copies, &ctx.upstream_id, &ctx.upstream_aliases);
+    migrate_upstream_ids(
+        &mut obs.copies,
+        &ctx.upstream_id,
+        &ctx.upstream_aliases,
+        &sources.plan,
+    );
     let actions = plan_observed(ctx, inv, sources, cluster, &obs, adopt);
     Ok((obs, actions))
 }

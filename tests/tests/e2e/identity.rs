@@ -811,5 +811,51 @@ async fn one_upstream_one_id_and_old_ids_are_migrated() -> anyhow::Result<()> {
         "Conflict",
         "{status:#}"
     );
+
+    // Another management cluster reached through the same proxy URL derived the same legacy id.
+    // Its copy of its own `db` (another source uid) is not ours: never migrated, never
+    // overwritten as if our source had been recreated.
+    let twin = f.dest("twin");
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(f.down1.clone())
+        .create(
+            &kube::api::PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": twin}}))?,
+        )
+        .await?;
+    let theirs = create(
+        &f.down1,
+        &secret_obj(
+            &twin,
+            "db",
+            "Opaque",
+            &[("k", b"the other management cluster's")],
+            &[("helmop.dev/managed-by", "kubectl-helmop")],
+            &[
+                ("helmop.dev/owners", &format!("{legacy}/{}/app", f.ns)),
+                ("helmop.dev/source", &format!("{legacy}/{}/Secret/db", f.ns)),
+                (
+                    "helmop.dev/source-uid",
+                    "uid-of-the-other-management-cluster",
+                ),
+            ],
+        ),
+    )
+    .await?;
+    f.helmop(&helmop_yaml("app", &spec(&twin))).await?;
+    let out = run_with(
+        &proxied,
+        &["propagate", "app", "-n", &f.ns, "-o", "json"],
+        &[],
+    )
+    .await?
+    .expect(1)
+    .json();
+    assert_eq!(row_in(&out, &twin, "db")["state"], "Conflict", "{out:#}");
+    let after = some(get_secret(&f.down1, &twin, "db").await?, "their copy")?;
+    assert_eq!(
+        after.metadata.resource_version,
+        theirs.metadata.resource_version
+    );
+    assert_eq!(after.data, theirs.data);
     Ok(())
 }
