@@ -332,7 +332,12 @@ mod tests {
         let mut copy = observed("apps", "db", &[]);
         copy.annotations = meta.annotations;
         let mut copies = vec![copy];
-        migrate_upstream_ids(&mut copies, UP, &[OLD.to_string()], &[src.clone()]);
+        migrate_upstream_ids(
+            &mut copies,
+            UP,
+            &[OLD.to_string()],
+            std::slice::from_ref(&src),
+        );
         let plan_input = input(vec![want("apps", "team", "a", "db")], copies, false);
         let actions = plan(&plan_input);
         assert_eq!(actions.len(), 1);
