@@ -686,7 +686,7 @@ async fn one(
 /// The allocator setting `manifests/rollout-watcher` runs the watcher with (glibc's arenas capped, so
 /// memory freed by one worker thread is reused by the other instead of kept per thread). Both the
 /// watcher and the baseline run with it, so the ratio compares the state they hold.
-const ALLOCATOR_ENV: &[(&str, &str)] = &[("MALLOC_ARENA_MAX", "2")];
+const ALLOCATOR_ENV: &[(&str, &str)] = &[("MALLOC_ARENA_MAX", "1")];
 
 /// The baseline process through the same rounds of changes (of the objects the largest N reads).
 async fn baseline(

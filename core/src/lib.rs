@@ -14,6 +14,7 @@ pub mod rollout;
 pub mod selector;
 pub mod state;
 pub mod targeting;
+pub mod text;
 pub mod validate;
 pub mod workload;
 pub mod yaml;

@@ -32,8 +32,14 @@ pub fn is_unavailable(e: &kube::Error) -> bool {
 }
 
 /// One line: the server's message for API errors, the cause chain otherwise. kube's own
-/// `Display` repeats the whole status with `Debug`; this keeps what a user needs.
+/// `Display` repeats the whole status with `Debug`; this keeps what a user needs. The server may
+/// be anything that answers at a Cluster's URL, so its text is made printable and bounded
+/// ([`helmop_core::text::printable`]) before it reaches a table, a log or an Event.
 pub fn describe(e: &kube::Error) -> String {
+    helmop_core::text::printable(&describe_raw(e))
+}
+
+fn describe_raw(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(status) => {
             let mut s = if status.message.is_empty() {

@@ -90,10 +90,19 @@ fn main() -> ExitCode {
 
 /// Logs go to stderr (stdout carries the command's output), filtered by `HELMOP_LOG`.
 fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("HELMOP_LOG")
+    let mut filter = tracing_subscriber::EnvFilter::try_from_env("HELMOP_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    for directive in helmop_core::text::LOG_DIRECTIVES {
+        if let Ok(d) = directive.parse() {
+            filter = filter.add_directive(d);
+        }
+    }
+    // Colour only on a terminal, as for the command's own output: a log file or a pod's log
+    // gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .try_init();
 }

@@ -30,10 +30,17 @@ impl Handlers for AppState {
 
 /// Logs to stderr, one JSON object (or text line) per event; `RUST_LOG` filters (default `info`).
 pub fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // kube's client would log response bodies it cannot parse, Secret data included.
+    for directive in helmop_core::text::LOG_DIRECTIVES {
+        if let Ok(d) = directive.parse() {
+            filter = filter.add_directive(d);
+        }
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     // A second initialisation (tests) keeps the first subscriber.
     let _ = match format {

@@ -872,7 +872,7 @@ fn rollout_watcher_serves_metrics_and_probes_where_the_manifests_look() {
     assert_eq!(service["spec"]["ports"][0]["targetPort"], "metrics");
     assert_eq!(c["resources"]["limits"]["memory"], "128Mi");
     assert_eq!(c["resources"]["limits"]["cpu"], "500m");
-    // The RSS the benchmark measured (docs/performance.md, section 8) is with two glibc arenas.
+    // The RSS the benchmark measured (docs/performance.md, section 8) is with one glibc arena.
     let arenas = c["env"]
         .as_array()
         .unwrap()
@@ -880,7 +880,7 @@ fn rollout_watcher_serves_metrics_and_probes_where_the_manifests_look() {
         .find(|e| e["name"] == "MALLOC_ARENA_MAX");
     assert_eq!(
         arenas.map(|e| &e["value"]),
-        Some(&serde_json::json!("2")),
+        Some(&serde_json::json!("1")),
         "{c:#}"
     );
 

@@ -649,3 +649,33 @@ impl Paused {
         Ok(())
     }
 }
+
+/// A loopback HTTPS server (a self-signed certificate: reach it with [`loopback_kubeconfig`])
+/// that answers every request with `status` and `body` as JSON: whatever may answer at a
+/// Cluster's URL.
+pub async fn fake_api_server(status: u16, body: String) -> anyhow::Result<u16> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let code = axum::http::StatusCode::from_u16(status)?;
+    let app = axum::Router::new().fallback(move || {
+        let body = body.clone();
+        async move {
+            (
+                code,
+                [(axum::http::header::CONTENT_TYPE, "application/json")],
+                body,
+            )
+        }
+    });
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    listener.set_nonblocking(true)?;
+    let port = listener.local_addr()?.port();
+    let certs = test_certs();
+    let config = axum_server::tls_rustls::RustlsConfig::from_pem(
+        certs.cert_pem.clone().into_bytes(),
+        certs.key_pem.clone().into_bytes(),
+    )
+    .await?;
+    let server = axum_server::from_tcp_rustls(listener, config)?;
+    tokio::spawn(async move { server.serve(app.into_make_service()).await });
+    Ok(port)
+}

@@ -224,3 +224,78 @@ async fn a_stopped_api_server_is_unreachable_and_the_rest_converges() -> anyhow:
     );
     Ok(())
 }
+
+/// Whatever answers at a Cluster's URL writes the reasons of its rows: terminal escapes in them
+/// reach neither the table nor the JSON report raw, and a body kube's client cannot parse (it
+/// logs those whole, Secret data included) never reaches the log, at any level.
+#[tokio::test]
+async fn text_from_a_cluster_endpoint_is_printable_and_bodies_never_reach_the_log()
+-> anyhow::Result<()> {
+    let f = Fleet::new("pa-text").await?;
+    let hostile = json!({
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403,
+        "reason": "Forbidden",
+        "message": "no \u{1b}[2J\u{1b}]0;pwned\u{7}entry\u{202e}",
+    });
+    let loud = fake_api_server(403, hostile.to_string()).await?;
+    let leaky = fake_api_server(
+        200,
+        r#"{"kind":"Namespace","metadata":{"uid":7},"data":"SECRET-DATA-4711"}"#.to_string(),
+    )
+    .await?;
+    for (name, port) in [("loud", loud), ("leaky", leaky)] {
+        let secret = format!("{name}-kubeconfig");
+        create_secret(
+            &f.upstream,
+            &f.ns,
+            &secret,
+            &[("value", loopback_kubeconfig(port).as_bytes())],
+        )
+        .await?;
+        create_fleet_object(
+            &f.upstream,
+            &f.ns,
+            &cluster_resource(),
+            json!({"metadata": {"name": name, "labels": {"env": "noisy"}}, "spec": {"kubeConfigSecret": secret}}),
+        )
+        .await?;
+    }
+    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v")]).await?;
+    f.helmop(&helmop_yaml(
+        "app",
+        &format!(
+            "defaultNamespace: {}\ndownstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterSelector: {{matchLabels: {{env: noisy}}}}\n",
+            f.dest("apps")
+        ),
+    ))
+    .await?;
+    let kubeconfig = control_plane().upstream().kubeconfig.clone();
+    for (args, env) in [
+        (vec!["propagate", "app", "-n", &f.ns, "-o", "json"], vec![]),
+        (vec!["propagate", "app", "-n", &f.ns], vec![]),
+        (
+            vec!["status", "app", "-n", &f.ns, "-o", "json"],
+            vec![("HELMOP_LOG", "debug")],
+        ),
+    ] {
+        let out = run_with(&kubeconfig, &args, &env).await?.expect(2);
+        for (stream, text) in [("stdout", &out.stdout), ("stderr", &out.stderr)] {
+            assert!(
+                !text
+                    .chars()
+                    .any(|c| c == '\u{1b}' || c == '\u{7}' || c == '\u{202e}'),
+                "{args:?}: a control character on {stream}: {text:?}"
+            );
+            assert!(
+                !text.contains("SECRET-DATA-4711"),
+                "{args:?}: a response body on {stream}: {text}"
+            );
+        }
+        assert!(
+            out.stdout.contains("\\u{1b}[2J"),
+            "{args:?}: the reason is kept, escaped: {}",
+            out.stdout
+        );
+    }
+    Ok(())
+}
