@@ -31,7 +31,7 @@ pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
     let path = target_profile_dir()?.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     if !path.is_file() {
         bail!(
-            "{} is missing: build the binaries first with `cargo build --bins` (./dev test does)",
+            "{} is missing: build the binaries first with `cargo build --workspace --bins --features kubectl-helmop/test-hooks` (./dev test does)",
             path.display()
         );
     }

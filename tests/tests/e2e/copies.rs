@@ -686,3 +686,45 @@ async fn a_lost_hash_key_is_never_replaced_silently() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// The pause points are test hooks: SIGTERM ends a run parked at one (nothing written), and the
+/// release binary, which the images ship, has none, whatever `HELMOP_TEST_PAUSE` says.
+#[tokio::test]
+async fn pause_points_are_test_builds_only_and_sigterm_ends_a_parked_run() -> anyhow::Result<()> {
+    let f = Fleet::new("cp-hooks").await?;
+    let apps = f.dest("apps");
+    create_secret(&f.upstream, &f.ns, "db", &[("password", b"pw")]).await?;
+    f.helmop(&helmop_yaml(
+        "app",
+        &format!(
+            "defaultNamespace: {apps}\ndownstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterName: down1\n"
+        ),
+    ))
+    .await?;
+    let args = ["propagate", "app", "-n", &f.ns, "-o", "json"];
+    let mut run = Paused::start("after-plan", &format!("{}/down1", f.ns), &args).await?;
+    run.process.signal(libc::SIGTERM)?;
+    let status = run.process.wait_exit(Duration::from_secs(20)).await?;
+    assert_eq!(status.code(), Some(143), "{}", run.process.context());
+    assert!(get_secret(&f.down1, &apps, "db").await?.is_none());
+
+    let release = helmop_tests::images::release_dir()?.join("kubectl-helmop");
+    let kubeconfig = control_plane().upstream().kubeconfig.display().to_string();
+    let out = tokio::time::timeout(
+        RUN,
+        tokio::process::Command::new(&release)
+            .args(args)
+            .args(["--kubeconfig", &kubeconfig])
+            .env_remove("KUBECONFIG")
+            .env("HELMOP_TEST_PAUSE", "after-plan:/nonexistent/never")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("the release binary waited at a pause point"))??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("helmop-test: paused"), "{stderr}");
+    assert!(get_secret(&f.down1, &apps, "db").await?.is_some());
+    Ok(())
+}

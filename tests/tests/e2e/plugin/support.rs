@@ -28,7 +28,7 @@ pub fn plugin_bin() -> PathBuf {
     let bin = dir.join("kubectl-helmop");
     assert!(
         bin.exists(),
-        "{} is missing: build it first with `cargo build -p kubectl-helmop` (./dev test does)",
+        "{} is missing: build it first with `cargo build --workspace --bins --features kubectl-helmop/test-hooks` (./dev test does)",
         bin.display()
     );
     bin
