@@ -100,7 +100,6 @@ fn rendered_configurations(name: &str, base_url: &str, ca_pem: &str) -> anyhow::
 /// A loopback TLS server that accepts every connection and request and never answers, counting the
 /// requests it got.
 async fn start_hung_webhook(certs: &TestCerts) -> anyhow::Result<(String, Arc<AtomicUsize>)> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let calls = Arc::new(AtomicUsize::new(0));
     let counter = calls.clone();
     let app = axum::Router::new().fallback(move || {
@@ -111,16 +110,7 @@ async fn start_hung_webhook(certs: &TestCerts) -> anyhow::Result<(String, Arc<At
             ""
         }
     });
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    listener.set_nonblocking(true)?;
-    let port = listener.local_addr()?.port();
-    let config = axum_server::tls_rustls::RustlsConfig::from_pem(
-        certs.cert_pem.clone().into_bytes(),
-        certs.key_pem.clone().into_bytes(),
-    )
-    .await?;
-    let server = axum_server::from_tcp_rustls(listener, config)?;
-    tokio::spawn(async move { server.serve(app.into_make_service()).await });
+    let port = crate::plugin::support::serve_tls(app, certs).await?;
     Ok((format!("https://127.0.0.1:{port}"), calls))
 }
 

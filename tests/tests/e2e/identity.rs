@@ -651,18 +651,16 @@ async fn adopt_never_takes_over_a_source_any_helmop_names() -> anyhow::Result<()
 
     // Credentials that cannot read kube-system: the run cannot tell whether `self` is the
     // management cluster, so --adopt is refused before anything is written.
-    let fleet = [
-        "helmops",
-        "clusters",
-        "clustergroups",
-        "bundlenamespacemappings",
-        "policies",
-        "bundles",
-        "bundledeployments",
-    ];
     let dir = tempfile::tempdir()?;
-    let blind =
-        limited_kubeconfig(&f.upstream, &f.ns, dir.path(), "no-identity", &fleet, false).await?;
+    let blind = limited_kubeconfig(
+        &f.upstream,
+        &f.ns,
+        dir.path(),
+        "no-identity",
+        FLEET_READS,
+        false,
+    )
+    .await?;
     let refused = run_with(&blind, &["propagate", "app", "-n", &f.ns, "--adopt"], &[])
         .await?
         .expect(1);

@@ -296,17 +296,9 @@ async fn a_source_that_cannot_be_read_fails_the_prune_and_deletes_nothing() -> a
         ),
     )
     .await?;
-    let fleet = [
-        "helmops",
-        "clusters",
-        "clustergroups",
-        "bundlenamespacemappings",
-        "policies",
-        "bundles",
-        "bundledeployments",
-    ];
     let dir = tempfile::tempdir()?;
-    let blind = limited_kubeconfig(&f.upstream, &f.ns, dir.path(), "blind", &fleet, true).await?;
+    let blind =
+        limited_kubeconfig(&f.upstream, &f.ns, dir.path(), "blind", FLEET_READS, true).await?;
     let failed = run_with(&blind, &["prune", "-n", &f.ns, "-o", "json"], &[])
         .await?
         .expect(2);

@@ -372,6 +372,17 @@ pub async fn kubeconfig_without_cluster_access(
     limited_kubeconfig(upstream, ns, dir, "no-clusters", &fleet, false).await
 }
 
+/// Every Fleet resource a plugin run reads upstream (for [`limited_kubeconfig`]).
+pub const FLEET_READS: &[&str] = &[
+    "helmops",
+    "clusters",
+    "clustergroups",
+    "bundlenamespacemappings",
+    "policies",
+    "bundles",
+    "bundledeployments",
+];
+
 /// A kubeconfig file (in `dir`) for the upstream cluster authenticating as the ServiceAccount
 /// `ns/name`, which may read the `fleet` resources, Secrets and ConfigMaps of `ns` and nothing
 /// of any other namespace; with `identity`, also the `kube-system` namespace object (what the
@@ -654,7 +665,6 @@ impl Paused {
 /// that answers every request with `status` and `body` as JSON: whatever may answer at a
 /// Cluster's URL.
 pub async fn fake_api_server(status: u16, body: String) -> anyhow::Result<u16> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let code = axum::http::StatusCode::from_u16(status)?;
     let app = axum::Router::new().fallback(move || {
         let body = body.clone();
@@ -666,10 +676,15 @@ pub async fn fake_api_server(status: u16, body: String) -> anyhow::Result<u16> {
             )
         }
     });
+    serve_tls(app, &test_certs()).await
+}
+
+/// Serves `app` over TLS with `certs` on a free loopback port, in the background; the port.
+pub async fn serve_tls(app: axum::Router, certs: &TestCerts) -> anyhow::Result<u16> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     listener.set_nonblocking(true)?;
     let port = listener.local_addr()?.port();
-    let certs = test_certs();
     let config = axum_server::tls_rustls::RustlsConfig::from_pem(
         certs.cert_pem.clone().into_bytes(),
         certs.key_pem.clone().into_bytes(),
