@@ -204,11 +204,10 @@ pub async fn enumerate(
         let (downstreams, keys) = clusters::resolve_fleet(ctx, &fleet.clusters, limits).await;
         remember(&fleet, &keys);
         pause_clusters(&mut holds, &helmops, &fleet, &keys);
-        let (desired, problems) = desired_fleet(&helmops, &fleet, &keys);
+        let (desired, problems) = desired_copies(&helmops, Some((&fleet, &keys)), None);
         (downstreams, desired, problems)
     } else {
         let downstreams = clusters::resolve_contexts(ctx, target_contexts, limits).await;
-        let (mut desired, mut problems) = desired_contexts(&helmops, &downstreams);
         let fleet = match list_fleet(ctx, selection.namespace(), &helmops, true).await {
             Ok(fleet) => Some(fleet),
             Err(e) if !for_prune => {
@@ -217,18 +216,14 @@ pub async fn enumerate(
             }
             Err(e) => return Err(e),
         };
-        if let Some(fleet) = fleet {
-            let (_, keys) = clusters::resolve_fleet(ctx, &fleet.clusters, limits).await;
-            remember(&fleet, &keys);
-            pause_clusters(&mut holds, &helmops, &fleet, &keys);
-            let (fleet_desired, fleet_problems) = desired_fleet(&helmops, &fleet, &keys);
-            desired.extend(on_contexts(fleet_desired, &downstreams));
-            for p in fleet_problems {
-                if !problems.iter().any(|q| q.helmop == p.helmop) {
-                    problems.push(p);
-                }
-            }
+        let mut keys = Vec::new();
+        if let Some(fleet) = &fleet {
+            (_, keys) = clusters::resolve_fleet(ctx, &fleet.clusters, limits).await;
+            remember(fleet, &keys);
+            pause_clusters(&mut holds, &helmops, fleet, &keys);
         }
+        let fleet = fleet.as_ref().map(|f| (f, keys.as_slice()));
+        let (desired, problems) = desired_copies(&helmops, fleet, Some(&downstreams));
         (downstreams, desired, problems)
     };
     Ok(Inventory {
@@ -269,16 +264,34 @@ fn listing(selection: &Selection, for_prune: bool) -> Selection {
     }
 }
 
-/// Of what Fleet Clusters want, the wants on the contexts' clusters and those of Clusters that
-/// could not be identified (prune keeps what they want everywhere).
-fn on_contexts(fleet_desired: Vec<DesiredCopy>, downstreams: &[Downstream]) -> Vec<DesiredCopy> {
-    fleet_desired
-        .into_iter()
-        .filter(|d| {
+/// What the HelmOps want: on the Fleet Clusters of `fleet` (each with its downstream key), or,
+/// with `contexts` (`--target-context`), on the contexts' clusters, plus what Fleet Clusters want
+/// on those clusters and what Clusters that could not be identified want (prune keeps that
+/// everywhere). A HelmOp whose targets fail has one problem.
+fn desired_copies(
+    helmops: &[HelmOp],
+    fleet: Option<(&FleetObjects, &[String])>,
+    contexts: Option<&[Downstream]>,
+) -> (Vec<DesiredCopy>, Vec<Problem>) {
+    let Some(downstreams) = contexts else {
+        return fleet
+            .map(|(fleet, keys)| desired_fleet(helmops, fleet, keys))
+            .unwrap_or_default();
+    };
+    let (mut desired, mut problems) = desired_contexts(helmops, downstreams);
+    if let Some((fleet, keys)) = fleet {
+        let (fleet_desired, fleet_problems) = desired_fleet(helmops, fleet, keys);
+        desired.extend(fleet_desired.into_iter().filter(|d| {
             !crate::identity::is_identity_key(&d.cluster)
                 || downstreams.iter().any(|ds| ds.key == d.cluster)
-        })
-        .collect()
+        }));
+        for p in fleet_problems {
+            if !problems.iter().any(|q| q.helmop == p.helmop) {
+                problems.push(p);
+            }
+        }
+    }
+    (desired, problems)
 }
 
 impl Inventory {
@@ -301,15 +314,11 @@ impl Inventory {
                     .unwrap_or_else(|| format!("cluster:{name}"))
             })
             .collect();
-        let (fleet_desired, mut problems) = desired_fleet(&helmops, &fleet, &keys);
-        let desired = if contexts {
-            let (mut desired, context_problems) = desired_contexts(&helmops, &self.downstreams);
-            desired.extend(on_contexts(fleet_desired, &self.downstreams));
-            problems.extend(context_problems);
-            desired
-        } else {
-            fleet_desired
-        };
+        let (desired, problems) = desired_copies(
+            &helmops,
+            Some((&fleet, &keys)),
+            contexts.then_some(self.downstreams.as_slice()),
+        );
         if let Some(p) = problems.first() {
             return Err(PluginError::Upstream(format!(
                 "the targets of {} cannot be evaluated now: {}",

@@ -239,6 +239,28 @@ fn wanted_again(wants: &[DesiredCopy], cluster: &str, action: &Action) -> Vec<He
     out
 }
 
+/// Why a write `action` planned on `cluster` must not happen after all, given what the HelmOps
+/// want now (`Failed` when that could not be listed).
+fn held_back(wants: &Wants, cluster: &str, action: &Action) -> Option<(RowState, String)> {
+    let wants = match wants {
+        Ok(wants) => wants,
+        Err(why) => {
+            let reason = format!("cannot list what HelmOps want now ({why}); left alone");
+            return Some((RowState::Failed, reason));
+        }
+    };
+    let again = wanted_again(wants, cluster, action);
+    if again.is_empty() {
+        return None;
+    }
+    let by: Vec<String> = again.iter().map(ToString::to_string).collect();
+    let reason = format!(
+        "wanted again since the HelmOps were listed, by {}; left alone",
+        by.join(", ")
+    );
+    Some((RowState::Kept, reason))
+}
+
 /// Whether `action` would delete a copy or release owners of it.
 fn writes(action: &Action) -> bool {
     matches!(
@@ -292,37 +314,12 @@ async fn prune_cluster(
     let mut rows = Vec::new();
     for action in &actions {
         let writes = writes(action);
-        if writes {
-            let again = match &wants_now {
-                Some(Ok(wants)) => Ok(wanted_again(wants, &downstream.key, action)),
-                Some(Err(why)) => Err(why),
-                None => Ok(Vec::new()),
-            };
-            match again {
-                Err(why) => {
-                    rows.push(row(
-                        downstream,
-                        action,
-                        RowState::Failed,
-                        format!("cannot list what HelmOps want now ({why}); left alone"),
-                    ));
-                    continue;
-                }
-                Ok(again) if !again.is_empty() => {
-                    let by: Vec<String> = again.iter().map(ToString::to_string).collect();
-                    rows.push(row(
-                        downstream,
-                        action,
-                        RowState::Kept,
-                        format!(
-                            "wanted again since the HelmOps were listed, by {}; left alone",
-                            by.join(", ")
-                        ),
-                    ));
-                    continue;
-                }
-                Ok(_) => {}
-            }
+        if writes
+            && let Some(wants) = &wants_now
+            && let Some((state, reason)) = held_back(wants, &downstream.key, action)
+        {
+            rows.push(row(downstream, action, state, reason));
+            continue;
         }
         if writes && let Err(why) = verify_source(ctx, uids, &obs, action).await {
             // A source that could not be read is no verdict: the copy may be ours and unwanted,

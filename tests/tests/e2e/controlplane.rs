@@ -1,6 +1,5 @@
 //! The control plane itself and the test-support helpers, checked against the real clusters.
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -365,7 +364,6 @@ async fn fleet_clusters_and_groups_drive_core_targeting() -> anyhow::Result<()> 
 
 /// A webhook server that denies everything and counts the reviews it gets.
 async fn start_denying_webhook(certs: &TestCerts) -> anyhow::Result<(String, Arc<AtomicUsize>)> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let calls = Arc::new(AtomicUsize::new(0));
     let counter = calls.clone();
     let app = axum::Router::new().route(
@@ -386,16 +384,7 @@ async fn start_denying_webhook(certs: &TestCerts) -> anyhow::Result<(String, Arc
             }
         }),
     );
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    listener.set_nonblocking(true)?;
-    let port = listener.local_addr()?.port();
-    let config = axum_server::tls_rustls::RustlsConfig::from_pem(
-        certs.cert_pem.clone().into_bytes(),
-        certs.key_pem.clone().into_bytes(),
-    )
-    .await?;
-    let server = axum_server::from_tcp_rustls(listener, config)?;
-    tokio::spawn(async move { server.serve(app.into_make_service()).await });
+    let port = crate::plugin::support::serve_tls(app, certs).await?;
     Ok((format!("https://127.0.0.1:{port}/deny"), calls))
 }
 

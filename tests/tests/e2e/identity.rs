@@ -545,15 +545,7 @@ async fn the_management_cluster_as_a_target_never_adopts_or_prunes_a_source() ->
         .await?
         .expect(1)
         .json();
-    let r = row(&rows(&adopt), &format!("{}/self", f.ns), "db").clone();
-    assert_eq!(r["state"], "Conflict", "{adopt:#}");
-    assert!(
-        r["reason"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("source itself"),
-        "{adopt:#}"
-    );
+    refused_as_source(&adopt, &format!("{}/self", f.ns), "db");
     let after = some(get_secret(&f.upstream, &f.ns, "db").await?, "source")?;
     assert_eq!(
         after.metadata.resource_version,
@@ -583,15 +575,7 @@ async fn the_management_cluster_as_a_target_never_adopts_or_prunes_a_source() ->
         .await?;
     let kubeconfig = cp.upstream().kubeconfig.clone();
     let pruned = prune_twice(&kubeconfig, &["-n", &f.ns], 1).await?;
-    let r = row(&rows(&pruned), &format!("{}/self", f.ns), "db").clone();
-    assert_eq!(r["state"], "Conflict", "{pruned:#}");
-    assert!(
-        r["reason"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("source itself"),
-        "{pruned:#}"
-    );
+    refused_as_source(&pruned, &format!("{}/self", f.ns), "db");
     let still = some(get_secret(&f.upstream, &f.ns, "db").await?, "the source")?;
     assert_eq!(still.metadata.uid, source.metadata.uid);
     Ok(())
@@ -630,15 +614,7 @@ async fn adopt_never_takes_over_a_source_any_helmop_names() -> anyhow::Result<()
         .await?
         .expect(1)
         .json();
-    let r = row(&rows(&out), &format!("{}/self", f.ns), "token").clone();
-    assert_eq!(r["state"], "Conflict", "{out:#}");
-    assert!(
-        r["reason"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("source itself"),
-        "{out:#}"
-    );
+    refused_as_source(&out, &format!("{}/self", f.ns), "token");
     let after = some(
         get_secret(&f.upstream, &other, "token").await?,
         "their source",
@@ -678,6 +654,19 @@ async fn adopt_never_takes_over_a_source_any_helmop_names() -> anyhow::Result<()
         theirs.metadata.resource_version
     );
     Ok(())
+}
+
+/// The row of `name` on `cluster` says the place holds a source: `Conflict`, "the source itself".
+fn refused_as_source(report: &Value, cluster: &str, name: &str) {
+    let r = row(&rows(report), cluster, name).clone();
+    assert_eq!(r["state"], "Conflict", "{report:#}");
+    assert!(
+        r["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("source itself"),
+        "{report:#}"
+    );
 }
 
 /// The upstream id an older release derived for a kubeconfig without a CA (the first release's derivation).

@@ -221,7 +221,6 @@ async fn readers_of_fleet_managed_copies_are_reported_and_restamped_once() -> an
         deployments,
         first,
     } = fleet_reader(&f, "pa-fleet-readers-dest").await?;
-    let stamp = |d: &Deployment| template_annotation(d, CONFIG_HASH);
     let d1 = format!("{}/down1", f.ns);
     let reader = |report: &serde_json::Value| {
         rows(report)
@@ -306,7 +305,6 @@ async fn watch_restamps_readers_when_fleets_agent_reports_a_new_copy() -> anyhow
         deployments,
         first,
     } = fleet_reader(&f, "pa-fleet-bd-dest").await?;
-    let stamp = |d: &Deployment| template_annotation(d, CONFIG_HASH);
     let bds = fleet_api(&f.upstream, &f.ns, &bundle_deployment_resource());
     create_fleet_object(
         &f.upstream,
@@ -390,6 +388,11 @@ async fn watch_restamps_readers_when_fleets_agent_reports_a_new_copy() -> anyhow
 
 const CONFIG_HASH: &str = "helmop.dev/config-hash";
 
+/// The stamp on a Deployment's pod template.
+fn stamp(d: &Deployment) -> Option<String> {
+    template_annotation(d, CONFIG_HASH)
+}
+
 /// A reader of a copy Fleet's agent made on down1: a namespace stamped by a webhook of its own, the
 /// ConfigMap `cfg` upstream and its copy labelled as Fleet's agent labels it, a Deployment `web`
 /// reading the copy, and the HelmOp `app` listing it.
@@ -442,7 +445,7 @@ async fn fleet_reader(f: &Fleet, prefix: &str) -> anyhow::Result<FleetReader> {
                                        "envFrom": [{"configMapRef": {"name": "cfg"}}]}]}}},
     }))?;
     deployments.create(&PostParams::default(), &web).await?;
-    let first = template_annotation(&deployments.get("web").await?, CONFIG_HASH)
+    let first = stamp(&deployments.get("web").await?)
         .ok_or_else(|| anyhow::anyhow!("web was not stamped at creation"))?;
     f.helmop(&helmop_yaml(
         "app",
