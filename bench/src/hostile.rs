@@ -23,7 +23,7 @@ use crate::machine::rss_kib;
 use crate::memory::{WebhookProcess, admin_get, cache_objects};
 use crate::pki::{Pki, SecretVolume};
 use crate::scenarios;
-use crate::stats::mib;
+use crate::stats::{Latencies, mib, ms};
 
 #[derive(Debug, Clone)]
 pub struct HostileSettings {
@@ -37,6 +37,12 @@ pub struct HostileSettings {
     pub values_bytes: usize,
     /// Extra `helmop-webhook` flags (e.g. other `--max-in-flight-bytes`).
     pub webhook_args: Vec<String>,
+    /// Values and bodies of dense lists (`[0,0,...]`, two bytes per JSON value) instead of one long
+    /// string: the input that multiplies memory once parsed. The bodies are then UPDATEs carrying
+    /// such an object and old object.
+    pub dense: bool,
+    /// Pin the webhook process (all its threads) to one CPU, as `limits.cpu: "1"` gives it.
+    pub one_cpu: bool,
 }
 
 pub struct HostileReport {
@@ -51,6 +57,52 @@ pub struct HostileReport {
     pub helmops_kib: u64,
     pub helmops_max_kib: u64,
     pub healthy: bool,
+    /// Benign HelmOp admissions (another namespace's, one at a time) while the hostile bodies arrived.
+    pub benign: Latencies,
+    /// Of those, the ones not answered 200 + allowed.
+    pub benign_failed: usize,
+    /// `/healthz` on the admin port, every 20 ms meanwhile.
+    pub healthz: Latencies,
+    pub healthz_failed: usize,
+}
+
+/// Until `stop`: one benign admission after another (a clean HelmOp review of the fixtures' namespace),
+/// each timed, failures counted (not 200, or not allowed).
+fn benign_load(
+    port: u16,
+    tls: Arc<rustls::ClientConfig>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<(Vec<u64>, usize)> {
+    tokio::spawn(async move {
+        let body = scenarios::validate_helmop();
+        let (mut samples, mut failed) = (Vec::new(), 0);
+        while !stop.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            let answer = post_for_body(port, tls.clone(), body.clone()).await;
+            samples.push(u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX));
+            let allowed = matches!(&answer, Ok((200, text)) if text.contains("\"allowed\":true"));
+            failed += usize::from(!allowed);
+        }
+        (samples, failed)
+    })
+}
+
+/// Until `stop`: `/healthz` every 20 ms, timed.
+fn healthz_probe(
+    admin_port: u16,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<(Vec<u64>, usize)> {
+    tokio::spawn(async move {
+        let (mut samples, mut failed) = (Vec::new(), 0);
+        while !stop.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            let ok = matches!(admin_get(admin_port, "/healthz").await, Ok((status, _)) if status.contains(" 200"));
+            samples.push(u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX));
+            failed += usize::from(!ok);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        (samples, failed)
+    })
 }
 
 /// Samples the RSS of `pid` every 10 ms until `stop`, keeping the maximum.
@@ -78,8 +130,27 @@ fn padded_review(size: usize) -> anyhow::Result<Bytes> {
     Ok(Bytes::from(serde_json::to_vec(&review)?))
 }
 
-/// One POST on a fresh connection; the status, or 0 when no answer came.
-async fn post(port: u16, tls: Arc<rustls::ClientConfig>, body: Bytes) -> anyhow::Result<u16> {
+/// An UPDATE review of `size` bytes whose object and old object carry dense `helm.values` (two thirds of
+/// the zeros in the object, one third in the old one, as an edit growing them).
+fn dense_review(size: usize) -> anyhow::Result<Bytes> {
+    let mut review: Value = serde_json::from_slice(&scenarios::validate_helmop())?;
+    review["request"]["operation"] = json!("UPDATE");
+    let base = serde_json::to_vec(&review)?.len() * 2;
+    let zeros = size.saturating_sub(base) / 2;
+    let old = review["request"]["object"].clone();
+    review["request"]["oldObject"] = old;
+    review["request"]["object"]["spec"]["helm"]["values"] =
+        json!({"dense": vec![0; zeros * 2 / 3]});
+    review["request"]["oldObject"]["spec"]["helm"]["values"] = json!({"dense": vec![0; zeros / 3]});
+    Ok(Bytes::from(serde_json::to_vec(&review)?))
+}
+
+/// One POST on a fresh connection: the status and the answer's text.
+async fn post_for_body(
+    port: u16,
+    tls: Arc<rustls::ClientConfig>,
+    body: Bytes,
+) -> anyhow::Result<(u16, String)> {
     let tcp = TcpStream::connect(("127.0.0.1", port)).await?;
     let stream = TlsConnector::from(tls)
         .connect(ServerName::try_from("localhost")?, tcp)
@@ -92,8 +163,13 @@ async fn post(port: u16, tls: Arc<rustls::ClientConfig>, body: Bytes) -> anyhow:
         .body(Full::new(body))?;
     let response = sender.send_request(request).await?;
     let status = response.status().as_u16();
-    response.into_body().collect().await?;
-    Ok(status)
+    let bytes = response.into_body().collect().await?.to_bytes();
+    Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+/// One POST on a fresh connection; the status, or 0 when no answer came.
+async fn post(port: u16, tls: Arc<rustls::ClientConfig>, body: Bytes) -> anyhow::Result<u16> {
+    Ok(post_for_body(port, tls, body).await?.0)
 }
 
 pub async fn run(settings: &HostileSettings) -> anyhow::Result<HostileReport> {
@@ -106,6 +182,17 @@ pub async fn run(settings: &HostileSettings) -> anyhow::Result<HostileReport> {
     let extra: Vec<&str> = settings.webhook_args.iter().map(String::as_str).collect();
     let process = WebhookProcess::start(&settings.webhook_bin, &cluster, &volume, &extra).await?;
     let (pid, mut child) = (process.pid.clone(), process.child);
+    if settings.one_cpu {
+        let out = std::process::Command::new("taskset")
+            .args(["-a", "-p", "-c", "0", &pid])
+            .output()
+            .context("running taskset (util-linux)")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "taskset failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let idle_kib = rss_kib(&pid).context("cannot read the webhook's RSS")?;
     eprintln!("webhook ready, RSS {idle_kib} KiB");
@@ -121,13 +208,17 @@ pub async fn run(settings: &HostileSettings) -> anyhow::Result<HostileReport> {
         fixtures::NAMESPACE,
         &helmop_tests::helmop_resource(),
     );
-    let values = "v".repeat(settings.values_bytes);
+    let values = if settings.dense {
+        json!({"dense": vec![0; settings.values_bytes / 2]})
+    } else {
+        json!({"blob": "v".repeat(settings.values_bytes)})
+    };
     for i in 0..settings.helmops {
         let helmop: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "fleet.cattle.io/v1alpha1", "kind": "HelmOp",
             "metadata": {"name": format!("big-values-{i}"), "namespace": fixtures::NAMESPACE},
             "spec": {"helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.0.0",
-                              "values": {"blob": values}},
+                              "values": values},
                      "downstreamResources": [{"kind": "Secret", "name": "db"}]},
         }))?;
         api.create(&PostParams::default(), &helmop).await?;
@@ -148,10 +239,17 @@ pub async fn run(settings: &HostileSettings) -> anyhow::Result<HostileReport> {
     let helmops_max_kib = max.load(Ordering::Relaxed);
     let helmops_kib = rss_kib(&pid).context("the webhook died")?;
 
-    let body = padded_review(settings.body_bytes)?;
+    let body = if settings.dense {
+        dense_review(settings.body_bytes)?
+    } else {
+        padded_review(settings.body_bytes)?
+    };
     let tls = pki.client_config()?;
     let stop = Arc::new(AtomicBool::new(false));
     let (max, sampler) = sample_max(pid.clone(), stop.clone());
+    let watching = Arc::new(AtomicBool::new(false));
+    let benign = benign_load(process.port, tls.clone(), watching.clone());
+    let healthz = healthz_probe(process.admin_port, watching.clone());
     let started = Instant::now();
     let mut statuses = BTreeMap::new();
     for round in 0..settings.rounds {
@@ -165,6 +263,9 @@ pub async fn run(settings: &HostileSettings) -> anyhow::Result<HostileReport> {
         eprintln!("round {round}: {statuses:?}");
     }
     let bodies_time = started.elapsed();
+    watching.store(true, Ordering::Relaxed);
+    let (benign, benign_failed) = benign.await?;
+    let (healthz, healthz_failed) = healthz.await?;
     stop.store(true, Ordering::Relaxed);
     sampler.await?;
     let bodies_max_kib = max.load(Ordering::Relaxed);
@@ -184,6 +285,10 @@ pub async fn run(settings: &HostileSettings) -> anyhow::Result<HostileReport> {
         helmops_kib,
         helmops_max_kib,
         healthy,
+        benign: Latencies::from_samples(benign),
+        benign_failed,
+        healthz: Latencies::from_samples(healthz),
+        healthz_failed,
     })
 }
 
@@ -201,7 +306,9 @@ pub fn table(r: &HostileReport, s: &HostileSettings) -> String {
          | {} HelmOps with {:.1} MiB of values each cached (max while they arrived) | {} ({}) |\n\
          | max while {} connections post {:.1} MiB bodies, {} rounds ({:.1} s; {}) | {} |\n\
          | 3 s later | {} |\n\
-         \nWebhook alive afterwards (/healthz 200): {}\n",
+         \nWebhook alive afterwards (/healthz 200): {}\n\
+         Meanwhile: {} benign HelmOp admissions, p50 {} p99 {} max {}, {} not allowed; \
+         /healthz {} probes, p99 {} max {}, {} failed{}\n",
         mib(r.idle_kib),
         r.helmops_cached,
         s.values_bytes as f64 / (1024.0 * 1024.0),
@@ -215,5 +322,19 @@ pub fn table(r: &HostileReport, s: &HostileSettings) -> String {
         mib(r.bodies_max_kib),
         mib(r.after_bodies_kib),
         if r.healthy { "yes" } else { "NO" },
+        r.benign.len(),
+        ms(r.benign.quantile(0.5)),
+        ms(r.benign.quantile(0.99)),
+        ms(r.benign.max()),
+        r.benign_failed,
+        r.healthz.len(),
+        ms(r.healthz.quantile(0.99)),
+        ms(r.healthz.max()),
+        r.healthz_failed,
+        if s.one_cpu {
+            " (webhook pinned to one CPU)"
+        } else {
+            ""
+        },
     )
 }

@@ -4,6 +4,7 @@
 pub mod baseline;
 pub mod fixtures;
 pub mod fleet;
+pub mod foreign;
 pub mod hash;
 pub mod hostile;
 pub mod load;

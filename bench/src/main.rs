@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use helmop_bench::fleet::bench::{self as fleet, FleetSettings};
+use helmop_bench::foreign::{self, ForeignSettings};
 use helmop_bench::hostile::{self, HostileSettings};
 use helmop_bench::memory::{self, MemorySettings};
 use helmop_bench::propagate::{self, PropagateSettings};
@@ -159,6 +160,20 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         real: usize,
     },
+    /// Peak memory of `propagate -A` against N foreign labelled objects downstream.
+    Foreign {
+        #[arg(long)]
+        plugin_bin: Option<PathBuf>,
+        /// An earlier build to run side by side.
+        #[arg(long)]
+        baseline_bin: Option<PathBuf>,
+        #[arg(long, value_delimiter = ',', default_value = "0,50,200")]
+        objects: Vec<usize>,
+        #[arg(long, default_value_t = 900)]
+        object_kib: usize,
+        #[arg(long, default_value_t = 4)]
+        resources: usize,
+    },
     /// Webhook process RSS with many Secrets and ConfigMaps cached, then under a soak with certificate rotations.
     Memory {
         /// `helmop-webhook` to run (default: next to this binary).
@@ -197,6 +212,12 @@ enum Command {
         /// Extra flag for the webhook, e.g. `--webhook-arg=--max-in-flight-bytes=1099511627776` (repeatable).
         #[arg(long = "webhook-arg", allow_hyphen_values = true)]
         webhook_args: Vec<String>,
+        /// Dense lists (`[0,0,...]`) instead of one long string, in the values and the bodies (UPDATEs).
+        #[arg(long)]
+        dense: bool,
+        /// Pin the webhook to one CPU (`taskset`), as `limits.cpu: "1"` gives it.
+        #[arg(long)]
+        one_cpu: bool,
     },
     /// The in-process soak (real server, stub decisions, certificate rotations); `--check` fails on any error.
     Soak {
@@ -351,6 +372,23 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             let rows = fleet::run(&settings).await?;
             println!("{}", fleet::table(&rows, &settings));
         }
+        Command::Foreign {
+            plugin_bin,
+            baseline_bin,
+            objects,
+            object_kib,
+            resources,
+        } => {
+            let settings = ForeignSettings {
+                plugin_bin: plugin_bin.unwrap_or_else(|| sibling("kubectl-helmop")),
+                baseline_bin,
+                objects,
+                object_kib,
+                resources,
+            };
+            let samples = foreign::run(&settings).await?;
+            println!("{}", foreign::table(&samples, &settings));
+        }
         Command::Memory {
             webhook_bin,
             objects,
@@ -384,6 +422,8 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             helmops,
             values_bytes,
             webhook_args,
+            dense,
+            one_cpu,
         } => {
             let settings = HostileSettings {
                 webhook_bin: webhook_bin.unwrap_or_else(|| sibling("helmop-webhook")),
@@ -393,6 +433,8 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 helmops,
                 values_bytes,
                 webhook_args,
+                dense,
+                one_cpu,
             };
             let report = hostile::run(&settings).await?;
             println!("{}", hostile::table(&report, &settings));

@@ -22,6 +22,9 @@ pub const ANN_CONTENT_HASH: &str = "helmop.dev/content-hash";
 /// when its last owner lets go it is kept (reported `Kept`) instead of deleted. Recorded on the
 /// copy at write time because the HelmOp may be gone by then. An extension of the design's names.
 pub const ANN_KEEP: &str = "helmop.dev/keep";
+/// On a copy: the kinds of run that made it, comma-separated (`fleet`, `target-context`);
+/// absent means `fleet` only (every copy made before the marker existed, and Fleet-mode ones).
+pub const ANN_MADE_BY: &str = "helmop.dev/made-by";
 
 /// Label on a Namespace (`enabled`) or a workload (`"true"`/`"false"`) opting in to hash stamping.
 pub const LABEL_ROLLOUT_ON_CHANGE: &str = "helmop.dev/rollout-on-change";

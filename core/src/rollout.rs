@@ -3,13 +3,13 @@
 //! watcher report and restamp by it) and of the watcher's decision.
 //!
 //! The decision recomputes the stamp exactly as the webhook does on an UPDATE
-//! ([`crate::hash::migrated_stamp`] with the stored stamp as the previous one), so "due" means "an
+//! ([`crate::hash::config_stamp_v2`]; a stored v1 stamp is never kept), so "due" means "an
 //! UPDATE now would change the pod template": the workload would roll. The watcher only decides with
 //! it; the webhook stays the only author of stamps (a restamp is an UPDATE it answers).
 
 use std::collections::BTreeMap;
 
-use crate::hash::{HashKey, Observed, migrated_stamp};
+use crate::hash::{HashKey, Observed, config_stamp_v2};
 use crate::names::LABEL_ROLLOUT_ON_CHANGE;
 use crate::podrefs::PodRef;
 use crate::resource::ResourceRef;
@@ -104,7 +104,7 @@ pub fn decide<'a>(
             refs.len()
         ));
     }
-    let stamp = migrated_stamp(key, namespace, refs, current, lookup);
+    let stamp = config_stamp_v2(key, namespace, refs, lookup);
     if current == Some(stamp.config_hash.as_str()) {
         Decision::Current
     } else if !stamp.missing.is_empty() {
@@ -196,23 +196,20 @@ mod tests {
     }
 
     #[test]
-    fn a_current_v1_stamp_is_kept_as_the_webhook_keeps_it() {
+    fn a_stored_v1_stamp_is_due_whatever_it_matches() {
+        // Keeping a v1 stamp that matched the content was an oracle (a tenant could plant another
+        // namespace's v1 value and learn whether it matched): v1 is retired, a v1 workload is due.
         let refs = vec![PodRef::new(ResourceRef::secret("db"), Keys::All, false)];
         let v1 = config_stamp(&key(), &refs, |_| Observed::Data(data(b"1"))).config_hash;
         assert!(v1.starts_with("v1:"));
-        assert_eq!(
-            decide(&key(), "apps", &refs, Some(&v1), |_| Observed::Data(data(
-                b"1"
-            ))),
-            Decision::Current,
-            "a v1 stamp of the current content is not rewritten as v2 (no roll for the move)"
-        );
-        assert!(matches!(
-            decide(&key(), "apps", &refs, Some(&v1), |_| Observed::Data(data(
-                b"2"
-            ))),
-            Decision::Due { .. }
-        ));
+        for content in [b"1", b"2"] {
+            assert!(matches!(
+                decide(&key(), "apps", &refs, Some(&v1), |_| Observed::Data(data(
+                    content
+                ))),
+                Decision::Due { .. }
+            ));
+        }
     }
 
     #[test]

@@ -28,6 +28,10 @@ pub enum RowState {
     /// A HelmOp's targets or entries are invalid, or Fleet rejects it.
     Invalid,
     Kept,
+    /// `propagate`: helmop deleted its copy to create it anew (a `type` change, an immutable
+    /// copy) and the create was refused even after retries: the copy is missing until the next
+    /// run creates it. Readers of it are not restamped meanwhile.
+    Lost,
     /// `status`: no copy yet.
     Missing,
     /// helmop's copy, not wanted any more, not removed (by this command, or at all).
@@ -74,6 +78,7 @@ impl RowState {
             RowState::FleetManaged => "FleetManaged",
             RowState::Invalid => "Invalid",
             RowState::Kept => "Kept",
+            RowState::Lost => "Lost",
             RowState::Missing => "Missing",
             RowState::Orphaned => "Orphaned",
             RowState::Paused => "Paused",
@@ -104,6 +109,8 @@ pub enum Problem {
     Conflict,
     SourceMissing,
     Failed,
+    /// A copy deleted to be recreated and not created again (`Lost`).
+    Lost,
     Invalid,
     Unreachable,
 }
@@ -115,6 +122,7 @@ impl RowState {
             RowState::Conflict => Some(Problem::Conflict),
             RowState::SourceMissing => Some(Problem::SourceMissing),
             RowState::Failed => Some(Problem::Failed),
+            RowState::Lost => Some(Problem::Lost),
             RowState::Invalid => Some(Problem::Invalid),
             RowState::Unreachable => Some(Problem::Unreachable),
             RowState::Create

@@ -1,7 +1,8 @@
 //! Shared state across resolutions: bounded caches whose entries each live for a time chosen by their value
 //! (a resolved digest briefly, a failure longer, a token as long as its registry said), with concurrent lookups
-//! of one key sharing one computation; and a per-registry concurrency limit, so a burst of requests cannot
-//! stampede one registry (or trip its rate limiting).
+//! of one key sharing one computation, bounded in entries or in bytes; and a per-registry concurrency limit,
+//! so a burst of requests cannot stampede one registry (or trip its rate limiting), whose map of hosts is
+//! pruned of idle ones and bounded.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -41,6 +42,27 @@ where
         }
     }
 
+    /// A cache holding at most `max_bytes` as `weigh` counts them (an entry weighing more than that is never
+    /// kept). Weigh what an entry holds on the heap, with some overhead, so the bound is one of memory.
+    pub fn weighed(
+        max_bytes: u64,
+        weigh: impl Fn(&K, &V) -> u32 + Send + Sync + 'static,
+        lifetime: impl Fn(&V) -> Duration + Send + Sync + 'static,
+    ) -> Self {
+        ExpiringCache {
+            entries: moka::future::Cache::builder()
+                .max_capacity(max_bytes.max(1))
+                .weigher(weigh)
+                .expire_after(ByValue(Arc::new(lifetime)))
+                .build(),
+        }
+    }
+
+    /// The total weight held (entries for an unweighed cache), counting entries not yet swept.
+    pub fn weight(&self) -> u64 {
+        self.entries.weighted_size()
+    }
+
     pub async fn get(&self, key: &K) -> Option<V> {
         self.entries.get(key).await
     }
@@ -73,33 +95,61 @@ where
     }
 }
 
-/// At most `per_registry` requests in flight to one registry host.
+/// Idle hosts are dropped from the limiter's map once it holds this many.
+pub const LIMITER_PRUNE_AT: usize = 256;
+
+/// At most `per_registry` requests in flight to one registry host. The map of hosts is pruned of idle ones
+/// (no request in flight or waiting) whenever it reaches [`LIMITER_PRUNE_AT`], and never holds more than
+/// `max_hosts`: a new host beyond that gets no slot until others are done.
 pub struct RegistryLimiter {
     per_registry: usize,
+    max_hosts: usize,
     semaphores: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
 impl RegistryLimiter {
     pub fn new(per_registry: usize) -> Self {
+        Self::bounded(per_registry, 4 * LIMITER_PRUNE_AT)
+    }
+
+    /// A limiter tracking at most `max_hosts` hosts at once.
+    pub fn bounded(per_registry: usize, max_hosts: usize) -> Self {
         RegistryLimiter {
             per_registry: per_registry.max(1),
+            max_hosts: max_hosts.max(1),
             semaphores: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Waits for a slot for `host`; the caller's time budget bounds the wait.
+    /// Waits for a slot for `host`; the caller's time budget bounds the wait. `None` when `max_hosts` other
+    /// hosts are busy.
     pub async fn acquire(&self, host: &str) -> Option<OwnedSemaphorePermit> {
         let semaphore = {
             let mut map = self
                 .semaphores
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if !map.contains_key(host) && map.len() >= LIMITER_PRUNE_AT.min(self.max_hosts) {
+                // Held only by the map: nobody holds or waits for a slot of that host.
+                map.retain(|_, s| Arc::strong_count(s) > 1);
+                if map.len() >= self.max_hosts {
+                    return None;
+                }
+            }
             map.entry(host.to_owned())
                 .or_insert_with(|| Arc::new(Semaphore::new(self.per_registry)))
                 .clone()
         };
-        // The semaphore is never closed; `None` would only let the caller go on unlimited.
+        // The semaphore is never closed.
         semaphore.acquire_owned().await.ok()
+    }
+
+    /// Hosts in the map (idle ones included until the next prune).
+    pub fn hosts(&self) -> usize {
+        self.semaphores
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .len()
     }
 }
 
@@ -187,6 +237,47 @@ mod tests {
         }
         cache.sweep().await;
         assert!(cache.len() <= 10, "{} entries", cache.len());
+    }
+
+    #[tokio::test]
+    async fn weighed_capacity_is_bytes() {
+        let cache: ExpiringCache<u32, String> = ExpiringCache::weighed(
+            10_000,
+            |_, v: &String| u32::try_from(v.len()).unwrap_or(u32::MAX),
+            |_| Duration::from_secs(30),
+        );
+        for i in 0..100 {
+            cache.insert(i, "x".repeat(1000)).await;
+        }
+        // One entry heavier than the whole cache is never kept.
+        cache.insert(1000, "y".repeat(20_000)).await;
+        cache.sweep().await;
+        assert!(cache.weight() <= 10_000, "{} bytes", cache.weight());
+        assert_eq!(cache.get(&1000).await, None);
+    }
+
+    #[tokio::test]
+    async fn the_limiter_map_is_pruned_and_bounded() {
+        let limiter = RegistryLimiter::bounded(1, LIMITER_PRUNE_AT + 4);
+        for i in 0..10 * LIMITER_PRUNE_AT {
+            let permit = limiter.acquire(&format!("h{i}:443")).await;
+            assert!(permit.is_some());
+        }
+        assert!(
+            limiter.hosts() <= LIMITER_PRUNE_AT,
+            "{} hosts",
+            limiter.hosts()
+        );
+        // Busy hosts are kept; past `max_hosts` busy ones a new host gets no slot.
+        let mut held = Vec::new();
+        for i in 0..LIMITER_PRUNE_AT + 4 {
+            held.push(limiter.acquire(&format!("busy{i}:443")).await);
+        }
+        assert!(held.iter().all(Option::is_some));
+        assert!(limiter.acquire("one-more:443").await.is_none());
+        held.clear();
+        assert!(limiter.acquire("one-more:443").await.is_some());
+        assert!(limiter.hosts() <= LIMITER_PRUNE_AT);
     }
 
     #[tokio::test]

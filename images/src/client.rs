@@ -7,14 +7,21 @@
 //! challenge: Basic with the pull secret's credential, or a Bearer token from the challenge's realm.
 //!
 //! Where requests may go is [`crate::policy`]'s decision: listed registries through `trusted`, everything else
-//! through `open`, whose DNS resolver drops every non-public address at connect time (so a name cannot be
-//! re-pointed between a check and the connection).
+//! through `open`, whose DNS resolver drops every non-public or denied address at connect time (so a name
+//! cannot be re-pointed between a check and the connection), and looks names up fully qualified (no search
+//! list: a pod's `ndots:5` would otherwise turn one name into several queries).
+//!
+//! How much work it does is bounded process-wide by [`Limits`]: requests in flight (all registries, and per
+//! registry), DNS lookups at once (each holds a blocking thread until the system resolver returns), bytes of
+//! one response body and of all bodies being read, idle connections kept, hosts tracked.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::Semaphore;
 
 use reqwest::header::{ACCEPT, AUTHORIZATION, HeaderValue, WWW_AUTHENTICATE};
 use reqwest::{Method, StatusCode, Url};
@@ -23,7 +30,7 @@ use sha2::{Digest, Sha256};
 
 use crate::auth::{Challenge, Credential, parse_challenge};
 use crate::cache::{ExpiringCache, RegistryLimiter};
-use crate::policy;
+use crate::policy::{self, Cidr};
 use crate::reference::{ImageRef, api_host, normalise_registry, valid_digest};
 
 /// Media types of everything a tag can point at: OCI manifest and index, Docker v2 manifest and list.
@@ -32,11 +39,63 @@ pub const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.index.v1+json, \
      application/vnd.oci.image.manifest.v1+json, \
      application/vnd.docker.distribution.manifest.v2+json";
 
-/// Manifests are small; anything larger is not one.
-const MAX_MANIFEST_BYTES: usize = 4 << 20;
-/// Requests in flight to one registry host.
-const PER_REGISTRY_CONCURRENCY: usize = 8;
-const TOKEN_CACHE_ENTRIES: u64 = 1024;
+/// Bounds of the registry work of one process (all resolutions share them). [`Limits::default`] is what the
+/// webhook and the plugin use; each field's doc gives its default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Resolutions at one endpoint (HEAD, token, GET, one connection each at most) in flight at once, over
+    /// all registries: 32.
+    pub requests: usize,
+    /// Requests in flight to one registry host: 8.
+    pub per_registry: usize,
+    /// DNS lookups at once: 4. Each holds one blocking thread until the system resolver answers, so this is
+    /// also the most threads registry names can hold.
+    pub dns_lookups: usize,
+    /// Largest manifest body read: 512 KiB (an image index of hundreds of platforms is tens of KiB); a larger
+    /// declared `Content-Length` is refused before reading.
+    pub manifest_bytes: usize,
+    /// Largest token response read: 64 KiB.
+    pub token_bytes: usize,
+    /// Response body bytes being read at once, over all requests: 4 MiB (each read reserves its declared
+    /// length, or its limit without one, before reading).
+    pub body_bytes_in_flight: usize,
+    /// Hosts the per-registry limiter tracks at once: 1024 (idle ones are pruned from 256 on).
+    pub limiter_hosts: usize,
+    /// Idle connections kept per host: 1, for 30 s.
+    pub idle_per_host: usize,
+    /// Bytes of cached tokens: 1 MiB.
+    pub token_cache_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            requests: 32,
+            per_registry: 8,
+            dns_lookups: 4,
+            manifest_bytes: 512 << 10,
+            token_bytes: 64 << 10,
+            body_bytes_in_flight: 4 << 20,
+            limiter_hosts: 1024,
+            idle_per_host: 1,
+            token_cache_bytes: 1 << 20,
+        }
+    }
+}
+
+/// What the client did, for the caller's metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// A DNS lookup was started (one name, fully qualified for unlisted registries).
+    DnsLookup,
+    /// An HTTP request was sent.
+    Request,
+    /// A bound turned a request away: `hosts` (the limiter's map is full), `body` (a body over its limit).
+    Shed(&'static str),
+}
+
+/// Receives [`Event`]s.
+pub type Observer = Arc<dyn Fn(Event) + Send + Sync>;
 
 /// `--registry-config FILE`: YAML (or JSON) such as
 /// `{insecure: ["127.0.0.1:5000"], mirrors: {"docker.io": ["mirror.example.com"]}}`.
@@ -58,6 +117,11 @@ pub struct RegistrySettings {
     /// Hosts (`host` or `host:port`) besides a registry's own that may serve its token realm.
     #[serde(default)]
     pub realms: Vec<String>,
+    /// Address ranges (CIDRs, IPv4 and IPv6) never connected to for a registry the config does not list,
+    /// on top of the non-public ones: the cluster's pod and Service ranges. Absent means
+    /// [`policy::DEFAULT_DENY`]; a list replaces it (`[]` for none).
+    #[serde(default)]
+    pub deny: Option<Vec<Cidr>>,
 }
 
 /// Why the registry client cannot be set up (`--registry-config`, the HTTP clients): at startup, for the operator.
@@ -104,6 +168,7 @@ impl RegistrySettings {
                 .iter()
                 .map(|h| h.trim().to_ascii_lowercase())
                 .collect(),
+            deny: raw.deny,
             mirrors: raw
                 .mirrors
                 .into_iter()
@@ -134,6 +199,11 @@ impl RegistrySettings {
         } else {
             "https"
         }
+    }
+
+    /// The ranges refused for unlisted registries besides the non-public ones.
+    pub fn deny_list(&self) -> Vec<Cidr> {
+        self.deny.clone().unwrap_or_else(policy::default_deny)
     }
 
     /// Whether images of `registry` may be resolved at all (the optional allow-list).
@@ -184,6 +254,12 @@ pub enum ResolveError {
     Refused(String),
     #[error("time budget exhausted")]
     Timeout,
+    /// The registry answered 429 or 5xx, or a bound of the resolver turned the request away: try again.
+    #[error("registry or resolver busy")]
+    Busy(String),
+    /// Not looked up: the workload names more distinct images or registries than one admission resolves.
+    #[error("more images or registries than one admission resolves")]
+    Skipped,
 }
 
 impl ResolveError {
@@ -196,13 +272,28 @@ impl ResolveError {
             ResolveError::Protocol(_) => "error",
             ResolveError::Refused(_) => "refused",
             ResolveError::Timeout => "timeout",
+            ResolveError::Busy(_) => "busy",
+            ResolveError::Skipped => "skipped",
         }
+    }
+
+    /// Whether the answer is about the image or its registry, the same for whoever asks next: what may be
+    /// remembered for others. A timeout (the asker's budget, or a wait behind others' requests), a busy
+    /// registry or resolver, and a skipped lookup are not.
+    pub fn is_definite(&self) -> bool {
+        !matches!(
+            self,
+            ResolveError::Timeout | ResolveError::Busy(_) | ResolveError::Skipped
+        )
     }
 
     /// The message with what happened on the wire, for logs only.
     pub fn detail(&self) -> String {
         match self {
-            ResolveError::Unreachable(d) | ResolveError::Protocol(d) | ResolveError::Refused(d) => {
+            ResolveError::Unreachable(d)
+            | ResolveError::Protocol(d)
+            | ResolveError::Refused(d)
+            | ResolveError::Busy(d) => {
                 format!("{self}: {d}")
             }
             _ => self.to_string(),
@@ -227,20 +318,58 @@ struct TokenResponse {
     expires_in: Option<u64>,
 }
 
-/// Resolves names for requests to registries the config does not list: public addresses only, checked on
-/// the addresses actually connected to.
-struct PublicOnly;
+/// Resolves names for the registry clients, at most [`Limits::dns_lookups`] at once (the permit is held by
+/// the blocking lookup itself, so an abandoned lookup still counts until the system resolver returns).
+/// `public_only`: for registries the config does not list, names are looked up fully qualified and only
+/// public addresses outside the deny-list are returned, checked on the addresses actually connected to.
+struct BoundedResolver {
+    public_only: Option<Arc<[Cidr]>>,
+    lookups: Arc<Semaphore>,
+    observer: Option<Observer>,
+}
 
-impl reqwest::dns::Resolve for PublicOnly {
+/// `name` as a fully-qualified DNS name (a trailing dot), so the resolver's search list is not tried.
+pub fn fully_qualified(name: &str) -> String {
+    if name.ends_with('.') || name.parse::<std::net::IpAddr>().is_ok() {
+        name.to_owned()
+    } else {
+        format!("{name}.")
+    }
+}
+
+impl reqwest::dns::Resolve for BoundedResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let host = name.as_str().to_owned();
+        let public_only = self.public_only.clone();
+        let query = match public_only {
+            Some(_) => fully_qualified(name.as_str()),
+            None => name.as_str().to_owned(),
+        };
+        let lookups = self.lookups.clone();
+        let observer = self.observer.clone();
         Box::pin(async move {
-            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
-                .await?
-                .filter(|a| policy::is_public(a.ip()))
-                .collect();
+            let permit = lookups.acquire_owned().await?;
+            if let Some(observe) = &observer {
+                observe(Event::DnsLookup);
+            }
+            let found = tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                std::net::ToSocketAddrs::to_socket_addrs(&(query.as_str(), 0))
+                    .map(Iterator::collect::<Vec<SocketAddr>>)
+            })
+            .await??;
+            let addrs: Vec<SocketAddr> = match &public_only {
+                Some(deny) => found
+                    .into_iter()
+                    .filter(|a| policy::may_connect(a.ip(), deny))
+                    .collect(),
+                None => found,
+            };
             if addrs.is_empty() {
-                return Err("no public address (non-public ones need the registry listed in the registry config)".into());
+                return Err(match public_only {
+                    Some(_) => "no public address outside the deny-list (others need the registry listed in the registry config)",
+                    None => "no address",
+                }
+                .into());
             }
             Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
         })
@@ -257,17 +386,37 @@ pub struct RegistryClient {
     listed: Vec<String>,
     insecure: Vec<String>,
     settings: RegistrySettings,
+    /// Ranges refused for unlisted registries (literal addresses here, names in the resolver).
+    deny: Arc<[Cidr]>,
     /// A token and how long its registry said it lasts.
     tokens: ExpiringCache<TokenKey, (String, Duration)>,
     limiter: RegistryLimiter,
+    limits: Limits,
+    requests: Semaphore,
+    body_bytes: Semaphore,
+    observer: Option<Observer>,
 }
 
 impl RegistryClient {
     /// `product` names the program in the `User-Agent` (`helmop-webhook`, `kubectl-helmop`).
     pub fn new(settings: RegistrySettings, product: &str) -> Result<RegistryClient, SetupError> {
+        Self::with_limits(settings, product, Limits::default(), None)
+    }
+
+    /// [`RegistryClient::new`] with explicit bounds, reporting what it does to `observer`.
+    pub fn with_limits(
+        settings: RegistrySettings,
+        product: &str,
+        limits: Limits,
+        observer: Option<Observer>,
+    ) -> Result<RegistryClient, SetupError> {
+        let lookups = Arc::new(Semaphore::new(limits.dns_lookups.max(1)));
+        let deny: Arc<[Cidr]> = settings.deny_list().into();
         let builder = || {
             reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(2))
+                .pool_max_idle_per_host(limits.idle_per_host)
+                .pool_idle_timeout(Duration::from_secs(30))
                 // A backstop: callers bound a whole resolution by their own budget.
                 .timeout(Duration::from_secs(10))
                 .user_agent(format!("{product}/{}", env!("CARGO_PKG_VERSION")))
@@ -283,10 +432,21 @@ impl RegistryClient {
                     }
                 }))
         };
-        let trusted = builder().build().map_err(SetupError::Build)?;
+        let trusted = builder()
+            .dns_resolver(Arc::new(BoundedResolver {
+                public_only: None,
+                lookups: lookups.clone(),
+                observer: observer.clone(),
+            }))
+            .build()
+            .map_err(SetupError::Build)?;
         let open = builder()
             .no_proxy()
-            .dns_resolver(Arc::new(PublicOnly))
+            .dns_resolver(Arc::new(BoundedResolver {
+                public_only: Some(deny.clone()),
+                lookups,
+                observer: observer.clone(),
+            }))
             .build()
             .map_err(SetupError::Build)?;
         let insecure = settings
@@ -300,9 +460,36 @@ impl RegistryClient {
             listed: settings.listed_authorities(),
             insecure,
             settings,
-            tokens: ExpiringCache::new(TOKEN_CACHE_ENTRIES, |(_, ttl): &(String, Duration)| *ttl),
-            limiter: RegistryLimiter::new(PER_REGISTRY_CONCURRENCY),
+            deny,
+            tokens: ExpiringCache::weighed(
+                limits.token_cache_bytes,
+                |k: &TokenKey, (token, _): &(String, Duration)| {
+                    let bytes = k.host.len()
+                        + k.scope.len()
+                        + k.identity.as_ref().map_or(0, String::len)
+                        + token.len()
+                        + 128;
+                    u32::try_from(bytes).unwrap_or(u32::MAX)
+                },
+                |(_, ttl): &(String, Duration)| *ttl,
+            ),
+            limiter: RegistryLimiter::bounded(limits.per_registry, limits.limiter_hosts),
+            requests: Semaphore::new(limits.requests.max(1)),
+            body_bytes: Semaphore::new(limits.body_bytes_in_flight.max(1)),
+            limits,
+            observer,
         })
+    }
+
+    /// The bounds this client works under.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    fn observe(&self, event: Event) {
+        if let Some(observe) = &self.observer {
+            observe(event);
+        }
     }
 
     /// The digest `image`'s tag points at, trying configured mirrors first. `credential` picks the pull
@@ -338,7 +525,18 @@ impl RegistryClient {
         credential: Option<&Credential>,
     ) -> Result<String, ResolveError> {
         let host = crate::reference::api_host(registry);
-        let _permit = self.limiter.acquire(host).await;
+        // The registry's slot first, so requests waiting for a busy registry hold no global one.
+        let Some(_slot) = self.limiter.acquire(host).await else {
+            self.observe(Event::Shed("hosts"));
+            return Err(ResolveError::Busy(
+                "too many registry hosts in use at once".into(),
+            ));
+        };
+        let _request = self
+            .requests
+            .acquire()
+            .await
+            .map_err(|_| ResolveError::Busy("closed".into()))?;
         let url = Url::parse(&format!(
             "{}://{host}/v2/{}/manifests/{}",
             self.settings.scheme(registry),
@@ -403,6 +601,9 @@ impl RegistryClient {
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
                 return Err(unauthorized(response.status()));
             }
+            status if busy(status) => {
+                return Err(ResolveError::Busy(format!("registry answered {status}")));
+            }
             // Anything else (405 for HEAD, a proxy's 400): try GET.
             _ => {}
         }
@@ -413,6 +614,9 @@ impl RegistryClient {
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
                 return Err(unauthorized(response.status()));
             }
+            status if busy(status) => {
+                return Err(ResolveError::Busy(format!("registry answered {status}")));
+            }
             status => {
                 return Err(ResolveError::Protocol(format!(
                     "registry answered {status}"
@@ -422,7 +626,9 @@ impl RegistryClient {
         if let Some(digest) = header_digest(&response) {
             return Ok(digest);
         }
-        let body = read_limited(response, MAX_MANIFEST_BYTES).await?;
+        let body = self
+            .read_limited(response, self.limits.manifest_bytes, "manifest")
+            .await?;
         Ok(format!("sha256:{}", hex::encode(Sha256::digest(&body))))
     }
 
@@ -441,9 +647,9 @@ impl RegistryClient {
             .trim_end_matches(']')
             .parse::<std::net::IpAddr>()
             .ok();
-        if literal.is_some_and(|ip| !policy::is_public(ip)) {
+        if literal.is_some_and(|ip| !policy::may_connect(ip, &self.deny)) {
             return Err(ResolveError::Refused(format!(
-                "{} is not a public address and not listed in the registry config",
+                "{} is not a public address outside the deny-list and not listed in the registry config",
                 url.host_str().unwrap_or_default()
             )));
         }
@@ -467,8 +673,46 @@ impl RegistryClient {
             value.set_sensitive(true);
             request = request.header(AUTHORIZATION, value);
         }
+        self.observe(Event::Request);
         let response = request.send().await.map_err(transport_error)?;
         refuse_redirect(response)
+    }
+
+    /// The body of `response`, at most `limit` bytes: a larger declared length is refused unread, and the
+    /// bytes are reserved from [`Limits::body_bytes_in_flight`] before reading.
+    async fn read_limited(
+        &self,
+        mut response: reqwest::Response,
+        limit: usize,
+        what: &str,
+    ) -> Result<Vec<u8>, ResolveError> {
+        let too_large = || {
+            self.observe(Event::Shed("body"));
+            ResolveError::Protocol(format!("a {what} larger than {limit} bytes"))
+        };
+        let declared = response.content_length();
+        if declared.is_some_and(|n| n > u64::try_from(limit).unwrap_or(u64::MAX)) {
+            return Err(too_large());
+        }
+        let reserve = declared
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(limit)
+            .min(limit)
+            .min(self.limits.body_bytes_in_flight)
+            .max(1);
+        let _bytes = self
+            .body_bytes
+            .acquire_many(u32::try_from(reserve).unwrap_or(u32::MAX))
+            .await
+            .map_err(|_| ResolveError::Busy("closed".into()))?;
+        let mut body = Vec::with_capacity(reserve.min(64 << 10));
+        while let Some(chunk) = response.chunk().await.map_err(transport_error)? {
+            if body.len() + chunk.len() > reserve {
+                return Err(too_large());
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
     }
 
     /// A Bearer token from `realm` (the token endpoint), with the credential as Basic auth when there is
@@ -501,6 +745,7 @@ impl RegistryClient {
         if let Some(c) = credential {
             request = request.basic_auth(&c.username, Some(&c.password));
         }
+        self.observe(Event::Request);
         let response = refuse_redirect(request.send().await.map_err(transport_error)?)?;
         match response.status() {
             StatusCode::OK => {}
@@ -509,13 +754,20 @@ impl RegistryClient {
                     "the token endpoint refused the credentials".into(),
                 ));
             }
+            status if busy(status) => {
+                return Err(ResolveError::Busy(format!(
+                    "token endpoint answered {status}"
+                )));
+            }
             status => {
                 return Err(ResolveError::Protocol(format!(
                     "token endpoint answered {status}"
                 )));
             }
         }
-        let body = read_limited(response, 1 << 20).await?;
+        let body = self
+            .read_limited(response, self.limits.token_bytes, "token response")
+            .await?;
         let parsed: TokenResponse = serde_json::from_slice(&body)
             .map_err(|_| ResolveError::Protocol("an unreadable token response".into()))?;
         let token = parsed
@@ -569,7 +821,14 @@ fn header_digest(response: &reqwest::Response) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Answers that say "later": rate limiting and server errors, about load rather than the image.
+fn busy(status: StatusCode) -> bool {
+    status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error()
+}
+
 fn transport_error(error: reqwest::Error) -> ResolveError {
+    // Any timeout, the connect timeout included (it covers the wait for a DNS lookup slot, which others'
+    // lookups can make long): about this request, not the registry.
     if error.is_timeout() {
         return ResolveError::Timeout;
     }
@@ -579,22 +838,6 @@ fn transport_error(error: reqwest::Error) -> ResolveError {
             .map(ToString::to_string)
             .unwrap_or_else(|| error.without_url().to_string()),
     )
-}
-
-async fn read_limited(
-    mut response: reqwest::Response,
-    limit: usize,
-) -> Result<Vec<u8>, ResolveError> {
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(transport_error)? {
-        if body.len() + chunk.len() > limit {
-            return Err(ResolveError::Protocol(
-                "a manifest larger than 4 MiB".into(),
-            ));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
 }
 
 #[cfg(test)]
@@ -651,6 +894,232 @@ mod tests {
         assert!(RegistrySettings::load(Path::new("/nonexistent/registries.yaml")).is_err());
     }
 
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A loopback registry: `answer(request line)` is the whole response to write, `None` to hold the connection
+    /// open without answering. Counts connections and the most open at once.
+    struct Loopback {
+        addr: SocketAddr,
+        accepted: Arc<AtomicUsize>,
+        open: Arc<AtomicUsize>,
+        most_open: Arc<AtomicUsize>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Loopback {
+        async fn start(answer: fn(&str) -> Option<Vec<u8>>) -> Loopback {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let accepted = Arc::new(AtomicUsize::new(0));
+            let open = Arc::new(AtomicUsize::new(0));
+            let most_open = Arc::new(AtomicUsize::new(0));
+            let (a, o, m) = (accepted.clone(), open.clone(), most_open.clone());
+            let task = tokio::spawn(async move {
+                while let Ok((mut socket, _)) = listener.accept().await {
+                    a.fetch_add(1, Ordering::SeqCst);
+                    let now = o.fetch_add(1, Ordering::SeqCst) + 1;
+                    m.fetch_max(now, Ordering::SeqCst);
+                    let o = o.clone();
+                    tokio::spawn(async move {
+                        let mut head = Vec::new();
+                        let mut buf = [0u8; 4096];
+                        loop {
+                            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                                match socket.read(&mut buf).await {
+                                    Ok(0) | Err(_) => {
+                                        o.fetch_sub(1, Ordering::SeqCst);
+                                        return;
+                                    }
+                                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                                }
+                            }
+                            let text = String::from_utf8_lossy(&head).into_owned();
+                            head.clear();
+                            let line = text.lines().next().unwrap_or_default().to_owned();
+                            match answer(&line) {
+                                Some(response) => {
+                                    if socket.write_all(&response).await.is_err() {
+                                        break;
+                                    }
+                                }
+                                // Held until the client goes away.
+                                None => {
+                                    let _ = socket.read(&mut buf).await;
+                                    break;
+                                }
+                            }
+                        }
+                        o.fetch_sub(1, Ordering::SeqCst);
+                    });
+                }
+            });
+            Loopback {
+                addr,
+                accepted,
+                open,
+                most_open,
+                task,
+            }
+        }
+
+        fn client(&self, limits: Limits) -> RegistryClient {
+            let settings =
+                RegistrySettings::parse(&format!("insecure: [\"{}\"]", self.addr)).unwrap();
+            RegistryClient::with_limits(settings, "test", limits, None).unwrap()
+        }
+
+        fn image(&self, repository: &str) -> ImageRef {
+            ImageRef::parse(&format!("{}/{repository}:latest", self.addr)).unwrap()
+        }
+    }
+
+    impl Drop for Loopback {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    fn with_body(length: Option<usize>, body: &[u8]) -> Vec<u8> {
+        let mut r = b"HTTP/1.1 200 OK\r\ncontent-type: application/vnd.oci.image.index.v1+json\r\n"
+            .to_vec();
+        match length {
+            Some(n) => r.extend_from_slice(format!("content-length: {n}\r\n\r\n").as_bytes()),
+            None => r.extend_from_slice(b"connection: close\r\n\r\n"),
+        }
+        r.extend_from_slice(body);
+        r
+    }
+
+    fn not_allowed() -> Vec<u8> {
+        b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\n\r\n".to_vec()
+    }
+
+    #[test]
+    fn unlisted_names_are_looked_up_fully_qualified() {
+        assert_eq!(fully_qualified("reg.example.com"), "reg.example.com.");
+        assert_eq!(fully_qualified("reg.example.com."), "reg.example.com.");
+        assert_eq!(fully_qualified("10.0.0.1"), "10.0.0.1");
+        assert_eq!(fully_qualified("::1"), "::1");
+    }
+
+    #[test]
+    fn deny_defaults_and_replacement() {
+        assert_eq!(
+            RegistrySettings::default().deny_list(),
+            policy::default_deny()
+        );
+        let s = RegistrySettings::parse("deny: [\"10.244.0.0/16\", \"fd12::/56\"]").unwrap();
+        assert_eq!(s.deny_list().len(), 2);
+        assert!(
+            RegistrySettings::parse("deny: []")
+                .unwrap()
+                .deny_list()
+                .is_empty()
+        );
+        assert!(RegistrySettings::parse("deny: [\"10.0.0.0/40\"]").is_err());
+        // A denied literal address is refused before any connection.
+        let client = RegistryClient::new(RegistrySettings::default(), "test").unwrap();
+        let url = Url::parse("https://[2001:cafe:42::5]/v2/").unwrap();
+        assert!(matches!(
+            client.client_for(&url),
+            Err(ResolveError::Refused(_))
+        ));
+        let url = Url::parse("https://[2606:4700::1111]/v2/").unwrap();
+        assert!(client.client_for(&url).is_ok());
+    }
+
+    #[tokio::test]
+    async fn bodies_over_their_limit_are_refused() {
+        // HEAD without a digest header: the GET body is hashed.
+        let declared = Loopback::start(|line| {
+            Some(if line.starts_with("HEAD") {
+                not_allowed()
+            } else if line.contains("big") {
+                with_body(Some(2000), &[b'x'; 2000])
+            } else {
+                with_body(Some(10), b"0123456789")
+            })
+        })
+        .await;
+        let limits = Limits {
+            manifest_bytes: 1000,
+            ..Limits::default()
+        };
+        let client = declared.client(limits);
+        let big = client.resolve(&declared.image("big"), |_| None).await;
+        assert!(
+            matches!(&big, Err(ResolveError::Protocol(d)) if d.contains("larger than 1000")),
+            "{big:?}"
+        );
+        let small = client.resolve(&declared.image("small"), |_| None).await;
+        assert_eq!(
+            small,
+            Ok(format!(
+                "sha256:{}",
+                hex::encode(Sha256::digest(b"0123456789"))
+            ))
+        );
+        // Without a declared length, reading stops at the limit.
+        let undeclared = Loopback::start(|line| {
+            Some(if line.starts_with("HEAD") {
+                not_allowed()
+            } else {
+                with_body(None, &[b'y'; 5000])
+            })
+        })
+        .await;
+        let client = undeclared.client(limits);
+        let r = client.resolve(&undeclared.image("app"), |_| None).await;
+        assert!(
+            matches!(&r, Err(ResolveError::Protocol(d)) if d.contains("larger than 1000")),
+            "{r:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn registry_requests_are_bounded_process_wide() {
+        let slow = Loopback::start(|_| None).await;
+        let limits = Limits {
+            requests: 2,
+            ..Limits::default()
+        };
+        let client = Arc::new(slow.client(limits));
+        let tasks: Vec<_> = (0..6)
+            .map(|i| {
+                let (client, image) = (client.clone(), slow.image(&format!("r{i}")));
+                tokio::spawn(async move { client.resolve(&image, |_| None).await })
+            })
+            .collect();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while slow.accepted.load(Ordering::SeqCst) < 2 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the first two never connected"
+            );
+            tokio::task::yield_now().await;
+        }
+        // The others wait for a slot: nothing more is connected while the first two hold theirs.
+        for _ in 0..1000 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(client.requests.available_permits(), 0);
+        assert_eq!(slow.accepted.load(Ordering::SeqCst), 2);
+        for t in &tasks {
+            t.abort();
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+        assert_eq!(
+            client.requests.available_permits(),
+            2,
+            "abandoned requests give their slot back"
+        );
+        assert!(slow.most_open.load(Ordering::SeqCst) <= 2);
+        let _ = slow.open.load(Ordering::SeqCst);
+    }
+
     #[test]
     fn outcomes_are_a_closed_set() {
         let all = [
@@ -660,6 +1129,8 @@ mod tests {
             ResolveError::Protocol(String::new()),
             ResolveError::Refused(String::new()),
             ResolveError::Timeout,
+            ResolveError::Busy(String::new()),
+            ResolveError::Skipped,
         ];
         let labels: Vec<_> = all.iter().map(ResolveError::outcome).collect();
         assert_eq!(
@@ -670,8 +1141,15 @@ mod tests {
                 "unreachable",
                 "error",
                 "refused",
-                "timeout"
+                "timeout",
+                "busy",
+                "skipped"
             ]
+        );
+        let definite: Vec<bool> = all.iter().map(ResolveError::is_definite).collect();
+        assert_eq!(
+            definite,
+            [true, true, true, true, true, false, false, false]
         );
     }
 }

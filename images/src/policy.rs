@@ -3,13 +3,16 @@
 //! drops non-public addresses, a redirect policy, a check of every URL before it is requested).
 //!
 //! - Registries listed in the registry config (`insecure`, `mirrors` keys and values, `registries`) are trusted
-//!   by exact `host:port`; everything else may only be reached at public addresses.
+//!   by exact `host:port`; everything else may only be reached at public addresses ([`is_public`]) outside the
+//!   deny-list ([`Cidr`], the registry config's `deny`, [`DEFAULT_DENY`] when it has none): the cluster's pod
+//!   and Service ranges are public addresses in IPv6 clusters (and sometimes in IPv4 ones).
 //! - With a non-empty `registries` allow-list, only those registries (and their mirrors) are resolved.
 //! - Redirects are followed only to the same scheme, host and port.
 //! - A token realm is accepted only over https (http only for a realm that is itself listed `insecure`), on the
 //!   registry's own host and port or on a host listed in `realms` (Docker Hub's `auth.docker.io` built in).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
 
 use reqwest::Url;
 
@@ -54,7 +57,125 @@ fn is_public_v6(ip: Ipv6Addr) -> bool {
         || (first & 0xfe00) == 0xfc00 // unique local, fc00::/7
         || (first & 0xffc0) == 0xfe80 // link-local, fe80::/10
         || (first & 0xffc0) == 0xfec0 // site-local (deprecated), fec0::/10
-        || (first == 0x2001 && ip.segments()[1] == 0x0db8)) // documentation
+        || (first == 0x2001 && ip.segments()[1] == 0x0db8) // documentation, 2001:db8::/32
+        || (first == 0x3fff && ip.segments()[1] < 0x1000) // documentation, 3fff::/20
+        || (first == 0x2001 && ip.segments()[1] < 0x0200) // IETF protocol assignments (Teredo, benchmarking, ORCHID), 2001::/23
+        || ip.segments()[..4] == [0x0100, 0, 0, 0] // discard-only, 100::/64
+        || ip.segments()[..3] == [0x64, 0xff9b, 1] // local-use NAT64, 64:ff9b:1::/48
+        || first == 0x5f00) // segment routing SIDs, 5f00::/16
+}
+
+/// Ranges refused besides the non-public ones when the registry config sets no `deny`: the pod and Service
+/// ranges that Kubernetes distributions use by default or show in their dual-stack documentation (kubeadm's
+/// `10.96.0.0/12`, k3s/RKE2's `10.42.0.0/16` and `10.43.0.0/16` are private anyway and listed for clarity;
+/// `2001:cafe:42::/56` and `2001:cafe:43::/112` are the IPv6 ones k3s and RKE2 document). A cluster whose own
+/// ranges differ must list them in `deny` (which then replaces these).
+pub const DEFAULT_DENY: &[&str] = &[
+    "10.96.0.0/12",
+    "10.42.0.0/16",
+    "10.43.0.0/16",
+    "2001:cafe:42::/56",
+    "2001:cafe:43::/112",
+];
+
+/// An address range, `ADDR/PREFIX` (IPv4 or IPv6; a bare address is one address). An IPv4 range also
+/// matches the IPv4-mapped and other IPv4-embedding IPv6 forms of its addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Cidr {
+    network: IpAddr,
+    prefix: u8,
+}
+
+/// Why a `deny` entry is not a CIDR.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a CIDR (ADDRESS/PREFIX, IPv4 or IPv6)")]
+pub struct CidrError(String);
+
+impl FromStr for Cidr {
+    type Err = CidrError;
+
+    fn from_str(s: &str) -> Result<Cidr, CidrError> {
+        let error = || CidrError(s.chars().take(64).collect());
+        let text = s.trim();
+        let (addr, prefix) = match text.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (text, None),
+        };
+        let network: IpAddr = addr.parse().map_err(|_| error())?;
+        let max = if network.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && p.len() <= 3 => {
+                p.parse::<u8>().map_err(|_| error())?
+            }
+            Some(_) => return Err(error()),
+        };
+        if prefix > max {
+            return Err(error());
+        }
+        // Stored masked, so equal ranges compare equal.
+        Ok(Cidr {
+            network: mask(network, prefix),
+            prefix,
+        })
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Cidr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Cidr, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => {
+            let bits = u32::from(v4);
+            let m = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::V4(Ipv4Addr::from(bits & m))
+        }
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6);
+            let m = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::V6(Ipv6Addr::from(bits & m))
+        }
+    }
+}
+
+impl Cidr {
+    /// Whether `ip` is in the range; an IPv6 address standing for an IPv4 one is matched by that too.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let direct = match (self.network, ip) {
+            (IpAddr::V4(_), IpAddr::V4(_)) | (IpAddr::V6(_), IpAddr::V6(_)) => {
+                mask(ip, self.prefix) == self.network
+            }
+            _ => false,
+        };
+        direct
+            || match (self.network, ip) {
+                (IpAddr::V4(_), IpAddr::V6(v6)) => {
+                    embedded_v4(v6).is_some_and(|v4| self.contains(IpAddr::V4(v4)))
+                }
+                _ => false,
+            }
+    }
+}
+
+/// The built-in deny-list ([`DEFAULT_DENY`]).
+pub fn default_deny() -> Vec<Cidr> {
+    DEFAULT_DENY.iter().filter_map(|c| c.parse().ok()).collect()
+}
+
+/// Whether an unlisted registry may be contacted at `ip`: a public address outside every `deny` range.
+pub fn may_connect(ip: IpAddr, deny: &[Cidr]) -> bool {
+    is_public(ip) && !deny.iter().any(|c| c.contains(ip))
 }
 
 /// The IPv4 address an IPv6 address stands for, where it stands for one.
@@ -201,6 +322,109 @@ mod tests {
             prop_assert!(!is_public(IpAddr::V4(Ipv4Addr::new(127, mid, c, d))));
             prop_assert!(!is_public(IpAddr::V4(Ipv4Addr::new(10, mid, c, d))));
             prop_assert!(!is_public(IpAddr::V4(Ipv4Addr::new(169, 254, c, d))));
+        }
+    }
+
+    #[test]
+    fn special_purpose_ipv6_is_not_public() {
+        for ip in [
+            "3fff::1",
+            "2001::1",          // Teredo
+            "2001:2::1",        // benchmarking
+            "2001:10::1",       // ORCHID
+            "100::1",           // discard-only
+            "64:ff9b:1::a00:1", // local-use NAT64
+            "5f00::1",
+        ] {
+            assert!(!is_public(ip.parse().unwrap()), "{ip} counted as public");
+        }
+        for ip in ["2001:200::1", "3fff:1000::1", "2a00:1450::1"] {
+            assert!(is_public(ip.parse().unwrap()), "{ip} counted as private");
+        }
+    }
+
+    fn cidr(s: &str) -> Cidr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn cidrs_parse_and_match() {
+        let pods = cidr("2001:cafe:42::/56");
+        assert!(pods.contains("2001:cafe:42::1".parse().unwrap()));
+        assert!(pods.contains("2001:cafe:42:ff::1".parse().unwrap()));
+        assert!(!pods.contains("2001:cafe:42:100::1".parse().unwrap()));
+        assert!(!pods.contains("10.0.0.1".parse().unwrap()));
+        let v4 = cidr("11.0.0.0/8");
+        assert!(v4.contains("11.2.3.4".parse().unwrap()));
+        assert!(
+            v4.contains("::ffff:11.2.3.4".parse().unwrap()),
+            "IPv4-mapped"
+        );
+        assert!(v4.contains("64:ff9b::b02:304".parse().unwrap()), "NAT64");
+        assert!(!v4.contains("12.0.0.1".parse().unwrap()));
+        // Host bits are masked; a bare address is one address; /0 is everything of its family.
+        assert_eq!(cidr("10.1.2.3/8"), cidr("10.0.0.0/8"));
+        assert_eq!(cidr("10.1.2.3").to_string(), "10.1.2.3/32");
+        assert!(cidr("0.0.0.0/0").contains("8.8.8.8".parse().unwrap()));
+        assert!(!cidr("::/0").contains("8.8.8.8".parse().unwrap()));
+        assert!(cidr("::/0").contains("2606:4700::1111".parse().unwrap()));
+        for bad in [
+            "",
+            "10.0.0.0/33",
+            "::/129",
+            "10.0.0.0/",
+            "10.0.0.0/+8",
+            "10/8",
+            "a::g/64",
+            "10.0.0.0/8/1",
+        ] {
+            assert!(bad.parse::<Cidr>().is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(default_deny().len(), DEFAULT_DENY.len());
+    }
+
+    #[test]
+    fn the_deny_list_narrows_what_is_public() {
+        let deny = default_deny();
+        let pod_v6: IpAddr = "2001:cafe:42::17".parse().unwrap();
+        assert!(is_public(pod_v6), "a global IPv6 address is public");
+        assert!(!may_connect(pod_v6, &deny), "but in the default deny-list");
+        assert!(may_connect("2606:4700::1111".parse().unwrap(), &deny));
+        assert!(
+            !may_connect("127.0.0.1".parse().unwrap(), &[]),
+            "non-public stays refused"
+        );
+        let custom = [cidr("11.0.0.0/8")];
+        assert!(!may_connect("11.0.0.5".parse().unwrap(), &custom));
+        assert!(!may_connect("::ffff:11.0.0.5".parse().unwrap(), &custom));
+        assert!(may_connect("8.8.8.8".parse().unwrap(), &custom));
+    }
+
+    proptest! {
+        /// A range contains exactly the addresses that share its first `prefix` bits.
+        #[test]
+        fn cidr_membership_is_prefix_equality(net in any::<u32>(), ip in any::<u32>(), prefix in 0u8..=32) {
+            let c = cidr(&format!("{}/{prefix}", Ipv4Addr::from(net)));
+            let shift = 32 - u32::from(prefix);
+            let same = net.checked_shr(shift).unwrap_or(0) == ip.checked_shr(shift).unwrap_or(0);
+            prop_assert_eq!(c.contains(IpAddr::V4(Ipv4Addr::from(ip))), same);
+            prop_assert_eq!(c.contains(IpAddr::V6(Ipv4Addr::from(ip).to_ipv6_mapped())), same);
+        }
+
+        #[test]
+        fn cidr_membership_v6(net in any::<u128>(), ip in any::<u128>(), prefix in 0u8..=128) {
+            let c = cidr(&format!("{}/{prefix}", Ipv6Addr::from(net)));
+            let shift = 128 - u32::from(prefix);
+            let same = net.checked_shr(shift).unwrap_or(0) == ip.checked_shr(shift).unwrap_or(0);
+            // An IPv6 address embedding an IPv4 one never matches an IPv6 range by that IPv4 part.
+            prop_assert_eq!(c.contains(IpAddr::V6(Ipv6Addr::from(ip))), same);
+        }
+
+        /// The deny-list only ever narrows: nothing it allows is non-public.
+        #[test]
+        fn may_connect_implies_public(bits in any::<u128>()) {
+            let ip = IpAddr::V6(Ipv6Addr::from(bits));
+            prop_assert!(!may_connect(ip, &default_deny()) || is_public(ip));
         }
     }
 

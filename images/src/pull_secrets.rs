@@ -2,10 +2,10 @@
 //! those of its ServiceAccount (`serviceAccountName`, else `default`), read live, as the kubelet would.
 //! Shared by the webhook (at admission) and the plugin (`images`), so both resolve with the same identity.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 
-use futures::future::join_all;
+use futures::future::{BoxFuture, join_all};
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use kube::Api;
 use serde_json::Value;
@@ -21,6 +21,37 @@ pub enum PullSecretProblem {
     Unreadable { name: String },
     /// The Secret could not be read.
     Read { name: String, error: String },
+    /// More distinct pull secrets than one pod's resolution reads; the first ones were read.
+    TooMany { total: usize },
+}
+
+/// Distinct pull secrets read for one pod (its own first, then its ServiceAccount's): the kubelet
+/// tries every one, but no registry needs more than a few credentials, and a tenant listing thousands
+/// must not turn one admission into thousands of GETs.
+pub const MAX_PULL_SECRETS: usize = 16;
+
+/// Where pull secrets are read from: the API server directly (`kube::Client`, the plugin), or the
+/// webhook's bounded, counted live reads.
+pub trait SecretSource: Send + Sync {
+    fn secret<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Secret>, kube::Error>>;
+}
+
+impl SecretSource for kube::Client {
+    fn secret<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Secret>, kube::Error>> {
+        Box::pin(async move {
+            Api::<Secret>::namespaced(self.clone(), namespace)
+                .get_opt(name)
+                .await
+        })
+    }
 }
 
 impl fmt::Display for PullSecretProblem {
@@ -38,19 +69,27 @@ impl fmt::Display for PullSecretProblem {
                 f,
                 "cannot read image pull secret {name:?} ({error}); resolving without it"
             ),
+            PullSecretProblem::TooMany { total } => write!(
+                f,
+                "the pod has {total} image pull secrets (its own and its ServiceAccount's); only the first \
+                 {MAX_PULL_SECRETS} are read"
+            ),
         }
     }
 }
 
 /// The pull secrets of a pod with PodSpec `spec` in `namespace`, pod's own first. Secrets that do not
 /// exist are skipped silently (the kubelet would not find them either); other trouble is a problem.
+/// At most [`MAX_PULL_SECRETS`] distinct Secrets are read, through `secrets`.
 pub async fn read_pull_secrets(
     client: &kube::Client,
+    secrets: &dyn SecretSource,
     namespace: &str,
     spec: &Value,
 ) -> (Vec<PullSecret>, Vec<PullSecretProblem>) {
     let mut problems = Vec::new();
     let mut names = secret_names(spec.get("imagePullSecrets"));
+    let mut seen: HashSet<String> = names.iter().cloned().collect();
     let account = service_account(spec);
     match Api::<ServiceAccount>::namespaced(client.clone(), namespace)
         .get_opt(account)
@@ -58,7 +97,7 @@ pub async fn read_pull_secrets(
     {
         Ok(Some(sa)) => {
             for s in sa.image_pull_secrets.into_iter().flatten() {
-                if !s.name.is_empty() && !names.contains(&s.name) {
+                if !s.name.is_empty() && seen.insert(s.name.clone()) {
                     names.push(s.name);
                 }
             }
@@ -69,8 +108,11 @@ pub async fn read_pull_secrets(
             error: error.to_string(),
         }),
     }
-    let api = Api::<Secret>::namespaced(client.clone(), namespace);
-    let reads = names.iter().map(|name| api.get_opt(name));
+    if names.len() > MAX_PULL_SECRETS {
+        problems.push(PullSecretProblem::TooMany { total: names.len() });
+        names.truncate(MAX_PULL_SECRETS);
+    }
+    let reads = names.iter().map(|name| secrets.secret(namespace, name));
     let mut out = Vec::new();
     for (name, result) in names.iter().zip(join_all(reads).await) {
         match result {
@@ -111,19 +153,15 @@ pub fn service_account(spec: &Value) -> &str {
 
 /// The names in an `imagePullSecrets` list, in order, without empties and duplicates.
 pub fn secret_names(list: Option<&Value>) -> Vec<String> {
-    let mut names: Vec<String> = Vec::new();
-    for name in list
-        .and_then(Value::as_array)
+    // A set, not a scan of the names so far: 100,000 names were 9.8 s of CPU that way.
+    let mut seen: HashSet<&str> = HashSet::new();
+    list.and_then(Value::as_array)
         .into_iter()
         .flatten()
         .filter_map(|s| s.get("name")?.as_str())
-        .filter(|s| !s.is_empty())
-    {
-        if !names.iter().any(|n| n == name) {
-            names.push(name.to_owned());
-        }
-    }
-    names
+        .filter(|s| !s.is_empty() && seen.insert(s))
+        .map(str::to_owned)
+        .collect()
 }
 
 #[cfg(test)]

@@ -4,13 +4,13 @@
 //! A cluster whose credentials cannot be had (no Secret, no `value` key, not a kubeconfig) is
 //! still a cluster: it is `Unreachable`, and the run goes on with the others.
 //!
-//! A cluster is identified by what it is, not by how it is reached: the UID of its
-//! `kube-system` namespace ([`crate::identity`]). Entries reaching one physical cluster (Fleet
-//! Clusters in two namespaces, two URLs of one API server, a context and a Cluster) become one
-//! [`Downstream`], so their copies are planned together with the union of what they want, and
-//! no entry's prune or status can take another entry's copy for an orphan. An entry whose
-//! cluster cannot be identified (no credentials, no answer, `kube-system` unreadable) is
-//! `Unreachable`: nothing is planned on a guess (docs/cluster-identity.md).
+//! Every registration (a Fleet Cluster, a context) is its own [`Downstream`]: its copies travel
+//! through its own credentials to its own endpoint, whatever the endpoint says it is. The
+//! identity an endpoint claims (the UID of its `kube-system` namespace, [`crate::identity`]) is
+//! not a secret, and two clusters restored from one etcd snapshot share it; so it may only make
+//! helmop more careful: registrations that claim one identity (or whose identity cannot be
+//! read) protect each other's copies from prune and are reported as aliases, but never send
+//! copies through one another (docs/cluster-identity.md).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -30,14 +30,16 @@ use crate::identity::{identity_key, kube_system_uid};
 /// Data key of a Fleet kubeconfig Secret.
 pub const KUBECONFIG_DATA_KEY: &str = "value";
 
-/// One downstream cluster.
+/// One downstream registration.
 #[derive(Clone)]
 pub struct Downstream {
-    /// Identity in plans: [`identity_key`] of the cluster; `cluster:NS/NAME` or
-    /// `context:NAME` when it could not be identified (then `config` is an error).
+    /// Its key in plans: `cluster:NS/NAME` or `context:NAME`.
     pub key: String,
-    /// What users call it: `NS/NAME` of each Fleet Cluster, or the context name.
-    pub names: Vec<String>,
+    /// What users call it: `NS/NAME` of the Fleet Cluster, or the context name.
+    pub name: String,
+    /// The identity its endpoint claims ([`identity_key`]), `None` when it could not be read
+    /// (no right to get `kube-system`, say): then it may be any cluster.
+    pub identity: Option<String>,
     /// A client to reach it (kept between runs, [`crate::client_cache`]), or why it cannot be
     /// reached.
     pub client: Result<kube::Client, PluginError>,
@@ -46,7 +48,7 @@ pub struct Downstream {
 impl Downstream {
     /// The name shown in reports.
     pub fn display(&self) -> String {
-        self.names.join(",")
+        self.name.clone()
     }
 }
 
@@ -54,10 +56,25 @@ impl std::fmt::Debug for Downstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Downstream")
             .field("key", &self.key)
-            .field("names", &self.names)
+            .field("name", &self.name)
+            .field("identity", &self.identity)
             .field("reachable", &self.client.is_ok())
             .finish()
     }
+}
+
+/// Whether registrations claiming identities `a` and `b` may reach one cluster: the same claim,
+/// or either unknown (a claim is never proof that two are different either).
+pub fn may_be_same(a: Option<&str>, b: Option<&str>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a == b,
+        _ => true,
+    }
+}
+
+/// The plan key of the Fleet Cluster `NS/NAME`.
+pub fn fleet_key(name: &str) -> String {
+    format!("cluster:{name}")
 }
 
 /// How identities are read: as many clusters at once, each within its deadline, as the run
@@ -68,38 +85,92 @@ pub struct Limits {
     pub timeout: Duration,
 }
 
-/// The identity key of the cluster `client` reaches, or why it cannot be had.
-async fn identify(client: &kube::Client, timeout: Duration) -> Result<String, PluginError> {
+/// What reading an endpoint's identity gave.
+enum Identified {
+    /// The identity it claims.
+    Claimed(String),
+    /// It answers but does not say (`kube-system` forbidden or absent): served, identity unknown.
+    Unknown(PluginError),
+    /// It cannot be worked on (no answer, no connection, credentials refused).
+    Unreachable(PluginError),
+}
+
+/// The identity key `client`'s endpoint claims, within `timeout`.
+async fn identify(client: &kube::Client, timeout: Duration) -> Identified {
     match tokio::time::timeout(timeout, kube_system_uid(client)).await {
-        Err(_) => Err(PluginError::ClusterTimeout { timeout }),
-        Ok(Err(e)) => Err(PluginError::Unidentified {
-            reason: api_error::describe(&e),
-        }),
-        Ok(Ok(None)) => Err(PluginError::NoClusterUid),
-        Ok(Ok(Some(uid))) => Ok(identity_key(&uid)),
+        Err(_) => Identified::Unreachable(PluginError::ClusterTimeout { timeout }),
+        Ok(Err(e)) => {
+            let why = PluginError::Unidentified {
+                reason: api_error::describe(&e),
+            };
+            match e {
+                kube::Error::Api(ae) if ae.code == 403 || ae.code == 404 => {
+                    Identified::Unknown(why)
+                }
+                _ => Identified::Unreachable(why),
+            }
+        }
+        Ok(Ok(None)) => Identified::Unknown(PluginError::NoClusterUid),
+        Ok(Ok(Some(uid))) => Identified::Claimed(identity_key(&uid)),
     }
 }
 
-/// An entry with its client: its name, its key should it stay unidentified, its client.
+/// A registration with its client: its name, its plan key, its client.
 type Entry = (String, String, Result<kube::Client, PluginError>);
 
-/// Identifies every entry (bounded, each within its deadline); returns `(key, name, client)`
-/// in the order given. An entry that cannot be identified keeps its own key and becomes
-/// unreachable with the reason.
-async fn identify_all(entries: Vec<Entry>, limits: Limits) -> Vec<Entry> {
-    futures::stream::iter(entries)
-        .map(|(name, own_key, client)| async move {
-            match client {
-                Err(e) => (own_key, name, Err(e)),
+/// Reads every entry's identity (bounded, each within its deadline) and makes it a
+/// [`Downstream`], in the order given, each key once. An entry whose endpoint cannot be reached
+/// is unreachable with the reason; one that answers without saying who it is is served with an
+/// unknown identity.
+async fn identify_all(entries: Vec<Entry>, limits: Limits) -> Vec<Downstream> {
+    let mut seen = BTreeSet::new();
+    let entries: Vec<Entry> = entries
+        .into_iter()
+        .filter(|(_, key, _)| seen.insert(key.clone()))
+        .collect();
+    let out: Vec<Downstream> = futures::stream::iter(entries)
+        .map(|(name, key, client)| async move {
+            let (identity, client) = match client {
+                Err(e) => (None, Err(e)),
                 Ok(client) => match identify(&client, limits.timeout).await {
-                    Ok(key) => (key, name, Ok(client)),
-                    Err(why) => (own_key, name, Err(why)),
+                    Identified::Claimed(id) => (Some(id), Ok(client)),
+                    Identified::Unknown(why) => {
+                        tracing::info!(cluster = %name, reason = %why, "identity unknown: served through its own credentials, its wants protect every cluster's copies");
+                        (None, Ok(client))
+                    }
+                    Identified::Unreachable(why) => (None, Err(why)),
                 },
+            };
+            Downstream {
+                key,
+                name,
+                identity,
+                client,
             }
         })
         .buffered(limits.concurrency.max(1))
         .collect()
-        .await
+        .await;
+    report_aliases(&out);
+    out
+}
+
+/// Registrations claiming one identity are reported: an alias of one cluster (two URLs, two
+/// Fleet Clusters), a restored clone, or an endpoint impersonating another cluster. Each is
+/// still served through its own credentials only.
+fn report_aliases(downstreams: &[Downstream]) {
+    let mut by_identity: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for d in downstreams.iter().filter(|d| d.client.is_ok()) {
+        if let Some(id) = &d.identity {
+            by_identity.entry(id).or_default().push(&d.name);
+        }
+    }
+    for names in by_identity.values().filter(|n| n.len() > 1) {
+        tracing::warn!(
+            clusters = %names.join(", "),
+            "these registrations claim one cluster identity (kube-system uid): each gets only its own copies, through its own credentials, and none prunes what another wants"
+        );
+    }
 }
 
 /// A client for `config`, kept under `key` for the next runs.
@@ -138,13 +209,8 @@ fn kubeconfig_secret_of(ctx: &Ctx, cluster: &Cluster) -> Result<(String, String)
     }
 }
 
-/// Resolves Fleet Clusters to downstreams. Returns the downstreams and, per input Cluster (same
-/// order), the key of its downstream.
-pub async fn resolve_fleet(
-    ctx: &Ctx,
-    clusters: &[Cluster],
-    limits: Limits,
-) -> (Vec<Downstream>, Vec<String>) {
+/// Resolves Fleet Clusters to downstreams, one per Cluster, in the order given.
+pub async fn resolve_fleet(ctx: &Ctx, clusters: &[Cluster], limits: Limits) -> Vec<Downstream> {
     // Each kubeconfig Secret once, as many at a time as clusters are worked on: read one by
     // one, a fleet of 1000 Clusters waited for 1000 round trips before every run.
     let wanted: BTreeSet<(String, String)> = clusters
@@ -193,15 +259,13 @@ pub async fn resolve_fleet(
                 }),
             },
         };
-        entries.push((name.clone(), format!("cluster:{name}"), client));
+        let key = fleet_key(&name);
+        entries.push((name, key, client));
     }
-    let resolved = identify_all(entries, limits).await;
-    let keys = resolved.iter().map(|(k, _, _)| k.clone()).collect();
-    (merge(resolved), keys)
+    identify_all(entries, limits).await
 }
 
-/// Resolves `--target-context` names to downstreams (in the order given, entries reaching one
-/// cluster merged).
+/// Resolves `--target-context` names to downstreams (in the order given, each name once).
 pub async fn resolve_contexts(ctx: &Ctx, contexts: &[String], limits: Limits) -> Vec<Downstream> {
     let mut entries = Vec::new();
     for name in contexts {
@@ -215,31 +279,7 @@ pub async fn resolve_contexts(ctx: &Ctx, contexts: &[String], limits: Limits) ->
         };
         entries.push((name.clone(), format!("context:{name}"), client));
     }
-    merge(identify_all(entries, limits).await)
-}
-
-/// One downstream per key, in order of first appearance; the first reachable configuration
-/// of an entry is the one used.
-fn merge(resolved: Vec<Entry>) -> Vec<Downstream> {
-    let mut out: Vec<Downstream> = Vec::new();
-    for (key, name, client) in resolved {
-        match out.iter_mut().find(|d| d.key == key) {
-            Some(d) => {
-                if !d.names.contains(&name) {
-                    d.names.push(name);
-                }
-                if d.client.is_err() && client.is_ok() {
-                    d.client = client;
-                }
-            }
-            None => out.push(Downstream {
-                key,
-                names: vec![name],
-                client,
-            }),
-        }
-    }
-    out
+    identify_all(entries, limits).await
 }
 
 /// A client from a Fleet kubeconfig Secret (data key `value`): the one kept from an earlier run
@@ -309,7 +349,6 @@ pub fn check_self_contained(kc: &Kubeconfig) -> Result<(), PluginError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::is_identity_key;
 
     const EMBEDDED: &str = r#"
 apiVersion: v1
@@ -368,40 +407,14 @@ current-context: x
         kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap()
     }
 
-    #[tokio::test]
-    async fn entries_of_one_identity_merge() {
-        let cfg = client;
-        let a = identity_key("uid-a");
-        let merged = merge(vec![
-            (a.clone(), "ns1/a".into(), Ok(cfg("https://10.0.0.1:6443"))),
-            (
-                "cluster:ns2/a".into(),
-                "ns2/a".into(),
-                Err(PluginError::NoKubeconfigSecret),
-            ),
-            (a.clone(), "ns2/b".into(), Ok(cfg("https://localhost:6443"))),
-            (
-                identity_key("uid-b"),
-                "ns1/b".into(),
-                Ok(cfg("https://b:6443")),
-            ),
-            (a.clone(), "ns1/a".into(), Ok(cfg("https://10.0.0.1:6443"))),
-        ]);
-        let summary: Vec<(String, String, bool)> = merged
-            .iter()
-            .map(|d| (d.key.clone(), d.display(), d.client.is_ok()))
-            .collect();
-        assert_eq!(
-            summary,
-            [
-                (a.clone(), "ns1/a,ns2/b".to_string(), true),
-                ("cluster:ns2/a".to_string(), "ns2/a".to_string(), false),
-                (identity_key("uid-b"), "ns1/b".to_string(), true),
-            ]
-        );
-        assert!(is_identity_key(&a));
-        assert!(!is_identity_key("cluster:ns2/a"));
-        assert!(!is_identity_key("context:kube-system:x"));
+    #[test]
+    fn claims_only_ever_widen_what_may_be_one_cluster() {
+        let (a, b) = (identity_key("uid-a"), identity_key("uid-b"));
+        assert!(may_be_same(Some(&a), Some(&a)));
+        assert!(!may_be_same(Some(&a), Some(&b)));
+        assert!(may_be_same(None, Some(&b)));
+        assert!(may_be_same(Some(&a), None));
+        assert!(may_be_same(None, None));
     }
 
     #[tokio::test]
@@ -428,17 +441,23 @@ current-context: x
             ),
         ];
         let out = identify_all(entries, limits).await;
-        assert_eq!(out[0].0, "cluster:ns/down");
+        assert_eq!(out[0].key, "cluster:ns/down");
         let why = out[0]
-            .2
+            .client
             .as_ref()
             .err()
             .map(ToString::to_string)
             .unwrap_or_default();
         assert!(why.starts_with("cannot identify the cluster"), "{why}");
-        assert_eq!(out[1].0, "cluster:ns/nocreds");
+        assert_eq!(out[0].identity, None);
+        assert_eq!(out[1].key, "cluster:ns/nocreds");
         assert_eq!(
-            out[1].2.as_ref().err().map(ToString::to_string).as_deref(),
+            out[1]
+                .client
+                .as_ref()
+                .err()
+                .map(ToString::to_string)
+                .as_deref(),
             Some("kubeconfig Secret ns/k not found")
         );
     }

@@ -13,11 +13,6 @@ pub fn identity_key(uid: &str) -> String {
     format!("{IDENTITY_PREFIX}{uid}")
 }
 
-/// Whether a plan key is a cluster identity (not the name of an unidentified entry).
-pub fn is_identity_key(key: &str) -> bool {
-    key.starts_with(IDENTITY_PREFIX)
-}
-
 /// The UID of the cluster's `kube-system` namespace (`get namespaces/kube-system`).
 pub async fn kube_system_uid(client: &kube::Client) -> Result<Option<String>, kube::Error> {
     let ns = Api::<Namespace>::all(client.clone())

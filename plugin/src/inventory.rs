@@ -12,9 +12,11 @@
 //! sees the copies there as orphans.
 //!
 //! Wants are never scoped (docs/cluster-identity.md): for `prune`, every HelmOp of the
-//! namespace is enumerated whatever HELMOP names (only the deletion set is scoped); with
-//! `--target-context`, the Fleet Clusters reaching the same clusters as the contexts add their
-//! wants too, since copies are planned per physical cluster, not per way of reaching it.
+//! namespace is enumerated whatever HELMOP names (only the deletion set is scoped). Each
+//! registration (Fleet Cluster, context) is planned with its own wants only; what other
+//! registrations that may reach the same cluster want ([`Inventory::protected`]: the same claimed
+//! identity, or an unknown one; with `--target-context`, the Fleet Clusters too) only protects
+//! copies from being released, never makes a write.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -36,7 +38,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use serde::Serialize;
 
 use crate::api_error;
-use crate::clusters::{self, Downstream, Limits};
+use crate::clusters::{self, Downstream, Limits, may_be_same};
 use crate::context::Ctx;
 use crate::error::PluginError;
 
@@ -92,8 +94,12 @@ pub struct Inventory {
     pub holds: Holds,
     /// The HelmOps Fleet's controller rejects, with the reason.
     pub rejected: Vec<Problem>,
-    /// The downstream key of every Fleet Cluster (`NS/NAME`) as this enumeration identified it.
-    pub cluster_keys: BTreeMap<String, String>,
+    /// The identity every registration of the run claims, by plan key (`None`: unknown), served
+    /// or not (the Fleet Clusters of a `--target-context` run).
+    pub identities: BTreeMap<String, Option<String>>,
+    /// What registrations this run does not serve want (the Fleet Clusters of a
+    /// `--target-context` run): protection only, like [`Inventory::protected`].
+    pub unserved: Vec<DesiredCopy>,
     /// `--target-context` (empty: the downstreams are Fleet Clusters).
     pub target_contexts: Vec<String>,
     /// `(namespace, resource)` of every source any HelmOp names, whatever the selection and the
@@ -103,6 +109,32 @@ pub struct Inventory {
 }
 
 impl Inventory {
+    /// The identity the registration `key` claims; `None` when unknown, or for a registration
+    /// this enumeration did not see (one registered since).
+    pub fn identity_of(&self, key: &str) -> Option<&str> {
+        self.identities.get(key).and_then(|i| i.as_deref())
+    }
+
+    /// Whether registrations `a` and `b` may reach one cluster ([`may_be_same`]).
+    pub fn may_reach_one(&self, a: &str, b: &str) -> bool {
+        a == b || may_be_same(self.identity_of(a), self.identity_of(b))
+    }
+
+    /// What other registrations that may reach the cluster of `key` want, keyed `key`: never
+    /// released there, never written through `key`'s credentials (core `PlanInput::protected`).
+    pub fn protected(&self, key: &str) -> Vec<DesiredCopy> {
+        let own = self.identity_of(key);
+        self.desired
+            .iter()
+            .chain(&self.unserved)
+            .filter(|d| d.cluster != key && may_be_same(own, self.identity_of(&d.cluster)))
+            .map(|d| DesiredCopy {
+                cluster: key.to_string(),
+                ..d.clone()
+            })
+            .collect()
+    }
+
     /// HelmOps, Clusters, ClusterGroups and every HelmOp's targets were all enumerated.
     /// (Listing errors never get this far: [`enumerate`] fails instead.)
     pub fn complete(&self) -> bool {
@@ -193,38 +225,46 @@ pub async fn enumerate(
     ctx.clients.sweep();
     let helmops = list_helmops(ctx, &listing(selection, for_prune), for_prune).await?;
     let (mut holds, rejected) = helmop_holds(ctx, &helmops).await?;
-    let mut cluster_keys = BTreeMap::new();
-    let mut remember = |fleet: &FleetObjects, keys: &[String]| {
-        for (c, key) in fleet.clusters.iter().zip(keys) {
-            cluster_keys.insert(clusters::cluster_name(c), key.clone());
-        }
-    };
-    let (downstreams, desired, problems) = if target_contexts.is_empty() {
-        let fleet = list_fleet(ctx, selection.namespace(), &helmops, false).await?;
-        let (downstreams, keys) = clusters::resolve_fleet(ctx, &fleet.clusters, limits).await;
-        remember(&fleet, &keys);
-        pause_clusters(&mut holds, &helmops, &fleet, &keys);
-        let (desired, problems) = desired_copies(&helmops, Some((&fleet, &keys)), None);
-        (downstreams, desired, problems)
+    let fleet = if target_contexts.is_empty() {
+        Some(list_fleet(ctx, selection.namespace(), &helmops, false).await?)
     } else {
-        let downstreams = clusters::resolve_contexts(ctx, target_contexts, limits).await;
-        let fleet = match list_fleet(ctx, selection.namespace(), &helmops, true).await {
+        match list_fleet(ctx, selection.namespace(), &helmops, true).await {
             Ok(fleet) => Some(fleet),
             Err(e) if !for_prune => {
                 tracing::warn!("{e}; planning without the wants of Fleet Clusters");
                 None
             }
             Err(e) => return Err(e),
-        };
-        let mut keys = Vec::new();
-        if let Some(fleet) = &fleet {
-            (_, keys) = clusters::resolve_fleet(ctx, &fleet.clusters, limits).await;
-            remember(fleet, &keys);
-            pause_clusters(&mut holds, &helmops, fleet, &keys);
         }
-        let fleet = fleet.as_ref().map(|f| (f, keys.as_slice()));
-        let (desired, problems) = desired_copies(&helmops, fleet, Some(&downstreams));
-        (downstreams, desired, problems)
+    };
+    let registered = match &fleet {
+        Some(fleet) => clusters::resolve_fleet(ctx, &fleet.clusters, limits).await,
+        None => Vec::new(),
+    };
+    let mut identities: BTreeMap<String, Option<String>> = registered
+        .iter()
+        .map(|d| (d.key.clone(), d.identity.clone()))
+        .collect();
+    let keys: Vec<String> = registered.iter().map(|d| d.key.clone()).collect();
+    if let Some(fleet) = &fleet {
+        pause_clusters(&mut holds, &helmops, fleet, &keys);
+    }
+    let (fleet_desired, mut problems) = fleet
+        .as_ref()
+        .map(|fleet| desired_fleet(&helmops, fleet, &keys))
+        .unwrap_or_default();
+    let (downstreams, desired, unserved) = if target_contexts.is_empty() {
+        (registered, fleet_desired, Vec::new())
+    } else {
+        let contexts = clusters::resolve_contexts(ctx, target_contexts, limits).await;
+        identities.extend(contexts.iter().map(|d| (d.key.clone(), d.identity.clone())));
+        let (desired, context_problems) = desired_contexts(&helmops, &contexts);
+        for p in context_problems {
+            if !problems.iter().any(|q| q.helmop == p.helmop) {
+                problems.push(p);
+            }
+        }
+        (contexts, desired, fleet_desired)
     };
     Ok(Inventory {
         selection: selection.clone(),
@@ -234,7 +274,8 @@ pub async fn enumerate(
         problems,
         holds,
         rejected,
-        cluster_keys,
+        identities,
+        unserved,
         target_contexts: target_contexts.to_vec(),
         named_sources: Vec::new(),
     })
@@ -264,41 +305,12 @@ fn listing(selection: &Selection, for_prune: bool) -> Selection {
     }
 }
 
-/// What the HelmOps want: on the Fleet Clusters of `fleet` (each with its downstream key), or,
-/// with `contexts` (`--target-context`), on the contexts' clusters, plus what Fleet Clusters want
-/// on those clusters and what Clusters that could not be identified want (prune keeps that
-/// everywhere). A HelmOp whose targets fail has one problem.
-fn desired_copies(
-    helmops: &[HelmOp],
-    fleet: Option<(&FleetObjects, &[String])>,
-    contexts: Option<&[Downstream]>,
-) -> (Vec<DesiredCopy>, Vec<Problem>) {
-    let Some(downstreams) = contexts else {
-        return fleet
-            .map(|(fleet, keys)| desired_fleet(helmops, fleet, keys))
-            .unwrap_or_default();
-    };
-    let (mut desired, mut problems) = desired_contexts(helmops, downstreams);
-    if let Some((fleet, keys)) = fleet {
-        let (fleet_desired, fleet_problems) = desired_fleet(helmops, fleet, keys);
-        desired.extend(fleet_desired.into_iter().filter(|d| {
-            !crate::identity::is_identity_key(&d.cluster)
-                || downstreams.iter().any(|ds| ds.key == d.cluster)
-        }));
-        for p in fleet_problems {
-            if !problems.iter().any(|q| q.helmop == p.helmop) {
-                problems.push(p);
-            }
-        }
-    }
-    (desired, problems)
-}
-
 impl Inventory {
-    /// What the HelmOps want now, for prune's last look before it deletes: the HelmOps and Fleet's
-    /// objects are listed again, the clusters are those this enumeration identified (nothing
-    /// connects again; a Cluster registered since is unidentified, so what it wants counts on
-    /// every cluster). A HelmOp created or retargeted after the first listing keeps its copies.
+    /// What the HelmOps want now, every registration's (served or not), for prune's last look
+    /// before it deletes: the HelmOps and Fleet's objects are listed again; nothing connects
+    /// again, so a Cluster registered since has an unknown identity and what it wants counts on
+    /// every cluster ([`Inventory::may_reach_one`]). A HelmOp created or retargeted after the
+    /// first listing keeps its copies.
     pub async fn wants_now(&self, ctx: &Ctx) -> Result<Vec<DesiredCopy>, PluginError> {
         let helmops = list_helmops(ctx, &listing(&self.selection, true), true).await?;
         let contexts = !self.target_contexts.is_empty();
@@ -306,19 +318,14 @@ impl Inventory {
         let keys: Vec<String> = fleet
             .clusters
             .iter()
-            .map(|c| {
-                let name = clusters::cluster_name(c);
-                self.cluster_keys
-                    .get(&name)
-                    .cloned()
-                    .unwrap_or_else(|| format!("cluster:{name}"))
-            })
+            .map(|c| clusters::fleet_key(&clusters::cluster_name(c)))
             .collect();
-        let (desired, problems) = desired_copies(
-            &helmops,
-            Some((&fleet, &keys)),
-            contexts.then_some(self.downstreams.as_slice()),
-        );
+        let (mut desired, mut problems) = desired_fleet(&helmops, &fleet, &keys);
+        if contexts {
+            let (wanted, context_problems) = desired_contexts(&helmops, &self.downstreams);
+            desired.extend(wanted);
+            problems.extend(context_problems);
+        }
         if let Some(p) = problems.first() {
             return Err(PluginError::Upstream(format!(
                 "the targets of {} cannot be evaluated now: {}",
@@ -670,11 +677,9 @@ pub fn desired_contexts(
             }
         };
         for downstream in downstreams {
-            for name in &downstream.names {
-                let synthetic = Cluster::new(&key.namespace, name, &[]);
-                let m = matcher.match_or_root(&synthetic, &[]);
-                desired.extend(wants(&key, helmop, &m, &downstream.key));
-            }
+            let synthetic = Cluster::new(&key.namespace, &downstream.name, &[]);
+            let m = matcher.match_or_root(&synthetic, &[]);
+            desired.extend(wants(&key, helmop, &m, &downstream.key));
         }
     }
     (desired, problems)
@@ -917,7 +922,8 @@ mod tests {
         let ops = [helmop("team", "app", spec)];
         let ds = |key: &str, name: &str| Downstream {
             key: key.into(),
-            names: vec![name.into()],
+            name: name.into(),
+            identity: None,
             client: Err(PluginError::NoKubeconfigSecret),
         };
         let downstreams = [
@@ -946,7 +952,8 @@ mod tests {
             problems: Vec::new(),
             holds: Holds::default(),
             rejected: Vec::new(),
-            cluster_keys: BTreeMap::new(),
+            identities: BTreeMap::new(),
+            unserved: Vec::new(),
             target_contexts: Vec::new(),
             named_sources: Vec::new(),
         };
@@ -1052,7 +1059,8 @@ mod tests {
             problems: Vec::new(),
             holds: Holds::default(),
             rejected: Vec::new(),
-            cluster_keys: BTreeMap::new(),
+            identities: BTreeMap::new(),
+            unserved: Vec::new(),
             target_contexts: Vec::new(),
             named_sources: Vec::new(),
         };

@@ -27,6 +27,7 @@ mod report;
 mod rollout_watch;
 mod roots;
 mod runner;
+mod same_cluster;
 mod scope;
 mod sources;
 mod status;
@@ -72,6 +73,15 @@ fn main() -> ExitCode {
     init_tracing();
     let status = match cli.command {
         Command::Validate(args) => cmd::validate::run(&args),
+        // A one-shot run ends on SIGTERM/SIGINT only after finishing the recreates it started;
+        // `--watch` handles those signals itself.
+        Command::Propagate(args) if !args.watch.watch => {
+            match block_on(until_signalled(cmd::propagate::run(&args))) {
+                Ok(Err(signal_exit)) => return ExitCode::from(signal_exit),
+                Ok(Ok(status)) => Ok(status),
+                Err(e) => Err(e),
+            }
+        }
         Command::Propagate(args) => block_on(cmd::propagate::run(&args)),
         Command::Status(args) => block_on(cmd::status::run(&args)),
         Command::Prune(args) => block_on(cmd::prune::run(&args)),
@@ -107,14 +117,45 @@ fn init_tracing() {
         .try_init();
 }
 
+/// `command`'s result, or the exit code of the SIGTERM (143) or SIGINT (130) that stopped it
+/// first (the command is dropped there; what it started in tasks of its own, [`block_on`] waits
+/// for).
+async fn until_signalled<T>(
+    command: impl std::future::Future<Output = Result<T, error::PluginError>>,
+) -> Result<Result<T, u8>, error::PluginError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return command.await.map(Ok);
+    };
+    tokio::select! {
+        result = command => result.map(Ok),
+        _ = term.recv() => Ok(Err(143)),
+        _ = int.recv() => Ok(Err(130)),
+    }
+}
+
 /// Runs an async command on a multi-threaded runtime (the cluster commands talk to many
 /// clusters at once).
-fn block_on(
-    command: impl std::future::Future<Output = Result<ExitStatus, error::PluginError>>,
-) -> Result<ExitStatus, error::PluginError> {
+fn block_on<T>(
+    command: impl std::future::Future<Output = Result<T, error::PluginError>>,
+) -> Result<T, error::PluginError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| error::PluginError::Usage(format!("cannot start the async runtime: {e}")))?;
-    runtime.block_on(command)
+    runtime.block_on(async {
+        let status = command.await;
+        // A copy deleted to be recreated is created before the process ends, however it ends.
+        let left = propagate::drain_recreates(propagate::RECREATE_DRAIN).await;
+        if left > 0 {
+            tracing::error!(
+                left,
+                "copies deleted to be recreated may be missing: the next run creates them"
+            );
+        }
+        status
+    })
 }

@@ -1,18 +1,33 @@
-//! What is downstream: the metadata of every copy helmop made on a cluster, and of every object
-//! standing where a copy is wanted. Given the upstream hash key, the objects are read whole and
-//! their content hashed in memory (drift detection, `type`, `immutable`): the data itself is
-//! dropped right there, never kept, logged or printed.
+//! What is downstream: the metadata of this upstream's copies on a cluster, and of every object
+//! standing where a copy is wanted. Objects are listed by metadata only, in small pages, and what
+//! is not this upstream's (another upstream's copies, look-alikes carrying helmop's label) is
+//! dropped page by page unless it stands at a wanted place: memory follows this run's wants, not
+//! what others label. Given the upstream hash key, only this upstream's copies at wanted places
+//! (and, with `--adopt`, the objects to adopt there) are read whole, one by one, and their content
+//! hashed in memory (drift detection, `type`, `immutable`): the data itself is dropped right there,
+//! never kept, logged or printed.
+//!
+//! Credentials limited to some namespaces (a namespace-scoped kubeconfig) cannot list across the
+//! cluster: then the namespaces of the wanted places are listed one by one, and copies elsewhere
+//! are not seen (so never judged).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use futures::{StreamExt, TryStreamExt};
 use helmop_core::hash::{HashKey, ObjectData, content_hash};
 use helmop_core::names;
-use helmop_core::plan::{LiveFacts, ObservedCopy};
+use helmop_core::plan::{LiveFacts, ObservedCopy, OwnerRef, SourceRef, parse_owners};
 use helmop_core::resource::{ResourceKind, ResourceRef};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{ListParams, ObjectMeta};
 use kube::{Api, Client};
+
+/// Objects per list page: metadata only, but annotations may hold up to 256 KiB per object, so
+/// a page is bounded at a few MiB whatever others store.
+pub const PAGE: u32 = 50;
+
+/// How many objects are read at once.
+const READS_AT_ONCE: usize = 8;
 
 /// The copies found on one cluster.
 #[derive(Clone, Debug, Default)]
@@ -36,6 +51,9 @@ pub enum NamespaceState {
     Terminating,
     /// Created by this run: it was empty when made, so nothing in it can have read a copy yet.
     Created,
+    /// The credentials may not read the Namespace object (namespace-scoped): its objects are
+    /// tried as if it were active.
+    Unreadable,
 }
 
 /// The state of `namespace` (one metadata GET).
@@ -43,9 +61,13 @@ pub async fn namespace_state(
     client: &Client,
     namespace: &str,
 ) -> Result<NamespaceState, kube::Error> {
-    let found = Api::<Namespace>::all(client.clone())
+    let found = match Api::<Namespace>::all(client.clone())
         .get_metadata_opt(namespace)
-        .await?;
+        .await
+    {
+        Err(kube::Error::Api(ae)) if ae.code == 403 => return Ok(NamespaceState::Unreadable),
+        other => other?,
+    };
     Ok(match found {
         None => NamespaceState::Absent,
         Some(ns) if ns.metadata.deletion_timestamp.is_some() => NamespaceState::Terminating,
@@ -71,6 +93,11 @@ impl Observation {
     }
 
     fn add(&mut self, cluster: &str, kind: ResourceKind, meta: ObjectMeta, live: Option<Live>) {
+        // An object being deleted is not a copy any more: a run plans a new one (whose create
+        // then waits for the old one to go, reported as such).
+        if meta.deletion_timestamp.is_some() {
+            return;
+        }
         let (Some(name), Some(namespace)) = (meta.name, meta.namespace) else {
             return;
         };
@@ -130,79 +157,148 @@ fn config_map_live(key: &HashKey, c: ConfigMap) -> (ObjectMeta, Live) {
     (c.metadata, live)
 }
 
-/// Lists helmop's copies on the cluster (label `helmop.dev/managed-by`, all namespaces) and reads
-/// whatever exists at each `wanted` place. `cluster` is the plan's key. With `key` the objects
-/// are read whole and hashed in memory ([`Observation::live`], [`ObservedCopy::data_hash`]);
-/// without, only their metadata is read.
+/// What one observation looks for.
+pub struct Looking<'a> {
+    /// The places (namespace, resource) where copies are wanted, or protected for another
+    /// registration of the cluster.
+    pub places: &'a BTreeSet<(String, ResourceRef)>,
+    /// This upstream's ids (the current one and its aliases): an object whose source marker or
+    /// owners entries carry one is this upstream's business wherever it stands.
+    pub upstream_ids: &'a [String],
+    /// The upstream hash key: read this upstream's copies at wanted places whole and hash them.
+    pub key: Option<&'a HashKey>,
+    /// `--adopt`: objects at wanted places that are not this upstream's are read whole too (the
+    /// write must know their `type` and `immutable`).
+    pub adopt: bool,
+}
+
+impl Looking<'_> {
+    /// Whether an object's markers name this upstream (a claim: the planner checks it).
+    fn names_us(&self, meta: &ObjectMeta) -> bool {
+        let Some(annotations) = &meta.annotations else {
+            return false;
+        };
+        let ours = |id: &str| self.upstream_ids.iter().any(|u| u == id);
+        let source = annotations
+            .get(names::ANN_SOURCE)
+            .and_then(|s| SourceRef::parse(s))
+            .is_some_and(|s| ours(&s.upstream_id));
+        source
+            || annotations.get(names::ANN_OWNERS).is_some_and(|owners| {
+                parse_owners(owners)
+                    .iter()
+                    .filter_map(|e| OwnerRef::parse(e))
+                    .any(|o| ours(&o.upstream_id))
+            })
+    }
+
+    fn wanted(&self, kind: ResourceKind, meta: &ObjectMeta) -> bool {
+        let (Some(ns), Some(name)) = (&meta.namespace, &meta.name) else {
+            return false;
+        };
+        self.places
+            .contains(&(ns.clone(), ResourceRef::new(kind, name.clone())))
+    }
+}
+
+/// Observes one cluster (`cluster` is the plan's key); see the module documentation.
 pub async fn observe(
     client: &Client,
     cluster: &str,
-    wanted: &BTreeSet<(String, ResourceRef)>,
-    key: Option<&HashKey>,
+    looking: &Looking<'_>,
 ) -> Result<Observation, kube::Error> {
     let mut obs = Observation::default();
     let selector = format!("{}={}", names::LABEL_MANAGED_BY, names::MANAGER);
-    if let Some(key) = key {
-        for s in list_full::<Secret>(client, &selector).await? {
-            let (meta, live) = secret_live(key, s);
-            obs.add(cluster, ResourceKind::Secret, meta, Some(live));
-        }
-        for c in list_full::<ConfigMap>(client, &selector).await? {
-            let (meta, live) = config_map_live(key, c);
-            obs.add(cluster, ResourceKind::ConfigMap, meta, Some(live));
-        }
-    } else {
-        for meta in list_metadata::<Secret>(client, &selector).await? {
-            obs.add(cluster, ResourceKind::Secret, meta, None);
-        }
-        for meta in list_metadata::<ConfigMap>(client, &selector).await? {
-            obs.add(cluster, ResourceKind::ConfigMap, meta, None);
+    // (kind, metadata, read whole?) of every labelled object kept (this upstream's, or at a
+    // wanted place), judged once as it is listed.
+    let mut listed: Vec<(ResourceKind, ObjectMeta, bool)> = Vec::new();
+    for kind in [ResourceKind::Secret, ResourceKind::ConfigMap] {
+        let mut keep = |meta: ObjectMeta| {
+            let (ours, wanted) = (looking.names_us(&meta), looking.wanted(kind, &meta));
+            if ours || wanted {
+                let whole = looking.key.is_some() && wanted && (looking.adopt || ours);
+                listed.push((kind, meta, whole));
+            }
+        };
+        match list_metadata(client, kind, None, &selector, &mut keep).await {
+            Err(kube::Error::Api(ae)) if ae.code == 403 => {
+                // Namespace-scoped credentials: the namespaces where copies are wanted, one by one.
+                let namespaces: BTreeSet<&str> =
+                    looking.places.iter().map(|(ns, _)| ns.as_str()).collect();
+                for ns in namespaces {
+                    match list_metadata(client, kind, Some(ns), &selector, &mut keep).await {
+                        // Nothing can be read there: nothing there is judged.
+                        Err(kube::Error::Api(ae)) if ae.code == 403 => {}
+                        other => other?,
+                    }
+                }
+            }
+            other => other?,
         }
     }
-    let missing: Vec<&(String, ResourceRef)> = wanted
+    // Whole reads, each hashed and dropped: this upstream's copies at wanted places, and with
+    // --adopt what stands there; everything else stays metadata.
+    let mut whole: Vec<(ResourceKind, ObjectMeta)> = Vec::new();
+    for (kind, meta, read) in listed {
+        if read {
+            whole.push((kind, meta));
+        } else {
+            obs.add(cluster, kind, meta, None);
+        }
+    }
+    let seen: BTreeSet<(String, ResourceRef)> = obs
+        .copies
         .iter()
-        .filter(|(ns, r)| obs.get(ns, r).is_none())
+        .map(|o| (o.namespace.clone(), o.resource.clone()))
+        .chain(whole.iter().filter_map(|(kind, m)| {
+            Some((
+                m.namespace.clone()?,
+                ResourceRef::new(*kind, m.name.clone()?),
+            ))
+        }))
         .collect();
-    // Nothing can stand in a namespace that does not exist: one GET of the namespace saves a GET per
-    // wanted place in it (all of them on a cold cluster).
+    let missing: Vec<&(String, ResourceRef)> = looking
+        .places
+        .iter()
+        .filter(|p| !seen.contains(*p))
+        .collect();
+    // Nothing can stand in a namespace that does not exist: one GET of the namespace saves a GET
+    // per wanted place in it (all of them on a cold cluster).
     let namespaces: BTreeSet<&str> = missing.iter().map(|(ns, _)| ns.as_str()).collect();
     for ns in namespaces {
         let state = namespace_state(client, ns).await?;
         obs.namespaces.insert(ns.to_string(), state);
     }
-    let missing: Vec<&(String, ResourceRef)> = missing
+    // What is read: (namespace, resource, whole?).
+    let mut reads: Vec<(String, ResourceRef, bool)> = whole
         .into_iter()
-        .filter(|(ns, _)| obs.namespaces.get(ns) != Some(&NamespaceState::Absent))
+        .filter_map(|(kind, m)| Some((m.namespace?, ResourceRef::new(kind, m.name?), true)))
         .collect();
+    reads.extend(
+        missing
+            .into_iter()
+            .filter(|(ns, _)| obs.namespaces.get(ns) != Some(&NamespaceState::Absent))
+            .map(|(ns, r)| {
+                (
+                    ns.clone(),
+                    r.clone(),
+                    looking.key.is_some() && looking.adopt,
+                )
+            }),
+    );
     type Found = Option<(ResourceKind, ObjectMeta, Option<Live>)>;
-    let found: Vec<Found> = futures::stream::iter(missing)
-        .map(|(ns, resource)| async move {
-            let secrets = Api::<Secret>::namespaced(client.clone(), ns);
-            let config_maps = Api::<ConfigMap>::namespaced(client.clone(), ns);
-            let name = &resource.name;
-            let got = match (resource.kind, key) {
-                (ResourceKind::Secret, Some(key)) => secrets
-                    .get_opt(name)
-                    .await?
-                    .map(|s| secret_live(key, s))
-                    .map(|(m, l)| (m, Some(l))),
-                (ResourceKind::ConfigMap, Some(key)) => config_maps
-                    .get_opt(name)
-                    .await?
-                    .map(|c| config_map_live(key, c))
-                    .map(|(m, l)| (m, Some(l))),
-                (ResourceKind::Secret, None) => secrets
-                    .get_metadata_opt(name)
-                    .await?
-                    .map(|m| (m.metadata, None)),
-                (ResourceKind::ConfigMap, None) => config_maps
-                    .get_metadata_opt(name)
-                    .await?
-                    .map(|m| (m.metadata, None)),
-            };
+    let found: Vec<Found> = futures::stream::iter(reads)
+        .map(|(ns, resource, whole)| async move {
+            let got = read(
+                client,
+                &ns,
+                &resource,
+                whole.then_some(looking.key).flatten(),
+            )
+            .await?;
             Ok::<_, kube::Error>(got.map(|(m, l)| (resource.kind, m, l)))
         })
-        .buffer_unordered(8)
+        .buffer_unordered(READS_AT_ONCE)
         .try_collect()
         .await?;
     for (kind, meta, live) in found.into_iter().flatten() {
@@ -218,52 +314,77 @@ pub async fn observe(
     Ok(obs)
 }
 
-async fn list_metadata<K>(client: &Client, selector: &str) -> Result<Vec<ObjectMeta>, kube::Error>
-where
-    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let api: Api<K> = Api::all(client.clone());
-    paged(selector, |params| {
-        let api = api.clone();
-        async move {
-            let page = api.list_metadata(&params).await?;
-            let items = page.items.into_iter().map(|m| m.metadata).collect();
-            Ok((items, page.metadata.continue_))
-        }
+/// One object at a place: whole and hashed with `key`, or its metadata only.
+async fn read(
+    client: &Client,
+    ns: &str,
+    resource: &ResourceRef,
+    key: Option<&HashKey>,
+) -> Result<Option<(ObjectMeta, Option<Live>)>, kube::Error> {
+    let secrets = Api::<Secret>::namespaced(client.clone(), ns);
+    let config_maps = Api::<ConfigMap>::namespaced(client.clone(), ns);
+    let name = &resource.name;
+    Ok(match (resource.kind, key) {
+        (ResourceKind::Secret, Some(key)) => secrets
+            .get_opt(name)
+            .await?
+            .map(|s| secret_live(key, s))
+            .map(|(m, l)| (m, Some(l))),
+        (ResourceKind::ConfigMap, Some(key)) => config_maps
+            .get_opt(name)
+            .await?
+            .map(|c| config_map_live(key, c))
+            .map(|(m, l)| (m, Some(l))),
+        (ResourceKind::Secret, None) => secrets
+            .get_metadata_opt(name)
+            .await?
+            .map(|m| (m.metadata, None)),
+        (ResourceKind::ConfigMap, None) => config_maps
+            .get_metadata_opt(name)
+            .await?
+            .map(|m| (m.metadata, None)),
     })
-    .await
 }
 
-async fn list_full<K>(client: &Client, selector: &str) -> Result<Vec<K>, kube::Error>
-where
-    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let api: Api<K> = Api::all(client.clone());
-    paged(selector, |params| {
-        let api = api.clone();
-        async move {
-            let page = api.list(&params).await?;
-            Ok((page.items, page.metadata.continue_))
-        }
-    })
-    .await
-}
-
-/// Every item of a labelled list, 500 per page, following continue tokens (a large cluster's list
-/// must never be cut at the first page: what is not seen cannot be judged).
-async fn paged<T, F, Fut>(selector: &str, mut page: F) -> Result<Vec<T>, kube::Error>
-where
-    F: FnMut(ListParams) -> Fut,
-    Fut: std::future::Future<Output = Result<(Vec<T>, Option<String>), kube::Error>>,
-{
-    let mut params = ListParams::default().labels(selector).limit(500);
-    let mut out = Vec::new();
+/// Every labelled object's metadata of `kind` (in `namespace`, or all), [`PAGE`] per page,
+/// following continue tokens (what is not seen cannot be judged), handed to `keep` page by page.
+async fn list_metadata(
+    client: &Client,
+    kind: ResourceKind,
+    namespace: Option<&str>,
+    selector: &str,
+    keep: &mut impl FnMut(ObjectMeta),
+) -> Result<(), kube::Error> {
+    let mut params = ListParams::default().labels(selector).limit(PAGE);
     loop {
-        let (items, token) = page(params.clone()).await?;
-        out.extend(items);
+        let (items, token) = match kind {
+            ResourceKind::Secret => page::<Secret>(client, namespace, &params).await?,
+            ResourceKind::ConfigMap => page::<ConfigMap>(client, namespace, &params).await?,
+        };
+        items.into_iter().for_each(&mut *keep);
         match token.filter(|t| !t.is_empty()) {
             Some(t) => params = params.continue_token(&t),
-            None => return Ok(out),
+            None => return Ok(()),
         }
     }
+}
+
+async fn page<K>(
+    client: &Client,
+    namespace: Option<&str>,
+    params: &ListParams,
+) -> Result<(Vec<ObjectMeta>, Option<String>), kube::Error>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let page = api.list_metadata(params).await?;
+    let items = page.items.into_iter().map(|m| m.metadata).collect();
+    Ok((items, page.metadata.continue_))
 }

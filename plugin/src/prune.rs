@@ -46,7 +46,6 @@ use crate::api_error;
 use crate::clusters::Downstream;
 use crate::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
-use crate::identity;
 use crate::inventory::Inventory;
 use crate::observe::Observation;
 use crate::propagate::{annotations_patch, observe_and_plan, row};
@@ -54,6 +53,7 @@ use crate::propagate::{annotations_patch, observe_and_plan, row};
 /// Live source uids by source (`None`: no such source), shared by the clusters of one run.
 type SourceUids = Mutex<BTreeMap<SourceRef, Result<Option<String>, PluginError>>>;
 use crate::report::{self, Row};
+use crate::same_cluster::{Done, SameCluster};
 use crate::scope::Scope;
 use crate::sources::{self, Sources};
 
@@ -94,7 +94,7 @@ impl PruneReport {
 /// Prunes; fails with nothing deleted when the enumeration upstream is incomplete.
 pub async fn prune(ctx: &Ctx, opts: &PruneOpts) -> Result<PruneReport, PluginError> {
     let writes_before = ctx.writes();
-    let mut inv = opts.scope.inventory(ctx, true).await?;
+    let inv = opts.scope.inventory(ctx, true).await?;
     if !inv.complete() {
         let problems: Vec<String> = inv
             .problems
@@ -111,11 +111,11 @@ pub async fn prune(ctx: &Ctx, opts: &PruneOpts) -> Result<PruneReport, PluginErr
             "prune aborted, nothing deleted: {why}; helmop never prunes without knowing which cluster holds the sources"
         )));
     }
-    protect_unidentified_wants(&mut inv);
     let sources = sources::fetch_metadata(ctx, &inv.desired).await?;
     crate::test_pause::pause("prune-after-list", "upstream").await;
     let uids = SourceUids::default();
     let fresh = FreshWants::default();
+    let same = SameCluster::default();
     let (mut rows, unreachable) = opts
         .scope
         .rows_per_cluster(
@@ -127,6 +127,7 @@ pub async fn prune(ctx: &Ctx, opts: &PruneOpts) -> Result<PruneReport, PluginErr
                     sources: &sources,
                     uids: &uids,
                     fresh: &fresh,
+                    same: &same,
                 };
                 async move { prune_cluster(ctx, opts, shared, downstream, client).await }
             },
@@ -157,28 +158,6 @@ pub async fn prune(ctx: &Ctx, opts: &PruneOpts) -> Result<PruneReport, PluginErr
     })
 }
 
-/// An entry whose cluster could not be identified (no credentials, no answer) may be any of
-/// the clusters: what it wants is treated as wanted on every cluster, so no copy it may want
-/// is pruned on a guess (it may still be released by HelmOps that let go).
-fn protect_unidentified_wants(inv: &mut Inventory) {
-    let unplaced: Vec<_> = inv
-        .desired
-        .iter()
-        .filter(|d| !identity::is_identity_key(&d.cluster))
-        .cloned()
-        .collect();
-    for downstream in inv
-        .downstreams
-        .iter()
-        .filter(|d| identity::is_identity_key(&d.key))
-    {
-        inv.desired.extend(unplaced.iter().map(|d| DesiredCopy {
-            cluster: downstream.key.clone(),
-            ..d.clone()
-        }));
-    }
-}
-
 /// What every cluster of one prune shares.
 #[derive(Clone, Copy)]
 struct Shared<'a> {
@@ -186,6 +165,8 @@ struct Shared<'a> {
     sources: &'a Sources,
     uids: &'a SourceUids,
     fresh: &'a FreshWants,
+    /// What earlier registrations claiming the same cluster identity pruned or released.
+    same: &'a SameCluster,
 }
 
 /// What the HelmOps want, listed again after a cluster was observed (see [`FreshWants::get`]).
@@ -218,18 +199,22 @@ impl FreshWants {
     }
 }
 
-/// The HelmOps that want `action`'s copy now, on `cluster` (or on an unidentified cluster,
-/// which may be this one), among those it would release (any, for a delete).
-fn wanted_again(wants: &[DesiredCopy], cluster: &str, action: &Action) -> Vec<HelmOpKey> {
+/// The HelmOps that want `action`'s copy now, through `cluster` or any registration that may
+/// reach the same cluster (`one`), among those it would release (any, for a delete).
+fn wanted_again(
+    wants: &[DesiredCopy],
+    one: impl Fn(&str) -> bool,
+    action: &Action,
+) -> Vec<HelmOpKey> {
     // `None`: every HelmOp counts (the copy would be deleted, or lose all its owners).
     let releasing = match &action.kind {
-        ActionKind::Prune { .. } | ActionKind::Keep { .. } => None,
+        ActionKind::Prune { .. } | ActionKind::Keep { .. } | ActionKind::Handover { .. } => None,
         ActionKind::Update { .. } => released(action),
         _ => Some(action.helmops.clone()),
     };
     let mut out: Vec<HelmOpKey> = wants
         .iter()
-        .filter(|d| d.cluster == cluster || !identity::is_identity_key(&d.cluster))
+        .filter(|d| one(&d.cluster))
         .filter(|d| d.namespace == action.namespace && d.resource == action.resource)
         .filter(|d| releasing.as_ref().is_none_or(|r| r.contains(&d.helmop)))
         .map(|d| d.helmop.clone())
@@ -241,7 +226,11 @@ fn wanted_again(wants: &[DesiredCopy], cluster: &str, action: &Action) -> Vec<He
 
 /// Why a write `action` planned on `cluster` must not happen after all, given what the HelmOps
 /// want now (`Failed` when that could not be listed).
-fn held_back(wants: &Wants, cluster: &str, action: &Action) -> Option<(RowState, String)> {
+fn held_back(
+    wants: &Wants,
+    one: impl Fn(&str) -> bool,
+    action: &Action,
+) -> Option<(RowState, String)> {
     let wants = match wants {
         Ok(wants) => wants,
         Err(why) => {
@@ -249,7 +238,7 @@ fn held_back(wants: &Wants, cluster: &str, action: &Action) -> Option<(RowState,
             return Some((RowState::Failed, reason));
         }
     };
-    let again = wanted_again(wants, cluster, action);
+    let again = wanted_again(wants, one, action);
     if again.is_empty() {
         return None;
     }
@@ -268,6 +257,7 @@ fn writes(action: &Action) -> bool {
         ActionKind::Prune { .. }
             | ActionKind::RemoveOwner { .. }
             | ActionKind::Keep { rewrite: true, .. }
+            | ActionKind::Handover { .. }
     ) || released(action).is_some()
 }
 
@@ -298,9 +288,9 @@ async fn prune_cluster(
         sources,
         uids,
         fresh,
+        same,
     } = shared;
-    let (obs, actions) =
-        observe_and_plan(ctx, inv, sources, &downstream.key, &client, false).await?;
+    let (obs, actions) = observe_and_plan(ctx, inv, sources, downstream, &client, false).await?;
     let observed = Instant::now();
     crate::test_pause::pause("prune-after-plan", &downstream.display()).await;
     // The first listing may be minutes old by now (a slow cluster before this one): what is
@@ -312,13 +302,27 @@ async fn prune_cluster(
         None
     };
     let mut rows = Vec::new();
+    let identity = downstream.identity.as_deref();
     for action in &actions {
         let writes = writes(action);
+        let place = (action.namespace.clone(), action.resource.clone());
+        // Done through an earlier registration of the same claimed cluster: its row says so.
+        if writes && same.place(identity, &place).is_some() {
+            continue;
+        }
         if writes
             && let Some(wants) = &wants_now
-            && let Some((state, reason)) = held_back(wants, &downstream.key, action)
+            && let Some((state, reason)) =
+                held_back(wants, |c| inv.may_reach_one(&downstream.key, c), action)
         {
             rows.push(row(downstream, action, state, reason));
+            continue;
+        }
+        if writes && downstream.identity.is_none() {
+            // It may be the management cluster (this may be a source), or reached by another
+            // registration of this run deleting the same object: nothing is proven.
+            let reason = "the cluster's identity cannot be read (get namespaces/kube-system), so prune deletes and releases nothing through this registration; left alone".to_string();
+            rows.push(row(downstream, action, RowState::Orphaned, reason));
             continue;
         }
         if writes && let Err(why) = verify_source(ctx, uids, &obs, action).await {
@@ -344,9 +348,24 @@ async fn prune_cluster(
                 let (state, reason) = delete(ctx, opts, &client, action, &guard(uid)).await;
                 (action.clone(), state, reason)
             }
-            ActionKind::RemoveOwner { uid, owners } => {
-                let set = BTreeMap::from([(names::ANN_OWNERS, Some(owners.clone()))]);
-                let done = (RowState::Release, RowState::Released);
+            // Annotation rewrites: the owners left, no owners (kept), or this kind's mark off.
+            ActionKind::RemoveOwner { uid, .. }
+            | ActionKind::Keep { uid, rewrite: true }
+            | ActionKind::Handover { uid, .. } => {
+                let (set, done) = match &action.kind {
+                    ActionKind::RemoveOwner { owners, .. } => (
+                        BTreeMap::from([(names::ANN_OWNERS, Some(owners.clone()))]),
+                        (RowState::Release, RowState::Released),
+                    ),
+                    ActionKind::Handover { made_by, .. } => (
+                        BTreeMap::from([(names::ANN_MADE_BY, made_by.clone())]),
+                        (RowState::Release, RowState::Released),
+                    ),
+                    _ => (
+                        BTreeMap::from([(names::ANN_OWNERS, None)]),
+                        (RowState::Kept, RowState::Kept),
+                    ),
+                };
                 let (state, reason) = rewrite(
                     ctx,
                     opts,
@@ -355,21 +374,6 @@ async fn prune_cluster(
                     &guard(uid),
                     &set,
                     done,
-                    action.reason(),
-                )
-                .await;
-                (action.clone(), state, reason)
-            }
-            ActionKind::Keep { uid, rewrite: true } => {
-                let set = BTreeMap::from([(names::ANN_OWNERS, None)]);
-                let (state, reason) = rewrite(
-                    ctx,
-                    opts,
-                    &client,
-                    action,
-                    &guard(uid),
-                    &set,
-                    (RowState::Kept, RowState::Kept),
                     action.reason(),
                 )
                 .await;
@@ -423,6 +427,10 @@ async fn prune_cluster(
             }
             _ => continue,
         };
+        if writes && state != RowState::Failed {
+            let by = downstream.display();
+            same.wrote(identity, place, Done { by, state });
+        }
         rows.push(row(downstream, &shown, state, reason));
     }
     Ok(rows)
@@ -629,7 +637,7 @@ mod tests {
     #[test]
     fn a_copy_wanted_again_is_only_kept_from_the_helmops_that_want_it_now() {
         use helmop_core::resource::ResourceRef;
-        let here = crate::identity::identity_key("uid-1");
+        let here = "cluster:team/here".to_string();
         let want = |cluster: &str, helmop: &str, name: &str| DesiredCopy {
             cluster: cluster.into(),
             namespace: "apps".into(),
@@ -652,31 +660,33 @@ mod tests {
             },
             &["old"],
         );
-        let other = crate::identity::identity_key("uid-2");
+        let other = "cluster:team/far".to_string();
+        // `far` is another cluster, `unknown` may be this one.
+        let one = |c: &str| c == here || c == "cluster:team/unknown";
         let wants = [
             want(&here, "new", "db"),
             want(&other, "far", "db"),
             want(&here, "other", "cache"),
         ];
         assert_eq!(
-            wanted_again(&wants, &here, &prune),
+            wanted_again(&wants, one, &prune),
             [HelmOpKey::new("team", "new")],
             "a delete waits for any HelmOp wanting the copy here"
         );
         assert!(
-            wanted_again(&wants, &here, &release).is_empty(),
+            wanted_again(&wants, one, &release).is_empty(),
             "releasing old is fine while new wants it"
         );
         let wants = [want(&here, "old", "db")];
-        assert_eq!(wanted_again(&wants, &here, &release).len(), 1);
-        // An unidentified cluster may be this one.
+        assert_eq!(wanted_again(&wants, one, &release).len(), 1);
+        // A registration of unknown identity may be this one.
         let wants = [want("cluster:team/unknown", "new", "db")];
-        assert_eq!(wanted_again(&wants, &here, &prune).len(), 1);
-        assert!(wanted_again(&[], &here, &prune).is_empty());
+        assert_eq!(wanted_again(&wants, one, &prune).len(), 1);
+        assert!(wanted_again(&[], one, &prune).is_empty());
     }
 
-    #[tokio::test]
-    async fn wants_of_unidentified_entries_count_on_every_identified_cluster() {
+    #[test]
+    fn registrations_protect_only_what_may_be_their_cluster() {
         use crate::inventory::Selection;
         use helmop_core::resource::ResourceRef;
         let want = |cluster: &str, helmop: &str| DesiredCopy {
@@ -686,51 +696,51 @@ mod tests {
             resource: ResourceRef::secret("db"),
             keep: false,
         };
-        let downstream = |key: &str, ok: bool| Downstream {
-            key: key.into(),
-            names: vec![key.into()],
-            client: if ok {
-                Ok(
-                    kube::Client::try_from(kube::Config::new("https://a.invalid".parse().unwrap()))
-                        .unwrap(),
-                )
-            } else {
-                Err(PluginError::NoKubeconfigSecret)
-            },
-        };
-        let a = identity::identity_key("uid-a");
-        let b = identity::identity_key("uid-b");
-        let mut inv = Inventory {
+        let (a, a2, b, down) = (
+            "cluster:team/a",
+            "cluster:team/a2",
+            "cluster:team/b",
+            "cluster:team/down",
+        );
+        let id = |uid: &str| Some(crate::identity::identity_key(uid));
+        let inv = Inventory {
             selection: Selection::All,
             helmops: Vec::new(),
-            downstreams: vec![
-                downstream(&a, true),
-                downstream(&b, true),
-                downstream("cluster:team/down", false),
-            ],
-            desired: vec![want(&a, "x"), want("cluster:team/down", "y")],
+            downstreams: Vec::new(),
+            desired: vec![want(a, "x"), want(a2, "x2"), want(b, "z"), want(down, "y")],
             problems: Vec::new(),
             holds: Default::default(),
             rejected: Vec::new(),
-            cluster_keys: BTreeMap::new(),
+            identities: BTreeMap::from([
+                (a.to_string(), id("uid-a")),
+                (a2.to_string(), id("uid-a")),
+                (b.to_string(), id("uid-b")),
+                (down.to_string(), None),
+            ]),
+            unserved: vec![want("cluster:team/new", "n")],
             target_contexts: Vec::new(),
             named_sources: Vec::new(),
         };
-        protect_unidentified_wants(&mut inv);
-        let got: Vec<(String, String)> = inv
-            .desired
-            .iter()
-            .map(|d| (d.cluster.clone(), d.helmop.name.clone()))
-            .collect();
-        assert_eq!(
-            got,
-            [
-                (a.clone(), "x".to_string()),
-                ("cluster:team/down".to_string(), "y".to_string()),
-                (a, "y".to_string()),
-                (b, "y".to_string()),
-            ]
-        );
+        let protected = |key: &str| -> Vec<(String, String)> {
+            inv.protected(key)
+                .into_iter()
+                .map(|d| (d.cluster, d.helmop.name))
+                .collect()
+        };
+        let on = |key: &str, names: &[&str]| -> Vec<(String, String)> {
+            names
+                .iter()
+                .map(|n| (key.to_string(), n.to_string()))
+                .collect()
+        };
+        // Same claim, unknown identity, or not seen by this enumeration: protected; another
+        // claim: not.
+        assert_eq!(protected(a), on(a, &["x2", "y", "n"]));
+        assert_eq!(protected(b), on(b, &["y", "n"]));
+        // Unknown identity: may be any cluster.
+        assert_eq!(protected(down), on(down, &["x", "x2", "z", "n"]));
+        assert!(inv.may_reach_one(a, a2) && !inv.may_reach_one(a, b));
+        assert!(inv.may_reach_one(b, down) && inv.may_reach_one(b, "cluster:team/new"));
     }
 
     #[test]

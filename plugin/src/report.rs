@@ -142,6 +142,7 @@ fn colour_of(state: RowState, fleet_copy: Option<AgentCopy>) -> Option<Colour> {
         | RowState::SourceMissing
         | RowState::Unreachable
         | RowState::Failed
+        | RowState::Lost
         | RowState::Invalid => Some(Colour::Red),
         // Frozen on purpose: nothing is wrong and nothing will happen until it is unpaused.
         RowState::Paused => None,

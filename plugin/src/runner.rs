@@ -2,6 +2,7 @@
 //! own deadline, so a slow or dead cluster costs only its own rows. Shows a progress bar on a
 //! terminal and plain lines otherwise.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -32,7 +33,10 @@ pub struct ClusterResult<T> {
     pub outcome: Result<T, PluginError>,
 }
 
-/// Runs `work` for every downstream with a client, bounded and time-limited.
+/// Runs `work` for every downstream with a client, bounded and time-limited. Registrations
+/// claiming one identity run one after the other, in the order given (each under its own
+/// deadline): when they do reach one cluster, a later one sees what an earlier one wrote instead
+/// of racing it, and a dry run announces them in the same order ([`crate::same_cluster`]).
 pub async fn for_each_cluster<T, F, Fut>(
     downstreams: &[Downstream],
     concurrency: usize,
@@ -65,30 +69,38 @@ where
     let lines = progress == Progress::Auto && bar.is_none();
     let work = &work;
     let bar_ref = &bar;
-    let mut results: Vec<ClusterResult<T>> = futures::stream::iter(downstreams.iter().enumerate())
-        .map(|(index, downstream)| async move {
-            let outcome = match &downstream.client {
-                Err(reason) => Err(reason.clone()),
-                Ok(client) => {
-                    match tokio::time::timeout(deadline, work(index, client.clone())).await {
-                        Ok(outcome) => outcome,
-                        Err(_) => Err(PluginError::ClusterTimeout { timeout: deadline }),
-                    }
-                }
-            };
-            let name = downstream.display();
-            if let Some(bar) = bar_ref {
-                bar.inc(1);
-                bar.set_message(name.clone());
-            } else if lines {
-                match &outcome {
-                    Ok(_) => eprintln!("{what} {name}: done"),
-                    Err(reason) => eprintln!("{what} {name}: unreachable: {reason}"),
-                }
+    let one = |index: usize| async move {
+        let downstream = &downstreams[index];
+        let outcome = match &downstream.client {
+            Err(reason) => Err(reason.clone()),
+            Ok(client) => match tokio::time::timeout(deadline, work(index, client.clone())).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(PluginError::ClusterTimeout { timeout: deadline }),
+            },
+        };
+        let name = downstream.display();
+        if let Some(bar) = bar_ref {
+            bar.inc(1);
+            bar.set_message(name.clone());
+        } else if lines {
+            match &outcome {
+                Ok(_) => eprintln!("{what} {name}: done"),
+                Err(reason) => eprintln!("{what} {name}: unreachable: {reason}"),
             }
-            ClusterResult { index, outcome }
+        }
+        ClusterResult { index, outcome }
+    };
+    let one = &one;
+    let mut results: Vec<ClusterResult<T>> = futures::stream::iter(turns(downstreams))
+        .map(|group| async move {
+            let mut out = Vec::with_capacity(group.len());
+            for index in group {
+                out.push(one(index).await);
+            }
+            out
         })
         .buffer_unordered(concurrency.max(1))
+        .flat_map(futures::stream::iter)
         .collect()
         .await;
     if let Some(bar) = bar {
@@ -96,6 +108,26 @@ where
     }
     results.sort_by_key(|r| r.index);
     results
+}
+
+/// The downstreams (by index) grouped by the identity they claim, in order of first appearance;
+/// one whose identity is unknown (or unreachable) is a group of its own.
+fn turns(downstreams: &[Downstream]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut by_identity: BTreeMap<&str, usize> = BTreeMap::new();
+    for (index, d) in downstreams.iter().enumerate() {
+        let claimed = d.identity.as_deref().filter(|_| d.client.is_ok());
+        match claimed.and_then(|id| by_identity.get(id)) {
+            Some(&g) => groups[g].push(index),
+            None => {
+                if let Some(id) = claimed {
+                    by_identity.insert(id, groups.len());
+                }
+                groups.push(vec![index]);
+            }
+        }
+    }
+    groups
 }
 
 #[cfg(test)]
@@ -108,12 +140,33 @@ mod tests {
     fn reachable(name: &str) -> Downstream {
         Downstream {
             key: format!("https://{name}"),
-            names: vec![name.into()],
+            name: name.into(),
+            identity: None,
             client: Ok(kube::Client::try_from(kube::Config::new(
                 format!("https://{name}.invalid").parse().unwrap(),
             ))
             .unwrap()),
         }
+    }
+
+    #[tokio::test]
+    async fn registrations_claiming_one_identity_take_turns_in_order() {
+        let claiming = |name: &str, id: Option<&str>| Downstream {
+            identity: id.map(String::from),
+            ..reachable(name)
+        };
+        let downstreams = [
+            claiming("a", Some("x")),
+            claiming("b", None),
+            claiming("c", Some("y")),
+            claiming("d", Some("x")),
+            claiming("e", None),
+            claiming("f", Some("x")),
+        ];
+        assert_eq!(
+            turns(&downstreams),
+            [vec![0, 3, 5], vec![1], vec![2], vec![4]]
+        );
     }
 
     #[tokio::test]
@@ -123,7 +176,8 @@ mod tests {
             reachable("hangs"),
             Downstream {
                 key: "cluster:x/nocreds".into(),
-                names: vec!["x/nocreds".into()],
+                name: "x/nocreds".into(),
+                identity: None,
                 client: Err(PluginError::KubeconfigSecretAbsent {
                     namespace: "x".into(),
                     name: "k".into(),

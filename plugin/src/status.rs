@@ -118,7 +118,7 @@ pub fn state_of(action: &Action) -> RowState {
         ActionKind::Prune { .. } | ActionKind::RemoveOwner { .. } | ActionKind::Orphaned(_) => {
             RowState::Orphaned
         }
-        ActionKind::Keep { .. } => RowState::Kept,
+        ActionKind::Keep { .. } | ActionKind::Handover { .. } => RowState::Kept,
         ActionKind::Held { why, .. } => why.state(),
     }
 }
@@ -132,8 +132,7 @@ async fn cluster_status(
     client: kube::Client,
     origin: KeyOrigin,
 ) -> Result<Vec<Row>, PluginError> {
-    let (obs, actions) =
-        observe_and_plan(ctx, inv, sources, &downstream.key, &client, false).await?;
+    let (obs, actions) = observe_and_plan(ctx, inv, sources, downstream, &client, false).await?;
     let mut rows = Vec::new();
     // Our copies in sync or stale, per namespace: resource -> (content hash, HelmOps).
     let mut copies: BTreeMap<String, BTreeMap<ResourceRef, (String, Vec<String>)>> =

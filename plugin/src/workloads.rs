@@ -254,13 +254,23 @@ fn to_workload(kind: WorkloadKind, obj: &DynamicObject) -> Option<Workload> {
 /// The opted-in workloads of `namespace` (none when the namespace does not exist). Kinds the
 /// server does not serve (e.g. batch/v1 CronJob before Kubernetes 1.21) are skipped.
 pub async fn list_opted_in(client: &Client, namespace: &str) -> Result<Vec<Workload>, kube::Error> {
-    let Some(ns) = Api::<Namespace>::all(client.clone())
+    // Credentials limited to the namespace may not read its Namespace object: then only the
+    // workloads' own opt-in labels count (a namespace-wide opt-in cannot be seen).
+    let ns_labels = match Api::<Namespace>::all(client.clone())
         .get_opt(namespace)
-        .await?
-    else {
-        return Ok(Vec::new());
+        .await
+    {
+        Ok(Some(ns)) => ns.metadata.labels.unwrap_or_default(),
+        Ok(None) => return Ok(Vec::new()),
+        Err(kube::Error::Api(ae)) if ae.code == 403 => {
+            tracing::debug!(
+                namespace,
+                "the Namespace cannot be read: only workload labels opt in"
+            );
+            Default::default()
+        }
+        Err(e) => return Err(e),
     };
-    let ns_labels = ns.metadata.labels.unwrap_or_default();
     let mut out = Vec::new();
     for kind in KINDS {
         let api: Api<DynamicObject> =

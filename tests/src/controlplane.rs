@@ -369,30 +369,42 @@ impl ControlPlane {
     /// reserved) until [`ControlPlane::start_cluster`]. Do not use on the shared control plane:
     /// other tests run against it concurrently.
     pub fn stop_cluster(&self, name: &str) -> anyhow::Result<()> {
-        self.run_script("stop-cluster", name)
+        self.run_script("stop-cluster", &[name]).map(drop)
     }
 
     /// Starts a stopped kube-apiserver again with the same flags and waits until it is ready.
     pub fn start_cluster(&self, name: &str) -> anyhow::Result<()> {
-        self.run_script("start-cluster", name)
+        self.run_script("start-cluster", &[name]).map(drop)
     }
 
-    fn run_script(&self, subcommand: &str, name: &str) -> anyhow::Result<()> {
+    /// Starts cluster `name` from an etcd snapshot of cluster `src` (`cp clone-cluster`): the
+    /// same objects with the same uids, `kube-system`'s included, served by its own etcd and
+    /// kube-apiserver at its own address: what two clusters restored from one backup look like.
+    /// Safe on the shared control plane (the source is only read); torn down with it.
+    pub fn clone_cluster(&self, src: &str, name: &str) -> anyhow::Result<ClusterInfo> {
+        let line = self.run_script("clone-cluster", &[src, name])?;
+        serde_json::from_str(line.trim())
+            .with_context(|| format!("cp clone-cluster printed {line:?}, not a cluster entry"))
+    }
+
+    /// Runs `cp SUBCOMMAND --dir DIR ARGS...`; its stdout.
+    fn run_script(&self, subcommand: &str, args: &[&str]) -> anyhow::Result<String> {
         let out = Command::new(cp_script())
             .arg(subcommand)
             .arg("--dir")
             .arg(&self.dir)
-            .arg(name)
+            .args(args)
             .stdin(Stdio::null())
             .output()
             .with_context(|| format!("cannot run {}", cp_script().display()))?;
         if !out.status.success() {
             bail!(
-                "cp {subcommand} {name} failed: {}",
+                "cp {subcommand} {} failed: {}",
+                args.join(" "),
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        Ok(())
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// Tears the clusters down and waits for the harness to finish (idempotent).

@@ -27,6 +27,7 @@ pub mod images;
 mod namespaces;
 mod node;
 mod objects;
+pub mod proxy;
 pub mod registry;
 mod wait;
 mod webhook_server;

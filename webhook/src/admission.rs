@@ -18,7 +18,7 @@ use kube::core::{GroupVersionKind, GroupVersionResource};
 use std::sync::OnceLock;
 
 use helmop_core::validate::{JsonView, OwnedValue};
-use serde::de::{self, IgnoredAny};
+use serde::de;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -31,6 +31,134 @@ pub const KIND: &str = "AdmissionReview";
 /// Largest accepted request body. The API server caps objects at 3 MiB (etcd's default limit) and a review
 /// carries the object and the old object, plus framing.
 pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
+
+/// Most JSON values (scalars, lists and objects, at any depth) one review may hold. A parsed tree costs
+/// tens of bytes per value however short its text is: 2.9 MB of `[0,0,...]` in a HelmOp's `helm.values`
+/// parsed into 163 MiB, about 48 times the body, so bytes alone bound nothing. Real reviews hold a few
+/// thousand values; a HelmOp with the values of the largest public charts a few tens of thousands.
+pub const MAX_VALUES: usize = 262_144;
+
+/// Bytes charged per JSON value of a review against the in-flight budget (a borrowed tree node with its
+/// share of its list's or object's growth, and the handlers' `serde_json::Value` of a workload).
+pub const VALUE_COST: usize = 96;
+
+/// Copies of a review's text its decision may hold besides the body: the objects' text the parsed trees
+/// borrow from, and the strings typed decoding copies out of it (`metadata`, a HelmOp's model).
+pub const TEXT_COPIES: usize = 2;
+
+/// What one review may hold at most while it is decided, charged against `--max-in-flight-bytes`: its
+/// body, [`TEXT_COPIES`] more of its text, and [`MAX_VALUES`] values.
+pub const MAX_REVIEW_COST: usize = (1 + TEXT_COPIES) * MAX_BODY_BYTES + MAX_VALUES * VALUE_COST;
+
+/// What a counting pass over a body found (see [`count_values`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    /// A JSON document of this many values.
+    Values(usize),
+    /// More than the limit: counting stopped there.
+    TooMany,
+    /// Not JSON (or nested past serde_json's 128 levels): [`decode`] says why.
+    Invalid,
+}
+
+/// Counts the JSON values in `body` without building any of them, stopping past `limit`: one pass of
+/// serde_json's parser with nothing allocated, so the cost of a review is known before it is decoded.
+pub fn count_values(body: &[u8], limit: usize) -> Counted {
+    let mut n = 0usize;
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let seed = Count { n: &mut n, limit };
+    match de::DeserializeSeed::deserialize(seed, &mut de).and_then(|()| de.end()) {
+        Ok(()) => Counted::Values(n),
+        Err(_) if n > limit => Counted::TooMany,
+        Err(_) => Counted::Invalid,
+    }
+}
+
+struct Count<'c> {
+    n: &'c mut usize,
+    limit: usize,
+}
+
+impl Count<'_> {
+    fn bump<E: de::Error>(&mut self) -> Result<(), E> {
+        *self.n += 1;
+        if *self.n > self.limit {
+            return Err(E::custom("too many values"));
+        }
+        Ok(())
+    }
+}
+
+impl<'de> de::DeserializeSeed<'de> for Count<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> de::Visitor<'de> for Count<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E: de::Error>(mut self, _: bool) -> Result<(), E> {
+        self.bump()
+    }
+    fn visit_i64<E: de::Error>(mut self, _: i64) -> Result<(), E> {
+        self.bump()
+    }
+    fn visit_u64<E: de::Error>(mut self, _: u64) -> Result<(), E> {
+        self.bump()
+    }
+    fn visit_f64<E: de::Error>(mut self, _: f64) -> Result<(), E> {
+        self.bump()
+    }
+    fn visit_str<E: de::Error>(mut self, _: &str) -> Result<(), E> {
+        self.bump()
+    }
+    fn visit_unit<E: de::Error>(mut self) -> Result<(), E> {
+        self.bump()
+    }
+    fn visit_seq<A: de::SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+        self.bump()?;
+        let limit = self.limit;
+        while seq
+            .next_element_seed(Count {
+                n: &mut *self.n,
+                limit,
+            })?
+            .is_some()
+        {}
+        Ok(())
+    }
+    fn visit_map<A: de::MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
+        self.bump()?;
+        let limit = self.limit;
+        while map.next_key::<de::IgnoredAny>()?.is_some() {
+            map.next_value_seed(Count {
+                n: &mut *self.n,
+                limit,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// The `request.uid` of a review, read without building anything else (to answer one that is not decoded).
+pub fn review_uid(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Uid {
+        uid: String,
+    }
+    #[derive(Deserialize)]
+    struct Review {
+        request: Option<Uid>,
+    }
+    serde_json::from_slice::<Review>(body)
+        .ok()
+        .and_then(|r| r.request)
+        .map(|r| r.uid)
+}
 
 /// Why a body is not an AdmissionReview v1 this webhook can answer (HTTP 400).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -123,15 +251,22 @@ pub struct Request {
     #[serde(default)]
     pub namespace: Option<String>,
     pub operation: Operation,
-    /// Required by the v1 schema (the API server always sends it); nothing here reads it.
-    #[serde(rename = "userInfo")]
-    _user_info: IgnoredAny,
+    /// Required by the v1 schema (the API server always sends it). Only the user name is kept: the
+    /// delete guard tells the garbage collector by it.
+    pub user_info: UserInfo,
     #[serde(default)]
     pub object: Option<Object>,
     #[serde(default)]
     pub old_object: Option<Object>,
     #[serde(default)]
     pub dry_run: bool,
+}
+
+/// Who sent the request, as the API server authenticated them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct UserInfo {
+    #[serde(default)]
+    pub username: String,
 }
 
 /// An object of a review: its JSON parsed once into a tree that borrows from the object's own text (what the
@@ -507,6 +642,34 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.len() < 300, "{err}");
+    }
+
+    #[test]
+    fn values_are_counted_without_building_them_and_counting_stops_at_the_limit() {
+        assert_eq!(
+            count_values(br#"{"a": [1, 2, {"b": null}], "c": "x"}"#, 100),
+            Counted::Values(7)
+        );
+        assert_eq!(count_values(b"[0,0,0,0]", 4), Counted::TooMany);
+        assert_eq!(count_values(b"[0,0,0,0]", 5), Counted::Values(5));
+        assert_eq!(count_values(b"{\"a\": ", 100), Counted::Invalid);
+        assert_eq!(count_values(b"[1] [2]", 100), Counted::Invalid);
+        // Nested past serde_json's recursion limit: left to decode, which reports it.
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        assert_eq!(count_values(deep.as_bytes(), 1000), Counted::Invalid);
+        // Dense values: 2 bytes each in the body, stopped at the limit however long the body.
+        let dense = format!("[{}0]", "0,".repeat(1_000_000));
+        assert_eq!(count_values(dense.as_bytes(), MAX_VALUES), Counted::TooMany);
+    }
+
+    #[test]
+    fn the_uid_is_read_from_a_review_that_is_not_decoded() {
+        let body = review(API_VERSION, Some(request()));
+        assert_eq!(
+            review_uid(&body).as_deref(),
+            Some("705ab4f5-6393-11e8-b7cc-42010a800002")
+        );
+        assert_eq!(review_uid(b"[]"), None);
     }
 
     fn parse(body: &[u8]) -> Value {

@@ -6,9 +6,11 @@ use futures::future::BoxFuture;
 
 use crate::admission::Request;
 use crate::cli::{Cli, LogFormat};
+use crate::config::ImageMode;
 use crate::error::Result;
 use crate::handlers;
-use crate::images::{ImageResolver, RegistryResolver};
+use crate::images::registry::RegistrySettings;
+use crate::images::{ImageResolver, NoImages, RegistryResolver};
 use crate::metrics::Metrics;
 use crate::server::{self, Handlers, Server, Webhook};
 use crate::state::{AppState, Options};
@@ -75,9 +77,16 @@ pub async fn run(cli: Cli) -> Result<()> {
     let metrics = Metrics::new();
     let client = kube::Client::try_default().await?;
     let config = cli.config();
-    // Built even with `--image-mode off`: a namespace or workload annotation may still ask for pin/annotate.
-    let images: Arc<dyn ImageResolver> =
-        Arc::new(RegistryResolver::new(client.clone(), &config, &metrics)?);
+    // With `--image-mode off` no resolver exists: annotations may lower the mode, never raise it, so nothing
+    // would ever reach a registry. The registry config is still read, so a broken one fails at start.
+    let images: Arc<dyn ImageResolver> = if config.image_mode == ImageMode::Off {
+        if let Some(path) = &config.registry_config {
+            RegistrySettings::load(path)?;
+        }
+        Arc::new(NoImages)
+    } else {
+        Arc::new(RegistryResolver::new(client.clone(), &config, &metrics)?)
+    };
     let options = Options {
         digest_cache_entries: cli.digest_cache_entries,
         max_live_gets: usize::try_from(cli.max_live_gets).unwrap_or(usize::MAX),

@@ -29,6 +29,14 @@ pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "helmop-bo
 pub const NOT_AFTER: &str = "helmop.dev/not-after";
 /// Annotation with the DNS names the certificate was issued for (comma separated).
 pub const DNS_NAMES: &str = "helmop.dev/dns-names";
+/// Annotation with the time a certificate was issued (unix seconds): a CA replaced by a new one stays
+/// trusted until the serving certificate of the new one has been out this long.
+pub const ISSUED_AT: &str = "helmop.dev/issued-at";
+/// How long a replaced CA stays in `caBundle` and in the serving Secret's `ca.crt` after a certificate
+/// of the new CA was issued: the pods reload the new certificate within a minute or two of the kubelet
+/// updating their volume, and the API server's client certificate must be copied meanwhile. Removed by
+/// the first run after that (the daily CronJob).
+pub const ROTATION_GRACE: Duration = Duration::from_secs(15 * 60);
 
 const HASH_KEY_BYTES: usize = 32;
 const CA_COMMON_NAME: &str = "helmop-webhook-ca";
@@ -263,6 +271,7 @@ fn tls_secret(name: &str, pem: &Pem, ca_cert: &str, dns_names: &[String]) -> Sec
             annotations: Some(BTreeMap::from([
                 (NOT_AFTER.to_owned(), pem.not_after.to_string()),
                 (DNS_NAMES.to_owned(), dns_names.join(",")),
+                (ISSUED_AT.to_owned(), unix_now().to_string()),
             ])),
             ..Default::default()
         },
@@ -316,7 +325,12 @@ pub fn renewal_reason(
     let Some(pem) = pem_from_secret(secret) else {
         return Some("certificate, key or expiry annotation missing");
     };
-    if data_str(secret, "ca.crt") != Some(ca_cert) {
+    // `ca.crt` may carry a replaced CA after the current one while a rotation settles.
+    if pem_blocks(data_str(secret, "ca.crt").unwrap_or(""))
+        .first()
+        .copied()
+        != Some(ca_cert.trim())
+    {
         return Some("issued by another CA");
     }
     let names = secret
@@ -336,6 +350,40 @@ pub fn renewal_reason(
         return Some("expires soon");
     }
     None
+}
+
+/// The PEM certificate blocks of `bundle`, trimmed, in order.
+pub fn pem_blocks(bundle: &str) -> Vec<&str> {
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut out = Vec::new();
+    let mut rest = bundle;
+    while let Some(start) = rest.find("-----BEGIN CERTIFICATE-----") {
+        let Some(end) = rest[start..].find(END) else {
+            break;
+        };
+        out.push(rest[start..start + end + END.len()].trim());
+        rest = &rest[start + end + END.len()..];
+    }
+    out
+}
+
+/// The CA bundle to trust next, given the one trusted now: add before remove. While `ca` is not in
+/// `current`, it goes first and the CAs trusted so far stay (the pods may still serve a certificate of
+/// the old CA, and the API server may still present a client certificate of it); once it is, the others
+/// go only when `settled` (the new CA's certificate has been out [`ROTATION_GRACE`]).
+pub fn next_bundle(current: &str, ca: &str, settled: bool) -> String {
+    let ca = ca.trim();
+    let blocks = pem_blocks(current);
+    let others: Vec<&str> = blocks.iter().copied().filter(|b| *b != ca).collect();
+    if blocks.contains(&ca) && (settled || others.is_empty()) {
+        return format!("{ca}\n");
+    }
+    let mut out = format!("{ca}\n");
+    for b in others {
+        out.push_str(b);
+        out.push('\n');
+    }
+    out
 }
 
 /// Sets `caBundle` on every webhook of a configuration; true when something changed.
@@ -421,16 +469,19 @@ async fn ensure_ca(api: &Api<Secret>, at: &SecretRef, now: i64) -> Result<(Pem, 
     }
 }
 
-/// Issues the certificate of Secret `at` (for `names`) when [`renewal_reason`] says so; the reason, or `None`
-/// when kept.
+/// Issues the certificate of Secret `at` (for `names`) when [`renewal_reason`] says so; the reason (`None`
+/// when kept) and the `ca.crt` it now holds. With `trusted` (the `caBundle` the API server trusts now, for the
+/// serving certificate) `ca.crt` is [`next_bundle`] of it, so the webhook's `--client-ca` also accepts a
+/// replaced CA until the rotation has settled; without, just the CA.
 async fn ensure_leaf(
     client: &Client,
     at: &SecretRef,
     ca: &Pem,
     names: &[String],
     target: &TlsTarget,
+    trusted: Option<&str>,
     issue: impl Fn(&Pem, i64, u32) -> Result<Pem>,
-) -> Result<Option<&'static str>> {
+) -> Result<(Option<&'static str>, String)> {
     let now = unix_now();
     let api: Api<Secret> = Api::namespaced(client.clone(), &at.namespace);
     let existing = api.get_opt(&at.name).await?;
@@ -443,9 +494,14 @@ async fn ensure_leaf(
         Some(s) => renewal_reason(s, &ca.cert, names, now, target.renew_before),
         None => Some("no certificate yet"),
     };
+    let settled = reason.is_none() && existing.as_ref().is_some_and(|s| settled(s, now));
+    let ca_crt = match trusted {
+        Some(bundle) => next_bundle(bundle, &ca.cert, settled),
+        None => ca.cert.clone(),
+    };
     if let Some(reason) = reason {
         let pem = issue(ca, now, target.validity_days)?;
-        let mut secret = tls_secret(&at.name, &pem, &ca.cert, names);
+        let mut secret = tls_secret(&at.name, &pem, &ca_crt, names);
         match existing {
             // Replace with the read resourceVersion: a concurrent run makes this fail instead of interleaving.
             Some(old) => {
@@ -458,8 +514,69 @@ async fn ensure_leaf(
             }
         }
         tracing::info!(secret = %at, reason, not_after = pem.not_after, "certificate issued");
+    } else if let Some(mut secret) = existing
+        && data_str(&secret, "ca.crt") != Some(ca_crt.as_str())
+    {
+        // Kept, but the CAs it vouches for changed (a replaced CA added or, settled, removed).
+        if let Some(data) = secret.data.as_mut() {
+            data.insert("ca.crt".to_owned(), ByteString(ca_crt.clone().into_bytes()));
+        }
+        api.replace(&at.name, &PostParams::default(), &secret)
+            .await?;
+        tracing::info!(secret = %at, cas = pem_blocks(&ca_crt).len(), "ca.crt updated");
     }
-    Ok(reason)
+    Ok((reason, ca_crt))
+}
+
+/// Whether the certificate in `secret` has been out for [`ROTATION_GRACE`] (certificates from before
+/// the annotation count as settled).
+fn settled(secret: &Secret, now: i64) -> bool {
+    let grace = i64::try_from(ROTATION_GRACE.as_secs()).unwrap_or(i64::MAX);
+    secret
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ISSUED_AT))
+        .and_then(|t| t.parse::<i64>().ok())
+        .is_none_or(|issued| now.saturating_sub(issued) >= grace)
+}
+
+/// The `caBundle` the API server trusts now: the first one set on the webhook configurations (empty
+/// when none is set yet).
+async fn trusted_bundle(client: &Client, name: &str) -> Result<String> {
+    let first = |configs: Vec<&WebhookClientConfig>| {
+        configs
+            .into_iter()
+            .find_map(|c| c.ca_bundle.as_ref())
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+    };
+    if let Some(v) = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .get_opt(name)
+        .await?
+        && let Some(bundle) = first(
+            v.webhooks
+                .iter()
+                .flatten()
+                .map(|w| &w.client_config)
+                .collect(),
+        )
+    {
+        return Ok(bundle);
+    }
+    if let Some(m) = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .get_opt(name)
+        .await?
+        && let Some(bundle) = first(
+            m.webhooks
+                .iter()
+                .flatten()
+                .map(|w| &w.client_config)
+                .collect(),
+        )
+    {
+        return Ok(bundle);
+    }
+    Ok(String::new())
 }
 
 /// Ensures CA, serving certificate and `caBundle`s; see the module documentation.
@@ -469,22 +586,25 @@ pub async fn bootstrap_tls(client: Client, target: &TlsTarget) -> Result<TlsOutc
     let (ca, ca_created) = ensure_ca(&ca_api, &target.ca_secret, now).await?;
 
     let dns_names = service_dns_names(&target.service, &target.secret.namespace);
-    let reason = ensure_leaf(
+    let trusted = trusted_bundle(&client, &target.webhook_configuration).await?;
+    let (reason, bundle) = ensure_leaf(
         &client,
         &target.secret,
         &ca,
         &dns_names,
         target,
+        Some(&trusted),
         |ca, now, days| issue_serving_cert(ca, &dns_names, now, days),
     )
     .await?;
     let client_names = [API_SERVER_CLIENT_NAME.to_owned()];
-    let client_issued = ensure_leaf(
+    let (client_issued, _) = ensure_leaf(
         &client,
         &target.client_secret,
         &ca,
         &client_names,
         target,
+        None,
         |ca, now, days| issue_client_cert(ca, API_SERVER_CLIENT_NAME, now, days),
     )
     .await?;
@@ -492,7 +612,7 @@ pub async fn bootstrap_tls(client: Client, target: &TlsTarget) -> Result<TlsOutc
     let validating_patched = inject::<ValidatingWebhookConfiguration>(
         &client,
         &target.webhook_configuration,
-        &ca.cert,
+        &bundle,
         |c| {
             c.webhooks
                 .iter_mut()
@@ -505,7 +625,7 @@ pub async fn bootstrap_tls(client: Client, target: &TlsTarget) -> Result<TlsOutc
     let mutating_patched = inject::<MutatingWebhookConfiguration>(
         &client,
         &target.webhook_configuration,
-        &ca.cert,
+        &bundle,
         |c| {
             c.webhooks
                 .iter_mut()
@@ -657,7 +777,13 @@ mod tests {
         let resolver = std::sync::Arc::new(crate::tls::CertResolver::new(key));
         let roots = crate::tls::load_client_ca(ca.cert.as_bytes()).unwrap();
         let server = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(
-            crate::tls::server_config(resolver, Some(roots.clone())).unwrap(),
+            crate::tls::server_config(
+                resolver,
+                Some(std::sync::Arc::new(
+                    crate::tls::ClientCaVerifier::new(roots.clone()).unwrap(),
+                )),
+            )
+            .unwrap(),
         ));
         for (who, leaf, accepted) in [("client", &client, true), ("serving", &serving, false)] {
             let chain = rustls::pki_types::CertificateDer::pem_slice_iter(leaf.cert.as_bytes())
@@ -724,6 +850,46 @@ mod tests {
         assert_eq!(leaf.not_after, NOW + 365 * 86_400);
         assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
         assert!(is_managed(&secret));
+    }
+
+    #[test]
+    fn a_new_ca_is_added_before_the_old_one_is_removed() {
+        let (old, new) = (generate_ca(NOW).unwrap(), generate_ca(NOW).unwrap());
+        let (old_pem, new_pem) = (old.cert.trim(), new.cert.trim());
+        // Nothing trusted yet: the CA alone.
+        assert_eq!(pem_blocks(&next_bundle("", &new.cert, false)), [new_pem]);
+        // A new CA while the old one is trusted: both, the new first, settled or not.
+        for settled in [false, true] {
+            let added = next_bundle(&old.cert, &new.cert, settled);
+            assert_eq!(pem_blocks(&added), [new_pem, old_pem], "{settled}");
+            // Not settled yet: both stay.
+            assert_eq!(
+                pem_blocks(&next_bundle(&added, &new.cert, false)),
+                [new_pem, old_pem]
+            );
+            // Settled: the old one goes.
+            assert_eq!(pem_blocks(&next_bundle(&added, &new.cert, true)), [new_pem]);
+        }
+        // Stable: the same CA alone stays alone.
+        let alone = next_bundle(&new.cert, &new.cert, false);
+        assert_eq!(next_bundle(&alone, &new.cert, false), alone);
+        assert_eq!(
+            pem_blocks("junk -----BEGIN CERTIFICATE----- no end"),
+            Vec::<&str>::new()
+        );
+        // The serving Secret's ca.crt may carry the old CA after the current one: not "another CA".
+        let leaf = issue_serving_cert(&new, &names(), NOW, 365).unwrap();
+        let both = next_bundle(&old.cert, &new.cert, false);
+        let secret = tls_secret("helmop-webhook-tls", &leaf, &both, &names());
+        let month = Duration::from_secs(30 * 86_400);
+        assert_eq!(
+            renewal_reason(&secret, &new.cert, &names(), NOW, month),
+            None
+        );
+        assert_eq!(
+            renewal_reason(&secret, &old.cert, &names(), NOW, month),
+            Some("issued by another CA")
+        );
     }
 
     #[test]

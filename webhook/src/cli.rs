@@ -58,6 +58,12 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub registry_config: Option<PathBuf>,
 
+    /// Address ranges the image resolver never connects to for a registry the registry config does not
+    /// list, added to the config's `deny` (or its default): the cluster's pod and Service CIDRs, IPv4 and
+    /// IPv6 (comma separated or repeated).
+    #[arg(long, value_name = "CIDR", value_delimiter = ',')]
+    pub registry_deny: Vec<helmop_images::policy::Cidr>,
+
     /// Bound of the content-digest cache, in entries.
     #[arg(long, value_name = "N", default_value_t = crate::state::DEFAULT_DIGEST_CACHE_ENTRIES)]
     pub digest_cache_entries: usize,
@@ -86,9 +92,10 @@ pub struct Cli {
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub max_in_flight: u64,
 
-    /// Request-body bytes held at once across all admission requests; a body that does not fit is answered
-    /// 429. At least the 7 MiB body limit.
-    #[arg(long, value_name = "BYTES", default_value_t = 16 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(7 * 1024 * 1024..=1 << 40))]
+    /// Bytes held at once across all admission requests: bodies as they arrive, then what each decoded
+    /// review costs (its text twice more and 96 bytes per JSON value); a request that does not fit is
+    /// answered 429. At least 45 MiB (the largest review: a 7 MiB body of 262,144 values).
+    #[arg(long, value_name = "BYTES", default_value_t = crate::server::DEFAULT_MAX_IN_FLIGHT_BYTES as u64, value_parser = clap::value_parser!(u64).range(crate::admission::MAX_REVIEW_COST as u64..=1 << 40))]
     pub max_in_flight_bytes: u64,
 
     /// Live GETs (an object's version or content, a namespace missing from the cache) sent to the API server
@@ -117,6 +124,7 @@ impl Cli {
             mutable_tags: self.mutable_tags.clone(),
             image_budget: Duration::from_millis(self.image_budget_ms),
             registry_config: self.registry_config.clone(),
+            registry_deny: self.registry_deny.clone(),
         }
     }
 
@@ -243,6 +251,32 @@ mod tests {
     }
 
     #[test]
+    fn registry_deny_ranges() {
+        let mut args = REQUIRED.to_vec();
+        args.extend([
+            "--registry-deny",
+            "10.244.0.0/16,fd00:10:244::/56",
+            "--registry-deny",
+            "2001:db8:96::/112",
+        ]);
+        let config = Cli::try_parse_from(args).unwrap().config();
+        let shown: Vec<String> = config
+            .registry_deny
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            shown,
+            ["10.244.0.0/16", "fd00:10:244::/56", "2001:db8:96::/112"]
+        );
+        for bad in ["10.0.0.0/33", "pods"] {
+            let mut args = REQUIRED.to_vec();
+            args.extend(["--registry-deny", bad]);
+            assert!(Cli::try_parse_from(args).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
     fn a_secret_ref_without_a_namespace_is_refused_with_the_value() {
         let mut args = REQUIRED.to_vec();
         args.extend(["--hash-key-secret", "key"]);
@@ -269,17 +303,17 @@ mod tests {
             "--max-in-flight",
             "8",
             "--max-in-flight-bytes",
-            "8388608",
+            "67108864",
         ]);
         let options = Cli::try_parse_from(args).unwrap().serve_options();
         assert_eq!(options.client_ca, Some(PathBuf::from("/tls/ca.crt")));
         assert_eq!(options.limits.max_in_flight, 8);
-        assert_eq!(options.limits.max_body_bytes_in_flight, 8 << 20);
+        assert_eq!(options.limits.max_body_bytes_in_flight, 64 << 20);
         for bad in [
             ["--max-in-flight", "0"],
             ["--max-live-gets", "0"],
-            // Below the 7 MiB body limit: no body could ever be read.
-            ["--max-in-flight-bytes", "1048576"],
+            // Below the largest review's cost: such a review could never be decided.
+            ["--max-in-flight-bytes", "33554432"],
         ] {
             let mut args = REQUIRED.to_vec();
             args.extend(bad);

@@ -70,6 +70,9 @@ pub struct Config {
     pub mutable_tags: Vec<String>,
     pub image_budget: Duration,
     pub registry_config: Option<PathBuf>,
+    /// `--registry-deny`: ranges never connected to for unlisted registries, added to the registry config's
+    /// `deny` (or its default).
+    pub registry_deny: Vec<helmop_images::policy::Cidr>,
 }
 
 impl Default for Config {
@@ -84,6 +87,7 @@ impl Default for Config {
             mutable_tags: Vec::new(),
             image_budget: Duration::from_secs(2),
             registry_config: None,
+            registry_deny: Vec::new(),
         }
     }
 }

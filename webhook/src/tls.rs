@@ -16,11 +16,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
+use rustls::pki_types::UnixTime;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use rustls::{RootCertStore, ServerConfig, version};
 
 use crate::error::Error;
@@ -104,29 +108,107 @@ pub fn load_client_ca(pem: &[u8]) -> Result<RootCertStore, Error> {
     Ok(roots)
 }
 
-/// Reads `--client-ca`.
-pub fn read_client_ca(path: &Path) -> Result<RootCertStore, Error> {
-    let pem = std::fs::read(path)
-        .map_err(|e| Error::Tls(format!("cannot read {}: {e}", path.display())))?;
-    load_client_ca(&pem).map_err(|e| Error::Tls(format!("{}: {e}", path.display())))
+/// A client-certificate verifier whose CAs can be replaced while serving: `--client-ca` is re-read
+/// like the serving certificate, so a rotated client CA (the bootstrap writes the new CA next to the
+/// old one first, see `bootstrap::next_bundle`) is accepted without a restart and a removed one stops
+/// being accepted. Each handshake uses the CAs current when it starts.
+#[derive(Debug)]
+pub struct ClientCaVerifier {
+    current: RwLock<Arc<dyn ClientCertVerifier>>,
+}
+
+impl ClientCaVerifier {
+    pub fn new(roots: RootCertStore) -> Result<Self, Error> {
+        Ok(ClientCaVerifier {
+            current: RwLock::new(Self::build(roots)?),
+        })
+    }
+
+    fn build(roots: RootCertStore) -> Result<Arc<dyn ClientCertVerifier>, Error> {
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+            .build()
+            .map_err(|e| Error::Tls(format!("client CA: {e}")))
+    }
+
+    /// Trusts exactly `roots` from the next handshake on.
+    pub fn store(&self, roots: RootCertStore) -> Result<(), Error> {
+        let next = Self::build(roots)?;
+        if let Ok(mut current) = self.current.write() {
+            *current = next;
+        }
+        Ok(())
+    }
+
+    fn inner(&self) -> Option<Arc<dyn ClientCertVerifier>> {
+        self.current.read().ok().map(|c| c.clone())
+    }
+}
+
+fn poisoned() -> rustls::Error {
+    rustls::Error::General("client CA verifier unavailable".into())
+}
+
+impl ClientCertVerifier for ClientCaVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+    fn client_auth_mandatory(&self) -> bool {
+        true
+    }
+    /// No hints: they would borrow from CAs that may be replaced meanwhile, and clients with one
+    /// certificate (the API server's) send it without them.
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.inner()
+            .ok_or_else(poisoned)?
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner()
+            .ok_or_else(poisoned)?
+            .verify_tls12_signature(message, cert, dss)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner()
+            .ok_or_else(poisoned)?
+            .verify_tls13_signature(message, cert, dss)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner()
+            .map(|v| v.supported_verify_schemes())
+            .unwrap_or_default()
+    }
 }
 
 /// The rustls server configuration of the admission port; `client_ca` makes a client certificate it signed
 /// mandatory.
 pub fn server_config(
     resolver: Arc<CertResolver>,
-    client_ca: Option<RootCertStore>,
+    client_ca: Option<Arc<ClientCaVerifier>>,
 ) -> Result<ServerConfig, Error> {
     let builder = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&version::TLS13, &version::TLS12])
         .map_err(|e| Error::Tls(e.to_string()))?;
     let builder = match client_ca {
         None => builder.with_no_client_auth(),
-        Some(roots) => builder.with_client_cert_verifier(
-            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-                .build()
-                .map_err(|e| Error::Tls(format!("client CA: {e}")))?,
-        ),
+        Some(verifier) => builder.with_client_cert_verifier(verifier),
     };
     let mut config = builder.with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
@@ -238,6 +320,76 @@ impl CertReloader {
                     PollResult::Pending
                 }
             },
+        }
+    }
+
+    /// Polls every `interval` until `shutdown` resolves.
+    pub async fn run(
+        mut self,
+        interval: Duration,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = ticker.tick() => { self.poll().await; }
+            }
+        }
+    }
+}
+
+/// Polls `--client-ca` and swaps the verifier's CAs when the file changes; content that does not
+/// load is reported once and the CAs in use are kept.
+pub struct ClientCaReloader {
+    path: PathBuf,
+    verifier: Arc<ClientCaVerifier>,
+    serving: Vec<u8>,
+    failed: Option<Vec<u8>>,
+}
+
+impl ClientCaReloader {
+    /// Loads the file (a failure is fatal to the caller: it would serve nobody).
+    pub fn start(path: &Path) -> Result<ClientCaReloader, Error> {
+        let pem = std::fs::read(path)
+            .map_err(|e| Error::Tls(format!("cannot read {}: {e}", path.display())))?;
+        let roots =
+            load_client_ca(&pem).map_err(|e| Error::Tls(format!("{}: {e}", path.display())))?;
+        Ok(ClientCaReloader {
+            path: path.to_owned(),
+            verifier: Arc::new(ClientCaVerifier::new(roots)?),
+            serving: pem,
+            failed: None,
+        })
+    }
+
+    pub fn verifier(&self) -> Arc<ClientCaVerifier> {
+        self.verifier.clone()
+    }
+
+    /// True when new CAs were taken into use.
+    pub async fn poll(&mut self) -> bool {
+        let Ok(pem) = tokio::fs::read(&self.path).await else {
+            return false;
+        };
+        if pem == self.serving || self.failed.as_ref() == Some(&pem) {
+            return false;
+        }
+        let loaded = load_client_ca(&pem).and_then(|roots| self.verifier.store(roots));
+        match loaded {
+            Ok(()) => {
+                tracing::info!(client_ca = %resolved(&self.path).display(), cas = CertificateDer::pem_slice_iter(&pem).count(), "client CA reloaded");
+                self.serving = pem;
+                self.failed = None;
+                true
+            }
+            Err(error) => {
+                tracing::error!(client_ca = %self.path.display(), %error, "client CA changed but cannot be loaded; keeping the previous one");
+                self.failed = Some(pem);
+                false
+            }
         }
     }
 
@@ -372,6 +524,23 @@ mod tests {
         std::fs::write(&kp, &k2).unwrap();
         assert_eq!(r.poll().await, PollResult::Unchanged);
         assert_eq!(metrics.cert_reloads(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_client_ca_that_does_not_load_is_not_taken_into_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ca.crt");
+        let (cert, _) = pair("ca");
+        std::fs::write(&path, &cert).unwrap();
+        let mut r = ClientCaReloader::start(&path).unwrap();
+        assert!(!r.poll().await, "unchanged");
+        std::fs::write(&path, "not a certificate").unwrap();
+        assert!(!r.poll().await, "garbage taken into use");
+        assert_eq!(r.serving, cert.as_bytes());
+        let (other, _) = pair("other");
+        std::fs::write(&path, &other).unwrap();
+        assert!(r.poll().await);
+        assert!(ClientCaReloader::start(&dir.path().join("missing")).is_err());
     }
 
     #[tokio::test]

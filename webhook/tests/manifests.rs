@@ -494,6 +494,8 @@ fn webhook_deployment_serves_what_the_configurations_call() {
     assert_eq!(deployment["spec"]["replicas"], 2);
     let pdb = named(&docs, "PodDisruptionBudget", "helmop-webhook");
     assert_eq!(pdb["spec"]["minAvailable"], 1);
+    // A broken replica never holds up a drain.
+    assert_eq!(pdb["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
     assert_eq!(pdb["spec"]["selector"], deployment["spec"]["selector"]);
     let service = named(&docs, "Service", "helmop-webhook");
     assert_eq!(
@@ -1180,7 +1182,22 @@ fn kube_1_20_component_only_downgrades_cronjob_and_pdb_versions() {
             assert_eq!(old["apiVersion"], expected, "{dir}: {}", name_of(new));
             let mut old = old.clone();
             old["apiVersion"] = new["apiVersion"].clone();
-            assert_eq!(&old, new, "{dir}: {}", name_of(new));
+            let mut new = new.clone();
+            if new["kind"] == "PodDisruptionBudget" {
+                // Kubernetes 1.26+ only: dropped for 1.20.
+                assert_eq!(
+                    new["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow",
+                    "{dir}"
+                );
+                assert!(
+                    old["spec"].get("unhealthyPodEvictionPolicy").is_none(),
+                    "{dir}"
+                );
+                if let Some(spec) = new["spec"].as_object_mut() {
+                    spec.remove("unhealthyPodEvictionPolicy");
+                }
+            }
+            assert_eq!(old, new, "{dir}: {}", name_of(&new));
         }
         for doc in &old {
             let version = doc["apiVersion"].as_str().unwrap_or("");
@@ -1199,4 +1216,42 @@ fn kube_1_20_component_only_downgrades_cronjob_and_pdb_versions() {
             .all(|c| c["apiVersion"] == "batch/v1beta1")
     );
     assert!(!of_kind(&signed, "CronJob").is_empty());
+}
+
+/// On 1.20 the name label can be set by whoever may update a Namespace, so `kube-1.20-strict` removes
+/// the exclusion by that label from every entry of a full install and changes nothing else.
+#[test]
+fn kube_1_20_strict_component_drops_only_the_name_label_exclusion() {
+    for dir in ["self-signed", "cert-manager", "client-auth"] {
+        let plain = render_for_1_20(dir);
+        let strict = render_overlay(&[dir], &["kube-1.20", "kube-1.20-strict"]);
+        assert_eq!(plain.len(), strict.len(), "{dir}");
+        let mut entries = 0;
+        for (p, s) in plain.iter().zip(&strict) {
+            let kind = p["kind"].as_str().unwrap_or("");
+            if !kind.ends_with("WebhookConfiguration") {
+                assert_eq!(p, s, "{dir}: {}", name_of(p));
+                continue;
+            }
+            for (pw, sw) in p["webhooks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .zip(s["webhooks"].as_array().unwrap())
+            {
+                entries += 1;
+                let mut expected = pw.clone();
+                let kept: Vec<Value> = pw["namespaceSelector"]["matchExpressions"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|e| e["key"] != "kubernetes.io/metadata.name")
+                    .cloned()
+                    .collect();
+                expected["namespaceSelector"]["matchExpressions"] = Value::Array(kept);
+                assert_eq!(&expected, sw, "{dir}: {}", pw["name"]);
+            }
+        }
+        assert_eq!(entries, 4, "{dir}");
+    }
 }

@@ -296,7 +296,7 @@ async fn past_the_in_flight_limits_requests_get_a_fast_429() {
     let mut opts = options(&volume);
     opts.limits = helmop_webhook::server::Limits {
         max_in_flight: 2,
-        max_body_bytes_in_flight: 10 * MIB,
+        max_body_bytes_in_flight: helmop_webhook::admission::MAX_REVIEW_COST,
     };
     let s = Setup {
         server: start(opts, handlers.clone()).await,
@@ -340,10 +340,11 @@ async fn past_the_in_flight_limits_requests_get_a_fast_429() {
         .unwrap();
     assert_eq!(reply.status, 200, "served again: {}", reply.text());
 
-    // Body bytes: one 6 MiB review held in a handler leaves no room for a second one.
+    // Decoded bytes: one review of 250,000 values (half a MiB of body, 24 MiB decoded) held in a handler
+    // leaves no room for a second one; the budget is the smallest allowed (the largest review's cost).
     gate.forget_permits(1_000);
     let calls = handlers.calls.load(Ordering::SeqCst);
-    let first = send_later(&s, review_of_size("u-6a", 6 * MIB));
+    let first = send_later(&s, review_of_values("u-6a", 250_000));
     eventually(
         Duration::from_secs(10),
         "the first big review parked",
@@ -351,14 +352,22 @@ async fn past_the_in_flight_limits_requests_get_a_fast_429() {
     )
     .await;
     let reply = conn
-        .send("POST", "/validate/helmops", review_of_size("u-6b", 6 * MIB))
+        .send(
+            "POST",
+            "/validate/helmops",
+            review_of_values("u-6b", 250_000),
+        )
         .await
-        .expect("the refused body is drained, so its 429 arrives");
+        .expect("the refused body was read, so its 429 arrives");
     assert_eq!(reply.status, 429, "{}", reply.text());
     gate.add_permits(1_000);
     assert_eq!(first.await.unwrap().unwrap().status, 200);
     let reply = conn
-        .send("POST", "/validate/helmops", review_of_size("u-6c", 6 * MIB))
+        .send(
+            "POST",
+            "/validate/helmops",
+            review_of_values("u-6c", 250_000),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -368,6 +377,64 @@ async fn past_the_in_flight_limits_requests_get_a_fast_429() {
         reply.text()
     );
     assert_eq!(s.server.metrics.requests("helmops", Outcome::Busy), 2);
+}
+
+/// A review of more JSON values than one admission decodes (dense lists: 2 bytes each, tens of bytes
+/// each once parsed) is never decoded: validation is refused and mutation admitted unpatched, each
+/// with the reason, and the handler is never called.
+#[tokio::test]
+async fn a_review_of_too_many_values_is_answered_without_being_decoded() {
+    let handlers = FakeHandlers::allowing();
+    let s = setup(handlers.clone()).await;
+    let mut conn = H1::connect(s.server.webhook, &s.pki).await;
+    let too_many = helmop_webhook::admission::MAX_VALUES + 1;
+    let reply = conn
+        .send(
+            "POST",
+            "/validate/helmops",
+            review_of_values("u-dense", too_many),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let answer: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(answer["response"]["uid"], "u-dense");
+    assert_eq!(answer["response"]["allowed"], false);
+    let message = answer["response"]["status"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        message.contains("more than 262144 JSON values"),
+        "{message}"
+    );
+    let reply = conn
+        .send(
+            "POST",
+            "/mutate/workloads",
+            review_of_values("u-dense-2", too_many),
+        )
+        .await
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert!(answer["response"].get("patch").is_none(), "{answer}");
+    assert_eq!(
+        handlers.calls.load(Ordering::SeqCst),
+        0,
+        "the handler was called"
+    );
+    assert_eq!(s.server.metrics.requests("helmops", Outcome::TooLarge), 1);
+    // A review at the bound is decided.
+    let reply = conn
+        .send(
+            "POST",
+            "/validate/helmops",
+            review_of_values("u-ok", 200_000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 200);
+    assert_eq!(handlers.calls.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]

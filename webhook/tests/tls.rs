@@ -205,6 +205,59 @@ async fn with_a_client_ca_only_its_certificates_get_an_answer() {
     );
 }
 
+/// A rotated client CA is taken into use without a restart: written as new + old (what the bootstrap
+/// writes first), both are accepted; written as new alone, the old one is refused.
+#[tokio::test]
+async fn a_rotated_client_ca_is_reloaded_add_before_remove() {
+    let pki = Pki::new();
+    let (old, new) = (Pki::new(), Pki::new());
+    let volume = SecretVolume::new(&pki.leaf("webhook"));
+    let ca_dir = tempfile::tempdir().unwrap();
+    let ca_file = ca_dir.path().join("client-ca.crt");
+    std::fs::write(&ca_file, &old.ca_pem).unwrap();
+    let handlers = FakeHandlers::allowing();
+    let mut opts = options(&volume);
+    opts.client_ca = Some(ca_file.clone());
+    let server = start(opts, handlers.clone()).await;
+    let body = serde_json::to_vec(&review("r", Webhook::Helmops, false)).unwrap();
+    let answered = |ca: &Pki| {
+        let config = client_config_with_cert(&pki, &ca.leaf("kube-apiserver"));
+        let body = body.clone();
+        let addr = server.webhook;
+        async move {
+            match H1::connect_with(addr, config).await {
+                Ok(mut conn) => conn
+                    .send("POST", "/validate/helmops", body)
+                    .await
+                    .is_ok_and(|r| r.status == 200),
+                Err(_) => false,
+            }
+        }
+    };
+    assert!(answered(&old).await && !answered(&new).await);
+
+    std::fs::write(&ca_file, format!("{}{}", new.ca_pem, old.ca_pem)).unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the new client CA accepted",
+        || answered(&new),
+    )
+    .await;
+    assert!(
+        answered(&old).await,
+        "the old client CA was dropped before it was removed"
+    );
+
+    std::fs::write(&ca_file, &new.ca_pem).unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the old client CA refused",
+        || async { !answered(&old).await },
+    )
+    .await;
+    assert!(answered(&new).await);
+}
+
 #[tokio::test]
 async fn a_stalled_handshake_is_dropped() {
     let (_pki, _volume, server) = setup().await; // handshake timeout 2 s in the test options

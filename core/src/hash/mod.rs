@@ -3,8 +3,8 @@
 //! Three hashes, one key per cluster:
 //! - [`object_digest`]: what a pod can observe of one object (cacheable per object);
 //! - [`config_stamp_v2`]: the pod template's `config-hash` over every object it reads, bound to
-//!   the namespace, plus the human-readable `config-refs` ([`config_stamp`] is the v1 form, and
-//!   [`migrated_stamp`] decides between them on an UPDATE);
+//!   the namespace, plus the human-readable `config-refs` ([`config_stamp`] is the v1 form, kept
+//!   for its test vectors and never written or kept by the webhook);
 //! - [`content_hash`]: a copy's `content-hash` over the whole source.
 //!
 //! Only keyed hashes leave this module: nothing here produces an unkeyed hash of secret data.
@@ -93,31 +93,6 @@ pub fn config_stamp_v2<'a>(
     lookup: impl FnMut(&PodRef) -> Observed<'a>,
 ) -> Stamp {
     let (entries, mut stamp) = observe(key, refs, lookup);
-    stamp.config_hash = encoding::config_hash_v2(&key.namespace_key(namespace), &entries);
-    stamp
-}
-
-/// The stamp to write on an UPDATE whose stored template carries `previous`: the v1 stamp
-/// `previous` when it is exactly the v1 stamp of what the pods read now (nothing they read has
-/// changed, so rewriting it as v2 would roll the workload for nothing), else the v2 stamp. So the
-/// move to v2 rides on rollouts that happen anyway, and a v1 stamp is never written anew: a
-/// CREATE, or a stored template without a v1 stamp, gets v2.
-pub fn migrated_stamp<'a>(
-    key: &HashKey,
-    namespace: &str,
-    refs: &[PodRef],
-    previous: Option<&str>,
-    lookup: impl FnMut(&PodRef) -> Observed<'a>,
-) -> Stamp {
-    let (entries, mut stamp) = observe(key, refs, lookup);
-    let v1_prefix = format!("{VERSION}:");
-    if let Some(previous) = previous.filter(|p| p.starts_with(&v1_prefix)) {
-        let v1 = encoding::config_hash(key, &entries);
-        if v1 == previous {
-            stamp.config_hash = v1;
-            return stamp;
-        }
-    }
     stamp.config_hash = encoding::config_hash_v2(&key.namespace_key(namespace), &entries);
     stamp
 }

@@ -788,62 +788,6 @@ fn v2_binds_the_namespace() {
     );
 }
 
-#[test]
-fn migration_keeps_a_verified_v1_stamp_and_writes_v2_otherwise() {
-    let (k, refs, app, db) = worked_example();
-    let v2 = config_stamp_v2(&k, "team", &refs, worked_lookup(&app, &db));
-    let migrate = |previous: Option<&str>, db: &ObjectData<'_>| {
-        let db = db.clone();
-        migrated_stamp(&k, "team", &refs, previous, |r| {
-            match r.resource.name.as_str() {
-                "app" => Observed::Data(app.clone()),
-                "db" => Observed::Data(db.clone()),
-                _ => Observed::Absent,
-            }
-        })
-    };
-    // Unchanged content: the stored v1 stamp stays, nothing rolls.
-    let kept = migrate(Some(WORKED_V1), &db);
-    assert_eq!(kept.config_hash, WORKED_V1);
-    assert_eq!(kept.config_refs, v2.config_refs);
-    // Changed content: the rollout happens anyway, and it writes v2.
-    let changed = obj(&[("password", "hunter3"), ("user", "admin")], &[]);
-    let moved = migrate(Some(WORKED_V1), &changed);
-    assert!(
-        moved.config_hash.starts_with("v2:"),
-        "{}",
-        moved.config_hash
-    );
-    assert_eq!(
-        moved,
-        config_stamp_v2(&k, "team", &refs, |r| match r.resource.name.as_str() {
-            "app" => Observed::Data(app.clone()),
-            "db" => Observed::Data(changed.clone()),
-            _ => Observed::Absent,
-        })
-    );
-    // A CREATE, a v2 or foreign stored stamp, or a v1 value that is not this content's: v2.
-    for previous in [
-        None,
-        Some(v2.config_hash.as_str()),
-        Some("v1:00"),
-        Some("something else"),
-        Some(&WORKED_V1[..20]),
-    ] {
-        assert_eq!(migrate(previous, &db), v2, "{previous:?}");
-    }
-    // A v1 stamp is only ever kept, never written: another namespace's v1 value is not accepted
-    // for this one unless it is this content's own v1 stamp.
-    let elsewhere = migrated_stamp(
-        &k,
-        "other",
-        &refs,
-        Some(WORKED_V1),
-        worked_lookup(&app, &db),
-    );
-    assert_eq!(elsewhere.config_hash, WORKED_V1);
-}
-
 proptest! {
     #[test]
     fn v2_differs_across_namespaces_and_from_v1(
@@ -856,8 +800,5 @@ proptest! {
         prop_assert_eq!(in_a.config_hash == in_b.config_hash, a == b);
         let v1 = config_stamp(&key(1), &refs, |_| Observed::Data(o.clone()));
         prop_assert_ne!(&in_a.config_hash[3..], &v1.config_hash[3..]);
-        // Migration: the v1 stamp of unchanged content is kept in any namespace.
-        let kept = migrated_stamp(&key(1), &a, &refs, Some(&v1.config_hash), |_| Observed::Data(o.clone()));
-        prop_assert_eq!(kept, v1);
     }
 }

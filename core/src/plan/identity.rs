@@ -255,6 +255,8 @@ mod tests {
             complete: true,
             adopt,
             holds: Default::default(),
+            protected: Vec::new(),
+            mode: super::super::Mode::Fleet,
         }
     }
 

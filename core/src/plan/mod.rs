@@ -89,6 +89,56 @@ pub struct ObservedCopy {
     pub data_hash: Option<String>,
 }
 
+/// The kind of run planning: copies for Fleet Clusters, or for `--target-context`s. Each write
+/// records its kind on the copy ([`names::ANN_MADE_BY`]); a run never releases owners of, or
+/// deletes, a copy the other kind of run also made: it only takes its own mark off once it no
+/// longer wants the copy ([`ActionKind::Handover`]), leaving it to the other kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Mode {
+    #[default]
+    Fleet,
+    Context,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Fleet => "fleet",
+            Mode::Context => "target-context",
+        }
+    }
+
+    /// How a user reruns this kind of run (for reasons).
+    fn how(self) -> &'static str {
+        match self {
+            Mode::Fleet => "runs without --target-context",
+            Mode::Context => "--target-context runs",
+        }
+    }
+}
+
+/// The kinds of run that made `o`, by name (absent marker: Fleet-mode runs only). Names this
+/// release does not know are kept: a kind of run it cannot speak for.
+pub fn made_by(o: &ObservedCopy) -> BTreeSet<String> {
+    match o.annotations.get(names::ANN_MADE_BY) {
+        None => BTreeSet::from([Mode::Fleet.name().to_string()]),
+        Some(v) => v
+            .split(',')
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+            .map(String::from)
+            .collect(),
+    }
+}
+
+/// The marker for `modes`; `None` (no annotation) for Fleet-mode only.
+fn made_by_marker(modes: &BTreeSet<String>) -> Option<String> {
+    if modes.len() == 1 && modes.contains(Mode::Fleet.name()) {
+        return None;
+    }
+    Some(modes.iter().cloned().collect::<Vec<_>>().join(","))
+}
+
 /// Whose ownership this run may release.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Scope {
@@ -196,6 +246,14 @@ pub struct PlanInput {
     pub adopt: bool,
     /// Frozen clusters and HelmOps.
     pub holds: Holds,
+    /// The kind of run (recorded on every copy it writes).
+    pub mode: Mode,
+    /// What other registrations that may reach the same cluster want (another Fleet Cluster or
+    /// context answering the same identity, or one whose identity is unknown), keyed like
+    /// `desired`. Protection only: an owner wanting a copy here is never released, so the copy
+    /// is never pruned, but nothing is written for it (each registration's copies travel
+    /// through its own credentials; docs/cluster-identity.md).
+    pub protected: Vec<DesiredCopy>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -255,6 +313,13 @@ pub enum ActionKind {
     },
     /// helmop's copy, not wanted, but not removable now.
     Orphaned(OrphanReason),
+    /// Not wanted by this kind of run, but the other kind made it too: only this kind's mark is
+    /// taken off `helmop.dev/made-by` (set to `made_by`, `None` removes it; uid precondition);
+    /// owners stay for the other kind to judge.
+    Handover {
+        uid: String,
+        made_by: Option<String>,
+    },
     /// Frozen ([`Holds`]): nothing is written. `helmops` are the held ones.
     Held {
         why: HoldReason,
@@ -316,6 +381,8 @@ pub enum OrphanReason {
     EnumerationIncomplete,
     /// Our copy with no owners and no keep marker (edited by hand?); left for a person.
     NoOwners,
+    /// Made by the other kind of run only: that kind prunes it.
+    OtherMode(Mode),
 }
 
 impl ActionKind {
@@ -334,6 +401,7 @@ impl ActionKind {
             ActionKind::Prune { .. } => "Prune",
             ActionKind::RemoveOwner { .. } => "RemoveOwner",
             ActionKind::Keep { .. } => "Kept",
+            ActionKind::Handover { .. } => "Handover",
             ActionKind::Orphaned(_) => "Orphaned",
             ActionKind::Held { why, .. } => why.state().as_str(),
         }
@@ -348,6 +416,7 @@ impl ActionKind {
             | ActionKind::Prune { .. }
             | ActionKind::RemoveOwner { .. } => true,
             ActionKind::Keep { rewrite, .. } => *rewrite,
+            ActionKind::Handover { .. } => true,
             _ => false,
         }
     }
@@ -436,6 +505,12 @@ impl fmt::Display for OrphanReason {
             OrphanReason::NoOwners => {
                 "helmop's copy lists no owners and no keep marker; delete it by hand if unused"
             }
+            OrphanReason::OtherMode(Mode::Context) => {
+                "made by --target-context runs: prune it with the same --target-context flags"
+            }
+            OrphanReason::OtherMode(Mode::Fleet) => {
+                "made by runs without --target-context (for Fleet Clusters): prune it with those"
+            }
         })
     }
 }
@@ -472,6 +547,18 @@ impl Action {
             }
             ActionKind::Keep { .. } => "kept: copied for a HelmOp with keepResources".into(),
             ActionKind::Orphaned(r) => r.to_string(),
+            ActionKind::Handover { made_by, .. } => {
+                let other = made_by.as_deref().unwrap_or("fleet");
+                let other = if other.contains("target-context") {
+                    Mode::Context
+                } else {
+                    Mode::Fleet
+                };
+                format!(
+                    "no longer wanted by these runs; left to the {} that also made it",
+                    other.how()
+                )
+            }
             ActionKind::Held { why, copy } => {
                 let until = match why {
                     HoldReason::Invalid(_) => "the HelmOp is accepted again",
@@ -579,6 +666,8 @@ fn drifted(o: &ObservedCopy) -> bool {
 struct Planner<'a> {
     input: &'a PlanInput,
     sources: BTreeMap<(&'a str, &'a ResourceRef), &'a SourceObject>,
+    /// `(place, HelmOp)` of every protected want ([`PlanInput::protected`]).
+    protected: BTreeSet<(CopyKey<'a>, &'a HelmOpKey)>,
 }
 
 impl<'a> Planner<'a> {
@@ -597,11 +686,27 @@ impl<'a> Planner<'a> {
         Some((key, hold))
     }
 
-    /// An owners entry of our upstream id that this run may release on `cluster` (never a
-    /// held one).
-    fn releasable(&self, cluster: &str, entry: &str) -> Option<HelmOpKey> {
-        let (key, hold) = self.our_owner(cluster, entry)?;
-        (hold.is_none() && self.in_scope(&key)).then_some(key)
+    /// An owners entry of our upstream id that this run may release at `at` (never a held
+    /// one, nor one another registration of the cluster may want there).
+    fn releasable(&self, at: &CopyKey<'_>, entry: &str) -> Option<HelmOpKey> {
+        let (key, hold) = self.our_owner(at.cluster, entry)?;
+        // Covariance: the set, seen with the shorter lifetimes of `at` and `key`.
+        let set: &BTreeSet<(CopyKey<'_>, &HelmOpKey)> = &self.protected;
+        let protected = set.contains(&(*at, &key));
+        (hold.is_none() && !protected && self.in_scope(&key)).then_some(key)
+    }
+
+    /// Records this kind of run on the copy's metadata, besides the kinds in `before`.
+    fn mark(&self, meta: &mut CopyMeta, mut before: BTreeSet<String>) {
+        before.insert(self.input.mode.name().to_string());
+        if let Some(marker) = made_by_marker(&before) {
+            meta.annotations.insert(names::ANN_MADE_BY.into(), marker);
+        }
+    }
+
+    /// Whether the other kind of run made `o` too.
+    fn other_kind_made(&self, o: &ObservedCopy) -> bool {
+        made_by(o).iter().any(|m| m != self.input.mode.name())
     }
 
     /// Whether this run speaks for `key` ([`Scope`]).
@@ -773,7 +878,8 @@ impl<'a> Planner<'a> {
         };
         let upstream = &self.input.upstream_id;
         let Some(o) = observed else {
-            let meta = copy_meta(upstream, source, &wanted, keep);
+            let mut meta = copy_meta(upstream, source, &wanted, keep);
+            self.mark(&mut meta, BTreeSet::new());
             push(
                 out,
                 ActionKind::Create {
@@ -828,11 +934,14 @@ impl<'a> Planner<'a> {
             owners_of(o)
         };
 
-        let released: Vec<HelmOpKey> = if self.input.complete {
+        // Owners the other kind of run made the copy for are that kind's to release.
+        let adopted = reasons.contains(&UpdateReason::Adopted);
+        let shared = !adopted && self.other_kind_made(o);
+        let released: Vec<HelmOpKey> = if self.input.complete && !shared {
             existing
                 .iter()
                 .filter(|e| !wanted.contains(*e))
-                .filter_map(|e| self.releasable(at.cluster, e))
+                .filter_map(|e| self.releasable(at, e))
                 .collect()
         } else {
             Vec::new()
@@ -846,13 +955,17 @@ impl<'a> Planner<'a> {
         // wanted the keep marker: keep it while any of them remains.
         let others_remain = owners.iter().any(|e| !wanted.contains(e));
         let keep = keep || (is_kept(o) && others_remain);
-        let meta = copy_meta(upstream, source, &owners, keep);
+        let mut meta = copy_meta(upstream, source, &owners, keep);
+        self.mark(
+            &mut meta,
+            if adopted { BTreeSet::new() } else { made_by(o) },
+        );
 
         // The live content hash (when read) tells a source change from a replaced hash key
         // and from an edit downstream; see [`ObservedCopy::data_hash`].
         let recorded = o.annotations.get(names::ANN_CONTENT_HASH);
         let live_matches = o.data_hash.as_ref() == Some(&source.content_hash);
-        let ours = !reasons.contains(&UpdateReason::Adopted);
+        let ours = !adopted;
         if recorded != Some(&source.content_hash) {
             reasons.push(if ours && live_matches {
                 UpdateReason::HashOutdated
@@ -899,7 +1012,7 @@ impl<'a> Planner<'a> {
         let existing = owners_of(o);
         let mine: BTreeMap<String, HelmOpKey> = existing
             .iter()
-            .filter_map(|e| Some((e.clone(), self.releasable(at.cluster, e)?)))
+            .filter_map(|e| Some((e.clone(), self.releasable(at, e)?)))
             .collect();
         let helmops: Vec<HelmOpKey> = mine
             .values()
@@ -961,6 +1074,21 @@ impl<'a> Planner<'a> {
             );
             return;
         }
+        let mut modes = made_by(o);
+        if self.other_kind_made(o) {
+            let kind = if modes.remove(self.input.mode.name()) {
+                ActionKind::Handover {
+                    uid: o.uid.clone(),
+                    made_by: made_by_marker(&modes),
+                }
+            } else if modes.contains(Mode::Context.name()) {
+                ActionKind::Orphaned(OrphanReason::OtherMode(Mode::Context))
+            } else {
+                ActionKind::Orphaned(OrphanReason::OtherMode(Mode::Fleet))
+            };
+            push(out, kind);
+            return;
+        }
         let remaining: BTreeSet<String> = existing
             .into_iter()
             .filter(|e| !mine.contains_key(e))
@@ -989,6 +1117,16 @@ pub fn plan(input: &PlanInput) -> Vec<Action> {
             .sources
             .iter()
             .map(|s| ((s.namespace.as_str(), &s.resource), s))
+            .collect(),
+        protected: input
+            .protected
+            .iter()
+            .map(|d| {
+                (
+                    CopyKey::new(&d.cluster, &d.namespace, &d.resource),
+                    &d.helmop,
+                )
+            })
             .collect(),
     };
     let mut observed: BTreeMap<CopyKey<'_>, &ObservedCopy> = BTreeMap::new();

@@ -58,6 +58,8 @@ fn input(desired: Vec<DesiredCopy>, observed: Vec<ObservedCopy>) -> PlanInput {
         complete: true,
         adopt: false,
         holds: Default::default(),
+        protected: Vec::new(),
+        mode: Mode::Fleet,
     }
 }
 
@@ -223,6 +225,118 @@ fn owners_are_released_only_after_complete_enumeration() {
     let mut partial = input(desired, vec![observed]);
     partial.complete = false;
     assert_eq!(only(plan(&partial)).kind, ActionKind::Unchanged);
+}
+
+#[test]
+fn what_another_registration_of_the_cluster_wants_is_protected_never_written() {
+    // c1 wants nothing of `old`; another registration reaching c1 (or maybe reaching it) does.
+    let observed = copy(&db_source(), &["up1/team/app", "up1/team/old"], false);
+    let mut i = input(
+        vec![want("team", "app", db(), false)],
+        vec![observed.clone()],
+    );
+    i.protected = vec![want("team", "old", db(), false)];
+    assert_eq!(only(plan(&i)).kind, ActionKind::Unchanged);
+
+    // Not wanted here at all: neither pruned nor reported, and nothing is created for it.
+    let mut i = input(Vec::new(), vec![observed]);
+    i.protected = vec![
+        want("team", "app", db(), false),
+        want("team", "old", db(), false),
+    ];
+    assert!(plan(&i).is_empty(), "{:#?}", plan(&i));
+    let mut i = input(Vec::new(), Vec::new());
+    i.protected = vec![want("team", "app", db(), false)];
+    assert!(plan(&i).is_empty());
+
+    // Protection is per place and HelmOp: an owner protected elsewhere is still released here.
+    let observed = copy(&db_source(), &["up1/team/app", "up1/team/old"], false);
+    let mut i = input(Vec::new(), vec![observed]);
+    let mut elsewhere = want("team", "old", db(), false);
+    elsewhere.namespace = "other".into();
+    i.protected = vec![elsewhere];
+    assert!(matches!(only(plan(&i)).kind, ActionKind::Prune { .. }));
+}
+
+#[test]
+fn each_kind_of_run_marks_its_copies_and_never_prunes_the_others() {
+    let made_by = |a: &Action| -> Option<String> {
+        match &a.kind {
+            ActionKind::Create { meta, .. } | ActionKind::Update { meta, .. } => {
+                meta.annotations.get(names::ANN_MADE_BY).cloned()
+            }
+            other => panic!("not a write: {other:?}"),
+        }
+    };
+    let context = |mut i: PlanInput| {
+        i.mode = Mode::Context;
+        i
+    };
+    // A Fleet-mode copy carries no marker; a context-mode one says so.
+    let want = || vec![want("team", "app", db(), false)];
+    assert_eq!(made_by(&only(plan(&input(want(), Vec::new())))), None);
+    let a = only(plan(&context(input(want(), Vec::new()))));
+    assert_eq!(made_by(&a).as_deref(), Some("target-context"));
+
+    // A context run wanting a Fleet-made copy adds its kind (one marker write).
+    let fleet_copy = copy(&db_source(), &["up1/team/app"], false);
+    let a = only(plan(&context(input(want(), vec![fleet_copy.clone()]))));
+    assert_eq!(update_reasons(&a), [UpdateReason::MarkersChanged]);
+    assert_eq!(made_by(&a).as_deref(), Some("fleet,target-context"));
+
+    let mark = |o: &ObservedCopy, v: &str| {
+        let mut o = o.clone();
+        o.annotations.insert(names::ANN_MADE_BY.into(), v.into());
+        o
+    };
+    // Unwanted by a Fleet-mode run, made by context runs only: left to them.
+    let ctx_copy = mark(&fleet_copy, "target-context");
+    let a = only(plan(&input(Vec::new(), vec![ctx_copy.clone()])));
+    assert_eq!(
+        a.kind,
+        ActionKind::Orphaned(OrphanReason::OtherMode(Mode::Context))
+    );
+    // ... and by the context run itself: pruned as usual.
+    let a = only(plan(&context(input(Vec::new(), vec![ctx_copy]))));
+    assert!(matches!(a.kind, ActionKind::Prune { .. }), "{a:?}");
+
+    // Made by both: the run that no longer wants it only takes its mark off.
+    let both = mark(&fleet_copy, "fleet,target-context");
+    let a = only(plan(&input(Vec::new(), vec![both.clone()])));
+    assert_eq!(
+        a.kind,
+        ActionKind::Handover {
+            uid: "uid-copy".into(),
+            made_by: Some("target-context".into())
+        }
+    );
+    let a = only(plan(&context(input(Vec::new(), vec![both.clone()]))));
+    assert_eq!(
+        a.kind,
+        ActionKind::Handover {
+            uid: "uid-copy".into(),
+            made_by: None
+        }
+    );
+    // Wanted, with an owner this kind does not want: not released (the other kind may).
+    let shared = mark(
+        &copy(&db_source(), &["up1/team/app", "up1/team/old"], false),
+        "fleet,target-context",
+    );
+    assert_eq!(
+        only(plan(&input(want(), vec![shared]))).kind,
+        ActionKind::Unchanged
+    );
+    // A kind this release does not know is never judged for it.
+    let newer = mark(&fleet_copy, "fleet,some-new-kind");
+    let a = only(plan(&input(Vec::new(), vec![newer])));
+    assert_eq!(
+        a.kind,
+        ActionKind::Handover {
+            uid: "uid-copy".into(),
+            made_by: Some("some-new-kind".into())
+        }
+    );
 }
 
 #[test]
@@ -812,6 +926,8 @@ fn arb_input() -> impl Strategy<Value = PlanInput> {
                 complete,
                 adopt,
                 holds: Default::default(),
+                protected: Vec::new(),
+                mode: Mode::Fleet,
             }
         })
 }

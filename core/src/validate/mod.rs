@@ -310,6 +310,25 @@ pub(crate) fn sorted_entries<'m, 'a>(map: &'m Map<'a>) -> Vec<(&'m str, &'m Json
     entries
 }
 
+/// Whether two JSON trees are the same document, as two `serde_json::Value`s of them would compare:
+/// keys in any order, of a repeated key the last value. O(n log n) in the entries, with no copy of
+/// the trees (an UPDATE's "spec unchanged" test must not double the review's memory).
+pub fn same_json(a: &JsonView<'_>, b: &JsonView<'_>) -> bool {
+    match (a, b) {
+        (JsonView::Object(x), JsonView::Object(y)) => {
+            let (x, y) = (sorted_entries(x), sorted_entries(y));
+            x.len() == y.len()
+                && x.iter()
+                    .zip(&y)
+                    .all(|((kx, vx), (ky, vy))| kx == ky && same_json(vx, vy))
+        }
+        (JsonView::Array(x), JsonView::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(vx, vy)| same_json(vx, vy))
+        }
+        _ => a == b,
+    }
+}
+
 /// True when the HelmOp carries `helmop.dev/allow-missing: "true"` (exactly that value, as for
 /// every boolean annotation Kubernetes reads): missing downstream resources then warn instead
 /// of deny, for sources created later (e.g. by External Secrets).

@@ -212,12 +212,25 @@ pub(crate) fn check_cross_references(cx: &mut Ctx, model: &SpecModel) {
     }
 
     // Root valuesFrom applies wherever the HelmOp deploys, so it meets every target's list;
-    // its release namespace is the targets' when they all agree.
-    let everything: Vec<&Entry> = model
-        .root_entries
-        .iter()
-        .chain(model.targets.iter().flat_map(|t| t.entries.iter()))
-        .collect();
+    // its release namespace is the targets' when they all agree. Lookups go through maps of the
+    // first entry per reference, so the cost is linear in entries plus valuesFrom, whatever the
+    // number of targets (a list scanned per valuesFrom entry was seconds for a hostile HelmOp).
+    fn first_of<'e>(
+        entries: impl Iterator<Item = &'e Entry>,
+    ) -> HashMap<&'e ResourceRef, &'e Entry> {
+        let mut map = HashMap::new();
+        for e in entries {
+            map.entry(&e.reference).or_insert(e);
+        }
+        map
+    }
+    let root = first_of(model.root_entries.iter());
+    let everything = first_of(
+        model
+            .root_entries
+            .iter()
+            .chain(model.targets.iter().flat_map(|t| t.entries.iter())),
+    );
     let root_dest = if model.targets.is_empty() {
         model.root_dest.as_deref()
     } else {
@@ -230,12 +243,16 @@ pub(crate) fn check_cross_references(cx: &mut Ctx, model: &SpecModel) {
             .flatten()
     };
     for v in &model.root_values_from {
-        check_values_from(cx, v, &everything, root_dest);
+        check_values_from(cx, v, |r| everything.get(r).copied(), root_dest);
     }
     for t in &model.targets {
-        let scope: Vec<&Entry> = model.root_entries.iter().chain(t.entries.iter()).collect();
+        if t.values_from.is_empty() {
+            continue;
+        }
+        let own = first_of(t.entries.iter());
         for v in &t.values_from {
-            check_values_from(cx, v, &scope, t.dest.as_deref());
+            let scope = |r: &ResourceRef| root.get(r).or_else(|| own.get(r)).copied();
+            check_values_from(cx, v, scope, t.dest.as_deref());
         }
     }
 }
@@ -245,10 +262,10 @@ pub(crate) fn check_cross_references(cx: &mut Ctx, model: &SpecModel) {
 /// release namespace, where the copy lands, and ignores the entry's namespace
 /// (rancher/fleet v0.16.1 `internal/helmdeployer/install.go` `getValues`,
 /// `isInDownstreamResources`). A namespace there is harmless only when it is that namespace.
-fn check_values_from(
+fn check_values_from<'e>(
     cx: &mut Ctx,
     v: &super::helm::ValuesFromRef,
-    scope: &[&Entry],
+    scope: impl Fn(&ResourceRef) -> Option<&'e Entry>,
     dest: Option<&str>,
 ) {
     let Some(ns) = v.namespace.as_deref() else {
@@ -258,7 +275,7 @@ fn check_values_from(
         return;
     }
     let reference = ResourceRef::new(v.kind, v.name.clone());
-    if let Some(entry) = scope.iter().find(|e| e.reference == reference) {
+    if let Some(entry) = scope(&reference) {
         let release = match dest {
             Some(d) => format!("namespace {}", q(d)),
             None => {

@@ -998,6 +998,34 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(1000))]
 
     #[test]
+    fn same_json_is_value_equality_whatever_the_key_order(a in arb_helmopish(), b in arb_helmopish(), reorder in any::<bool>()) {
+        let text = |v: &Value, rev: bool| -> String {
+            // The same document with the keys of every object in reverse order.
+            fn reversed(v: &Value) -> String {
+                match v {
+                    Value::Object(m) => format!("{{{}}}", m.iter().rev().map(|(k, v)| format!("{}:{}", Value::from(k.as_str()), reversed(v))).collect::<Vec<_>>().join(",")),
+                    Value::Array(a) => format!("[{}]", a.iter().map(reversed).collect::<Vec<_>>().join(",")),
+                    other => other.to_string(),
+                }
+            }
+            if rev { reversed(v) } else { v.to_string() }
+        };
+        let (ta, ta2, tb) = (text(&a, false), text(&a, reorder), text(&b, false));
+        let (va, va2, vb) = (OwnedValue::from_string(ta).unwrap(), OwnedValue::from_string(ta2).unwrap(), OwnedValue::from_string(tb).unwrap());
+        prop_assert!(same_json(va.get_value(), va2.get_value()));
+        prop_assert_eq!(same_json(va.get_value(), vb.get_value()), a == b);
+    }
+
+    #[test]
+    fn same_json_takes_the_last_of_a_repeated_key(_x in 0..1u8) {
+        let a = OwnedValue::from_string(r#"{"a":1,"b":2,"a":3}"#.to_string()).unwrap();
+        let b = OwnedValue::from_string(r#"{"b":2,"a":3}"#.to_string()).unwrap();
+        let c = OwnedValue::from_string(r#"{"b":2,"a":1}"#.to_string()).unwrap();
+        prop_assert!(same_json(a.get_value(), b.get_value()));
+        prop_assert!(!same_json(a.get_value(), c.get_value()));
+    }
+
+    #[test]
     fn never_panics_on_helmop_shaped_values(v in arb_helmopish()) {
         let findings = validate_helmop(&v);
         let _ = downstream_refs(&v);

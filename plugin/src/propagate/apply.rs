@@ -129,6 +129,44 @@ pub async fn delete_copy(
     Ok(())
 }
 
+/// The metadata of the object at a place, if one is there.
+pub async fn read_meta(
+    client: &Client,
+    namespace: &str,
+    resource: &ResourceRef,
+) -> Result<Option<ObjectMeta>, kube::Error> {
+    let name = &resource.name;
+    Ok(match resource.kind {
+        ResourceKind::Secret => Api::<Secret>::namespaced(client.clone(), namespace)
+            .get_metadata_opt(name)
+            .await?
+            .map(|m| m.metadata),
+        ResourceKind::ConfigMap => Api::<ConfigMap>::namespaced(client.clone(), namespace)
+            .get_metadata_opt(name)
+            .await?
+            .map(|m| m.metadata),
+    })
+}
+
+/// The finalizers holding the object at a place, when it is this upstream's copy (its source
+/// marker names `upstream_id`) being deleted: a create there is answered 409 until it is gone.
+pub async fn own_terminating(
+    client: &Client,
+    upstream_id: &str,
+    namespace: &str,
+    resource: &ResourceRef,
+) -> Option<Vec<String>> {
+    let meta = read_meta(client, namespace, resource).await.ok()??;
+    meta.deletion_timestamp.as_ref()?;
+    let ours = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(helmop_core::names::ANN_SOURCE))
+        .and_then(|s| helmop_core::plan::SourceRef::parse(s))
+        .is_some_and(|s| s.upstream_id == upstream_id);
+    ours.then(|| meta.finalizers.unwrap_or_default())
+}
+
 /// Applies the copy to the existing object (ours, or adopted) with force, guarded by uid and
 /// resourceVersion. Data keys and labels the copy has and the source does not (left by another
 /// field manager, or carried over from a creation) are then removed.

@@ -16,13 +16,14 @@
 //! call it without `dry_run: true`.
 
 mod apply;
+mod recreate;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use helmop_core::hash::HashKey;
 use helmop_core::names;
 use helmop_core::plan::{
-    Action, ActionKind, HeldCopy, HoldReason, PlanInput, migrate_upstream_ids, plan, refine,
+    Action, ActionKind, HeldCopy, HoldReason, Mode, PlanInput, migrate_upstream_ids, plan, refine,
     take_sources,
 };
 use helmop_core::resource::ResourceRef;
@@ -32,6 +33,7 @@ use kube::Resource;
 use serde::Serialize;
 
 pub use apply::annotations_patch;
+pub use recreate::{DRAIN as RECREATE_DRAIN, drain as drain_recreates};
 
 use crate::api_error;
 use crate::clusters::Downstream;
@@ -41,6 +43,7 @@ use crate::hash_key::{self, KeyOrigin};
 use crate::inventory::{Inventory, Problem};
 use crate::observe::{self, NamespaceState, Observation};
 use crate::report::{self, Row};
+use crate::same_cluster::{Done, SameCluster};
 use crate::scope::Scope;
 use crate::sources::{self, SourceData, Sources};
 use crate::workloads;
@@ -102,7 +105,7 @@ impl Report {
     /// helmop cannot copy, else 0.
     pub fn exit_status(&self) -> ExitStatus {
         let has = |s: RowState| self.summary.states.contains_key(&s);
-        if self.summary.unreachable_clusters > 0 || has(RowState::Failed) {
+        if self.summary.unreachable_clusters > 0 || has(RowState::Failed) || has(RowState::Lost) {
             ExitStatus::Partial
         } else if has(RowState::Conflict)
             || has(RowState::SourceMissing)
@@ -121,7 +124,12 @@ impl Report {
         let failed: BTreeSet<&str> = self
             .rows
             .iter()
-            .filter(|r| matches!(r.state, RowState::Unreachable | RowState::Failed))
+            .filter(|r| {
+                matches!(
+                    r.state,
+                    RowState::Unreachable | RowState::Failed | RowState::Lost
+                )
+            })
             .map(|r| r.cluster.as_str())
             .collect();
         self.clusters
@@ -150,13 +158,14 @@ pub async fn propagate_once(ctx: &Ctx, opts: &PropagateOpts) -> Result<Report, P
         }
     }
     let sources = sources::fetch(ctx, &inv.desired, &key).await?;
+    let same = SameCluster::default();
     let (mut rows, unreachable) = opts
         .scope
         .rows_per_cluster(
             &inv,
             "propagate",
             |downstream, client| {
-                let (inv, sources) = (&inv, &sources);
+                let (inv, sources, same) = (&inv, &sources, &same);
                 async move {
                     let run = ClusterRun {
                         ctx,
@@ -165,6 +174,7 @@ pub async fn propagate_once(ctx: &Ctx, opts: &PropagateOpts) -> Result<Report, P
                         sources,
                         downstream,
                         client,
+                        same,
                     };
                     run.run().await
                 }
@@ -216,7 +226,7 @@ async fn refuse_replacing_the_key(
             inv,
             "checking for copies",
             |downstream, client| async move {
-                let obs = observe_cluster(inv, &downstream.key, &client, None).await?;
+                let obs = observe_cluster(ctx, inv, &downstream.key, &client, None, false).await?;
                 // One entry (the cluster) per such copy.
                 Ok(obs
                     .copies
@@ -321,7 +331,11 @@ async fn never_adopted(
             )));
         }
     };
-    if !inv.downstreams.iter().any(|d| &d.key == upstream) {
+    if !inv
+        .downstreams
+        .iter()
+        .any(|d| d.identity.as_ref() == Some(upstream))
+    {
         return Ok(Vec::new());
     }
     crate::inventory::named_sources(ctx).await.map_err(|e| {
@@ -331,16 +345,20 @@ async fn never_adopted(
     })
 }
 
-/// Observes a cluster and plans it with the core planner.
+/// Observes a cluster and plans it with the core planner. `--adopt` never applies to a
+/// registration whose identity is unknown: it may be the management cluster, whose sources are
+/// never taken over.
 pub async fn observe_and_plan(
     ctx: &Ctx,
     inv: &Inventory,
     sources: &Sources,
-    cluster: &str,
+    downstream: &Downstream,
     client: &kube::Client,
     adopt: bool,
 ) -> Result<(Observation, Vec<Action>), PluginError> {
-    let mut obs = observe_cluster(inv, cluster, client, sources.key.as_ref()).await?;
+    let adopt = adopt && downstream.identity.is_some();
+    let cluster = downstream.key.as_str();
+    let mut obs = observe_cluster(ctx, inv, cluster, client, sources.key.as_ref(), adopt).await?;
     // Copies marked with an earlier id of this upstream are ours (docs/cluster-identity.md).
     migrate_upstream_ids(
         &mut obs.copies,
@@ -348,19 +366,31 @@ pub async fn observe_and_plan(
         &ctx.upstream_aliases,
         &sources.plan,
     );
-    let actions = plan_observed(ctx, inv, sources, cluster, &obs, adopt);
+    let actions = plan_observed(ctx, inv, sources, downstream, &obs, adopt);
     Ok((obs, actions))
 }
 
-/// Lists what is on a cluster where copies are or may be; with the upstream key, also hashes
-/// the live content in memory (drift, [`observe::observe`]).
+/// Lists this upstream's copies on a cluster and what stands where copies are wanted; with the
+/// upstream key, also hashes the live content of its copies there in memory (drift,
+/// [`observe::observe`]).
 pub async fn observe_cluster(
+    ctx: &Ctx,
     inv: &Inventory,
     cluster: &str,
     client: &kube::Client,
     key: Option<&HashKey>,
+    adopt: bool,
 ) -> Result<Observation, PluginError> {
-    observe::observe(client, cluster, &wanted_places(inv, cluster), key)
+    let mut upstream_ids = vec![ctx.upstream_id.clone()];
+    upstream_ids.extend(ctx.upstream_aliases.iter().cloned());
+    let places = wanted_places(inv, cluster);
+    let looking = observe::Looking {
+        places: &places,
+        upstream_ids: &upstream_ids,
+        key,
+        adopt,
+    };
+    observe::observe(client, cluster, &looking)
         .await
         .map_err(|e| PluginError::ListCopies {
             reason: api_error::describe(&e),
@@ -375,10 +405,11 @@ pub fn plan_observed(
     ctx: &Ctx,
     inv: &Inventory,
     sources: &Sources,
-    cluster: &str,
+    downstream: &Downstream,
     obs: &Observation,
     adopt: bool,
 ) -> Vec<Action> {
+    let cluster = downstream.key.as_str();
     let mut input = PlanInput {
         upstream_id: ctx.upstream_id.clone(),
         desired: inv
@@ -393,8 +424,15 @@ pub fn plan_observed(
         complete: inv.complete(),
         adopt,
         holds: inv.holds.clone(),
+        protected: inv.protected(cluster),
+        mode: if inv.target_contexts.is_empty() {
+            Mode::Fleet
+        } else {
+            Mode::Context
+        },
     };
-    let refused = if ctx.upstream_cluster.as_deref().ok() == Some(cluster) {
+    let upstream = ctx.upstream_cluster.as_deref().ok();
+    let refused = if upstream.is_some() && downstream.identity.as_deref() == upstream {
         take_sources(&mut input, &inv.named_sources)
     } else {
         Vec::new()
@@ -462,6 +500,8 @@ struct ClusterRun<'a> {
     sources: &'a Sources,
     downstream: &'a Downstream,
     client: kube::Client,
+    /// What earlier registrations claiming the same cluster identity did this run.
+    same: &'a SameCluster,
 }
 
 /// One of our copies as it stands after the run (or, dry, would stand): its content hash and
@@ -494,12 +534,21 @@ impl Outcome {
 }
 
 impl ClusterRun<'_> {
+    /// Whether an earlier registration claiming this one's cluster identity restamped the
+    /// workload this run (then it is its business: [`crate::same_cluster`]).
+    fn restamped_earlier(&self, namespace: &str, workload: &str) -> bool {
+        let identity = self.downstream.identity.as_deref();
+        self.same
+            .restamped_by(identity, namespace, workload)
+            .is_some()
+    }
+
     async fn run(&self) -> Result<Vec<Row>, PluginError> {
         let (obs, actions) = observe_and_plan(
             self.ctx,
             self.inv,
             self.sources,
-            &self.downstream.key,
+            self.downstream,
             &self.client,
             self.opts.adopt,
         )
@@ -511,6 +560,9 @@ impl ClusterRun<'_> {
         // from this state (not from what this run wrote), so a run killed between its copy
         // writes and its restamps is repaired by the next one.
         let mut copies: BTreeMap<String, BTreeMap<ResourceRef, CopyState>> = BTreeMap::new();
+        // Copies this run deleted to recreate and could not create again: their readers are
+        // not restamped (their new pods could not start).
+        let mut lost: BTreeMap<String, BTreeSet<ResourceRef>> = BTreeMap::new();
         // Copies Fleet's agent makes: their readers are decided from live reads.
         let mut fleet: BTreeMap<String, BTreeMap<ResourceRef, Vec<String>>> = BTreeMap::new();
         for action in actions.iter().filter(|a| reported(a)) {
@@ -520,7 +572,30 @@ impl ClusterRun<'_> {
                     action.helmops.iter().map(ToString::to_string).collect(),
                 );
             }
+            let identity = self.downstream.identity.as_deref();
+            let place = (action.namespace.clone(), action.resource.clone());
+            let writes = action.kind.writes();
+            if writes && let Some(done) = self.same.place(identity, &place) {
+                let reason = format!(
+                    "left to {} this run, which claims the same cluster identity",
+                    done.by
+                );
+                rows.push(row(self.downstream, action, done.state, reason));
+                continue;
+            }
             let out = self.execute(action, &obs, &mut namespaces).await;
+            if out.state == RowState::Lost {
+                lost.entry(action.namespace.clone())
+                    .or_default()
+                    .insert(action.resource.clone());
+            }
+            if writes && out.state != RowState::Failed {
+                let done = Done {
+                    by: self.downstream.display(),
+                    state: out.state,
+                };
+                self.same.wrote(identity, place, done);
+            }
             if let Some(hash) = out.hash {
                 copies.entry(action.namespace.clone()).or_default().insert(
                     action.resource.clone(),
@@ -542,7 +617,8 @@ impl ClusterRun<'_> {
             ) {
                 continue;
             }
-            rows.extend(self.restamp(namespace, copies).await);
+            let lost = lost.get(namespace).cloned().unwrap_or_default();
+            rows.extend(self.restamp(namespace, copies, &lost).await);
         }
         if !fleet.is_empty() {
             let key = crate::live_stamp::cluster_key(&self.client).await;
@@ -557,6 +633,13 @@ impl ClusterRun<'_> {
                     self.restamp_fleet_readers(namespace, resources, key, &restamped)
                         .await,
                 );
+            }
+        }
+        let identity = self.downstream.identity.as_deref();
+        for r in rows.iter().filter(|r| r.state != RowState::Failed) {
+            if let Some(workload) = &r.workload {
+                let by = self.downstream.display();
+                self.same.restamped(identity, &r.namespace, workload, &by);
             }
         }
         Ok(rows)
@@ -583,7 +666,7 @@ impl ClusterRun<'_> {
         };
         let mut rows = Vec::new();
         for w in found {
-            if skip.contains(&w.display()) {
+            if skip.contains(&w.display()) || self.restamped_earlier(namespace, &w.display()) {
                 continue;
             }
             let read: Vec<&ResourceRef> = w
@@ -671,7 +754,9 @@ impl ClusterRun<'_> {
         known: &mut BTreeMap<String, NamespaceState>,
     ) -> Result<Option<String>, PluginError> {
         match self.namespace(namespace, known).await? {
-            NamespaceState::Active | NamespaceState::Created => Ok(None),
+            NamespaceState::Active | NamespaceState::Created | NamespaceState::Unreadable => {
+                Ok(None)
+            }
             NamespaceState::Terminating => Err(PluginError::NamespaceTerminating {
                 namespace: namespace.to_owned(),
             }),
@@ -765,24 +850,31 @@ impl ClusterRun<'_> {
                 if dry {
                     return Outcome::new(RowState::Recreate, action.reason(), hash);
                 }
-                if let Err(e) = apply::delete_copy(
-                    self.ctx,
-                    &self.client,
-                    &action.namespace,
-                    &action.resource,
-                    uid,
-                    resource_version,
-                )
-                .await
-                {
-                    return Outcome::failed(
+                let job = recreate::Job {
+                    ctx: self.ctx.clone(),
+                    client: self.client.clone(),
+                    source: data.clone(),
+                    namespace: action.namespace.clone(),
+                    resource: action.resource.clone(),
+                    uid: uid.clone(),
+                    version: resource_version.clone(),
+                    meta: meta.clone(),
+                };
+                match recreate::run(job).await {
+                    recreate::Recreated::Done => {
+                        Outcome::new(RowState::Recreated, action.reason(), hash)
+                    }
+                    recreate::Recreated::NotDeleted(e) => Outcome::failed(
                         write_error("deleting the copy to recreate it", &e).to_string(),
-                    );
-                }
-                let out = self.create(data, action, meta, action.reason(), hash).await;
-                match out.state {
-                    RowState::Created => Outcome::new(RowState::Recreated, out.reason, hash),
-                    _ => out,
+                    ),
+                    recreate::Recreated::Lost(why) => Outcome::new(
+                        RowState::Lost,
+                        format!(
+                            "deleted to be recreated, now missing: creating it again was refused {} times, last: {why}; the next run creates it",
+                            recreate::ATTEMPTS
+                        ),
+                        None,
+                    ),
                 }
             }
             ActionKind::Unchanged => {
@@ -800,7 +892,9 @@ impl ClusterRun<'_> {
                 format!("{}; `kubectl helmop prune` removes it", action.reason()),
                 None,
             ),
-            ActionKind::Keep { .. } => Outcome::new(RowState::Kept, action.reason(), None),
+            ActionKind::Keep { .. } | ActionKind::Handover { .. } => {
+                Outcome::new(RowState::Kept, action.reason(), None)
+            }
             ActionKind::Orphaned(_) => Outcome::new(RowState::Orphaned, action.reason(), None),
             // Frozen: never written, and no hash, so its readers are not restamped either.
             ActionKind::Held { why, .. } => Outcome::new(why.state(), action.reason(), None),
@@ -818,6 +912,21 @@ impl ClusterRun<'_> {
     ) -> Outcome {
         match apply::create_copy(self.ctx, &self.client, data, &action.namespace, meta).await {
             Ok(()) => Outcome::new(RowState::Created, reason, hash),
+            Err(e)
+                if api_error::is_conflict(&e)
+                    && apply::own_terminating(
+                        &self.client,
+                        &self.ctx.upstream_id,
+                        &action.namespace,
+                        &action.resource,
+                    )
+                    .await
+                    .is_some() =>
+            {
+                Outcome::failed(
+                    "helmop's earlier copy of this name is still being deleted (a finalizer holds it); tried again on the next run".into(),
+                )
+            }
             Err(e) if api_error::is_conflict(&e) => Outcome::new(
                 RowState::Conflict,
                 "an object of this name appeared after the cluster was read; it was left untouched, run again to see whose it is".into(),
@@ -833,6 +942,7 @@ impl ClusterRun<'_> {
         &self,
         namespace: &str,
         copies: &BTreeMap<ResourceRef, CopyState>,
+        lost: &BTreeSet<ResourceRef>,
     ) -> Vec<Row> {
         let base = |kind: &str, name: &str, state: RowState, reason: String| Row {
             helmops: Vec::new(),
@@ -862,6 +972,13 @@ impl ClusterRun<'_> {
             .collect();
         let mut rows = Vec::new();
         for w in found {
+            if self.restamped_earlier(namespace, &w.display()) {
+                continue;
+            }
+            if let Some(missing) = w.reads.iter().find(|r| lost.contains(*r)) {
+                tracing::warn!(workload = %w.display(), namespace, copy = %missing, "not restamped: it reads a copy this run left missing");
+                continue;
+            }
             let Some(due) = workloads::restamp_due(&w, &hashes) else {
                 continue;
             };
@@ -1111,7 +1228,8 @@ mod tests {
             problems: Vec::new(),
             holds: Default::default(),
             rejected: Vec::new(),
-            cluster_keys: BTreeMap::new(),
+            identities: BTreeMap::new(),
+            unserved: Vec::new(),
             target_contexts: Vec::new(),
             named_sources: Vec::new(),
         };
@@ -1156,13 +1274,15 @@ mod tests {
             problems: Vec::new(),
             holds: Default::default(),
             rejected: Vec::new(),
-            cluster_keys: BTreeMap::new(),
+            identities: BTreeMap::new(),
+            unserved: Vec::new(),
             target_contexts: Vec::new(),
             named_sources: Vec::new(),
         };
         let d1 = Downstream {
             key: "https://d1".into(),
-            names: vec!["team/d1".into()],
+            name: "team/d1".into(),
+            identity: None,
             client: Err(PluginError::NoKubeconfigSecret),
         };
         let rows = unreachable_rows(&inv, &d1, "connection refused");
@@ -1174,7 +1294,8 @@ mod tests {
         );
         let d2 = Downstream {
             key: "https://d2".into(),
-            names: vec!["team/d2".into()],
+            name: "team/d2".into(),
+            identity: None,
             client: Err(PluginError::NoKubeconfigSecret),
         };
         let rows = unreachable_rows(&inv, &d2, "timeout");

@@ -77,7 +77,7 @@ fn error_kind(state: RowState) -> Option<ErrorKind> {
     match state.problem()? {
         Problem::Conflict => Some(ErrorKind::Conflict),
         Problem::SourceMissing => Some(ErrorKind::SourceMissing),
-        Problem::Failed => Some(ErrorKind::Write),
+        Problem::Failed | Problem::Lost => Some(ErrorKind::Write),
         Problem::Invalid => Some(ErrorKind::Invalid),
         // Counted per cluster, not per row (`unreachable_clusters`).
         Problem::Unreachable => None,

@@ -307,7 +307,7 @@ fn retry_after(report: &crate::propagate::Report, failures: u32) -> Option<Durat
 fn retry_cap(problem: Problem) -> Option<Duration> {
     match problem {
         // A write or read that failed.
-        Problem::Failed => Some(MAX_BACKOFF),
+        Problem::Failed | Problem::Lost => Some(MAX_BACKOFF),
         Problem::Unreachable => Some(MAX_UNREACHABLE_BACKOFF),
         Problem::Conflict | Problem::SourceMissing | Problem::Invalid => None,
     }

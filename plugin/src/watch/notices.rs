@@ -1,7 +1,8 @@
 //! Kubernetes Events (`events.k8s.io/v1`, through kube's [`Recorder`]) on the HelmOps, for what a
 //! user must act on: a copy refused because the object there is not helmop's (`Conflict`), a
 //! cluster that could not be reached (`ClusterUnreachable`), a source Secret/ConfigMap that does
-//! not exist (`SourceMissing`). All are `Warning`s.
+//! not exist (`SourceMissing`), a copy deleted to be recreated whose create was refused
+//! (`CopyLost`). All are `Warning`s.
 //!
 //! One Event per transition: a problem is announced on the first run that finds it, and again only
 //! after a run that did not find it (it was fixed, then came back). A process announces what it
@@ -142,6 +143,17 @@ pub fn problems(report: &Report) -> BTreeMap<Key, String> {
                 format!(
                     "cluster {} could not be reached, nothing was copied there: {}",
                     row.cluster, row.reason
+                ),
+            ),
+            Some(Problem::Lost) => (
+                "CopyLost",
+                format!(
+                    "{} {}/{} on {}",
+                    row.kind, row.namespace, row.name, row.cluster
+                ),
+                format!(
+                    "{} {}/{} on cluster {}: {}",
+                    row.kind, row.namespace, row.name, row.cluster, row.reason
                 ),
             ),
             Some(Problem::SourceMissing) => (

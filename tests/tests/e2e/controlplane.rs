@@ -2,11 +2,8 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
-use axum::Json;
-use axum::routing::post;
 use helmop_core::model::{Cluster, ClusterGroup, HelmOp};
 use helmop_core::targeting::{TargetMatch, match_cluster};
 use helmop_tests::*;
@@ -362,37 +359,11 @@ async fn fleet_clusters_and_groups_drive_core_targeting() -> anyhow::Result<()> 
     Ok(())
 }
 
-/// A webhook server that denies everything and counts the reviews it gets.
-async fn start_denying_webhook(certs: &TestCerts) -> anyhow::Result<(String, Arc<AtomicUsize>)> {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let counter = calls.clone();
-    let app = axum::Router::new().route(
-        "/deny",
-        post(move |Json(review): Json<Value>| {
-            let counter = counter.clone();
-            async move {
-                counter.fetch_add(1, Ordering::SeqCst);
-                Json(json!({
-                    "apiVersion": "admission.k8s.io/v1",
-                    "kind": "AdmissionReview",
-                    "response": {
-                        "uid": review["request"]["uid"],
-                        "allowed": false,
-                        "status": {"code": 403, "message": "denied by the helmop-tests webhook"}
-                    }
-                }))
-            }
-        }),
-    );
-    let port = crate::plugin::support::serve_tls(app, certs).await?;
-    Ok((format!("https://127.0.0.1:{port}/deny"), calls))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn validating_webhook_registered_by_url_is_called() -> anyhow::Result<()> {
     let client = control_plane().upstream().client().await;
     let certs = test_certs();
-    let (url, calls) = start_denying_webhook(&certs).await?;
+    let (url, calls) = crate::plugin::support::start_denying_webhook(&certs).await?;
     let ns = fresh_namespace(&client, "webhook").await?;
     let other = fresh_namespace(&client, "webhook-other").await?;
     let name = format!("deny-configmaps-{ns}");

@@ -419,6 +419,19 @@ async fn prune_keeps_what_an_unidentifiable_entry_wants() -> anyhow::Result<()> 
     Ok(())
 }
 
+/// `-n NS --context upstream --target-context laptop-d1`: a laptop's run through the context
+/// [`kubeconfig_with_contexts`] adds for down1.
+fn laptop_args(ns: &str) -> [&str; 6] {
+    [
+        "-n",
+        ns,
+        "--context",
+        "upstream",
+        "--target-context",
+        "laptop-d1",
+    ]
+}
+
 /// Item 9: a `--target-context` prune keeps what a Fleet Cluster reaching the same cluster wants.
 #[tokio::test]
 async fn a_target_context_prune_keeps_what_a_fleet_cluster_of_the_same_cluster_wants()
@@ -439,14 +452,7 @@ async fn a_target_context_prune_keeps_what_a_fleet_cluster_of_the_same_cluster_w
     helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
         .await?
         .expect(0);
-    let ctx_args = [
-        "-n",
-        f.ns.as_str(),
-        "--context",
-        "upstream",
-        "--target-context",
-        "laptop-d1",
-    ];
+    let ctx_args = laptop_args(&f.ns);
     let mut args = vec!["propagate"];
     args.extend(ctx_args);
     args.extend(["-o", "json"]);
@@ -479,6 +485,86 @@ async fn a_target_context_prune_keeps_what_a_fleet_cluster_of_the_same_cluster_w
     args.extend(["-o", "json"]);
     let status = run_with(&kubeconfig, &args, &[]).await?.expect(0).json();
     assert!(!states_of(&status).contains("Orphaned"), "{status:#}");
+    Ok(())
+}
+
+/// Round 3, item 7: a copy records which kind of run made it (`helmop.dev/made-by`); a prune
+/// without `--target-context` never deletes what a `--target-context` run made, and a copy both
+/// kinds made is only handed over by the kind that lets go.
+#[tokio::test]
+async fn a_fleet_prune_never_deletes_what_a_target_context_run_made() -> anyhow::Result<()> {
+    let f = Fleet::new("id-modes").await?;
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = kubeconfig_with_contexts(dir.path(), DOWNSTREAM_1, &[("laptop-d1", None)])?;
+    let dest = f.dest("apps");
+    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v")]).await?;
+    let spec = |clusters: &[&str]| {
+        let targets: String = clusters
+            .iter()
+            .map(|c| format!("- clusterName: {c}\n  namespace: {dest}\n"))
+            .collect();
+        format!("downstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n{targets}")
+    };
+    let ctx_args = laptop_args(&f.ns);
+    let with_ctx = |command: &'static str| {
+        let mut args = vec![command];
+        args.extend(ctx_args);
+        args.extend(["-o", "json"]);
+        args
+    };
+    let made_by = || async {
+        let copy = some(get_secret(&f.down1, &dest, "db").await?, "the copy")?;
+        anyhow::Ok(annotation(&copy.metadata, "helmop.dev/made-by").map(String::from))
+    };
+    let upstream = control_plane().upstream().kubeconfig.clone();
+
+    // Only the context's target: made by a --target-context run.
+    f.helmop(&helmop_yaml("app", &spec(&["laptop-d1"]))).await?;
+    run_with(&kubeconfig, &with_ctx("propagate"), &[])
+        .await?
+        .expect(0);
+    assert_eq!(made_by().await?.as_deref(), Some("target-context"));
+    // A Fleet-mode prune wants nothing there, and leaves it to the context runs. (Namespaced:
+    // other tests share the clusters; `-A` judges the same way.)
+    let pruned = prune_twice(&upstream, &["-n", &f.ns], 0).await?;
+    let left = row_in(&pruned, &dest, "db");
+    assert_eq!(left["state"], "Orphaned", "{pruned:#}");
+    assert!(
+        left["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("--target-context"),
+        "{left:#}"
+    );
+    assert!(made_by().await?.is_some(), "the context's copy was pruned");
+
+    // Fleet's down1 wants it too: both kinds made it.
+    f.helmop(&helmop_yaml("app", &spec(&["laptop-d1", "down1"])))
+        .await?;
+    helmop(&["propagate", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    assert_eq!(made_by().await?.as_deref(), Some("fleet,target-context"));
+
+    // Fleet lets go: it only hands the copy over.
+    f.helmop(&helmop_yaml("app", &spec(&["laptop-d1"]))).await?;
+    let pruned = prune_twice(&upstream, &["-n", &f.ns], 0).await?;
+    assert_eq!(
+        row_in(&pruned, &dest, "db")["state"],
+        "Released",
+        "{pruned:#}"
+    );
+    assert_eq!(made_by().await?.as_deref(), Some("target-context"));
+
+    // The context lets go too: its own prune deletes it.
+    f.helmop(&helmop_yaml("app", &spec(&["elsewhere"]))).await?;
+    let pruned = prune_twice(&kubeconfig, &ctx_args, 0).await?;
+    assert_eq!(
+        row_in(&pruned, &dest, "db")["state"],
+        "Pruned",
+        "{pruned:#}"
+    );
+    assert!(get_secret(&f.down1, &dest, "db").await?.is_none());
     Ok(())
 }
 

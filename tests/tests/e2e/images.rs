@@ -24,7 +24,7 @@ const IMAGE_DIGESTS: &str = "helmop.dev/image-digests";
 /// The webhook on loopback with the registry resolver; stopped when dropped.
 pub(crate) struct Webhook {
     pub(crate) resolver: Arc<RegistryResolver>,
-    server: LocalWebhook,
+    pub(crate) server: LocalWebhook,
     _registry_config: tempfile::TempDir,
 }
 
@@ -44,21 +44,36 @@ impl Webhook {
         registry_config: Value,
         budget: Duration,
     ) -> anyhow::Result<Webhook> {
+        let config = Config {
+            image_budget: budget,
+            ..Config::default()
+        };
+        // No reuse between admissions: each step of a test pushes and expects the new digest at once.
+        Self::start_configured(client, config, registry_config, true).await
+    }
+
+    /// The webhook with `config` and `registry_config` as its `--registry-config` file; `fresh`: the
+    /// resolver keeps nothing between admissions (else the production cache lifetimes).
+    pub(crate) async fn start_configured(
+        client: Client,
+        config: Config,
+        registry_config: Value,
+        fresh: bool,
+    ) -> anyhow::Result<Webhook> {
         let dir = tempfile::tempdir()?;
         let registries = dir.path().join("registries.yaml");
         std::fs::write(&registries, registry_config.to_string())?;
         let config = Config {
-            image_budget: budget,
             registry_config: Some(registries),
-            ..Config::default()
+            ..config
         };
         let metrics = Metrics::new();
-        // No reuse between admissions: each step of a test pushes and expects the new digest at once.
-        let resolver = Arc::new(
-            RegistryResolver::new(client.clone(), &config, &metrics)
-                .map_err(anyhow::Error::msg)?
-                .with_ttls(Duration::ZERO, Duration::ZERO),
-        );
+        let mut resolver =
+            RegistryResolver::new(client.clone(), &config, &metrics).map_err(anyhow::Error::msg)?;
+        if fresh {
+            resolver = resolver.with_ttls(Duration::ZERO, Duration::ZERO);
+        }
+        let resolver = Arc::new(resolver);
         let options = Options {
             images: resolver.clone(),
             ..Options::default()

@@ -23,15 +23,15 @@ const CONFIG_HASH: &str = "helmop.dev/config-hash";
 const CONFIG_REFS: &str = "helmop.dev/config-refs";
 const OPT_IN: (&str, &str) = ("helmop.dev/rollout-on-change", "enabled");
 
-fn cluster() -> &'static ClusterInfo {
+pub(crate) fn cluster() -> &'static ClusterInfo {
     control_plane().upstream()
 }
 
-fn text(bytes: &[u8]) -> String {
+pub(crate) fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-async fn kubectl(args: &[&str], stdin: Option<&str>) -> anyhow::Result<Output> {
+pub(crate) async fn kubectl(args: &[&str], stdin: Option<&str>) -> anyhow::Result<Output> {
     cluster().run_kubectl(args, stdin).await
 }
 
@@ -43,7 +43,7 @@ async fn kubectl_ok(args: &[&str], stdin: Option<&str>) -> anyhow::Result<Output
     Ok(out)
 }
 
-async fn apply_ok(object: &Value) -> anyhow::Result<Output> {
+pub(crate) async fn apply_ok(object: &Value) -> anyhow::Result<Output> {
     let out = kubectl_apply(cluster(), object, &[]).await?;
     if !out.status.success() {
         bail!("kubectl apply failed: {}", text(&out.stderr));

@@ -405,10 +405,19 @@ async fn opted_in_deployments_are_stamped_and_roll_when_what_they_read_changes()
         "{}",
         text(&out.stdout)
     );
-    let stored = deployments.get("web").await?;
-    let replaced = deployments
-        .replace("web", &PostParams::default(), &stored)
-        .await?;
+    // The deployment controller writes status meanwhile: a 409 on the resourceVersion means
+    // read again, not that admission changed anything.
+    let mut attempts = 0;
+    let replaced = loop {
+        let stored = deployments.get("web").await?;
+        match deployments
+            .replace("web", &PostParams::default(), &stored)
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 409 && attempts < 5 => attempts += 1,
+            other => break other?,
+        }
+    };
     assert_eq!(
         replaced.metadata.generation, generation,
         "admitting the output again changed the spec"
@@ -448,7 +457,17 @@ async fn opted_in_deployments_are_stamped_and_roll_when_what_they_read_changes()
         Some(second.clone())
     );
     assert!(webhook.state.cached_digests() >= 1);
-    // Cache sizes are exported.
+    // Cache sizes are exported (a HelmOp of this test, so the count does not depend on others).
+    apply_helmop(
+        &client,
+        &ns,
+        "apiVersion: fleet.cattle.io/v1alpha1\nkind: HelmOp\nmetadata:\n  name: counted\nspec:\n  helm:\n    repo: https://charts.example.com\n    chart: app\n    version: 1.0.0\n",
+    )
+    .await?;
+    wait_until("the HelmOp cache to count it", DEFAULT_TIMEOUT, || async {
+        Ok(webhook.cache_objects("helmops")? >= 1)
+    })
+    .await?;
     for cache in ["helmops", "secrets", "configmaps", "namespaces", "digests"] {
         assert!(
             webhook.cache_objects(cache)? >= 1,

@@ -11,7 +11,7 @@ use helmop_core::resource::ResourceRef;
 use helmop_core::validate::fleet::{FleetFacts, helm_secret_to_check, rejection};
 use helmop_core::validate::{
     Checked, EntryPath, Finding, JsonView, allows_missing, check_helmop, has_denials,
-    missing_reference_finding,
+    missing_reference_finding, same_json,
 };
 
 use super::object_name;
@@ -45,14 +45,18 @@ pub(super) async fn validate(state: &AppState, req: &Request) -> Verdict {
         findings,
         references: refs,
     } = check_helmop(view, Some(&namespace));
-    // Decided before any lookup: an update that leaves spec as it was is never denied, so a failed lookup
-    // must not deny it either (it would block Fleet adding its finalizer whenever the API server stutters).
-    // Compared as `Value`s: equal whatever the order of keys.
+    // Decided before any lookup: an update that leaves spec as it was is never denied, so a failed or
+    // slow lookup must not deny it either (it would block Fleet adding its finalizer whenever the API
+    // server stutters). Compared on the borrowed trees, whatever the order of keys.
     let spec_unchanged = req.operation == Operation::Update
         && req
             .old_object
             .as_ref()
-            .is_some_and(|old| old.value().get("spec") == object.value().get("spec"));
+            .is_some_and(|old| match (spec_of(old.view()), spec_of(view)) {
+                (Some(a), Some(b)) => same_json(a, b),
+                (a, b) => a.is_none() && b.is_none(),
+            });
+    let deadline = super::deadline::current();
     let mut warnings = Vec::new();
     if let Some(deny) = crate::caps::helmop_references(&name, refs.len()) {
         if !spec_unchanged {
@@ -68,7 +72,11 @@ pub(super) async fn validate(state: &AppState, req: &Request) -> Verdict {
             crate::caps::MAX_REFERENCES
         )]);
     }
-    let missing = match find_missing(state, &namespace, &refs).await {
+    let found = super::deadline::within(deadline, find_missing(state, &namespace, &refs)).await;
+    let Some(found) = found else {
+        return late(&name, &namespace, spec_unchanged);
+    };
+    let missing = match found {
         Ok(missing) => missing,
         Err((r, error)) if spec_unchanged => {
             tracing::warn!(helmop = %name, reference = %r, %error, "existence check failed; spec unchanged, admitted");
@@ -91,7 +99,15 @@ pub(super) async fn validate(state: &AppState, req: &Request) -> Verdict {
         }
     };
     if !has_denials(&findings) {
-        warnings.extend(fleet_warnings(state, &name, &namespace, view).await);
+        let fleet = fleet_warnings(state, &name, &namespace, view);
+        match super::deadline::within(deadline, fleet).await {
+            Some(fleet) => warnings.extend(fleet),
+            // Only warnings were at stake; the rest is decided.
+            None => warnings.push(
+                "Fleet's rules that depend on other objects were not checked before the request deadline"
+                    .to_owned(),
+            ),
+        }
     }
     let allow_missing = allows_missing(view);
     // Paths are rendered only for what is missing.
@@ -110,6 +126,31 @@ pub(super) async fn validate(state: &AppState, req: &Request) -> Verdict {
         },
     )
     .with_warnings(warnings)
+}
+
+fn spec_of<'v, 'a>(view: &'v JsonView<'a>) -> Option<&'v JsonView<'a>> {
+    view.as_object().and_then(|o| o.get("spec"))
+}
+
+/// The answer when the existence lookups do not finish before the stages deadline: a slow API server
+/// is treated as a failing one, so a spec-unchanged update is admitted and a changed spec is refused
+/// (fail closed) with a message that says it was the time, not a missing object.
+fn late(name: &str, namespace: &str, spec_unchanged: bool) -> Verdict {
+    tracing::warn!(helmop = %name, spec_unchanged, "existence checks did not finish before the request deadline");
+    if spec_unchanged {
+        return Verdict::allow_with_warnings(vec![format!(
+            "cannot check the downstream resources of HelmOp {name} in namespace {namespace:?} before the \
+             request deadline (not enforced: this update leaves spec unchanged)"
+        )]);
+    }
+    Verdict::Deny {
+        message: format!(
+            "helmop webhook: the API server did not answer the existence checks of HelmOp {name} in namespace \
+             {namespace:?} before the request deadline; the HelmOp is rejected until it does, retry"
+        ),
+        code: 500,
+        warnings: Vec::new(),
+    }
 }
 
 /// Warnings for what Fleet's controller rejects depending on other objects: a Policy of the

@@ -2,6 +2,7 @@
 //! themselves live in `helmop-core`, these add the cluster lookups and the failure policy of each
 //! endpoint (HelmOp validation fails closed, the delete guard fails closed, workload mutation fails open).
 
+mod deadline;
 mod helmops;
 mod references;
 mod workloads;

@@ -9,7 +9,6 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use json_patch::jsonptr::{PointerBuf, Token};
 use json_patch::{AddOperation, PatchOperation, RemoveOperation};
@@ -18,7 +17,7 @@ use kube::core::admission::Operation;
 use serde_json::{Map, Value};
 
 use helmop_core::hash::{
-    ANNOTATIONS_LIMIT, Observed, bounded_config_refs, config_refs_budget, migrated_stamp,
+    ANNOTATIONS_LIMIT, Observed, bounded_config_refs, config_refs_budget, config_stamp_v2,
 };
 use helmop_core::names::{
     ANN_CONFIG_HASH, ANN_CONFIG_REFS, ANN_IMAGE_DIGESTS, LABEL_ROLLOUT_ON_CHANGE,
@@ -31,27 +30,8 @@ use helmop_core::workload::{PodTemplate, WorkloadKind, pod_template};
 use crate::admission::{Object, Request};
 use crate::error::Error;
 use crate::images::ImageRequest;
-use crate::server::request_deadline;
 use crate::state::{AppState, HashKeyState, ImageMode};
 use crate::verdict::Verdict;
-
-/// Time kept back from the admission's deadline for assembling and sending the answer: the stages
-/// stop this much earlier, so the handler answers itself (keeping what it could not recompute)
-/// rather than letting the deadline answer without any patch.
-const ANSWER_RESERVE: Duration = Duration::from_millis(250);
-
-/// When the stamping and image stages must be done for an admission due at `request`: the answer
-/// reserve earlier, but never before `now` (a late request still gets its stages tried at once, each
-/// then falling back to what is stored).
-fn stages_deadline(
-    request: tokio::time::Instant,
-    now: tokio::time::Instant,
-) -> tokio::time::Instant {
-    request
-        .checked_sub(ANSWER_RESERVE)
-        .unwrap_or(request)
-        .max(now)
-}
 
 /// JSONPatch operations that make the template's annotations hold `desired` (`None` = absent), creating
 /// `metadata` and `metadata.annotations` when missing. Empty when they already do, so admitting the output
@@ -211,24 +191,11 @@ pub(super) async fn mutate(state: &AppState, req: &Request) -> Verdict {
         return Verdict::allow();
     };
 
-    let stages_deadline =
-        request_deadline().map(|d| stages_deadline(d, tokio::time::Instant::now()));
-    // On UPDATE, the stored stamp: a v1 stamp is kept while what the pods read is unchanged.
-    let previous = if req.operation == Operation::Update {
-        req.old_object.as_ref().and_then(|old| {
-            pod_template(kind, old.value())
-                .and_then(|t| t.annotation(ANN_CONFIG_HASH).map(str::to_owned))
-        })
-    } else {
-        None
-    };
-    let computed = config_ops(state, &namespace, &template, previous.as_deref());
-    let computed = match stages_deadline {
-        Some(deadline) => tokio::time::timeout_at(deadline, computed)
+    let stages_deadline = super::deadline::current();
+    let computed =
+        super::deadline::within(stages_deadline, config_ops(state, &namespace, &template))
             .await
-            .unwrap_or_else(|_| Err(Error::StampDeadline)),
-        None => computed.await,
-    };
+            .unwrap_or(Err(Error::StampDeadline));
     let (mut ops, mut warnings) = match computed {
         Ok(result) => result,
         Err(warning) => {
@@ -271,6 +238,7 @@ pub(super) async fn mutate(state: &AppState, req: &Request) -> Verdict {
             template_spec_pointer: &spec_pointer,
             mode: state.config().image_mode,
             deadline: stages_deadline,
+            secrets: Some(state.caches()),
         })
         .await;
     ops.extend(images.ops);
@@ -323,7 +291,6 @@ async fn config_ops(
     state: &AppState,
     namespace: &str,
     template: &PodTemplate<'_>,
-    previous: Option<&str>,
 ) -> Result<(Vec<PatchOperation>, Vec<String>), Error> {
     let refs = pod_refs_from_value(template.spec)?;
     if refs.is_empty() {
@@ -361,7 +328,9 @@ async fn config_ops(
             }
         }
     }
-    let stamp = migrated_stamp(&key, namespace, &refs, previous, |r| {
+    // Always v2: a stored v1 stamp is never kept (keeping it when it matched was an oracle, see
+    // docs/webhook-safety.md, "Stamp v2; v1 is retired").
+    let stamp = config_stamp_v2(&key, namespace, &refs, |r| {
         match observed.get(&r.resource) {
             Some(Some(observation)) => Observed::Digest(observation.digest),
             _ => Observed::Absent,
@@ -417,7 +386,9 @@ async fn config_ops(
 /// `annotate` image mode the image stage writes `helmop.dev/image-digests` after us: the most it can
 /// write is counted instead of what is there now.
 fn other_annotation_bytes(template: &PodTemplate<'_>, image_mode: ImageMode) -> usize {
-    let annotate = image_mode == ImageMode::Annotate;
+    // Under `pin` a namespace or workload may lower the mode to `annotate`, so the digest annotation
+    // is reserved for unless the process mode is `off` (which nothing can raise).
+    let annotate = image_mode != ImageMode::Off;
     let present: usize = template
         .annotations()
         .into_iter()
@@ -517,17 +488,6 @@ mod tests {
         desired: &[(&str, Option<&str>)],
     ) -> Vec<PatchOperation> {
         stamp_ops(&pod_template(kind, obj).unwrap(), desired)
-    }
-
-    #[test]
-    fn stages_end_before_the_request_deadline_but_not_before_now() {
-        let now = tokio::time::Instant::now();
-        let request = now + Duration::from_secs(4);
-        assert_eq!(stages_deadline(request, now), request - ANSWER_RESERVE);
-        // Less left than the reserve: the stages get nothing more, and never a deadline in the past.
-        let late = now + ANSWER_RESERVE / 2;
-        assert_eq!(stages_deadline(late, now), now);
-        assert_eq!(stages_deadline(now, now), now);
     }
 
     #[test]
@@ -695,16 +655,20 @@ mod tests {
         let template = pod_template(WorkloadKind::Deployment, &obj).unwrap();
         let digests = "helmop.dev/image-digests".len() + "c=sha256:00".len();
         assert_eq!(
-            other_annotation_bytes(&template, ImageMode::Pin),
+            other_annotation_bytes(&template, ImageMode::Off),
             "team".len() + "blue".len() + digests
         );
-        // Container `c`: the longest digest annotation the image stage could write replaces the present one.
+        // Container `c`: the longest digest annotation the image stage could write replaces the present one,
+        // under `pin` too (an annotation may lower it to `annotate`).
         let bound = "helmop.dev/image-digests".len() + 1 + 1 + 7 + 128 + 1;
         assert_eq!(image_digests_bound(&template), bound);
-        assert_eq!(
-            other_annotation_bytes(&template, ImageMode::Annotate),
-            "team".len() + "blue".len() + bound
-        );
+        for mode in [ImageMode::Annotate, ImageMode::Pin] {
+            assert_eq!(
+                other_annotation_bytes(&template, mode),
+                "team".len() + "blue".len() + bound,
+                "{mode:?}"
+            );
+        }
     }
 
     #[test]

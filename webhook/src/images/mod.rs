@@ -2,8 +2,9 @@
 //! merges what it returns. [`RegistryResolver`] resolves mutable tags through the registry; [`NoImages`]
 //! changes nothing (tests of the other stages).
 //!
-//! The mode comes from the workload's annotation `helmop.dev/image-mode`, else its namespace's, else
-//! `--image-mode`. Registry trouble never denies: the image stays as it is (on an UPDATE that re-applies a
+//! The mode is `--image-mode`, lowered (never raised) by the namespace's annotation `helmop.dev/image-mode`
+//! and then by the workload's ([`effective_mode`]): with `off` nothing reaches a registry, with `annotate`
+//! nothing is pinned. Registry trouble never denies: the image stays as it is (on an UPDATE that re-applies a
 //! bare tag over a pinned image, the previous pin is kept so nothing rolls by accident) and a warning says why.
 
 pub mod patch;
@@ -19,10 +20,14 @@ use serde_json::Value;
 
 use crate::config::ImageMode;
 
-pub use resolver::{ANN_IMAGE_MODE, RegistryResolver, mode_override};
+pub use resolver::{
+    ADMISSION_CONCURRENCY, ADMISSION_PER_REGISTRY, ANN_IMAGE_MODE, DIGEST_CACHE_BYTES,
+    MAX_IMAGES_PER_ADMISSION, MAX_REGISTRIES_PER_ADMISSION, RegistryResolver, effective_mode,
+    mode_override,
+};
 
 /// What the resolver gets to look at for one admitted workload.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct ImageRequest<'a> {
     /// Namespace of the workload (pull secrets and the ServiceAccount live there).
     pub namespace: &'a str,
@@ -40,6 +45,19 @@ pub struct ImageRequest<'a> {
     /// When the image stage must be done at the latest (what is left of the admission's deadline);
     /// the resolver stops at the earlier of this and its own budget.
     pub deadline: Option<tokio::time::Instant>,
+    /// Where pull secrets are read: the webhook's bounded, counted live reads; `None`, the resolver's
+    /// own client (tests).
+    pub secrets: Option<&'a dyn pull_secrets::SecretSource>,
+}
+
+impl std::fmt::Debug for ImageRequest<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageRequest")
+            .field("namespace", &self.namespace)
+            .field("mode", &self.mode)
+            .field("deadline", &self.deadline)
+            .finish_non_exhaustive()
+    }
 }
 
 /// JSONPatch operations (applied after the config stamp's) and warnings for the response.

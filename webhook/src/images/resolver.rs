@@ -1,6 +1,7 @@
 //! [`RegistryResolver`]: which images to resolve, with which credentials, within the admission's budget, and
 //! what to write back.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::future::{BoxFuture, join_all};
@@ -10,6 +11,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use serde_json::{Map, Value};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use helmop_core::names::{ANN_IMAGE_DIGESTS, ANN_RESTAMP};
@@ -19,7 +21,7 @@ use super::cache::ExpiringCache;
 use super::patch::{Slot, annotate_ops, parse_digests, pin_ops, slots};
 use super::pull_secrets::read_pull_secrets;
 use super::reference::ImageRef;
-use super::registry::{RegistryClient, RegistrySettings, ResolveError};
+use super::registry::{Event, Limits, RegistryClient, RegistrySettings, ResolveError};
 use super::tags::MutableTags;
 use super::{ImageOutcome, ImageRequest, ImageResolver};
 use crate::config::{Config, ImageMode};
@@ -31,10 +33,27 @@ pub use helmop_core::names::ANN_IMAGE_MODE;
 /// longer reuse would pin the digest from before the push. It still folds the admissions of one
 /// `kubectl apply` of many workloads sharing an image into one registry request.
 pub const POSITIVE_TTL: Duration = Duration::from_secs(3);
-/// How long a failure is remembered, so a dead registry costs one budget, not one per admission.
+/// How long a definite failure (no such manifest, refused credentials, connection refused: answers that do
+/// not depend on who asked or how much time it had) is remembered, so a dead registry costs one lookup, not
+/// one per admission. Timeouts and busy answers are never remembered ([`ResolveError::is_definite`]).
 pub const NEGATIVE_TTL: Duration = Duration::from_secs(10);
-const DIGEST_CACHE_ENTRIES: u64 = 4096;
+/// Bytes of the digest cache (keys and answers as weighed by [`digest_weight`]): 2 MiB.
+pub const DIGEST_CACHE_BYTES: u64 = 2 << 20;
+const NAMESPACE_CACHE_ENTRIES: u64 = 4096;
 const NAMESPACE_TTL: Duration = Duration::from_secs(10);
+
+/// Distinct images (registry, repository, tag) one admission resolves; the rest are left as they are with
+/// the usual warning.
+pub const MAX_IMAGES_PER_ADMISSION: usize = 16;
+/// Distinct registries one admission resolves images of (mirrors not counted: the operator lists them).
+pub const MAX_REGISTRIES_PER_ADMISSION: usize = 4;
+/// Lookups of one admission in flight at once, so one admission's many images cannot hold every slot.
+pub const ADMISSION_CONCURRENCY: usize = 4;
+/// Lookups of one admission in flight at once to one registry: a quarter of the registry's slots
+/// ([`Limits::per_registry`], 8), so one admission's slow repositories cannot starve another's image there.
+pub const ADMISSION_PER_REGISTRY: usize = 2;
+/// Warnings of the image stage per admission; more are summed up in one.
+const MAX_WARNINGS: usize = 20;
 
 /// A valid override value.
 pub fn mode_override(value: &str) -> Option<ImageMode> {
@@ -44,6 +63,65 @@ pub fn mode_override(value: &str) -> Option<ImageMode> {
         "off" => Some(ImageMode::Off),
         _ => None,
     }
+}
+
+/// How much a mode does: `off` < `annotate` < `pin`.
+fn rank(mode: ImageMode) -> u8 {
+    match mode {
+        ImageMode::Off => 0,
+        ImageMode::Annotate => 1,
+        ImageMode::Pin => 2,
+    }
+}
+
+/// The mode for one workload. `--image-mode` (`process`) is a ceiling: the namespace's annotation may lower
+/// it, and the workload's may lower that, never raise it (a namespace or workload cannot turn registry
+/// traffic on in a webhook started with `off`, nor pinning on where annotate was chosen).
+pub fn effective_mode(
+    process: ImageMode,
+    namespace: Option<ImageMode>,
+    workload: Option<ImageMode>,
+) -> ImageMode {
+    [namespace, workload]
+        .into_iter()
+        .flatten()
+        .fold(process, |ceiling, asked| {
+            if rank(asked) < rank(ceiling) {
+                asked
+            } else {
+                ceiling
+            }
+        })
+}
+
+/// An annotation value as read: a mode, or what was written instead (truncated, for the warning).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Asked {
+    Mode(ImageMode),
+    Invalid(String),
+}
+
+impl Asked {
+    fn parse(value: &str) -> Asked {
+        mode_override(value)
+            .map(Asked::Mode)
+            .unwrap_or_else(|| Asked::Invalid(value.chars().take(64).collect()))
+    }
+}
+
+/// What one digest-cache entry holds on the heap, with an allowance for the map's own overhead.
+fn digest_weight(key: &DigestKey, value: &Result<String, ResolveError>) -> u32 {
+    let answer = match value {
+        Ok(digest) => digest.len(),
+        Err(error) => error.detail().len(),
+    };
+    let bytes = key.registry.len()
+        + key.repository.len()
+        + key.tag.len()
+        + key.identity.as_ref().map_or(0, String::len)
+        + answer
+        + 160;
+    u32::try_from(bytes).unwrap_or(u32::MAX)
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -68,8 +146,15 @@ pub struct RegistryResolver {
     budget: Duration,
     /// Concurrent admissions of one image share one registry request.
     digests: ExpiringCache<DigestKey, Result<String, ResolveError>>,
-    namespaces: ExpiringCache<String, Option<String>>,
+    namespaces: ExpiringCache<String, Option<Asked>>,
     outcomes: Family<OutcomeLabel, Counter>,
+    dns_lookups: Counter,
+    requests: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BoundLabel {
+    bound: &'static str,
 }
 
 impl RegistryResolver {
@@ -79,24 +164,78 @@ impl RegistryResolver {
         config: &Config,
         metrics: &Metrics,
     ) -> Result<RegistryResolver, crate::error::Error> {
-        let settings = match &config.registry_config {
+        Self::with_limits(client, config, metrics, Limits::default())
+    }
+
+    /// [`RegistryResolver::new`] with explicit process-wide bounds of registry work (tests).
+    pub fn with_limits(
+        client: kube::Client,
+        config: &Config,
+        metrics: &Metrics,
+        limits: Limits,
+    ) -> Result<RegistryResolver, crate::error::Error> {
+        let mut settings = match &config.registry_config {
             Some(path) => RegistrySettings::load(path)?,
             None => RegistrySettings::default(),
         };
+        if !config.registry_deny.is_empty() {
+            let mut deny = settings.deny_list();
+            deny.extend(config.registry_deny.iter().copied());
+            settings.deny = Some(deny);
+        }
         let outcomes = Family::<OutcomeLabel, Counter>::default();
         metrics.registry().register(
             "helmop_webhook_image_resolutions",
-            "Image tag resolutions, by outcome (resolved, cached, not_found, unauthorized, unreachable, refused, timeout, error)",
+            "Image tag resolutions, by outcome (resolved, cached, not_found, unauthorized, unreachable, refused, timeout, busy, skipped, error)",
             outcomes.clone(),
         );
+        let dns_lookups = Counter::default();
+        metrics.registry().register(
+            "helmop_webhook_registry_dns_lookups",
+            "DNS lookups of registry names (at most 4 at once)",
+            dns_lookups.clone(),
+        );
+        let requests = Counter::default();
+        metrics.registry().register(
+            "helmop_webhook_registry_requests",
+            "HTTP requests sent to registries and token endpoints",
+            requests.clone(),
+        );
+        let shed = Family::<BoundLabel, Counter>::default();
+        metrics.registry().register(
+            "helmop_webhook_registry_shed",
+            "Registry requests turned away by a bound (hosts: too many registry hosts at once; body: a response over its size limit)",
+            shed.clone(),
+        );
+        let observer = {
+            let (dns_lookups, requests) = (dns_lookups.clone(), requests.clone());
+            std::sync::Arc::new(move |event: Event| match event {
+                Event::DnsLookup => {
+                    dns_lookups.inc();
+                }
+                Event::Request => {
+                    requests.inc();
+                }
+                Event::Shed(bound) => {
+                    shed.get_or_create(&BoundLabel { bound }).inc();
+                }
+            })
+        };
         Ok(RegistryResolver {
             client,
-            registry: RegistryClient::new(settings, "helmop-webhook")?,
+            registry: RegistryClient::with_limits(
+                settings,
+                "helmop-webhook",
+                limits,
+                Some(observer),
+            )?,
             tags: MutableTags::new(&config.mutable_tags),
             budget: config.image_budget,
             digests: digest_cache(POSITIVE_TTL, NEGATIVE_TTL),
-            namespaces: ExpiringCache::new(DIGEST_CACHE_ENTRIES, |_| NAMESPACE_TTL),
+            namespaces: ExpiringCache::new(NAMESPACE_CACHE_ENTRIES, |_| NAMESPACE_TTL),
             outcomes,
+            dns_lookups,
+            requests,
         })
     }
 
@@ -114,18 +253,30 @@ impl RegistryResolver {
             .map_or(0, |c| c.get())
     }
 
+    /// DNS lookups of registry names made so far.
+    pub fn dns_lookups(&self) -> u64 {
+        self.dns_lookups.get()
+    }
+
+    /// HTTP requests sent to registries (and token endpoints) so far.
+    pub fn registry_requests(&self) -> u64 {
+        self.requests.get()
+    }
+
     fn count(&self, outcome: &'static str) {
         self.outcomes.get_or_create(&OutcomeLabel { outcome }).inc();
     }
 
-    async fn namespace_mode(&self, namespace: &str) -> Option<String> {
+    async fn namespace_mode(&self, namespace: &str) -> Option<Asked> {
         if let Some(cached) = self.namespaces.get(&namespace.to_owned()).await {
             return cached;
         }
         let api = Api::<Namespace>::all(self.client.clone());
         match api.get_metadata_opt(namespace).await {
             Ok(ns) => {
-                let mode = ns.and_then(|ns| ns.metadata.annotations?.remove(ANN_IMAGE_MODE));
+                let mode = ns
+                    .and_then(|ns| ns.metadata.annotations?.remove(ANN_IMAGE_MODE))
+                    .map(|value| Asked::parse(&value));
                 self.namespaces
                     .insert(namespace.to_owned(), mode.clone())
                     .await;
@@ -141,11 +292,13 @@ impl RegistryResolver {
     /// The pull secrets of the pod and its ServiceAccount, read live. Unreadable ones become warnings.
     async fn pull_secrets(
         &self,
+        source: Option<&dyn super::pull_secrets::SecretSource>,
         namespace: &str,
         spec: &Value,
         warnings: &mut Vec<String>,
     ) -> Vec<PullSecret> {
-        let (secrets, problems) = read_pull_secrets(&self.client, namespace, spec).await;
+        let source = source.unwrap_or(&self.client);
+        let (secrets, problems) = read_pull_secrets(&self.client, source, namespace, spec).await;
         warnings.extend(problems.iter().map(|p| format!("helmop webhook: {p}")));
         secrets
     }
@@ -163,17 +316,32 @@ impl RegistryResolver {
             tag: image.effective_tag().to_owned(),
             identity: credential(&image.registry).map(|c| c.identity),
         };
-        // The lookup's own deadline makes a timeout an outcome that is cached like any failure; waiting on
-        // another admission's lookup is bounded by this admission's deadline.
-        let lookup = async {
+        // Bounded by this admission's deadline; a timeout is handed to the admissions waiting on this lookup
+        // but never kept for later ones (its lifetime is zero, see `digest_cache`).
+        let lookup = || async {
             tokio::time::timeout_at(deadline, self.registry.resolve(image, credential))
                 .await
                 .unwrap_or(Err(ResolveError::Timeout))
         };
         let (result, fresh) =
-            tokio::time::timeout_at(deadline, self.digests.get_or_run(key, lookup))
+            tokio::time::timeout_at(deadline, self.digests.get_or_run(key.clone(), lookup()))
                 .await
                 .unwrap_or((Err(ResolveError::Timeout), true));
+        // Another admission's lookup ran out of its own time, or met a busy registry: that says nothing of
+        // this one, which asks itself with what is left of its own budget.
+        let (result, fresh) = match result {
+            Err(e) if !fresh && !e.is_definite() && Instant::now() < deadline => {
+                let own = lookup().await;
+                if own
+                    .as_ref()
+                    .map_or_else(ResolveError::is_definite, |_| true)
+                {
+                    self.digests.insert(key, own.clone()).await;
+                }
+                (own, true)
+            }
+            result => (result, fresh),
+        };
         if !fresh {
             self.count(match &result {
                 Ok(_) => "cached",
@@ -195,6 +363,10 @@ impl RegistryResolver {
     }
 
     async fn run(&self, request: ImageRequest<'_>) -> ImageOutcome {
+        // `--image-mode off` is off: no annotation can raise it (`effective_mode`), so nothing is read.
+        if request.mode == ImageMode::Off {
+            return ImageOutcome::default();
+        }
         let deadline = image_deadline(Instant::now(), self.budget, request.deadline);
         let object = request.object;
         let Some(spec) = object.pointer(request.template_spec_pointer) else {
@@ -214,22 +386,27 @@ impl RegistryResolver {
         }
 
         let mut warnings = Vec::new();
-        let mode = match annotation(object, ANN_IMAGE_MODE) {
-            Some(value) => Some(value.to_owned()),
-            None => tokio::time::timeout_at(deadline, self.namespace_mode(request.namespace))
+        let workload = annotation(object, ANN_IMAGE_MODE).map(Asked::parse);
+        // A workload asking for `off` needs no namespace to decide.
+        let namespace = if workload == Some(Asked::Mode(ImageMode::Off)) {
+            None
+        } else {
+            tokio::time::timeout_at(deadline, self.namespace_mode(request.namespace))
                 .await
-                .unwrap_or(None),
+                .unwrap_or(None)
         };
-        let mode = match mode {
-            None => request.mode,
-            Some(value) => mode_override(&value).unwrap_or_else(|| {
+        let mut read = |asked: Option<Asked>, whose: &str| match asked? {
+            Asked::Mode(mode) => Some(mode),
+            Asked::Invalid(value) => {
                 warnings.push(format!(
-                    "helmop webhook: {ANN_IMAGE_MODE}={value:?} is not pin, annotate or off; using {:?}",
-                    request.mode
+                    "helmop webhook: the {whose}'s {ANN_IMAGE_MODE}={value:?} is not pin, annotate or off; ignored"
                 ));
-                request.mode
-            }),
+                None
+            }
         };
+        let namespace = read(namespace, "namespace");
+        let workload = read(workload, "workload");
+        let mode = effective_mode(request.mode, namespace, workload);
         if mode == ImageMode::Off || (mode == ImageMode::Pin && candidates.is_empty()) {
             return ImageOutcome {
                 ops: Vec::new(),
@@ -242,31 +419,65 @@ impl RegistryResolver {
         } else {
             tokio::time::timeout_at(
                 deadline,
-                self.pull_secrets(request.namespace, spec, &mut warnings),
+                self.pull_secrets(request.secrets, request.namespace, spec, &mut warnings),
             )
             .await
             .unwrap_or_default()
         };
         // One registry request per distinct image, however many containers run it.
+        let mut index: HashMap<(&str, &str, &str), usize> = HashMap::new();
         let mut distinct: Vec<&ImageRef> = Vec::new();
-        for c in &candidates {
-            if !distinct.iter().any(|d| same_tag(d, &c.image)) {
-                distinct.push(&c.image);
-            }
-        }
-        let resolved = join_all(
-            distinct
-                .iter()
-                .map(|image| self.resolve_image(image, &secrets, deadline)),
-        )
-        .await;
-        let results: Vec<Result<String, ResolveError>> = candidates
+        let positions: Vec<usize> = candidates
             .iter()
             .map(|c| {
-                distinct
-                    .iter()
-                    .position(|d| same_tag(d, &c.image))
-                    .and_then(|i| resolved.get(i).cloned())
+                let key = (
+                    c.image.registry.as_str(),
+                    c.image.repository.as_str(),
+                    c.image.effective_tag(),
+                );
+                *index.entry(key).or_insert_with(|| {
+                    distinct.push(&c.image);
+                    distinct.len() - 1
+                })
+            })
+            .collect();
+        let plan = admission_plan(&distinct);
+        let per_registry: HashMap<&str, Semaphore> = plan
+            .iter()
+            .zip(&distinct)
+            .filter(|(go, _)| **go)
+            .map(|(_, d)| (d.registry.as_str(), Semaphore::new(ADMISSION_PER_REGISTRY)))
+            .collect();
+        let admission = Semaphore::new(ADMISSION_CONCURRENCY);
+        let resolved = join_all(distinct.iter().zip(&plan).map(|(image, go)| {
+            let (per_registry, admission, secrets) = (&per_registry, &admission, &secrets);
+            async move {
+                if !*go {
+                    self.count("skipped");
+                    return Err(ResolveError::Skipped);
+                }
+                // The registry's share first, so a wait for a busy registry holds no admission slot.
+                let slots = async {
+                    let registry = match per_registry.get(image.registry.as_str()) {
+                        Some(s) => s.acquire().await.ok(),
+                        None => None,
+                    };
+                    (registry, admission.acquire().await.ok())
+                };
+                let Ok(_slots) = tokio::time::timeout_at(deadline, slots).await else {
+                    self.count("timeout");
+                    return Err(ResolveError::Timeout);
+                };
+                self.resolve_image(image, secrets, deadline).await
+            }
+        }))
+        .await;
+        let results: Vec<Result<String, ResolveError>> = positions
+            .iter()
+            .map(|&i| {
+                resolved
+                    .get(i)
+                    .cloned()
                     .unwrap_or(Err(ResolveError::Timeout))
             })
             .collect();
@@ -277,6 +488,13 @@ impl RegistryResolver {
             .unwrap_or_default();
         let mut outcome = assemble(mode, &request, metadata, &candidates, &results, &old_slots);
         warnings.append(&mut outcome.warnings);
+        if warnings.len() > MAX_WARNINGS {
+            let more = warnings.len() - (MAX_WARNINGS - 1);
+            warnings.truncate(MAX_WARNINGS - 1);
+            warnings.push(format!(
+                "helmop webhook: {more} more image warnings like these"
+            ));
+        }
         outcome.warnings = warnings;
         outcome
     }
@@ -288,17 +506,53 @@ impl ImageResolver for RegistryResolver {
     }
 }
 
-/// Resolutions kept `positive` when they succeeded, `negative` when they failed.
+/// Resolutions kept `positive` when they succeeded, `negative` when they failed definitely, not at all
+/// otherwise; at most [`DIGEST_CACHE_BYTES`].
 fn digest_cache(
     positive: Duration,
     negative: Duration,
 ) -> ExpiringCache<DigestKey, Result<String, ResolveError>> {
-    ExpiringCache::new(
-        DIGEST_CACHE_ENTRIES,
-        move |result: &Result<String, ResolveError>| {
-            if result.is_ok() { positive } else { negative }
-        },
+    ExpiringCache::weighed(
+        DIGEST_CACHE_BYTES,
+        digest_weight,
+        move |result: &Result<String, ResolveError>| lifetime(result, positive, negative),
     )
+}
+
+fn lifetime(
+    result: &Result<String, ResolveError>,
+    positive: Duration,
+    negative: Duration,
+) -> Duration {
+    match result {
+        Ok(_) => positive,
+        Err(e) if e.is_definite() => negative,
+        Err(_) => Duration::ZERO,
+    }
+}
+
+/// Which distinct images (in the workload's order) this admission looks up: the first
+/// [`MAX_IMAGES_PER_ADMISSION`] of the first [`MAX_REGISTRIES_PER_ADMISSION`] registries.
+fn admission_plan(distinct: &[&ImageRef]) -> Vec<bool> {
+    let mut registries: Vec<&str> = Vec::new();
+    let mut images = 0;
+    distinct
+        .iter()
+        .map(|image| {
+            if images >= MAX_IMAGES_PER_ADMISSION {
+                return false;
+            }
+            let registry = image.registry.as_str();
+            if !registries.contains(&registry) {
+                if registries.len() >= MAX_REGISTRIES_PER_ADMISSION {
+                    return false;
+                }
+                registries.push(registry);
+            }
+            images += 1;
+            true
+        })
+        .collect()
 }
 
 /// The end of the image stage: its own budget from `now`, but never past the admission's deadline
@@ -513,6 +767,7 @@ mod tests {
             template_spec_pointer: "/spec/template/spec",
             mode,
             deadline: None,
+            secrets: None,
         }
     }
 
@@ -565,6 +820,165 @@ mod tests {
         assert_eq!(mode_override("annotate"), Some(ImageMode::Annotate));
         assert_eq!(mode_override("off"), Some(ImageMode::Off));
         assert_eq!(mode_override("Pin"), None);
+    }
+
+    #[test]
+    fn annotations_only_lower_the_process_mode() {
+        use ImageMode::{Annotate, Off, Pin};
+        // The namespace's, then the workload's, may lower; nothing raises.
+        assert_eq!(effective_mode(Off, Some(Pin), Some(Pin)), Off);
+        assert_eq!(effective_mode(Off, None, Some(Annotate)), Off);
+        assert_eq!(effective_mode(Annotate, None, Some(Pin)), Annotate);
+        assert_eq!(effective_mode(Pin, None, Some(Annotate)), Annotate);
+        assert_eq!(effective_mode(Pin, Some(Off), Some(Pin)), Off);
+        assert_eq!(effective_mode(Pin, Some(Annotate), Some(Pin)), Annotate);
+        assert_eq!(effective_mode(Pin, Some(Annotate), Some(Off)), Off);
+        assert_eq!(effective_mode(Pin, None, None), Pin);
+        for process in [Off, Annotate, Pin] {
+            for ns in [None, Some(Off), Some(Annotate), Some(Pin)] {
+                for w in [None, Some(Off), Some(Annotate), Some(Pin)] {
+                    let m = effective_mode(process, ns, w);
+                    assert!(rank(m) <= rank(process));
+                    assert!(ns.is_none_or(|n| rank(m) <= rank(n)));
+                    assert!(w.is_none_or(|w| rank(m) <= rank(w)));
+                }
+            }
+        }
+        assert_eq!(
+            Asked::parse(&"x".repeat(10_000)),
+            Asked::Invalid("x".repeat(64))
+        );
+    }
+
+    #[test]
+    fn one_admission_resolves_a_bounded_share() {
+        let images: Vec<ImageRef> = (0..40)
+            .map(|i| ImageRef::parse(&format!("r{}.example.com/app{i}:latest", i % 10)).unwrap())
+            .collect();
+        let refs: Vec<&ImageRef> = images.iter().collect();
+        let plan = admission_plan(&refs);
+        let chosen: Vec<&ImageRef> = refs
+            .iter()
+            .zip(&plan)
+            .filter(|(_, go)| **go)
+            .map(|(i, _)| *i)
+            .collect();
+        let mut registries: Vec<&str> = chosen.iter().map(|i| i.registry.as_str()).collect();
+        registries.dedup();
+        registries.sort_unstable();
+        registries.dedup();
+        assert_eq!(registries.len(), MAX_REGISTRIES_PER_ADMISSION);
+        assert_eq!(chosen.len(), MAX_IMAGES_PER_ADMISSION);
+        // The first registries in the workload's order.
+        assert_eq!(
+            registries,
+            [
+                "r0.example.com",
+                "r1.example.com",
+                "r2.example.com",
+                "r3.example.com"
+            ]
+        );
+        let one: Vec<ImageRef> = (0..40)
+            .map(|i| ImageRef::parse(&format!("reg.io/app{i}:latest")).unwrap())
+            .collect();
+        let one: Vec<&ImageRef> = one.iter().collect();
+        assert_eq!(
+            admission_plan(&one).iter().filter(|go| **go).count(),
+            MAX_IMAGES_PER_ADMISSION
+        );
+    }
+
+    #[test]
+    fn only_definite_answers_are_remembered() {
+        let (p, n) = (POSITIVE_TTL, NEGATIVE_TTL);
+        assert_eq!(lifetime(&Ok(D1.to_owned()), p, n), p);
+        assert_eq!(lifetime(&Err(ResolveError::NotFound), p, n), n);
+        assert_eq!(
+            lifetime(&Err(ResolveError::Unreachable("refused".into())), p, n),
+            n
+        );
+        for transient in [
+            ResolveError::Timeout,
+            ResolveError::Busy("429".into()),
+            ResolveError::Skipped,
+        ] {
+            assert_eq!(lifetime(&Err(transient), p, n), Duration::ZERO);
+        }
+        // Weighed in bytes: a long repository weighs what it holds.
+        let key = |repository: String| DigestKey {
+            registry: "reg.io".into(),
+            repository,
+            tag: "latest".into(),
+            identity: None,
+        };
+        let small = digest_weight(&key("app".into()), &Ok(D1.to_owned()));
+        let large = digest_weight(&key("a".repeat(100_000)), &Ok(D1.to_owned()));
+        assert!(small < 512 && large > 100_000, "{small} {large}");
+        assert!(u64::from(large) < DIGEST_CACHE_BYTES);
+    }
+
+    /// `registry` served on loopback and listed `insecure` in the registry config of a resolver whose
+    /// cluster client points where nothing listens; the config's directory lives as long as the guard.
+    async fn serve_registry(
+        registry: axum::Router,
+    ) -> (
+        std::net::SocketAddr,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+        tempfile::TempDir,
+        RegistryResolver,
+    ) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(axum::serve(listener, registry).into_future());
+        let dir = tempfile::tempdir().unwrap();
+        let registry_config = dir.path().join("registries.yaml");
+        std::fs::write(&registry_config, format!("insecure: [\"{addr}\"]")).unwrap();
+        let config = Config {
+            registry_config: Some(registry_config),
+            ..Config::default()
+        };
+        let kube = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+            .unwrap();
+        let resolver = RegistryResolver::new(kube, &config, &Metrics::new()).unwrap();
+        (addr, server, dir, resolver)
+    }
+
+    #[tokio::test]
+    async fn off_is_off_whatever_the_workload_asks() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counter = requests.clone();
+        let registry = axum::Router::new().fallback(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async { ([("docker-content-digest", D1)], "") }
+        });
+        // Never contacted: an annotated workload needs no namespace.
+        let (addr, server, _dir, resolver) = serve_registry(registry).await;
+        let mut obj = object(&[("app", &format!("{addr}/app:latest"))], None);
+        obj["metadata"]["annotations"] = json!({ANN_IMAGE_MODE: "pin"});
+        let off = resolver.resolve(request(&obj, None, ImageMode::Off)).await;
+        assert_eq!(off, ImageOutcome::default());
+        let annotate = resolver
+            .resolve(request(&obj, None, ImageMode::Annotate))
+            .await;
+        let ops = serde_json::to_value(&annotate.ops).unwrap();
+        assert!(
+            ops.as_array()
+                .unwrap()
+                .iter()
+                .all(|op| op["path"] != "/spec/template/spec/containers/0/image"),
+            "annotate is not raised to pin: {ops}"
+        );
+        assert!(ops.to_string().contains(ANN_IMAGE_DIGESTS), "{ops}");
+        assert_eq!(
+            requests.load(Ordering::SeqCst),
+            1,
+            "only the annotate admission asked"
+        );
+        server.abort();
     }
 
     #[test]
@@ -750,20 +1164,8 @@ mod tests {
                 async { ([("docker-content-digest", D1)], "") }
             }),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(axum::serve(listener, registry).into_future());
-        let dir = tempfile::tempdir().unwrap();
-        let registry_config = dir.path().join("registries.yaml");
-        std::fs::write(&registry_config, format!("insecure: [\"{addr}\"]")).unwrap();
-        let config = Config {
-            registry_config: Some(registry_config),
-            ..Config::default()
-        };
         // Never contacted: resolving a tag reads nothing from the cluster.
-        let kube = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
-            .unwrap();
-        let resolver = RegistryResolver::new(kube, &config, &Metrics::new()).unwrap();
+        let (addr, server, _dir, resolver) = serve_registry(registry).await;
         let image = ImageRef::parse(&format!("{addr}/app:latest")).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
 

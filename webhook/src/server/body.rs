@@ -45,12 +45,22 @@ pub(super) async fn read_body(
         if len > limit {
             return Err((BodyError::TooLarge, Some(stream)));
         }
-        if len > reserved {
-            match take(budget, len - reserved) {
+        // What the buffer will hold allocated, not what it holds written: a growing Vec doubles, and
+        // charging only the length let 20 concurrent bodies allocate twice the budget.
+        let capacity = if len > buf.capacity() {
+            len.max(buf.capacity().saturating_mul(2)).min(limit)
+        } else {
+            buf.capacity()
+        };
+        if capacity > reserved {
+            match take(budget, capacity - reserved) {
                 Ok(more) => merge(&mut share, more),
                 Err(()) => return Err((BodyError::Busy, Some(stream))),
             }
-            reserved = len;
+            reserved = capacity;
+        }
+        if capacity > buf.capacity() {
+            buf.reserve_exact(capacity - buf.len());
         }
         buf.extend_from_slice(&chunk);
     }
@@ -60,7 +70,10 @@ pub(super) async fn read_body(
     })
 }
 
-fn take(budget: &Arc<Semaphore>, bytes: usize) -> Result<Option<OwnedSemaphorePermit>, ()> {
+pub(super) fn take(
+    budget: &Arc<Semaphore>,
+    bytes: usize,
+) -> Result<Option<OwnedSemaphorePermit>, ()> {
     if bytes == 0 {
         return Ok(None);
     }

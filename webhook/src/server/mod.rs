@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 pub use admin::admin_router;
 pub use body::MAX_DRAIN_BYTES;
 pub use endpoints::{Handlers, Webhook, request_deadline};
-pub use router::{Limits, router};
+pub use router::{DEFAULT_MAX_IN_FLIGHT_BYTES, Limits, router};
 pub use serve::{ServeOptions, Server, shutdown_signal};
 
 fn plain(status: StatusCode, body: String) -> Response {

@@ -26,6 +26,8 @@ pub(super) struct Shared {
     pub(super) request_timeout: Duration,
     pub(super) in_flight: Arc<Semaphore>,
     pub(super) body_bytes: Arc<Semaphore>,
+    /// Turns on the blocking pool for decoding ([`MAX_DECODES`]).
+    pub(super) decoders: Arc<Semaphore>,
 }
 
 /// Why a request is answered without a decision.
@@ -109,8 +111,10 @@ pub(super) async fn answer(
         }
         return reject(metrics, webhook, Rejection::TooLarge, started);
     }
-    // The declared length only sizes the first allocation, capped: a client may declare 7 MiB and send nothing.
-    let size_hint = declared.map_or(16 * 1024, |len| (len as usize).min(256 * 1024));
+    // The declared length (at most the limit here) sizes the one allocation, charged to the budget up front:
+    // a client that declares 7 MiB and sends nothing holds 7 MiB of the budget until the deadline, never
+    // more than it is charged; a body of unknown length grows by doubling, charged by capacity.
+    let size_hint = declared.map_or(16 * 1024, |len| len as usize);
     let body = match tokio::time::timeout_at(
         deadline,
         read_body(
@@ -147,23 +151,23 @@ pub(super) async fn answer(
     let Ok(_slot) = shared.in_flight.clone().try_acquire_owned() else {
         return reject(metrics, webhook, Rejection::Busy, started);
     };
-    // The body's share of the budget stays taken until the answer: the decoded review is about as large.
+    // The body's share of the budget stays taken until the answer, with what decoding it costs on top.
     let ReadBody {
         bytes: body,
         _share: _body_share,
     } = body;
-    let req = match admission::decode(&body) {
-        Ok(req) => req,
-        Err(e) => {
-            return reject(
-                metrics,
-                webhook,
-                Rejection::Undecodable(e.to_string()),
-                started,
-            );
-        }
+    let decoded = match tokio::time::timeout_at(deadline, decode_off_workers(&shared, body)).await {
+        Ok(decoded) => decoded,
+        Err(_) => return reject(metrics, webhook, Rejection::Late, started),
     };
-    drop(body);
+    let (req, _decoded_share) = match decoded {
+        Decoded::Review(req, share) => (req, share),
+        Decoded::Undecodable(reason) => {
+            return reject(metrics, webhook, Rejection::Undecodable(reason), started);
+        }
+        Decoded::Busy => return reject(metrics, webhook, Rejection::Busy, started),
+        Decoded::TooMany(uid) => return too_many_values(metrics, webhook, uid, started),
+    };
 
     let decision =
         AssertUnwindSafe(DEADLINE.scope(deadline, shared.handlers.review(webhook, &req)))
@@ -194,6 +198,97 @@ pub(super) async fn answer(
         &verdict,
         sent.patch_ops,
         latency,
+    );
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// Decodes run on the blocking pool, at most this many at once: a large review takes tens of
+/// milliseconds to count and parse, which on an async worker (one, under `limits.cpu: "1"`) would hold
+/// up `/healthz` and every other admission meanwhile.
+pub(super) const MAX_DECODES: usize = 2;
+
+enum Decoded {
+    /// The request, and the budget its decoded form holds until the answer.
+    Review(
+        Box<AdmissionRequest>,
+        Option<tokio::sync::OwnedSemaphorePermit>,
+    ),
+    Undecodable(String),
+    /// The budget cannot take the decoded form now.
+    Busy,
+    /// More than [`admission::MAX_VALUES`] values; the review's uid if it has one.
+    TooMany(Option<String>),
+}
+
+/// Counts the body's values, takes what decoding them costs from the in-flight budget (or answers
+/// busy), then decodes: all on the blocking pool, bounded by [`MAX_DECODES`].
+async fn decode_off_workers(shared: &Shared, body: Vec<u8>) -> Decoded {
+    let Ok(_turn) = shared.decoders.clone().acquire_owned().await else {
+        return Decoded::Busy;
+    };
+    let budget = shared.body_bytes.clone();
+    let job = tokio::task::spawn_blocking(move || {
+        let values = match admission::count_values(&body, admission::MAX_VALUES) {
+            admission::Counted::TooMany => return Decoded::TooMany(admission::review_uid(&body)),
+            admission::Counted::Values(n) => n,
+            admission::Counted::Invalid => 0,
+        };
+        // The objects' text is copied for the trees that borrow from it, and strings again by typed decoding.
+        let cost = body
+            .len()
+            .saturating_mul(admission::TEXT_COPIES)
+            .saturating_add(values.saturating_mul(admission::VALUE_COST));
+        let Ok(share) = super::body::take(&budget, cost) else {
+            return Decoded::Busy;
+        };
+        match admission::decode(&body) {
+            Ok(req) => Decoded::Review(Box::new(req), share),
+            Err(e) => Decoded::Undecodable(e.to_string()),
+        }
+    });
+    job.await
+        .unwrap_or_else(|_| Decoded::Undecodable("the review could not be decoded".to_owned()))
+}
+
+/// The answer to a review holding more values than one admission decodes: the endpoint's failure
+/// policy, with a reason the requester can act on, when its uid can be read; else a 413.
+fn too_many_values(
+    metrics: &Metrics,
+    webhook: Webhook,
+    uid: Option<String>,
+    started: Instant,
+) -> Response {
+    let Some(uid) = uid else {
+        return reject(metrics, webhook, Rejection::TooLarge, started);
+    };
+    let reason = format!(
+        "the review holds more than {} JSON values (dense lists in helm.values, say), more than one admission \
+         decodes",
+        admission::MAX_VALUES
+    );
+    let verdict = webhook.undecided(&reason);
+    let (body, _) = admission::encode(&uid, &verdict, webhook.mutating());
+    let latency = started.elapsed();
+    metrics.observe_request(
+        webhook.name(),
+        "unknown",
+        Outcome::TooLarge,
+        latency.as_secs_f64(),
+    );
+    tracing::warn!(
+        uid = %uid,
+        webhook = webhook.name(),
+        outcome = Outcome::TooLarge.as_str(),
+        max_values = admission::MAX_VALUES,
+        latency_ms = latency.as_secs_f64() * 1000.0,
+        "admission review not decoded: too many values"
     );
     (
         [(

@@ -16,7 +16,7 @@ use tokio::sync::Semaphore;
 use super::endpoints::{Handlers, Webhook};
 use super::pipeline::{Shared, answer};
 use super::plain;
-use crate::admission::MAX_BODY_BYTES;
+use crate::admission::MAX_REVIEW_COST;
 use crate::metrics::{Metrics, Outcome};
 
 /// What the admission port holds at once. Past either bound a request is answered 429 at once (the API
@@ -29,16 +29,21 @@ use crate::metrics::{Metrics, Outcome};
 pub struct Limits {
     /// Admission requests being decided at once (decoded and past their body).
     pub max_in_flight: usize,
-    /// Request-body bytes held at once, across all requests (a body's share is held until it is answered,
-    /// since the decoded review is about as large).
+    /// Bytes held at once across all requests: the bodies as they arrive, and once a body is in, what its
+    /// decoded form costs (its objects' text again, and [`crate::admission::VALUE_COST`] per JSON value),
+    /// held until it is answered. At least [`MAX_REVIEW_COST`], so the largest review always fits alone.
     pub max_body_bytes_in_flight: usize,
 }
+
+/// Default of `--max-in-flight-bytes`: 48 MiB, the largest review (45 MiB decided) plus room for the API
+/// server's ordinary reviews, which cost kilobytes.
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 48 * 1024 * 1024;
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_in_flight: 64,
-            max_body_bytes_in_flight: 16 * 1024 * 1024,
+            max_body_bytes_in_flight: DEFAULT_MAX_IN_FLIGHT_BYTES,
         }
     }
 }
@@ -60,8 +65,9 @@ pub fn router(
         body_bytes: Arc::new(Semaphore::new(
             limits
                 .max_body_bytes_in_flight
-                .clamp(MAX_BODY_BYTES, Semaphore::MAX_PERMITS),
+                .clamp(MAX_REVIEW_COST, Semaphore::MAX_PERMITS),
         )),
+        decoders: Arc::new(Semaphore::new(super::pipeline::MAX_DECODES)),
     };
     let mut router = Router::new();
     for webhook in Webhook::ALL {

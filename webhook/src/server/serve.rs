@@ -70,7 +70,7 @@ pub struct Server {
     webhook_addr: SocketAddr,
     admin_addr: SocketAddr,
     reloader: CertReloader,
-    client_ca: Option<rustls::RootCertStore>,
+    client_ca: Option<tls::ClientCaReloader>,
     handlers: Arc<dyn Handlers>,
     metrics: Metrics,
 }
@@ -97,7 +97,7 @@ impl Server {
         let client_ca = options
             .client_ca
             .as_deref()
-            .map(tls::read_client_ca)
+            .map(tls::ClientCaReloader::start)
             .transpose()?;
         let (webhook_listener, webhook_addr) = bind(options.listen).await?;
         let (admin_listener, admin_addr) = bind(options.admin_listen).await?;
@@ -127,7 +127,10 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
         let options = self.options;
         let client_auth = self.client_ca.is_some();
-        let tls_config = tls::server_config(self.reloader.resolver(), self.client_ca)?;
+        let tls_config = tls::server_config(
+            self.reloader.resolver(),
+            self.client_ca.as_ref().map(|c| c.verifier()),
+        )?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let stopped = move || {
             let mut rx = stop_rx.clone();
@@ -138,6 +141,9 @@ impl Server {
         };
 
         let reload_task = tokio::spawn(self.reloader.run(options.cert_poll_interval, stopped()));
+        if let Some(client_ca) = self.client_ca {
+            tokio::spawn(client_ca.run(options.cert_poll_interval, stopped()));
+        }
 
         let shutting_down = Arc::new(AtomicBool::new(false));
         let admin = admin_router(
@@ -160,10 +166,14 @@ impl Server {
             .acceptor(acceptor)
             .handle(handle.clone());
         let builder = server.http_builder();
+        // A small read buffer per connection (hyper's default grows to about 400 KiB): bodies stream
+        // through it into the budgeted buffer, so 64 KiB costs nothing in speed and bounds what many
+        // connections sending at once hold outside the budget.
         builder
             .http1()
             .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(options.header_read_timeout);
+            .header_read_timeout(options.header_read_timeout)
+            .max_buf_size(64 * 1024);
         builder
             .http2()
             .timer(hyper_util::rt::TokioTimer::new())

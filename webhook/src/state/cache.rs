@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use kube::api::{Api, ApiResource, GroupVersionKind, ListParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -29,6 +29,7 @@ use helmop_core::resource::{ResourceKind, ResourceRef};
 
 use super::coalesce::Coalescer;
 use super::counts::NamespaceCounts;
+use super::guarded::GuardedHelmOp;
 use crate::metrics::Metrics;
 
 /// Label values of `helmop_webhook_cache_objects`.
@@ -47,6 +48,11 @@ pub fn helmop_api_resource() -> ApiResource {
         "helmops",
     )
 }
+
+/// HelmOps per page of the HelmOp cache's list (kube's default is 500): a page is read whole before it is
+/// decoded, and one HelmOp may be as large as the API server stores (1.5 MiB by etcd's default), so this
+/// bounds a list page to about 15 MiB whatever the HelmOps carry.
+pub const HELMOP_PAGE_SIZE: u32 = 10;
 
 /// How often the webhook asks the API server again whether it serves HelmOps, while it does not.
 pub const HELMOP_DISCOVERY_PERIOD: Duration = Duration::from_secs(10);
@@ -83,7 +89,7 @@ pub struct Caches {
     secret_counts: NamespaceCounts,
     config_map_counts: NamespaceCounts,
     namespaces: Store<PartialObjectMeta<Namespace>>,
-    helmops: Store<DynamicObject>,
+    helmops: Store<GuardedHelmOp>,
     /// Fleet Policies: only for admission warnings, so readiness never waits for them.
     policies: Store<Policy>,
     policies_synced: Arc<[AtomicBool; 1]>,
@@ -102,7 +108,10 @@ impl Caches {
 
         let (secret_counts, config_map_counts) = Default::default();
         let secrets = spawn_reflector(
-            Api::<PartialObjectMeta<Secret>>::all(client.clone()),
+            (
+                Api::<PartialObjectMeta<Secret>>::all(client.clone()),
+                watcher::Config::default(),
+            ),
             reflector::store::Writer::default(),
             strip_object_meta,
             CACHE_SECRETS,
@@ -111,7 +120,10 @@ impl Caches {
             counting(&secret_counts),
         );
         let config_maps = spawn_reflector(
-            Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
+            (
+                Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
+                watcher::Config::default(),
+            ),
             reflector::store::Writer::default(),
             strip_object_meta,
             CACHE_CONFIGMAPS,
@@ -120,7 +132,10 @@ impl Caches {
             counting(&config_map_counts),
         );
         let namespaces = spawn_reflector(
-            Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+            (
+                Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+                watcher::Config::default(),
+            ),
             reflector::store::Writer::default(),
             strip_namespace,
             CACHE_NAMESPACES,
@@ -432,10 +447,30 @@ impl Caches {
     }
 
     /// HelmOps of `namespace` that are not being deleted, from the watch cache.
-    pub fn helmops_in(&self, namespace: &str) -> Vec<Arc<DynamicObject>> {
+    pub fn helmops_in(&self, namespace: &str) -> Vec<Arc<GuardedHelmOp>> {
         self.helmops.state_filter(|h| {
             h.metadata.namespace.as_deref() == Some(namespace)
                 && h.metadata.deletion_timestamp.is_none()
+        })
+    }
+}
+
+/// Pull secrets at admission go through the same permits, sharing and `live_gets_total` as every
+/// other live read (a pod listing thousands of them once made hundreds of uncounted GETs).
+impl helmop_images::pull_secrets::SecretSource for Caches {
+    fn secret<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Option<Secret>, kube::Error>> {
+        Box::pin(async move {
+            let fetched = self
+                .live_object(namespace, &ResourceRef::secret(name))
+                .await?;
+            Ok(fetched.and_then(|f| match f.as_ref() {
+                Fetched::Secret(s) => Some(s.clone()),
+                Fetched::ConfigMap(_) => None,
+            }))
         })
     }
 }
@@ -610,14 +645,6 @@ fn strip_namespace(ns: &mut PartialObjectMeta<Namespace>) {
     meta.owner_references = None;
 }
 
-// The guard reads the downstreamResources (root and per target) and the deletion timestamp; everything else
-// (status, the last-applied copy, `helm.values`, which can be megabytes) is dropped: see `trim_helmop_spec`.
-fn strip_helmop(h: &mut DynamicObject) {
-    h.metadata.annotations = None;
-    h.metadata.managed_fields = None;
-    crate::state::trim::trim_helmop(&mut h.data);
-}
-
 /// Whether the API server serves `ar`: `Ok(false)` only when its group version is not served
 /// (404) or does not list the resource; any other error is returned, so a flaky API server never
 /// makes the webhook conclude that there are no HelmOps.
@@ -635,7 +662,7 @@ async fn served(client: &Client, ar: &ApiResource) -> Result<bool, kube::Error> 
 async fn watch_helmops_when_served(
     client: Client,
     ar: ApiResource,
-    writer: reflector::store::Writer<DynamicObject>,
+    writer: reflector::store::Writer<GuardedHelmOp>,
     metrics: Metrics,
     synced: Arc<[AtomicBool; 4]>,
     absent: Arc<AtomicBool>,
@@ -664,9 +691,12 @@ async fn watch_helmops_when_served(
         );
     }
     spawn_reflector(
-        Api::<DynamicObject>::all_with(client, &ar),
+        (
+            Api::<GuardedHelmOp>::all_with(client, &ar),
+            watcher::Config::default().page_size(HELMOP_PAGE_SIZE),
+        ),
         writer,
-        strip_helmop,
+        |_| {},
         CACHE_HELMOPS,
         metrics,
         (synced, SYNCED_HELMOPS),
@@ -698,7 +728,7 @@ async fn watch_policies_when_served(
         "the API server serves Fleet Policies: starting their watch"
     );
     spawn_reflector(
-        Api::<Policy>::all(client),
+        (Api::<Policy>::all(client), watcher::Config::default()),
         writer,
         strip_policy,
         CACHE_POLICIES,
@@ -724,7 +754,7 @@ where
 }
 
 fn spawn_reflector<K, const N: usize>(
-    api: Api<K>,
+    (api, config): (Api<K>, watcher::Config),
     writer: reflector::store::Writer<K>,
     strip: fn(&mut K),
     cache: &'static str,
@@ -746,7 +776,7 @@ where
     });
     let counted = store.clone();
     let previous = store.clone();
-    let stream = watcher(api, watcher::Config::default())
+    let stream = watcher(api, config)
         .default_backoff()
         .modify(strip)
         .map(move |event| {

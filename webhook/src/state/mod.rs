@@ -5,8 +5,8 @@ mod bounded;
 pub mod cache;
 pub mod coalesce;
 mod counts;
+pub mod guarded;
 mod hash_key;
-pub mod trim;
 
 use std::sync::Arc;
 
@@ -27,6 +27,11 @@ pub use crate::config::{Config, GuardMode, ImageMode, SecretRef};
 
 /// Default bound of the content-digest cache, in entries (one entry is a few hundred bytes).
 pub const DEFAULT_DIGEST_CACHE_ENTRIES: usize = 4096;
+/// Bound of the content-digest cache in bytes (keys and observations as [`observation_weight`] counts them):
+/// 4 MiB. An observation over [`MAX_CACHED_OBSERVATION_BYTES`] is not kept.
+pub const DIGEST_CACHE_BYTES: usize = 4 << 20;
+/// The heaviest observation kept (its missing key names are the caller's to choose): 4 KiB.
+pub const MAX_CACHED_OBSERVATION_BYTES: usize = 4 << 10;
 
 /// Knobs beyond the command-line [`Config`].
 #[derive(Clone)]
@@ -50,13 +55,39 @@ impl Default for Options {
     }
 }
 
-/// Identity of one cached per-object digest: the object version, what the pod observes of it, and which
+/// Identity of one cached per-object digest: the object version, what the pod observes of it (as a
+/// SHA-256 fingerprint: the reads are the caller's, as long as its list of prefixes and keys), and which
 /// hash key produced it (a rotated key must never be served an old digest).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct DigestKey {
     version: Version,
-    reads: Reads,
+    reads: [u8; 32],
     key_generation: u64,
+}
+
+/// SHA-256 of `reads` as its derived `Hash` writes it (lengths before collections, strings terminated),
+/// which covers every field, present and future.
+fn reads_fingerprint(reads: &Reads) -> [u8; 32] {
+    use sha2::Digest;
+    use std::hash::{Hash, Hasher};
+    struct Sha(sha2::Sha256);
+    impl Hasher for Sha {
+        fn write(&mut self, bytes: &[u8]) {
+            self.0.update(bytes);
+        }
+        fn finish(&self) -> u64 {
+            0
+        }
+    }
+    let mut hasher = Sha(sha2::Sha256::new());
+    reads.hash(&mut hasher);
+    hasher.0.finalize().into()
+}
+
+/// What one cache entry holds on the heap, with an allowance for the map's overhead.
+fn observation_weight(key: &DigestKey, o: &Observation) -> usize {
+    let unmet: usize = o.unmet.iter().map(|(k, _, _)| k.len() + 32).sum();
+    key.version.uid.len() + key.version.resource_version.len() + unmet + 192
 }
 
 /// What a pod would find in one existing object: the digest of what it reads, and the keys it names
@@ -102,7 +133,11 @@ impl AppState {
         options: Options,
     ) -> Result<Self, Error> {
         let caches = Caches::start(client.clone(), metrics, options.max_live_gets);
-        let digests = BoundedCache::new(options.digest_cache_entries);
+        let digests = BoundedCache::weighed(
+            options.digest_cache_entries,
+            DIGEST_CACHE_BYTES,
+            observation_weight,
+        );
         metrics.set_cache_objects(CACHE_DIGESTS, 0);
         let hash_key = KeyStore::default();
         let state = AppState {
@@ -146,6 +181,11 @@ impl AppState {
     /// Entries in the digest cache.
     pub fn cached_digests(&self) -> usize {
         self.inner.digests.len()
+    }
+
+    /// Bytes held by the digest cache (as weighed against [`DIGEST_CACHE_BYTES`]).
+    pub fn cached_digest_bytes(&self) -> usize {
+        self.inner.digests.bytes()
     }
 
     /// What a pod reading `r` in `namespace` observes, `None` when the object does not exist.
@@ -208,9 +248,10 @@ impl AppState {
         key_generation: u64,
     ) -> Result<Option<Observation>, kube::Error> {
         let caches = &self.inner.caches;
+        let fingerprint = reads_fingerprint(&r.reads);
         let cache_key = DigestKey {
             version,
-            reads: r.reads.clone(),
+            reads: fingerprint,
             key_generation,
         };
         if let Some(observation) = self.inner.digests.get(&cache_key) {
@@ -228,15 +269,15 @@ impl AppState {
             ),
         };
         // Keyed by the version actually digested, which may be newer than the one looked up.
-        if let Some(version) = object.version() {
-            self.inner.digests.insert(
-                DigestKey {
-                    version,
-                    reads: r.reads.clone(),
-                    key_generation,
-                },
-                observation.clone(),
-            );
+        let key = object.version().map(|version| DigestKey {
+            version,
+            reads: fingerprint,
+            key_generation,
+        });
+        if let Some(key) = key
+            && observation_weight(&key, &observation) <= MAX_CACHED_OBSERVATION_BYTES
+        {
+            self.inner.digests.insert(key, observation.clone());
             self.report_digests();
         }
         Ok(Some(observation))
@@ -257,4 +298,60 @@ fn hash_key_watch(client: kube::Client, state: &AppState, on_rotate: impl Fn() +
     let store = state.inner.hash_key.clone();
     let name = state.inner.config.hash_key_secret.clone();
     tokio::spawn(hash_key::watch(client, name, store, on_rotate));
+}
+
+#[cfg(test)]
+mod digest_cache_tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_keeps_a_fingerprint_of_the_reads_not_the_reads() {
+        let mut many = Reads::default();
+        for i in 0..20_000 {
+            many.env_prefixes.insert(format!("P{i}_"));
+        }
+        let mut other = many.clone();
+        other.env_prefixes.insert("ONE_MORE_".into());
+        assert_ne!(reads_fingerprint(&many), reads_fingerprint(&other));
+        assert_eq!(reads_fingerprint(&many), reads_fingerprint(&many.clone()));
+        // Keys that move between fields, or between a prefix and a key, give another fingerprint.
+        let mut files = Reads::default();
+        files.files.insert("a".into(), true);
+        let mut vars = Reads::default();
+        vars.vars.insert("a".into(), true);
+        let mut optional = Reads::default();
+        optional.files.insert("a".into(), false);
+        let prints = [&files, &vars, &optional, &Reads::default()].map(reads_fingerprint);
+        for (i, a) in prints.iter().enumerate() {
+            for b in &prints[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        let key = DigestKey {
+            version: Version {
+                uid: "u".repeat(36),
+                resource_version: "12345".into(),
+            },
+            reads: reads_fingerprint(&many),
+            key_generation: 1,
+        };
+        let observation = Observation {
+            digest: ObjectDigest([0; 32]),
+            unmet: Vec::new(),
+        };
+        assert!(
+            observation_weight(&key, &observation) < 512,
+            "whatever the reads"
+        );
+        let heavy = Observation {
+            digest: ObjectDigest([0; 32]),
+            unmet: (0..1000)
+                .map(|i| (format!("missing-{i}"), true, false))
+                .collect(),
+        };
+        assert!(
+            observation_weight(&key, &heavy) > MAX_CACHED_OBSERVATION_BYTES,
+            "not kept"
+        );
+    }
 }

@@ -579,6 +579,14 @@ pub fn review_of_size(uid: &str, size: usize) -> Vec<u8> {
     body
 }
 
+/// A HelmOp review whose `helm.values` hold a dense list of `values` zeros (two bytes each in the body).
+pub fn review_of_values(uid: &str, values: usize) -> Vec<u8> {
+    let mut v = review(uid, Webhook::Helmops, false);
+    v["request"]["object"]["spec"] =
+        json!({"helm": {"chart": "app", "values": {"dense": vec![0; values]}}});
+    serde_json::to_vec(&v).unwrap()
+}
+
 /// Polls `check` until it holds or `timeout` passes.
 pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
 where

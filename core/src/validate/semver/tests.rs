@@ -213,7 +213,7 @@ const CASES: &[(&str, bool, &str)] = &[
 fn masterminds_table() {
     let mut wrong = Vec::new();
     for (input, ok, source) in CASES {
-        let got = constraint_error(input);
+        let got = masterminds_error(input);
         if got.is_none() != *ok {
             wrong.push(format!(
                 "{input:?} ({source}): expected ok={ok}, got {got:?}"
@@ -239,14 +239,14 @@ fn rewrite_matches_masterminds() {
 
 #[test]
 fn reasons_name_the_problem() {
-    let r = constraint_error("latest").unwrap_or_default();
+    let r = masterminds_error("latest").unwrap_or_default();
     assert!(
         r.contains("improper constraint") && r.contains("latest"),
         "{r}"
     );
-    let r = constraint_error("18446744073709551616").unwrap_or_default();
+    let r = masterminds_error("18446744073709551616").unwrap_or_default();
     assert!(r.contains("too large"), "{r}");
-    let r = constraint_error("1.2.3-01").unwrap_or_default();
+    let r = masterminds_error("1.2.3-01").unwrap_or_default();
     assert!(r.contains("leading zero"), "{r}");
 }
 
@@ -329,13 +329,13 @@ proptest! {
     /// Everything the documented grammar produces parses.
     #[test]
     fn grammar_is_accepted(c in constraints()) {
-        prop_assert_eq!(constraint_error(&c), None, "{:?}", c);
+        prop_assert_eq!(masterminds_error(&c), None, "{:?}", c);
     }
 
     /// Surrounding whitespace never changes the verdict.
     #[test]
     fn surrounding_whitespace_is_ignored(c in constraints(), l in "[ \t]{0,3}", r in "[ \t\n]{0,3}") {
-        prop_assert_eq!(constraint_error(&format!("{l}{c}{r}")).is_none(), constraint_error(&c).is_none());
+        prop_assert_eq!(masterminds_error(&format!("{l}{c}{r}")).is_none(), masterminds_error(&c).is_none());
     }
 
     /// A fourth numeric part makes any single constraint invalid.
@@ -343,24 +343,38 @@ proptest! {
     fn four_parts_are_rejected(op in prop::sample::select(OPS), parts in prop::collection::vec(any::<u32>(), 4)) {
         let v: Vec<String> = parts.iter().map(u32::to_string).collect();
         let c = format!("{op}{}", v.join("."));
-        prop_assert!(constraint_error(&c).is_some(), "{:?}", c);
+        prop_assert!(masterminds_error(&c).is_some(), "{:?}", c);
     }
 
     /// A number is accepted exactly when it fits a u64 (NewVersion's ParseUint).
     #[test]
     fn numbers_fit_u64(digits in "[0-9]{1,25}") {
         let fits = digits.parse::<u64>().is_ok();
-        prop_assert_eq!(constraint_error(&digits).is_none(), fits, "{:?}", digits);
+        prop_assert_eq!(masterminds_error(&digits).is_none(), fits, "{:?}", digits);
     }
 
     /// Never panics, whatever the input (the webhook feeds it user strings).
     #[test]
     fn total_on_any_input(s in "[0-9xX*|.v ,<>=!~^+a-z\t-]{0,40}") {
-        let _ = constraint_error(&s);
+        let _ = masterminds_error(&s);
     }
 
     #[test]
     fn total_on_unicode(s in any::<String>()) {
-        let _ = constraint_error(&s);
+        let _ = masterminds_error(&s);
     }
+}
+
+#[test]
+fn constraints_over_the_bound_are_refused_before_parsing() {
+    let message = constraint_error(&"1".repeat(600_000)).unwrap_or_default();
+    assert!(
+        message.contains("600000 bytes") && message.contains("256"),
+        "{message}"
+    );
+    // At the bound the parser decides (here: a number too large for a version part).
+    let at = constraint_error(&"1".repeat(MAX_CONSTRAINT_LEN)).unwrap_or_default();
+    assert!(!at.contains("bytes"), "{at}");
+    let ok = format!("{}1.2.3", " ".repeat(MAX_CONSTRAINT_LEN - 5));
+    assert_eq!(constraint_error(&ok), None);
 }

@@ -694,3 +694,31 @@ pub async fn serve_tls(app: axum::Router, certs: &TestCerts) -> anyhow::Result<u
     tokio::spawn(async move { server.serve(app.into_make_service()).await });
     Ok(port)
 }
+
+/// A webhook server that denies everything and counts the reviews it gets.
+pub async fn start_denying_webhook(
+    certs: &TestCerts,
+) -> anyhow::Result<(String, std::sync::Arc<std::sync::atomic::AtomicUsize>)> {
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = calls.clone();
+    let app = axum::Router::new().route(
+        "/deny",
+        axum::routing::post(move |axum::Json(review): axum::Json<Value>| {
+            let counter = counter.clone();
+            async move {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                axum::Json(json!({
+                    "apiVersion": "admission.k8s.io/v1",
+                    "kind": "AdmissionReview",
+                    "response": {
+                        "uid": review["request"]["uid"],
+                        "allowed": false,
+                        "status": {"code": 403, "message": "denied by the helmop-tests webhook"}
+                    }
+                }))
+            }
+        }),
+    );
+    let port = serve_tls(app, certs).await?;
+    Ok((format!("https://127.0.0.1:{port}/deny"), calls))
+}

@@ -1,0 +1,101 @@
+//! A TCP forwarder in front of a real API server that can hold every request back (`stall`), so a
+//! client behind it sees an API server that is slow, not one that fails: connections stay open and
+//! nothing is answered until the stall ends.
+
+use std::net::SocketAddr;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// Forwards connections on `addr` to the upstream; dropped, it stops accepting and forwarding.
+pub struct StallingProxy {
+    pub addr: SocketAddr,
+    stalled: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StallingProxy {
+    /// Listens on the upstream's own IP (so the API server's certificate still names it), any port.
+    pub async fn start(upstream: SocketAddr) -> anyhow::Result<StallingProxy> {
+        let listener = TcpListener::bind(SocketAddr::new(upstream.ip(), 0)).await?;
+        let addr = listener.local_addr()?;
+        let (stalled, rx) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let rx = rx.clone();
+                tokio::spawn(async move {
+                    if let Ok(server) = TcpStream::connect(upstream).await {
+                        forward(client, server, rx).await;
+                    }
+                });
+            }
+        });
+        Ok(StallingProxy {
+            addr,
+            stalled,
+            task,
+        })
+    }
+
+    /// From now on, bytes from clients wait (answers already under way still arrive); `false` lets
+    /// them through again.
+    pub fn stall(&self, on: bool) {
+        self.stalled.send_replace(on);
+    }
+
+    /// `https://ADDR` of the proxy, for a client's cluster URL.
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+}
+
+impl Drop for StallingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn forward(client: TcpStream, server: TcpStream, mut stalled: watch::Receiver<bool>) {
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let up = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match client_read.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            while *stalled.borrow_and_update() {
+                if stalled.changed().await.is_err() {
+                    return;
+                }
+            }
+            if server_write.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    let down = async move {
+        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+    };
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+    }
+}
+
+/// A client for `kubeconfig`'s cluster that talks through `proxy`.
+pub async fn client_through(
+    kubeconfig: &std::path::Path,
+    proxy: &StallingProxy,
+) -> anyhow::Result<kube::Client> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let mut config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    config.cluster_url = proxy.url().parse()?;
+    Ok(kube::Client::try_from(config)?)
+}

@@ -1,0 +1,307 @@
+//! The webhook under hostile tenants (docs/webhook-safety.md): what a tenant with one namespace can make
+//! it do is bounded, answers no guess about another namespace, and vetoes nobody else's work. The
+//! webhook runs in-process on loopback against the real upstream kube-apiserver, registered for the
+//! test's namespace only; objects are written with real `kubectl`.
+
+use std::net::SocketAddr;
+use std::process::Output;
+
+use anyhow::Context;
+use helmop_tests::proxy::{StallingProxy, client_through};
+use helmop_tests::*;
+use helmop_webhook::state::Config;
+use serde_json::{Value, json};
+
+use crate::stamping::{apply_ok, cluster, kubectl, text};
+
+fn server_addr(info: &ClusterInfo) -> anyhow::Result<SocketAddr> {
+    let hostport = info
+        .server
+        .strip_prefix("https://")
+        .context("the API server URL is not https://")?;
+    hostport.trim_end_matches('/').parse().with_context(|| {
+        format!(
+            "the API server URL {:?} is not https://IP:PORT",
+            info.server
+        )
+    })
+}
+
+/// Item 8: an API server that is slow rather than failing: a spec-unchanged HelmOp update is still
+/// admitted (with a warning saying what was not checked), a changed spec is refused with a message
+/// that names the deadline, both within the webhook's own deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_api_server_never_denies_a_spec_unchanged_helmop_update() -> anyhow::Result<()> {
+    let client = cluster().client().await;
+    let ns = fresh_namespace(&client, "tn-slow").await?;
+    // Stored before the webhook is there: its Secret does not exist, so every check of it is a live GET.
+    let helmop = json!({
+        "apiVersion": "fleet.cattle.io/v1alpha1",
+        "kind": "HelmOp",
+        "metadata": {"name": "app", "namespace": ns},
+        "spec": {
+            "helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.2.3"},
+            "downstreamResources": [{"kind": "Secret", "name": "db"}],
+        },
+    });
+    apply_ok(&helmop).await?;
+    let proxy = StallingProxy::start(server_addr(cluster())?).await?;
+    let webhook = LocalWebhook::start(
+        client_through(&cluster().kubeconfig, &proxy).await?,
+        Config::default(),
+    )
+    .await?;
+    let registered = webhook.register(&client, &ns).await?;
+    proxy.stall(true);
+
+    let target = "helmops.fleet.cattle.io/app";
+    let patch = |p: &'static str| {
+        let ns = ns.clone();
+        async move {
+            kubectl(
+                &["patch", "-n", &ns, target, "--type", "merge", "-p", p],
+                None,
+            )
+            .await
+        }
+    };
+    let finalizer = r#"{"metadata": {"finalizers": ["fleet.cattle.io/helmop-finalizer"]}}"#;
+    let out = patch(finalizer).await?;
+    let stderr = text(&out.stderr);
+    assert!(
+        out.status.success(),
+        "a spec-unchanged update was denied while the API server was slow: {stderr}"
+    );
+    assert!(
+        stderr.contains("before the request deadline")
+            && stderr.contains("not enforced: this update leaves spec unchanged"),
+        "{stderr}"
+    );
+
+    let out = patch(r#"{"spec": {"helm": {"version": "1.2.4"}}}"#).await?;
+    let stderr = text(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a spec change was admitted unchecked"
+    );
+    assert!(
+        stderr.contains("did not answer the existence checks")
+            && stderr.contains("before the request deadline"),
+        "{stderr}"
+    );
+
+    proxy.stall(false);
+    registered.remove().await?;
+    kubectl(
+        &[
+            "patch",
+            "-n",
+            &ns,
+            target,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"metadata": {"finalizers": null}}"#,
+        ],
+        None,
+    )
+    .await?;
+    Ok(())
+}
+
+/// Item 7: the delete guard protects, it does not veto. The garbage collector removes a Secret a
+/// HelmOp lists once its owner is gone; a HelmOp with `helmop.dev/allow-missing` gets no claim on a
+/// name someone else creates and deletes (a warning instead of a denial); a plain holder still stops
+/// a user's delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guard_never_blocks_the_garbage_collector_or_an_optional_name() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use kube::Api;
+    use kube::api::{DeleteParams, Patch, PatchParams};
+
+    let client = cluster().client().await;
+    let ns = fresh_namespace(&client, "tn-guard").await?;
+    let webhook = LocalWebhook::start(client.clone(), Config::default()).await?;
+    let registered = webhook.register(&client, &ns).await?;
+    let owner = create_config_map(&client, &ns, "owner", &[("k", "v")]).await?;
+    create_secret(&client, &ns, "owned", &[("k", b"v")]).await?;
+    create_secret(&client, &ns, "held", &[("k", b"v")]).await?;
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
+    let uid = owner.metadata.uid.context("the ConfigMap has no uid")?;
+    secrets
+        .patch(
+            "owned",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"ownerReferences": [
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": uid}
+            ]}})),
+        )
+        .await?;
+    for (name, allow_missing, refs) in [
+        (
+            "app",
+            false,
+            json!([{"kind": "Secret", "name": "owned"}, {"kind": "Secret", "name": "held"}]),
+        ),
+        (
+            "rotating",
+            true,
+            json!([{"kind": "Secret", "name": "token"}]),
+        ),
+    ] {
+        let annotations = if allow_missing {
+            json!({"helmop.dev/allow-missing": "true"})
+        } else {
+            json!({})
+        };
+        apply_ok(&json!({
+            "apiVersion": "fleet.cattle.io/v1alpha1",
+            "kind": "HelmOp",
+            "metadata": {"name": name, "namespace": ns, "annotations": annotations},
+            "spec": {
+                "helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.2.3"},
+                "downstreamResources": refs,
+            },
+        }))
+        .await?;
+    }
+    // The guard is in the path: a user's delete of a listed Secret is refused.
+    let refused = kubectl(
+        &["delete", "secret", "-n", &ns, "held", "--wait=false"],
+        None,
+    )
+    .await?;
+    assert!(!refused.status.success(), "a listed Secret was deleted");
+    assert!(
+        text(&refused.stderr).contains("is a downstream resource of HelmOp app"),
+        "{}",
+        text(&refused.stderr)
+    );
+
+    // The owner goes: the garbage collector's delete of the listed Secret is not refused.
+    Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .delete("owner", &DeleteParams::background())
+        .await?;
+    wait_until(
+        "the garbage collector to remove the owned Secret",
+        DEFAULT_TIMEOUT,
+        || {
+            let secrets = secrets.clone();
+            async move { Ok(secrets.get_opt("owned").await?.is_none()) }
+        },
+    )
+    .await?;
+
+    // A name listed only with allow-missing: created and deleted by someone else, with a warning.
+    create_secret(&client, &ns, "token", &[("k", b"1")]).await?;
+    let out = kubectl(&["delete", "secret", "-n", &ns, "token"], None).await?;
+    assert!(
+        out.status.success(),
+        "allow-missing vetoed a delete: {}",
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stderr).contains("with helmop.dev/allow-missing"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    registered.remove().await?;
+    Ok(())
+}
+
+fn helmop_with(ns: &str, name: &str, helm: Value, refs: Value) -> Value {
+    json!({
+        "apiVersion": "fleet.cattle.io/v1alpha1",
+        "kind": "HelmOp",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"helm": helm, "downstreamResources": refs},
+    })
+}
+
+async fn dry_run_create(object: &Value) -> anyhow::Result<Output> {
+    kubectl(
+        &["create", "--dry-run=server", "-o", "name", "-f", "-"],
+        Some(&object.to_string()),
+    )
+    .await
+}
+
+/// Items 1 and 3 through the real API server: a HelmOp whose `helm.values` hold 2.9 MB of dense
+/// lists (far more JSON values than one admission decodes) and one whose `helm.version` has 600,000
+/// digits are refused with a reason, each from a server-side dry-run; an ordinary HelmOp of the same
+/// namespace is still admitted afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dense_values_and_huge_versions_are_refused_with_a_reason() -> anyhow::Result<()> {
+    let client = cluster().client().await;
+    let ns = fresh_namespace(&client, "tn-dense").await?;
+    let webhook = LocalWebhook::start(client.clone(), Config::default()).await?;
+    let registered = webhook.register(&client, &ns).await?;
+    create_secret(&client, &ns, "db", &[("k", b"v")]).await?;
+    let refs = json!([{"kind": "Secret", "name": "db"}]);
+    let base = json!({"repo": "https://charts.example.com", "chart": "app", "version": "1.2.3"});
+
+    let mut dense = base.clone();
+    dense["values"] = json!({"dense": vec![0; 1_450_000]});
+    let out = dry_run_create(&helmop_with(&ns, "dense", dense, refs.clone())).await?;
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "a dense HelmOp was admitted");
+    assert!(stderr.contains("more than 262144 JSON values"), "{stderr}");
+
+    let mut huge = base.clone();
+    huge["version"] = json!("1".repeat(600_000));
+    let out = dry_run_create(&helmop_with(&ns, "huge", huge, refs.clone())).await?;
+    let stderr = text(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a 600,000-digit version was admitted"
+    );
+    assert!(
+        stderr.contains(
+            "a version constraint of 600000 bytes; helmop checks constraints up to 256 bytes"
+        ),
+        "{stderr}"
+    );
+
+    let out = dry_run_create(&helmop_with(&ns, "fine", base, refs)).await?;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    registered.remove().await?;
+    Ok(())
+}
+
+/// Item 2: HelmOps stored with megabytes of dense values (around the webhook) are listed into the
+/// guard's cache object by object without their values, and the guard still protects what they list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_dense_helmops_are_cached_without_their_values_and_still_guard() -> anyhow::Result<()>
+{
+    let client = cluster().client().await;
+    let ns = fresh_namespace(&client, "tn-stored").await?;
+    create_secret(&client, &ns, "db", &[("k", b"v")]).await?;
+    for i in 0..3 {
+        let helm = json!({"repo": "https://charts.example.com", "chart": "app", "version": "1.2.3",
+                          "values": {"dense": vec![0; 600_000]}});
+        // `create`, not `apply`: no last-applied copy of the values in an annotation.
+        let helmop = helmop_with(
+            &ns,
+            &format!("dense-{i}"),
+            helm,
+            json!([{"kind": "Secret", "name": "db"}]),
+        );
+        let out = kubectl(&["create", "-f", "-"], Some(&helmop.to_string())).await?;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let webhook = LocalWebhook::start(client.clone(), Config::default()).await?;
+    let registered = webhook.register(&client, &ns).await?;
+    let out = kubectl(&["delete", "secret", "-n", &ns, "db", "--wait=false"], None).await?;
+    let stderr = text(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a Secret listed by stored HelmOps was deleted"
+    );
+    assert!(
+        stderr.contains("is a downstream resource of HelmOps dense-0, dense-1 and dense-2"),
+        "{stderr}"
+    );
+    registered.remove().await?;
+    Ok(())
+}
