@@ -149,6 +149,12 @@ pub struct NodeInfo {
     pub pause_image: String,
     /// `10.0.0.1:443`: the `kubernetes` Service as pods dial it.
     pub kubernetes_service: String,
+    /// Where this node keeps its pods' logs (`/var/log/pods` in the node's own mount namespace,
+    /// so that two nodes on one machine never garbage-collect each other's).
+    pub pod_logs_dir: PathBuf,
+    /// containerd's process id: `/proc/PID/mountinfo` lists the node's mounts, which live in a
+    /// mount namespace that containerd, its shims and the kubelet share.
+    pub containerd_pid: u32,
 }
 
 /// Running clusters plus the harness process that owns them.

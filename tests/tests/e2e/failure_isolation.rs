@@ -60,10 +60,19 @@ fn manifests_dir(overlay: &str) -> std::path::PathBuf {
 /// (each webhook keeps its own path) with `ca_pem` as caBundle: selectors, rules, failure policies
 /// and timeouts exactly as rendered.
 fn rendered_configurations(name: &str, base_url: &str, ca_pem: &str) -> anyhow::Result<Vec<Value>> {
-    let dir = manifests_dir("base");
+    rendered_configurations_of(&manifests_dir("base"), name, base_url, ca_pem)
+}
+
+/// As [`rendered_configurations`], of the kustomization in `dir`.
+fn rendered_configurations_of(
+    dir: &std::path::Path,
+    name: &str,
+    base_url: &str,
+    ca_pem: &str,
+) -> anyhow::Result<Vec<Value>> {
     let out = std::process::Command::new("kubectl")
         .arg("kustomize")
-        .arg(&dir)
+        .arg(dir)
         .output()
         .context("running kubectl kustomize")?;
     if !out.status.success() {
@@ -90,7 +99,8 @@ fn rendered_configurations(name: &str, base_url: &str, ca_pem: &str) -> anyhow::
     }
     if configs.len() != 2 {
         bail!(
-            "expected 2 webhook configurations in manifests/base, got {}",
+            "expected 2 webhook configurations in {}, got {}",
+            dir.display(),
             configs.len()
         );
     }
@@ -390,4 +400,116 @@ async fn guarded_once_the_crd_appears(
         "the refusal names the HelmOp: {refusal}"
     );
     Ok(())
+}
+
+/// Issue 25, item 10 (docs/webhook-safety.md, "Kubernetes 1.20: the name label"): 1.20 neither sets
+/// nor protects `kubernetes.io/metadata.name`, so a tenant who may label its namespace
+/// `kube-system` is skipped by every shipped entry, the delete guard included. With the
+/// `kube-1.20-strict` component the same namespace is checked like any other. The webhook is down
+/// (fail closed), so "checked" is a refused delete and "skipped" an allowed one; a guarded namespace
+/// without the label shows the configurations are in force before the spoofed one is judged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_labelled_kube_system_is_checked_with_the_strict_component()
+-> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let client = cluster().client().await;
+    let control = fresh_namespace_with_labels(&client, "spoof-control", &[GUARD_LABEL]).await?;
+    let spoofed = fresh_namespace_with_labels(
+        &client,
+        "spoof",
+        &[GUARD_LABEL, ("kubernetes.io/metadata.name", "kube-system")],
+    )
+    .await?;
+    let strict = tempfile::tempdir()?;
+    let to = |what: &str| -> anyhow::Result<String> {
+        let dir = manifests_dir(what).canonicalize()?;
+        Ok(crate::node_env::relative(strict.path(), &dir)
+            .display()
+            .to_string())
+    };
+    std::fs::write(
+        strict.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n\
+             components:\n  - {}\n  - {}\n",
+            to("base")?,
+            to("kube-1.20")?,
+            to("kube-1.20-strict")?
+        ),
+    )?;
+    let url = nothing_listens()?;
+    let ca = test_certs().ca_pem;
+    for (variant, dir, checked) in [
+        ("shipped", manifests_dir("base"), false),
+        ("strict", strict.path().to_path_buf(), true),
+    ] {
+        let name = format!("helmop-{spoofed}-{variant}");
+        let configs = rendered_configurations_of(&dir, &name, &url, &ca)?;
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": configs}).to_string();
+        kubectl_ok(&["apply", "-f", "-"], Some(&list)).await?;
+        let outcome = spoofed_delete(&client, &control, &spoofed, checked).await;
+        let removed = kubectl_ok(
+            &[
+                "delete",
+                "validatingwebhookconfiguration,mutatingwebhookconfiguration",
+                &name,
+                "--ignore-not-found",
+            ],
+            None,
+        )
+        .await;
+        outcome.with_context(|| format!("with the {variant} configurations"))?;
+        removed?;
+        // The next variant starts only once this one is out of force (a delete in the control
+        // namespace goes through again).
+        wait_until(
+            "the configurations to be out of force",
+            Duration::from_secs(90),
+            || async { Ok(delete_a_new_config_map(&client, &control).await?.is_ok()) },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Once a delete in `control` is refused (the configurations are in force), a delete in `spoofed`
+/// must be refused exactly when `checked`.
+async fn spoofed_delete(
+    client: &Client,
+    control: &str,
+    spoofed: &str,
+    checked: bool,
+) -> anyhow::Result<()> {
+    wait_for(
+        "the delete guard to refuse a delete in the control namespace",
+        Duration::from_secs(90),
+        || async move { Ok(delete_a_new_config_map(client, control).await?.err()) },
+    )
+    .await?;
+    match (checked, delete_a_new_config_map(client, spoofed).await?) {
+        (true, Ok(out)) => bail!("the delete in {spoofed} was not checked: {out}"),
+        (false, Err(stderr)) => bail!(
+            "the shipped configurations checked {spoofed} (the 1.20 caveat no longer holds?): {stderr}"
+        ),
+        (true, Err(stderr)) => {
+            assert!(
+                stderr.contains("references.validate.helmop.dev"),
+                "the refusal names the webhook: {stderr}"
+            );
+            Ok(())
+        }
+        (false, Ok(_)) => Ok(()),
+    }
+}
+
+/// Creates a ConfigMap of a name not used before in `ns` and deletes it with kubectl: `Ok(stdout)`,
+/// or `Err(stderr)` when the delete is refused (the ConfigMap then stays).
+async fn delete_a_new_config_map(
+    client: &Client,
+    ns: &str,
+) -> anyhow::Result<Result<String, String>> {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let name = format!("probe-{}", NEXT.fetch_add(1, Ordering::SeqCst));
+    create_config_map(client, ns, &name, &[("k", "v")]).await?;
+    kubectl(&["-n", ns, "delete", "configmap", &name], None).await
 }

@@ -262,9 +262,10 @@ fn processes_mentioning(needle: &str) -> Vec<String> {
     found
 }
 
-fn mounts_under(dir: &Path) -> Vec<String> {
+/// Mount points under `dir` as the process `pid` sees them (`"self"` for this process).
+fn mounts_under(pid: &str, dir: &Path) -> Vec<String> {
     let prefix = format!("{}/", dir.display());
-    std::fs::read_to_string("/proc/self/mountinfo")
+    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
@@ -299,7 +300,8 @@ async fn teardown_leaves_no_process_netns_bridge_or_mount() -> anyhow::Result<()
     })
     .await?;
     let uid = pods.get("sleeper").await?.metadata.uid.unwrap_or_default();
-    let log_dir = Path::new("/var/log/pods").join(format!("{ns}_sleeper_{uid}"));
+    let log_name = format!("{ns}_sleeper_{uid}");
+    let log_dir = node.pod_logs_dir.join(&log_name);
     // The phase can say Running a moment before the directory is visible here; it must appear.
     let wanted = format!(
         "the kubelet to keep the pod's logs in {}",
@@ -329,10 +331,24 @@ async fn teardown_leaves_no_process_netns_bridge_or_mount() -> anyhow::Result<()
         }
     }
     assert!(!netns.is_empty(), "the pod sandbox has a network namespace");
+    // The node's mounts and pod logs are its own: another kubelet on this machine (one
+    // garbage-collects every /var/log/pods entry it does not run, once a minute) cannot see them.
+    let node_pid = node.containerd_pid.to_string();
     assert!(
-        !mounts_under(&dir).is_empty(),
-        "the running pod has mounts under {}",
+        !mounts_under(&node_pid, &dir).is_empty(),
+        "the running pod has mounts under {} in the node's mount namespace",
         dir.display()
+    );
+    let host_mounts = mounts_under("self", &dir);
+    assert!(
+        host_mounts.is_empty(),
+        "the node's mounts reached the host: {host_mounts:#?}"
+    );
+    let host_log_dir = Path::new("/var/log/pods").join(&log_name);
+    assert!(
+        !host_log_dir.exists(),
+        "the pod's logs are in the host's {} instead of the node's own directory",
+        host_log_dir.display()
     );
     let bridge = Path::new("/sys/class/net").join(&node.bridge);
     assert!(bridge.exists());
@@ -354,12 +370,15 @@ async fn teardown_leaves_no_process_netns_bridge_or_mount() -> anyhow::Result<()
         );
     }
     assert!(!bridge.exists(), "bridge {} left behind", node.bridge);
-    assert!(
-        !log_dir.exists(),
-        "pod log directory {} left behind",
-        log_dir.display()
-    );
-    let mounts = mounts_under(&dir);
+    // The pod logs lived under the control plane's directory, removed with it.
+    if std::env::var_os("HELMOP_KEEP_CLUSTER_DIR").is_none() {
+        assert!(
+            !log_dir.exists(),
+            "pod log directory {} left behind",
+            log_dir.display()
+        );
+    }
+    let mounts = mounts_under("self", &dir);
     assert!(mounts.is_empty(), "mounts left behind: {mounts:#?}");
     let rules = std::process::Command::new("iptables-save").output()?;
     let rules = String::from_utf8_lossy(&rules.stdout);

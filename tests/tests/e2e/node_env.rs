@@ -79,7 +79,7 @@ fn repo_root() -> PathBuf {
 }
 
 /// `to` relative to `from` (kustomize takes directories outside an overlay only as relative paths).
-fn relative(from: &Path, to: &Path) -> PathBuf {
+pub(crate) fn relative(from: &Path, to: &Path) -> PathBuf {
     let depth = from.components().count().saturating_sub(1);
     let mut rel = PathBuf::new();
     for _ in 0..depth {

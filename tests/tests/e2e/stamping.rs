@@ -19,9 +19,9 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-const CONFIG_HASH: &str = "helmop.dev/config-hash";
+pub(crate) const CONFIG_HASH: &str = "helmop.dev/config-hash";
 const CONFIG_REFS: &str = "helmop.dev/config-refs";
-const OPT_IN: (&str, &str) = ("helmop.dev/rollout-on-change", "enabled");
+pub(crate) const OPT_IN: (&str, &str) = ("helmop.dev/rollout-on-change", "enabled");
 
 pub(crate) fn cluster() -> &'static ClusterInfo {
     control_plane().upstream()
@@ -52,7 +52,7 @@ pub(crate) async fn apply_ok(object: &Value) -> anyhow::Result<Output> {
 }
 
 /// A namespace opted in as a whole, and the webhook registered for it.
-async fn setup(
+pub(crate) async fn setup(
     client: &Client,
     prefix: &str,
     config: impl FnOnce(&str) -> Config,
@@ -62,7 +62,7 @@ async fn setup(
     Ok((ns, webhook))
 }
 
-fn annotation(template_metadata: Option<&Value>, key: &str) -> Option<String> {
+pub(crate) fn annotation(template_metadata: Option<&Value>, key: &str) -> Option<String> {
     template_metadata?
         .get("annotations")?
         .get(key)?
@@ -95,7 +95,7 @@ async fn settled(deployments: &Api<Deployment>, name: &str) -> anyhow::Result<()
     .await
 }
 
-async fn wait_for_key(webhook: &LocalWebhook, loaded: bool) -> anyhow::Result<()> {
+pub(crate) async fn wait_for_key(webhook: &LocalWebhook, loaded: bool) -> anyhow::Result<()> {
     wait_until("the webhook to see the hash key", DEFAULT_TIMEOUT, || {
         let state = webhook.state.hash_key();
         async move { Ok(matches!(state, HashKeyState::Loaded { .. }) == loaded) }
