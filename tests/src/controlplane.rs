@@ -383,6 +383,29 @@ impl ControlPlane {
         self.run_script("start-cluster", &[name]).map(drop)
     }
 
+    /// Starts a stopped kube-apiserver again, presenting the client certificate in `cert` and
+    /// `key` (PEM files) to every admission webhook from now on: what an operator does on a
+    /// control-plane node to let a webhook require the API server's certificate.
+    pub fn start_cluster_with_webhook_client(
+        &self,
+        name: &str,
+        cert: &Path,
+        key: &Path,
+    ) -> anyhow::Result<()> {
+        let (cert, key) = (cert.to_string_lossy(), key.to_string_lossy());
+        self.run_script(
+            "start-cluster",
+            &[
+                name,
+                "--webhook-client-cert",
+                &cert,
+                "--webhook-client-key",
+                &key,
+            ],
+        )
+        .map(drop)
+    }
+
     /// Starts cluster `name` from an etcd snapshot of cluster `src` (`cp clone-cluster`): the
     /// same objects with the same uids, `kube-system`'s included, served by its own etcd and
     /// kube-apiserver at its own address: what two clusters restored from one backup look like.

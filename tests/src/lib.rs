@@ -24,6 +24,7 @@ mod crds;
 mod endpoints;
 mod fleet;
 pub mod images;
+mod manifests;
 mod namespaces;
 mod node;
 mod objects;
@@ -51,6 +52,7 @@ pub use fleet::{
     create_fleet_object, fleet_api, fleet_crds_dir, helmop_resource, install_fleet_crd,
     policy_resource, propagator_events, register_fleet_cluster,
 };
+pub use manifests::{manifests_dir, relative_path};
 pub use namespaces::{TEST_NAMESPACE_LABEL, fresh_namespace, fresh_namespace_with_labels};
 pub use node::{BusyboxImage, NODE_CLUSTER, build_busybox_image, node_control_plane};
 pub use objects::{create_config_map, create_secret, ensure_hash_key, template_annotation};

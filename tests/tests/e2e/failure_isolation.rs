@@ -50,17 +50,15 @@ async fn kubectl_ok(args: &[&str], stdin: Option<&str>) -> anyhow::Result<String
     }
 }
 
-fn manifests_dir(overlay: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../manifests")
-        .join(overlay)
+fn shipped(overlay: &str) -> std::path::PathBuf {
+    manifests_dir().join(overlay)
 }
 
 /// The shipped webhook configurations (manifests/base), renamed `name` and pointed at `base_url`
 /// (each webhook keeps its own path) with `ca_pem` as caBundle: selectors, rules, failure policies
 /// and timeouts exactly as rendered.
 fn rendered_configurations(name: &str, base_url: &str, ca_pem: &str) -> anyhow::Result<Vec<Value>> {
-    rendered_configurations_of(&manifests_dir("base"), name, base_url, ca_pem)
+    rendered_configurations_of(&shipped("base"), name, base_url, ca_pem)
 }
 
 /// As [`rendered_configurations`], of the kustomization in `dir`.
@@ -422,8 +420,7 @@ async fn a_namespace_labelled_kube_system_is_checked_with_the_strict_component()
     .await?;
     let strict = tempfile::tempdir()?;
     let to = |what: &str| -> anyhow::Result<String> {
-        let dir = manifests_dir(what).canonicalize()?;
-        Ok(crate::node_env::relative(strict.path(), &dir)
+        Ok(relative_path(strict.path(), &shipped(what))?
             .display()
             .to_string())
     };
@@ -440,7 +437,7 @@ async fn a_namespace_labelled_kube_system_is_checked_with_the_strict_component()
     let url = nothing_listens()?;
     let ca = test_certs().ca_pem;
     for (variant, dir, checked) in [
-        ("shipped", manifests_dir("base"), false),
+        ("shipped", shipped("base"), false),
         ("strict", strict.path().to_path_buf(), true),
     ] {
         let name = format!("helmop-{spoofed}-{variant}");

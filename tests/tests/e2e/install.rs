@@ -7,16 +7,18 @@
 //! Then an upgrade (the Deployment rolled to the same build under a new reference) while admissions keep
 //! flowing through the API server, counting failures, and removal with `kubectl delete -k`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
+use base64::Engine;
 use helmop_tests::images::{BuiltImage, build_images};
 use helmop_tests::registry::TestRegistry;
 use helmop_tests::{
-    ClusterInfo, ControlPlane, ControlPlaneOptions, helmop_resource, wait_for, wait_until,
+    ClusterInfo, ControlPlane, ControlPlaneOptions, helmop_resource, manifests_dir, relative_path,
+    wait_for, wait_until,
 };
 use kube::Client;
 use kube::api::{Api, DynamicObject, PostParams};
@@ -25,25 +27,10 @@ use serde_json::{Value, json};
 const NS: &str = "helmop-system";
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(240);
 
-fn manifests_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests")
-}
-
-/// `to` relative to `from`: kustomize refuses absolute paths to other kustomizations.
-fn relative(from: &Path, to: &Path) -> anyhow::Result<PathBuf> {
-    let from = from.canonicalize()?;
-    let to = to.canonicalize()?;
-    let mut rel = PathBuf::new();
-    for _ in from.components().skip(1) {
-        rel.push("..");
-    }
-    Ok(rel.join(to.strip_prefix("/")?))
-}
-
 /// Writes the user's overlay: `install` (a shipped directory) + the 1.20 component + `images:`.
 fn write_overlay(dir: &Path, install: &str, webhook: &str) -> anyhow::Result<()> {
-    let base = relative(dir, &manifests_dir().join(install))?;
-    let component = relative(dir, &manifests_dir().join("kube-1.20"))?;
+    let base = relative_path(dir, &manifests_dir().join(install))?;
+    let component = relative_path(dir, &manifests_dir().join("kube-1.20"))?;
     let (name, reference) = webhook
         .split_once('@')
         .map(|(name, digest)| (name.to_owned(), format!("digest: {digest}")))
@@ -282,7 +269,8 @@ async fn check_installed(cluster: &ClusterInfo, install: &str) -> anyhow::Result
 
 /// Installs, checks, upgrades under load, removes. `node` is a cluster with a kubelet; `registry` is
 /// reachable from its containerd.
-async fn install_upgrade_remove(node: &ClusterInfo, registry: &TestRegistry) -> anyhow::Result<()> {
+async fn install_upgrade_remove(cp: &ControlPlane, registry: &TestRegistry) -> anyhow::Result<()> {
+    let node = cp.cluster("install");
     let started = std::time::Instant::now();
     let images = build_images(registry.host(), "e2e").await?;
     let webhook: &BuiltImage = images
@@ -401,6 +389,9 @@ async fn install_upgrade_remove(node: &ClusterInfo, registry: &TestRegistry) -> 
     );
     check_installed(node, "self-signed").await?;
 
+    client_auth(cp, overlay.path(), &webhook.pinned(), &ns).await?;
+    check_installed(node, "client-auth").await?;
+
     kubectl(node, &["delete", "ns", &ns, "--wait=false"]).await?;
     remove(node, &dir).await?;
 
@@ -479,5 +470,144 @@ async fn install_from_the_shipped_manifests_upgrade_without_failed_admissions_an
     let node = cp.node()?;
     let registry = TestRegistry::start_on(&node.host_address).await?;
     node.allow_http_registry(registry.host())?;
-    install_upgrade_remove(cp.cluster("install"), &registry).await
+    install_upgrade_remove(&cp, &registry).await
+}
+
+/// Issue 25, item 14: turning client-certificate authentication on as manifests/README.md says, on the
+/// running install. The operator copies Secret `helmop-apiserver-client` to the control-plane node and
+/// restarts the API server with an admission configuration presenting it, then applies `client-auth`.
+/// Afterwards the API server's reviews are answered (an invalid HelmOp is denied by the webhook), and a
+/// review sent straight to a webhook pod is answered only with that certificate: without one the TLS
+/// handshake fails and a forged review learns nothing.
+async fn client_auth(
+    cp: &ControlPlane,
+    overlay: &Path,
+    image: &str,
+    ns: &str,
+) -> anyhow::Result<()> {
+    let node = cp.cluster("install");
+    let secret = get_json(node, &["-n", NS, "secret", "helmop-apiserver-client"])
+        .await?
+        .context("Secret helmop-apiserver-client missing after the install")?;
+    let field = |key: &str| -> anyhow::Result<Vec<u8>> {
+        let text = secret["data"][key]
+            .as_str()
+            .with_context(|| format!("helmop-apiserver-client has no {key}"))?;
+        Ok(base64::engine::general_purpose::STANDARD.decode(text)?)
+    };
+    let (cert, key) = (field("tls.crt")?, field("tls.key")?);
+    let files = tempfile::tempdir()?;
+    let (cert_file, key_file) = (files.path().join("tls.crt"), files.path().join("tls.key"));
+    std::fs::write(&cert_file, &cert)?;
+    std::fs::write(&key_file, &key)?;
+    let started = std::time::Instant::now();
+    // `cp` waits on child processes: off the async workers, without giving up the borrow.
+    tokio::task::block_in_place(|| {
+        cp.stop_cluster("install")?;
+        cp.start_cluster_with_webhook_client("install", &cert_file, &key_file)
+    })?;
+    eprintln!(
+        "API server restarted with the webhook client certificate in {:?}",
+        started.elapsed()
+    );
+
+    let dir = overlay.to_str().context("temp dir not UTF-8")?;
+    write_overlay(overlay, "client-auth", image)?;
+    kubectl(node, &["apply", "-k", dir]).await?;
+    wait_until(
+        "helmop-webhook to run with --client-ca on 2 ready replicas",
+        INSTALL_TIMEOUT,
+        || async move {
+            let pods = webhook_pods(node).await?;
+            let items = pods["items"].as_array().cloned().unwrap_or_default();
+            Ok(items.len() == 2
+                && items.iter().all(|p| {
+                    p["metadata"]["deletionTimestamp"].is_null()
+                        && p["spec"]["containers"][0]["args"]
+                            .as_array()
+                            .is_some_and(|a| a.iter().any(|a| a == "--client-ca=/tls/ca.crt"))
+                        && p["status"]["conditions"].as_array().is_some_and(|c| {
+                            c.iter()
+                                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                        })
+                }))
+        },
+    )
+    .await?;
+
+    // The API server presents its certificate: its reviews are answered.
+    let client = node.client().await;
+    let api: Api<DynamicObject> = Api::namespaced_with(client, ns, &helmop_resource());
+    let bad: DynamicObject = serde_json::from_value(helmop("bad-mtls", ns, true))?;
+    match api.create(&PostParams::default(), &bad).await {
+        Err(kube::Error::Api(status)) => ensure!(
+            status.message.contains("helmops.validate.helmop.dev")
+                && status.message.contains("denied the request"),
+            "with client-auth on, the API server's review was not answered: {}",
+            status.message
+        ),
+        other => bail!("invalid HelmOp not denied with client-auth on: {other:?}"),
+    }
+
+    // Straight to a pod: only the API server's certificate gets an answer.
+    let serving = get_json(node, &["-n", NS, "secret", "helmop-webhook-tls"])
+        .await?
+        .context("Secret helmop-webhook-tls missing")?;
+    let ca = base64::engine::general_purpose::STANDARD.decode(
+        serving["data"]["ca.crt"]
+            .as_str()
+            .context("helmop-webhook-tls has no ca.crt")?,
+    )?;
+    let pods = webhook_pods(node).await?;
+    let ip: std::net::IpAddr = pods["items"][0]["status"]["podIP"]
+        .as_str()
+        .context("a webhook pod without an IP")?
+        .parse()?;
+    let forged = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "forged", "kind": {"group": "", "version": "v1", "kind": "Secret"},
+            "resource": {"group": "", "version": "v1", "resource": "secrets"},
+            "name": "db", "namespace": ns, "operation": "DELETE",
+            "userInfo": {"username": "mallory"},
+            "oldObject": {"apiVersion": "v1", "kind": "Secret",
+                          "metadata": {"name": "db", "namespace": ns}},
+        },
+    })
+    .to_string();
+    let host = "helmop-webhook.helmop-system.svc";
+    let url = format!("https://{host}:8443/validate/references");
+    let mut identity = cert.clone();
+    identity.extend_from_slice(&key);
+    for (who, identity) in [
+        ("no certificate", None),
+        (
+            "the API server's certificate",
+            Some(reqwest::Identity::from_pem(&identity)?),
+        ),
+    ] {
+        let mut builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .add_root_certificate(reqwest::Certificate::from_pem(&ca)?)
+            .resolve(host, std::net::SocketAddr::new(ip, 8443))
+            .timeout(Duration::from_secs(10));
+        let expected = identity.is_some();
+        if let Some(identity) = identity {
+            builder = builder.identity(identity);
+        }
+        let answer = builder
+            .build()?
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(forged.clone())
+            .send()
+            .await;
+        match (expected, answer) {
+            (true, Ok(r)) => ensure!(r.status().is_success(), "{who}: answered {}", r.status()),
+            (true, Err(e)) => bail!("{who}: no answer: {e:#}"),
+            (false, Ok(r)) => bail!("{who}: answered {}", r.status()),
+            (false, Err(_)) => {}
+        }
+    }
+    Ok(())
 }

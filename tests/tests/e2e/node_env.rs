@@ -71,24 +71,6 @@ pub async fn node_env() -> anyhow::Result<&'static NodeEnv> {
     }
 }
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
-
-/// `to` relative to `from` (kustomize takes directories outside an overlay only as relative paths).
-pub(crate) fn relative(from: &Path, to: &Path) -> PathBuf {
-    let depth = from.components().count().saturating_sub(1);
-    let mut rel = PathBuf::new();
-    for _ in 0..depth {
-        rel.push("..");
-    }
-    rel.push(to.strip_prefix("/").unwrap_or(to));
-    rel
-}
-
 async fn run(what: &str, cmd: &mut Command, timeout: Duration) -> anyhow::Result<String> {
     cmd.stdin(Stdio::null()).kill_on_drop(true);
     let out = tokio::time::timeout(timeout, cmd.output())
@@ -299,12 +281,12 @@ impl NodeEnv {
             format!("insecure: [\"{}\"]\n", self.registry),
         )?;
         let (name, tag) = split_image(&self.webhook_image)?;
-        let root = repo_root();
+        let manifests = manifests_dir();
         let mut components = String::new();
-        if root.join("manifests/kube-1.20").is_dir() {
+        if manifests.join("kube-1.20").is_dir() {
             components = format!(
                 "components:\n  - {}\n",
-                relative(&overlay, &root.join("manifests/kube-1.20")).display()
+                relative_path(&overlay, &manifests.join("kube-1.20"))?.display()
             );
         }
         std::fs::write(
@@ -335,7 +317,7 @@ patches:
         path: /spec/template/spec/containers/0/volumeMounts/-
         value: {{name: registries, mountPath: /etc/helmop, readOnly: true}}
 "#,
-                base = relative(&overlay, &root.join("manifests/self-signed")).display(),
+                base = relative_path(&overlay, &manifests.join("self-signed"))?.display(),
             ),
         )?;
         let dir = overlay.display().to_string();
@@ -382,7 +364,7 @@ patches:
         let overlay = self.dir.join(shipped);
         std::fs::create_dir_all(&overlay)?;
         let (name, tag) = split_image(&self.plugin_image)?;
-        let base = relative(&overlay, &repo_root().join("manifests").join(shipped));
+        let base = relative_path(&overlay, &manifests_dir().join(shipped))?;
         std::fs::write(
             overlay.join("kustomization.yaml"),
             format!(

@@ -330,7 +330,8 @@ async fn dry_run_stamp(deployment: &Value) -> anyhow::Result<Option<String>> {
 /// (41 s of CPU before, when every prefix met every key) are one reference whose keys are read once:
 /// the hostile Deployment is stamped within the webhook's deadline, and the ordinary Deployments
 /// admitted alongside it are all stamped too (a webhook busy past the API server's timeout fails
-/// open, which here would be a Deployment without a stamp).
+/// open, which here would be a Deployment without a stamp). Ten more dry-runs with fresh prefixes
+/// cost the stamp's digest cache a fingerprint each, not their lists (item 12).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_env_from_prefixes_over_a_wide_config_map_cost_one_read() -> anyhow::Result<()> {
     let client = cluster().client().await;
@@ -391,6 +392,38 @@ async fn many_env_from_prefixes_over_a_wide_config_map_cost_one_read() -> anyhow
     assert!(
         unstamped.is_empty(),
         "ordinary Deployments admitted meanwhile were not stamped: {unstamped:?}"
+    );
+
+    // Item 12: an entry of the stamp's digest cache keeps a fingerprint of what the pod reads, never
+    // the caller's lists: ten dry-runs with 2,000 fresh prefixes each (about 20 KB of text apiece;
+    // 240 such dry-runs held 490 MiB before) add at most an entry each, of a few hundred bytes.
+    let before = webhook.state.cached_digests();
+    for round in 0..10 {
+        let env_from: Vec<Value> = (0..2_000)
+            .map(|i| json!({"prefix": format!("r{round}p{i}_"), "configMapRef": {"name": "wide"}}))
+            .collect();
+        let fresh = deployment_manifest(
+            &ns,
+            &format!("fresh-{round}"),
+            json!({}),
+            json!({"envFrom": env_from}),
+        );
+        assert!(
+            dry_run_stamp(&fresh).await?.is_some(),
+            "round {round} was not stamped"
+        );
+    }
+    let (entries, bytes) = (
+        webhook.state.cached_digests(),
+        webhook.state.cached_digest_bytes(),
+    );
+    assert!(
+        entries <= before + 10,
+        "{entries} entries after {before} + 10 dry-runs"
+    );
+    assert!(
+        bytes <= entries * 1024,
+        "the digest cache holds {bytes} bytes in {entries} entries: more than a fingerprint each"
     );
     registered.remove().await?;
     Ok(())
