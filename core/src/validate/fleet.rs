@@ -8,7 +8,9 @@
 //! 2. `AuthorizeAndAssignDefaults`: the Policies of the HelmOp's namespace ([`authorize`]);
 //! 3. a Bundle of the same name that is not a HelmOp's;
 //! 4. `getChartVersion`: the `helmSecretName` Secret (after Policy defaults) must be readable,
-//!    and the version constraint must parse (checked in 1 here, as the webhook does).
+//!    and the version constraint must parse (checked in 1 here, as the webhook does);
+//! 5. the Bundle's create or update, which the API server refuses when a label Fleet writes is
+//!    not a label ([`bundle_label_problems`]; decided by the spec and name, so checked in 1 here).
 //!
 //! Steps 2 to 4 depend on other objects, so the caller looks them up and passes [`FleetFacts`].
 
@@ -57,7 +59,8 @@ pub enum RejectionCheck {
     HelmSecret,
 }
 
-/// Fleet's `validate()` plus the version constraint: `None` when the spec alone is acceptable.
+/// Fleet's `validate()` plus the version constraint, then the labels of the Bundle it would
+/// write ([`bundle_label_problems`]): `None` when the spec alone is acceptable.
 pub fn spec_rejection(op: &HelmOp) -> Option<String> {
     let Some(helm) = &op.spec.helm else {
         return Some("spec.helm: helm options are empty in the HelmOp's spec".into());
@@ -68,6 +71,59 @@ pub fn spec_rejection(op: &HelmOp) -> Option<String> {
         .into_iter()
         .next()
         .map(|(path, message)| format!("spec.helm.{path}: {message}"))
+        .or_else(|| {
+            let labels = op.spec.labels.iter().flatten();
+            bundle_label_problems(
+                op.metadata.name.as_deref(),
+                labels.map(|(k, v)| (k.as_str(), v.as_str())),
+            )
+            .into_iter()
+            .next()
+            .map(|(path, message)| format!("{path}: {message}"))
+        })
+}
+
+/// Label Fleet writes on a HelmOp's Bundle (and its BundleDeployments) with the HelmOp's name.
+pub const HELMOP_NAME_LABEL: &str = "fleet.cattle.io/fleet-helm-name";
+
+/// What the API server would refuse in the labels of the Bundle Fleet writes for a HelmOp named
+/// `name` with `spec.labels` `labels` (rancher/fleet `helmop_controller.go` `toBundle`: every
+/// `spec.labels` entry, then [`HELMOP_NAME_LABEL`] = the name). Fleet's CRD checks neither, so
+/// the HelmOp is stored, Fleet's create (or update) of the Bundle fails on every reconcile, and no
+/// cluster gets anything. `(path, message)` pairs, in the order given.
+pub fn bundle_label_problems<'a>(
+    name: Option<&str>,
+    labels: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Vec<(String, String)> {
+    use crate::name_rules::{label_value_error, qualified_name_error};
+    let mut out = Vec::new();
+    if let Some(name) = name
+        && let Some(problem) = label_value_error(name)
+    {
+        out.push((
+            "metadata.name".to_string(),
+            format!(
+                "Fleet writes the HelmOp's name into the label {HELMOP_NAME_LABEL} of its Bundle, and as a label value it {problem} (has {}): Fleet never creates the Bundle; use a shorter name",
+                name.len()
+            ),
+        ));
+    }
+    for (key, value) in labels {
+        let problem = qualified_name_error(key)
+            .map(|p| format!("its key {} {p}", super::q(key)))
+            .or_else(|| {
+                label_value_error(value).map(|p| format!("its value {} {p}", super::q(value)))
+            });
+        if let Some(problem) = problem {
+            out.push((
+                format!("spec.labels.{key}"),
+                format!(
+                    "Fleet copies spec.labels onto the HelmOp's Bundle, and the API server refuses this label ({problem}): Fleet never creates or updates the Bundle"
+                ),
+            ));
+        }
+    }
+    out
 }
 
 /// Fleet's `policyrestrictions.Aggregate` restricted to what the HelmOp controller reads:
@@ -259,6 +315,30 @@ pub fn rejection(op: &HelmOp, facts: &FleetFacts<'_>) -> Option<Rejection> {
 mod tests {
     use super::*;
     use crate::model::{HelmOpPolicy, HelmOpSpec, HelmOptions};
+
+    /// Labels the API server refuses on the Bundle: the spec alone rejects the HelmOp, so the
+    /// plugin copies nothing for it, whatever the Policies say.
+    #[test]
+    fn labels_fleet_cannot_write_on_the_bundle_reject_the_spec() {
+        let mut o = op("app", "https://charts.example.com", "");
+        assert_eq!(spec_rejection(&o), None);
+        o.spec.labels = Some([("tier".to_string(), "a/b".to_string())].into());
+        let reason = spec_rejection(&o).unwrap_or_default();
+        assert!(reason.starts_with("spec.labels.tier: "), "{reason}");
+        o.spec.labels = Some([("tier".to_string(), "web".to_string())].into());
+        o.metadata.name = Some("a".repeat(64));
+        let reason = spec_rejection(&o).unwrap_or_default();
+        assert!(reason.starts_with("metadata.name: "), "{reason}");
+        let facts = FleetFacts {
+            policies: &[],
+            foreign_bundle: false,
+            secret_exists: &|_| true,
+        };
+        assert_eq!(
+            rejection(&o, &facts).map(|r| r.check),
+            Some(RejectionCheck::Spec)
+        );
+    }
 
     fn op(chart: &str, repo: &str, version: &str) -> HelmOp {
         let s = |v: &str| (!v.is_empty()).then(|| v.to_string());

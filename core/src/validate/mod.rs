@@ -195,6 +195,7 @@ pub fn check_helmop<'a>(obj: impl Into<Doc<'a>>, _namespace: Option<&str>) -> Ch
     };
     let model = spec::check_spec(&mut cx, spec);
     resources::check_cross_references(&mut cx, &model);
+    check_bundle_labels(&mut cx, obj, spec, &spec_path);
     let references = model
         .root_entries
         .into_iter()
@@ -202,6 +203,27 @@ pub fn check_helmop<'a>(obj: impl Into<Doc<'a>>, _namespace: Option<&str>) -> Ch
         .map(|e| (e.at, e.reference))
         .collect();
     cx.done(references)
+}
+
+/// The labels Fleet would write on the HelmOp's Bundle: its name and `spec.labels` (strings, by
+/// the CRD) must all be labels the API server takes ([`fleet::bundle_label_problems`]).
+fn check_bundle_labels(cx: &mut Ctx, obj: &Map<'_>, spec: &Map<'_>, spec_path: &Path<'_>) {
+    let name = field(obj, "metadata")
+        .and_then(|m| field_of(m, "name"))
+        .and_then(JsonView::as_str)
+        .filter(|n| !n.is_empty());
+    let mut labels = Vec::new();
+    if let Some(map) = cx.object(spec, "labels", spec_path) {
+        let map_path = spec_path.key("labels");
+        for (k, _) in sorted_entries(map) {
+            if let Some(v) = cx.string(map, k, &map_path) {
+                labels.push((k, v));
+            }
+        }
+    }
+    for (path, message) in fleet::bundle_label_problems(name, labels) {
+        cx.deny(&path, message);
+    }
 }
 
 /// Every well-formed `downstreamResources` reference (valid kind, valid name), root and per

@@ -807,7 +807,45 @@ fn cases() -> Vec<Case> {
             ],
             "must be a string",
         ),
+        (
+            "spec.labels Fleet puts on the Bundle: a key and a value the API server refuses",
+            with(
+                b(),
+                json!({"labels": {"team": "platform", "bad key": "x", "tier": "a/b", "n": 1}}),
+            ),
+            vec![
+                deny("spec.labels.n"),
+                deny("spec.labels.bad key"),
+                deny("spec.labels.tier"),
+            ],
+            "must be a string",
+        ),
+        (
+            "a spec.labels value over 63 characters",
+            with(b(), json!({"labels": {"team": "x".repeat(64)}})),
+            vec![deny("spec.labels.team")],
+            "Fleet copies spec.labels onto the HelmOp's Bundle",
+        ),
     ]
+}
+
+/// Fleet writes the HelmOp's name into a label of its Bundle: a name of 64 characters is a valid
+/// object name but not a label value, and Fleet never creates the Bundle.
+#[test]
+fn a_name_longer_than_a_label_value_is_denied() {
+    let mut op = helmop(base());
+    op["metadata"]["name"] = json!("a".repeat(63));
+    assert_eq!(validate_helmop(&op), vec![]);
+    op["metadata"]["name"] = json!("a".repeat(64));
+    let got = validate_helmop(&op);
+    assert_eq!(summary(&got), vec![deny("metadata.name")], "{got:#?}");
+    assert!(
+        got[0]
+            .message
+            .contains("label fleet.cattle.io/fleet-helm-name of its Bundle"),
+        "{}",
+        got[0].message
+    );
 }
 
 #[test]

@@ -1542,6 +1542,39 @@ async fn helmops_fleet_rejects_get_no_copies() -> anyhow::Result<()> {
         "pruned while rejected"
     );
 
+    // A name Fleet cannot write into its Bundle's fleet.cattle.io/fleet-helm-name label (a valid
+    // object name of 64 characters): Fleet never creates the Bundle, so nothing is copied, and
+    // `validate` refuses the file (the spec alone decides).
+    let long = format!("long-{}", "n".repeat(59));
+    let long_yaml = helmop_yaml(&long, &resources).replacen(
+        "repo: https://charts.example.com",
+        "repo: https://charts.internal.example",
+        1,
+    );
+    f.helmop(&long_yaml).await?;
+    let run = helmop(&["propagate", &long, "-n", &f.ns, "-o", "json"]).await?;
+    let report = run.expect(1).json();
+    let rows_ = rows(&report);
+    assert!(
+        rows_.iter().any(|r| r["state"] == "Invalid"
+            && r["reason"].as_str().is_some_and(|s| s.contains(
+                "metadata.name: Fleet writes the HelmOp's name into the label fleet.cattle.io/fleet-helm-name"
+            ))),
+        "{rows_:#?}"
+    );
+    assert_eq!(writes(&report), 0, "{report:#}");
+    let long_file = std::env::temp_dir().join(format!("{}-long.yaml", f.ns));
+    std::fs::write(&long_file, &long_yaml)?;
+    let long_arg = long_file.display().to_string();
+    let validated = helmop(&["validate", "-f", &long_arg, "--cluster"]).await?;
+    std::fs::remove_file(&long_file)?;
+    let validated = validated.expect(1);
+    let said = format!("{}{}", validated.stdout, validated.stderr);
+    assert!(
+        said.contains("deny: metadata.name") && said.contains("never creates the Bundle"),
+        "{said}"
+    );
+
     // `validate --cluster` says the same before anything is applied, as warnings (like the
     // webhook): the Policy and the missing Secret depend on objects that may come later.
     let with_ns = |doc: String, name: &str| {
@@ -1623,6 +1656,27 @@ async fn the_webhook_denies_what_fleet_rejects_from_the_spec_and_warns_about_the
         assert!(
             stderr.contains(path),
             "{name}: {path} missing from: {stderr}"
+        );
+    }
+
+    // Labels Fleet writes on the Bundle: a name over 63 characters, a spec.labels value with a
+    // '/': the API server would refuse the Bundle, so the HelmOp is denied.
+    let helm = json!({"repo": "https://charts.example.com", "chart": "app"});
+    for (object, path) in [
+        (
+            op(&format!("long-{}", "n".repeat(59)), helm.clone(), json!({})),
+            "metadata.name",
+        ),
+        (
+            op("labelled", helm.clone(), json!({"labels": {"tier": "a/b"}})),
+            "spec.labels.tier",
+        ),
+    ] {
+        let (admitted, stderr) = admit(&object, &[]).await?;
+        assert!(!admitted, "{path}: admitted: {stderr}");
+        assert!(
+            stderr.contains(path) && stderr.contains("Bundle"),
+            "{path} missing from: {stderr}"
         );
     }
 
