@@ -578,10 +578,7 @@ where
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
-    let api: Api<K> = match namespace {
-        Some(ns) => Api::namespaced(ctx.upstream.clone(), ns),
-        None => Api::all(ctx.upstream.clone()),
-    };
+    let api: Api<K> = crate::kube_api::api_in(&ctx.upstream, namespace);
     let where_ = namespace.map_or(" in all namespaces".to_string(), |ns| format!(" in {ns}"));
     list_pages(api, what, &where_).await
 }

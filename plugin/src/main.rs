@@ -17,6 +17,7 @@ mod identity;
 mod images;
 mod inputs;
 mod inventory;
+mod kube_api;
 mod leader;
 mod live_stamp;
 mod observe;

@@ -380,10 +380,7 @@ where
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
-    let api: Api<K> = match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
+    let api: Api<K> = crate::kube_api::api_in(client, namespace);
     let page = api.list_metadata(params).await?;
     let items = page.items.into_iter().map(|m| m.metadata).collect();
     Ok((items, page.metadata.continue_))

@@ -172,10 +172,8 @@ where
         + Sync
         + 'static,
 {
-    let api: Api<PartialObjectMeta<K>> = match &scope.namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
+    let api: Api<PartialObjectMeta<K>> =
+        crate::kube_api::api_in(client, scope.namespace.as_deref());
     let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
     forward(
         stream,

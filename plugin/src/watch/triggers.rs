@@ -204,10 +204,7 @@ fn api<K>(client: &Client, namespace: Option<&str>) -> Api<PartialObjectMeta<K>>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
 {
-    match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    }
+    crate::kube_api::api_in(client, namespace)
 }
 
 fn key<K: Resource>(obj: &PartialObjectMeta<K>) -> (String, String) {
