@@ -157,6 +157,15 @@ pub fn random_key() -> anyhow::Result<Vec<u8>> {
     Ok(key)
 }
 
+/// Secret `hash-key` in `namespace`: where a test's own webhook reads its hash key (written with
+/// [`random_key`] under data key `key`).
+pub fn hash_key_in(namespace: &str) -> helmop_webhook::state::SecretRef {
+    helmop_webhook::state::SecretRef {
+        namespace: namespace.to_owned(),
+        name: "hash-key".into(),
+    }
+}
+
 /// `kubectl apply -f -` of one object given as JSON on `cluster`, with `extra` arguments; fails
 /// with kubectl's stderr when kubectl does.
 pub async fn kubectl_apply(

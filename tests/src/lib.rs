@@ -44,7 +44,7 @@ pub use controlplane::{
     client_from_kubeconfig, control_plane, cp_script,
 };
 pub use endpoints::{
-    Registered, deployment_manifest, kubectl_apply, random_key, replica_sets, restamp,
+    Registered, deployment_manifest, hash_key_in, kubectl_apply, random_key, replica_sets, restamp,
 };
 pub use fleet::{
     FLEET_API_VERSION, apply_helmop, bundle_deployment_resource, bundle_namespace_mapping_resource,

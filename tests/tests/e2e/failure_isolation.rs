@@ -151,21 +151,32 @@ async fn with_shipped_webhooks(
     let guarded = fresh_namespace_with_labels(&client, "iso-guarded", &[GUARD_LABEL]).await?;
     let name = format!("helmop-{guarded}");
     let configs = rendered_configurations(&name, base_url, ca_pem)?;
-    let list = json!({"apiVersion": "v1", "kind": "List", "items": configs}).to_string();
-    kubectl_ok(&["apply", "-f", "-"], Some(&list)).await?;
+    apply_configurations(configs).await?;
     let outcome = scenario(&client, &guarded, calls).await;
-    let removed = kubectl_ok(
+    let removed = delete_configurations(&name).await;
+    outcome?;
+    removed
+}
+
+async fn apply_configurations(configs: Vec<Value>) -> anyhow::Result<()> {
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": configs}).to_string();
+    kubectl_ok(&["apply", "-f", "-"], Some(&list))
+        .await
+        .map(drop)
+}
+
+async fn delete_configurations(name: &str) -> anyhow::Result<()> {
+    kubectl_ok(
         &[
             "delete",
             "validatingwebhookconfiguration,mutatingwebhookconfiguration",
-            &name,
+            name,
             "--ignore-not-found",
         ],
         None,
     )
-    .await;
-    outcome?;
-    removed.map(|_| ())
+    .await
+    .map(drop)
 }
 
 async fn scenario(
@@ -442,19 +453,9 @@ async fn a_namespace_labelled_kube_system_is_checked_with_the_strict_component()
     ] {
         let name = format!("helmop-{spoofed}-{variant}");
         let configs = rendered_configurations_of(&dir, &name, &url, &ca)?;
-        let list = json!({"apiVersion": "v1", "kind": "List", "items": configs}).to_string();
-        kubectl_ok(&["apply", "-f", "-"], Some(&list)).await?;
+        apply_configurations(configs).await?;
         let outcome = spoofed_delete(&client, &control, &spoofed, checked).await;
-        let removed = kubectl_ok(
-            &[
-                "delete",
-                "validatingwebhookconfiguration,mutatingwebhookconfiguration",
-                &name,
-                "--ignore-not-found",
-            ],
-            None,
-        )
-        .await;
+        let removed = delete_configurations(&name).await;
         outcome.with_context(|| format!("with the {variant} configurations"))?;
         removed?;
         // The next variant starts only once this one is out of force (a delete in the control

@@ -103,6 +103,26 @@ fn helmop(name: &str, namespace: &str, bad_name: bool) -> Value {
     })
 }
 
+/// Creating the invalid HelmOp `name` through the API server is denied by the webhook (it was
+/// called and answered), not refused for failing to reach it.
+async fn denied_by_the_webhook(
+    api: &Api<DynamicObject>,
+    ns: &str,
+    name: &str,
+) -> anyhow::Result<()> {
+    let bad: DynamicObject = serde_json::from_value(helmop(name, ns, true))?;
+    match api.create(&PostParams::default(), &bad).await {
+        Err(kube::Error::Api(status)) => ensure!(
+            status.message.contains("helmops.validate.helmop.dev")
+                && status.message.contains("denied the request"),
+            "not denied by the webhook: {}",
+            status.message
+        ),
+        other => bail!("invalid HelmOp not denied: {other:?}"),
+    }
+    Ok(())
+}
+
 /// The webhook Deployment has rolled out `image` on every replica: 2 updated, 2 ready, no old pod left.
 async fn wait_rolled_out(cluster: &ClusterInfo, image: &str) -> anyhow::Result<()> {
     wait_until(
@@ -310,16 +330,7 @@ async fn install_upgrade_remove(cp: &ControlPlane, registry: &TestRegistry) -> a
     kubectl(node, &["create", "ns", &ns]).await?;
     let client = node.client().await;
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &helmop_resource());
-    let bad: DynamicObject = serde_json::from_value(helmop("bad", &ns, true))?;
-    match api.create(&PostParams::default(), &bad).await {
-        Err(kube::Error::Api(status)) => ensure!(
-            status.message.contains("helmops.validate.helmop.dev")
-                && status.message.contains("denied the request"),
-            "not denied by the webhook: {}",
-            status.message
-        ),
-        other => bail!("invalid HelmOp not denied: {other:?}"),
-    }
+    denied_by_the_webhook(&api, &ns, "bad").await?;
     let good: DynamicObject = serde_json::from_value(helmop("good", &ns, false))?;
     api.create(&PostParams::default(), &good)
         .await
@@ -538,16 +549,9 @@ async fn client_auth(
     // The API server presents its certificate: its reviews are answered.
     let client = node.client().await;
     let api: Api<DynamicObject> = Api::namespaced_with(client, ns, &helmop_resource());
-    let bad: DynamicObject = serde_json::from_value(helmop("bad-mtls", ns, true))?;
-    match api.create(&PostParams::default(), &bad).await {
-        Err(kube::Error::Api(status)) => ensure!(
-            status.message.contains("helmops.validate.helmop.dev")
-                && status.message.contains("denied the request"),
-            "with client-auth on, the API server's review was not answered: {}",
-            status.message
-        ),
-        other => bail!("invalid HelmOp not denied with client-auth on: {other:?}"),
-    }
+    denied_by_the_webhook(&api, ns, "bad-mtls")
+        .await
+        .context("with client-auth on")?;
 
     // Straight to a pod: only the API server's certificate gets an answer.
     let serving = get_json(node, &["-n", NS, "secret", "helmop-webhook-tls"])

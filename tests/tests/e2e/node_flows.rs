@@ -678,7 +678,7 @@ async fn copy_value(down: &Client, ns: &str) -> anyhow::Result<Option<String>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -> anyhow::Result<()>
 {
-    use helmop_webhook::state::{Config, ImageMode, SecretRef};
+    use helmop_webhook::state::{Config, ImageMode};
 
     let env = node_env().await?;
     let up = env.cluster();
@@ -698,10 +698,7 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
     let key: Vec<u8> = random_key()?;
     create_secret(&down_client, &dest, "hash-key", &[("key", &key)]).await?;
     let config = Config {
-        hash_key_secret: SecretRef {
-            namespace: dest.clone(),
-            name: "hash-key".into(),
-        },
+        hash_key_secret: hash_key_in(&dest),
         image_mode: ImageMode::Off,
         ..Config::default()
     };

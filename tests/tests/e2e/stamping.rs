@@ -7,7 +7,7 @@ use std::process::Output;
 
 use anyhow::{Context, bail};
 use helmop_tests::*;
-use helmop_webhook::state::{Config, HashKeyState, SecretRef};
+use helmop_webhook::state::{Config, HashKeyState};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -110,10 +110,7 @@ async fn a_stamp_that_cannot_be_computed_is_kept_and_nothing_rolls() -> anyhow::
     let client = cluster().client().await;
     let key = random_key()?;
     let (ns, webhook) = setup(&client, "st-keep", |ns| Config {
-        hash_key_secret: SecretRef {
-            namespace: ns.to_owned(),
-            name: "hash-key".into(),
-        },
+        hash_key_secret: hash_key_in(ns),
         ..Config::default()
     })
     .await?;

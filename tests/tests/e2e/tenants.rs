@@ -12,8 +12,6 @@ use helmop_tests::*;
 use helmop_webhook::state::Config;
 use serde_json::{Value, json};
 
-use helmop_webhook::state::SecretRef;
-
 use crate::stamping::{
     CONFIG_HASH, annotation, apply_ok, cluster, kubectl, setup, text, wait_for_key,
 };
@@ -336,10 +334,7 @@ async fn dry_run_stamp(deployment: &Value) -> anyhow::Result<Option<String>> {
 async fn many_env_from_prefixes_over_a_wide_config_map_cost_one_read() -> anyhow::Result<()> {
     let client = cluster().client().await;
     let (ns, webhook) = setup(&client, "tn-prefixes", |ns| Config {
-        hash_key_secret: SecretRef {
-            namespace: ns.to_owned(),
-            name: "hash-key".into(),
-        },
+        hash_key_secret: hash_key_in(ns),
         ..Config::default()
     })
     .await?;

@@ -7,7 +7,7 @@ use std::process::Output;
 use anyhow::{Context, bail};
 use helmop_tests::deployment_manifest as deployment;
 use helmop_tests::*;
-use helmop_webhook::state::{Config, GuardMode, SecretRef};
+use helmop_webhook::state::{Config, GuardMode};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -532,10 +532,7 @@ async fn workload_label_opts_in_and_a_hash_key_created_later_is_picked_up() -> a
     let webhook = Webhook::start(
         client.clone(),
         Config {
-            hash_key_secret: SecretRef {
-                namespace: ns.clone(),
-                name: "hash-key".into(),
-            },
+            hash_key_secret: hash_key_in(&ns),
             ..config()
         },
     )
