@@ -34,6 +34,8 @@
 //!   HelmOp (`matcher.New` compiles them all first): [`match_cluster`] returns an error.
 //! - `namespaceLabels`/`namespaceAnnotations` do not depend on the cluster: Fleet merges the
 //!   root ones with those of *every* target, in order ([`namespace_metadata`]).
+//! - A Cluster whose name is not a label value (a valid object name of more than 63 characters)
+//!   never gets a BundleDeployment, from any Bundle ([`never_deployed_to`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -43,6 +45,22 @@ use crate::model::{BundleTarget, Cluster, ClusterGroup, DownstreamResource, Helm
 use crate::names::FLEET_DISPLAY_NAME_LABEL;
 use crate::resource::ResourceRef;
 use crate::selector::{Selector, SelectorError};
+
+/// Label Fleet's Bundle controller writes on every BundleDeployment with its Cluster's name.
+pub const BUNDLE_DEPLOYMENT_CLUSTER_LABEL: &str = "fleet.cattle.io/cluster";
+
+/// Why Fleet never creates a BundleDeployment on `cluster`, or `None` when it can: Fleet writes
+/// the Cluster's name into [`BUNDLE_DEPLOYMENT_CLUSTER_LABEL`] of each (rancher/fleet
+/// `target/target.go` `BundleDeploymentLabels`), so a name that is not a label value fails every
+/// create, for every Bundle, whichever target selects it (the other clusters are served).
+pub fn never_deployed_to(cluster: &Cluster) -> Option<String> {
+    let name = cluster.metadata.name.as_deref()?;
+    let problem = crate::name_rules::label_value_error(name)?;
+    Some(format!(
+        "Fleet writes the Cluster's name into the label {BUNDLE_DEPLOYMENT_CLUSTER_LABEL} of every BundleDeployment, and as a label value it {problem} (has {}): Fleet never deploys anything there",
+        name.len()
+    ))
+}
 
 /// Where a cluster stands with respect to a HelmOp.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -29,7 +29,7 @@ use helmop_core::plan::{
 use helmop_core::resource::ResourceRef;
 use helmop_core::targeting::{
     Matcher, NamespaceMetadata, TargetMatch, cluster_options, combine_namespace_metadata,
-    match_cluster, namespace_metadata,
+    match_cluster, namespace_metadata, never_deployed_to,
 };
 use helmop_core::validate::fleet::{FleetFacts, helm_secret_to_check, rejection, spec_rejection};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
@@ -248,6 +248,11 @@ pub async fn enumerate(
     let keys: Vec<String> = registered.iter().map(|d| d.key.clone()).collect();
     if let Some(fleet) = &fleet {
         pause_clusters(&mut holds, &helmops, fleet, &keys);
+        for cluster in &fleet.clusters {
+            if let Some(reason) = never_deployed_to(cluster) {
+                tracing::warn!(cluster = %clusters::cluster_name(cluster), "no copies there: {reason}");
+            }
+        }
     }
     let (fleet_desired, mut problems) = fleet
         .as_ref()
@@ -629,6 +634,7 @@ pub fn desired_fleet(
                 .namespace
                 .as_ref()
                 .is_some_and(|ns| candidates.contains(ns))
+                || never_deployed_to(cluster).is_some()
             {
                 continue;
             }

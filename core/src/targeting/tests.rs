@@ -1175,3 +1175,15 @@ proptest! {
         }
     }
 }
+
+/// Fleet labels every BundleDeployment with its Cluster's name: a name of 64 characters (a valid
+/// object name) is no label value, so that Cluster never gets one; 63 is fine.
+#[test]
+fn a_cluster_named_beyond_a_label_value_is_never_deployed_to() {
+    assert_eq!(never_deployed_to(&cluster(&"c".repeat(63), &[])), None);
+    let reason = never_deployed_to(&cluster(&"c".repeat(64), &[])).unwrap_or_default();
+    assert!(
+        reason.contains("fleet.cattle.io/cluster") && reason.contains("(has 64)"),
+        "{reason}"
+    );
+}

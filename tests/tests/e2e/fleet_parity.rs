@@ -1733,3 +1733,58 @@ async fn the_webhook_denies_what_fleet_rejects_from_the_spec_and_warns_about_the
     registered.remove().await?;
     Ok(())
 }
+
+/// Issue 26, item 5: Fleet writes a Cluster's name into the `fleet.cattle.io/cluster` label of
+/// every BundleDeployment, so a Cluster named with 64 characters (a valid object name, not a label
+/// value) never gets one. A HelmOp targeting it and down1 is copied to down1 only; the run says
+/// why the other gets nothing, and neither `propagate` nor `status` lists a row for it.
+#[tokio::test]
+async fn a_cluster_whose_name_is_no_label_value_gets_nothing() -> anyhow::Result<()> {
+    let f = Fleet::new("fp-longname").await?;
+    ensure_hash_key(&f.upstream).await?;
+    let long = format!("edge-{}", "c".repeat(59));
+    register_fleet_cluster(
+        &f.upstream,
+        &f.ns,
+        &long,
+        &[("env", "prod")],
+        control_plane().cluster(DOWNSTREAM_2),
+    )
+    .await?;
+    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v1")]).await?;
+    let dest = f.dest("apps");
+    let resources = format!(
+        "defaultNamespace: {dest}\ndownstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterName: down1\n- clusterName: {long}\n"
+    );
+    f.helmop(&helmop_yaml("app", &resources)).await?;
+    let run = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    assert!(
+        run.stderr.contains(&long) && run.stderr.contains("Fleet never deploys anything there"),
+        "{}",
+        run.stderr
+    );
+    let about_long = |report: &Value| {
+        rows(report)
+            .into_iter()
+            .filter(|r| r.to_string().contains(&long))
+            .collect::<Vec<_>>()
+    };
+    let report = run.json();
+    assert!(about_long(&report).is_empty(), "{report:#}");
+    assert_eq!(
+        copy_value(&f.down1, &dest, "db").await?.as_deref(),
+        Some("v1")
+    );
+    assert!(
+        get_secret(&f.down2, &dest, "db").await?.is_none(),
+        "copied to the Cluster Fleet never deploys to"
+    );
+    let status = helmop(&["status", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0)
+        .json();
+    assert!(about_long(&status).is_empty(), "{status:#}");
+    Ok(())
+}
