@@ -259,6 +259,10 @@ pub struct BundleTarget {
     pub namespace_labels: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_annotations: Option<BTreeMap<String, String>>,
+    /// The service account Fleet's agent deploys this target's clusters with; the Bundle
+    /// controller checks it against the Policies' `allowedServiceAccounts`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
 }

@@ -14,6 +14,14 @@ pub enum Error {
         value: String,
         allowed: Vec<String>,
     },
+    /// A target's own `serviceAccount` outside `allowedServiceAccounts`: the Bundle controller
+    /// refuses the whole Bundle (`AuthorizeBundle`), although the HelmOp controller accepted it.
+    #[error("disallowed serviceAccount {value} in target {target}: {value} not in allowed set [{}]", allowed.join(" "))]
+    TargetServiceAccount {
+        target: String,
+        value: String,
+        allowed: Vec<String>,
+    },
     /// A Policy pattern is not a regular expression; Fleet fails the check then.
     #[error("disallowed {field} {value}: policy failed to compile regex {pattern:?}: {reason}")]
     PolicyRegex {

@@ -9,7 +9,9 @@
 //! 3. a Bundle of the same name that is not a HelmOp's;
 //! 4. `getChartVersion`: the `helmSecretName` Secret (after Policy defaults) must be readable,
 //!    and the version constraint must parse (checked in 1 here, as the webhook does);
-//! 5. the Bundle's create or update, which the API server refuses when a label Fleet writes is
+//! 5. the Bundle controller's `AuthorizeBundle`: every target's own `serviceAccount` must be
+//!    allowed too (checked with 2 here, [`authorize`]);
+//! 6. the Bundle's create or update, which the API server refuses when a label Fleet writes is
 //!    not a label ([`bundle_label_problems`]; decided by the spec and name, so checked in 1 here).
 //!
 //! Steps 2 to 4 depend on other objects, so the caller looks them up and passes [`FleetFacts`].
@@ -210,6 +212,23 @@ pub fn authorize(op: &HelmOp, policies: &[Policy]) -> Result<Authorized, Error> 
         allowed_by_regex("helm repo", repo, &pol.allowed_repo_patterns)?;
         let chart = helm.chart.as_deref().unwrap_or_default();
         allowed_by_regex("helm chart", chart, &pol.allowed_chart_patterns)?;
+    }
+    // The Bundle controller's `AuthorizeBundle`: a target's own service account bypasses the
+    // default, so each is checked too, and one outside the list refuses the whole Bundle. The
+    // HelmOp controller names unnamed targets `target%03d` by position (`calculateBundle`).
+    for (i, target) in op.spec.targets().iter().enumerate() {
+        let sa = target.service_account.as_deref().unwrap_or_default();
+        if allowed("serviceAccount", sa, &pol.allowed_service_accounts).is_err() {
+            let name = match target.name.as_deref() {
+                Some(n) if !n.is_empty() => n.to_string(),
+                _ => format!("target{i:03}"),
+            };
+            return Err(Error::TargetServiceAccount {
+                target: name,
+                value: sa.to_owned(),
+                allowed: pol.allowed_service_accounts.clone(),
+            });
+        }
     }
     Ok(Authorized {
         service_account: non_empty(service_account),
@@ -427,6 +446,45 @@ mod tests {
                 helm_secret_name: None
             })
         );
+    }
+
+    /// The Bundle controller checks every target's own service account too; the HelmOp
+    /// controller's names for unnamed targets (`target%03d`) appear in the reason.
+    #[test]
+    fn a_targets_service_account_outside_the_policy_refuses_the_bundle() {
+        use crate::model::BundleTarget;
+        let allow = policy("a", |p| p.allowed_service_accounts = v(&["deployer"]));
+        let mut o = ok();
+        o.spec.targets = Some(vec![
+            BundleTarget {
+                cluster_name: Some("one".into()),
+                service_account: Some("deployer".into()),
+                ..BundleTarget::default()
+            },
+            BundleTarget {
+                cluster_name: Some("two".into()),
+                service_account: Some("root".into()),
+                ..BundleTarget::default()
+            },
+        ]);
+        let r = verdict(&o, std::slice::from_ref(&allow), &[]);
+        assert_eq!(r.as_ref().map(|r| r.check), Some(RejectionCheck::Policy));
+        assert_eq!(
+            r.map(|r| r.reason).as_deref(),
+            Some(
+                "a Fleet Policy forbids it: disallowed serviceAccount root in target target001: root not in allowed set [deployer]"
+            )
+        );
+        if let Some(t) = o.spec.targets.as_mut().and_then(|t| t.get_mut(1)) {
+            t.name = Some("edge".into());
+            t.service_account = Some("deployer".into());
+        }
+        assert_eq!(verdict(&o, std::slice::from_ref(&allow), &[]), None);
+        // Without Policies, nothing is checked.
+        if let Some(t) = o.spec.targets.as_mut().and_then(|t| t.get_mut(1)) {
+            t.service_account = Some("root".into());
+        }
+        assert_eq!(verdict(&o, &[], &[]), None);
     }
 
     #[test]

@@ -1788,3 +1788,56 @@ async fn a_cluster_whose_name_is_no_label_value_gets_nothing() -> anyhow::Result
     assert!(about_long(&status).is_empty(), "{status:#}");
     Ok(())
 }
+
+/// Issue 26, item 2: Fleet's Bundle controller checks every target's own `serviceAccount` against
+/// the Policies' `allowedServiceAccounts` (`AuthorizeBundle`) and refuses the whole Bundle when
+/// one is outside, although the HelmOp controller accepted the HelmOp (its own service account is
+/// allowed): no copy on any cluster. Once the target's account is allowed, both clusters get one.
+#[tokio::test]
+async fn a_targets_service_account_outside_the_policy_blocks_every_cluster() -> anyhow::Result<()> {
+    let f = Fleet::new("fp-targetsa").await?;
+    ensure_hash_key(&f.upstream).await?;
+    install_fleet_crd(&f.upstream, "policies").await?;
+    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v1")]).await?;
+    create_fleet_object(
+        &f.upstream,
+        &f.ns,
+        &policy_resource(),
+        json!({"metadata": {"name": "deployers"}, "allowedServiceAccounts": ["deployer", "edge"]}),
+    )
+    .await?;
+    let dest = f.dest("apps");
+    let spec = |edge_account: &str| {
+        format!(
+            "serviceAccount: deployer\ndefaultNamespace: {dest}\ndownstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterName: down1\n- clusterName: down2\n  serviceAccount: {edge_account}\n"
+        )
+    };
+    f.helmop(&helmop_yaml("app", &spec("root"))).await?;
+    let report = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(1)
+        .json();
+    let rows_ = rows(&report);
+    assert!(
+        rows_.iter().any(|r| r["state"] == "Invalid"
+            && r["reason"].as_str().is_some_and(|s| s.contains(
+                "a Fleet Policy forbids it: disallowed serviceAccount root in target target001"
+            ))),
+        "{rows_:#?}"
+    );
+    assert_eq!(writes(&report), 0, "{report:#}");
+    assert!(get_secret(&f.down1, &dest, "db").await?.is_none());
+    assert!(get_secret(&f.down2, &dest, "db").await?.is_none());
+
+    f.helmop(&helmop_yaml("app", &spec("edge"))).await?;
+    helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    for client in [&f.down1, &f.down2] {
+        assert_eq!(
+            copy_value(client, &dest, "db").await?.as_deref(),
+            Some("v1")
+        );
+    }
+    Ok(())
+}
