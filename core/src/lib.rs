@@ -2,6 +2,7 @@
 //! The webhook and the plugin do the I/O and call into these functions.
 
 pub mod fleet_copy;
+pub mod goregex;
 pub mod hash;
 pub mod mapping;
 pub mod model;

@@ -250,8 +250,8 @@ fn allowed(field: &'static str, value: &str, list: &[String]) -> Result<(), Erro
 }
 
 /// Fleet's `IsAllowedByRegex`: a pattern matches verbatim or as an anchored regular
-/// expression; patterns are tried in order and one that does not compile fails the check
-/// (Go's RE2 syntax and Rust's `regex` agree on everything but a few escapes).
+/// expression with Go's meaning ([`crate::goregex`]); patterns are tried in order and one that
+/// Go would not compile fails the check.
 fn allowed_by_regex(field: &'static str, value: &str, patterns: &[String]) -> Result<(), Error> {
     if value.is_empty() || patterns.is_empty() {
         return Ok(());
@@ -260,13 +260,12 @@ fn allowed_by_regex(field: &'static str, value: &str, patterns: &[String]) -> Re
         if pattern == value {
             return Ok(());
         }
-        let re =
-            regex::Regex::new(&format!("^(?:{pattern})$")).map_err(|e| Error::PolicyRegex {
-                field,
-                value: value.to_owned(),
-                pattern: pattern.clone(),
-                reason: e.to_string(),
-            })?;
+        let re = crate::goregex::compile_anchored(pattern).map_err(|e| Error::PolicyRegex {
+            field,
+            value: value.to_owned(),
+            pattern: pattern.clone(),
+            reason: e.to_string(),
+        })?;
         if re.is_match(value) {
             return Ok(());
         }

@@ -1841,3 +1841,65 @@ async fn a_targets_service_account_outside_the_policy_blocks_every_cluster() -> 
     }
     Ok(())
 }
+
+/// Policy patterns are Go regular expressions: `\w` is ASCII and `\Q...\E` quotes, where Rust's
+/// `regex` used directly would allow `café` and refuse to compile `\Q`.
+#[tokio::test]
+async fn policy_patterns_mean_what_go_makes_of_them() -> anyhow::Result<()> {
+    let f = Fleet::new("fp-goregex").await?;
+    ensure_hash_key(&f.upstream).await?;
+    install_fleet_crd(&f.upstream, "policies").await?;
+    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v1")]).await?;
+    create_fleet_object(
+        &f.upstream,
+        &f.ns,
+        &policy_resource(),
+        json!({
+            "metadata": {"name": "charts"},
+            "helmOp": {"allowedChartPatterns": ["\\w+", "\\Qweb.app\\E"]},
+        }),
+    )
+    .await?;
+    let dest = f.dest("apps");
+    let spec = format!(
+        "defaultNamespace: {dest}\ndownstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterName: down1\n- clusterName: down2\n"
+    );
+    let with_chart = |name: &str, chart: &str| {
+        helmop_yaml(name, &spec).replacen("chart: app", &format!("chart: {chart}"), 1)
+    };
+    f.helmop(&with_chart("accented", "café")).await?;
+    let report = helmop(&["propagate", "accented", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(1)
+        .json();
+    assert!(
+        rows(&report).iter().any(|r| r["state"] == "Invalid"
+            && r["reason"]
+                .as_str()
+                .is_some_and(|s| s.contains("disallowed helm chart café"))),
+        "{report:#}"
+    );
+    assert_eq!(writes(&report), 0, "{report:#}");
+    for client in [&f.down1, &f.down2] {
+        assert!(get_secret(client, &dest, "db").await?.is_none());
+    }
+
+    // `\w+` does not match `web.app`, then the quoted pattern does: copied to both clusters.
+    f.helmop(&with_chart("quoted", "web.app")).await?;
+    helmop(&["propagate", "quoted", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    for client in [&f.down1, &f.down2] {
+        assert_eq!(
+            copy_value(client, &dest, "db").await?.as_deref(),
+            Some("v1")
+        );
+    }
+    let status = helmop(&["status", "quoted", "-n", &f.ns, "-o", "json"]).await?;
+    let status = status.expect(0).json();
+    assert!(
+        rows(&status).iter().all(|r| r["state"] != "Invalid"),
+        "{status:#}"
+    );
+    Ok(())
+}
