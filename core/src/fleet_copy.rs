@@ -182,7 +182,16 @@ pub fn verdict(
                     g.bundle_deployment, g.staged
                 ),
             ),
-            (Some(false), Some(r)) => (AgentCopy::Blocked, blocked(r)),
+            // Fleet's HelmOp controller leaves the Bundle as it was when it rejects the HelmOp,
+            // and the Bundle controller keeps staging source changes for the clusters this
+            // BundleDeployment serves: the change is on its way, not blocked.
+            (Some(false), Some(r)) => (
+                AgentCopy::Pending,
+                format!(
+                    "Fleet's controller does not accept the HelmOp ({r}), but its Bundle stays and still stages source changes (BundleDeployment {} downstreamResourcesGeneration {}, copied): Fleet's controller has yet to stage the change",
+                    g.bundle_deployment, g.staged
+                ),
+            ),
             (Some(false), None) => (
                 AgentCopy::Pending,
                 format!(
@@ -303,8 +312,8 @@ mod tests {
                 found(3, 3),
                 Some("bad"),
                 Some(false),
-                AgentCopy::Blocked,
-                "(bad)",
+                AgentCopy::Pending,
+                "(bad), but its Bundle stays",
             ),
             (
                 found(3, 3),

@@ -446,12 +446,13 @@ impl<'a> Parser<'a> {
                 break;
             }
             first = false;
-            if t.len() > 2 && t.starts_with("[:") {
-                if let Some((item, rest)) = parse_named_class(t)? {
-                    out.push_str(&item);
-                    t = rest;
-                    continue;
-                }
+            if t.len() > 2
+                && t.starts_with("[:")
+                && let Some((item, rest)) = parse_named_class(t)?
+            {
+                out.push_str(&item);
+                t = rest;
+                continue;
             }
             if let Some((item, rest)) = parse_unicode_class(t)? {
                 out.push_str(&item);

@@ -31,7 +31,9 @@ use helmop_core::targeting::{
     Matcher, NamespaceMetadata, TargetMatch, cluster_options, combine_namespace_metadata,
     match_cluster, namespace_metadata, never_deployed_to,
 };
-use helmop_core::validate::fleet::{FleetFacts, helm_secret_to_check, rejection, spec_rejection};
+use helmop_core::validate::fleet::{
+    AfterRejection, FleetFacts, after_rejection, helm_secret_to_check, rejection, spec_rejection,
+};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
@@ -89,7 +91,8 @@ pub struct Inventory {
     pub downstreams: Vec<Downstream>,
     pub desired: Vec<DesiredCopy>,
     pub problems: Vec<Problem>,
-    /// Paused Clusters (by downstream key) and HelmOps, and HelmOps Fleet's controller rejects:
+    /// Paused Clusters (by downstream key) and HelmOps, and HelmOps Fleet's controller rejects
+    /// with no Bundle that still delivers:
     /// their copies are frozen (docs/fleet-parity.md).
     pub holds: Holds,
     /// The HelmOps Fleet's controller rejects, with the reason.
@@ -223,8 +226,8 @@ pub async fn enumerate(
 ) -> Result<Inventory, PluginError> {
     // Clients of clusters this enumeration no longer reaches go with their connections.
     ctx.clients.sweep();
-    let helmops = list_helmops(ctx, &listing(selection, for_prune), for_prune).await?;
-    let (mut holds, rejected) = helmop_holds(ctx, &helmops).await?;
+    let mut helmops = list_helmops(ctx, &listing(selection, for_prune), for_prune).await?;
+    let (mut holds, rejected) = helmop_holds(ctx, &mut helmops).await?;
     let fleet = if target_contexts.is_empty() {
         Some(list_fleet(ctx, selection.namespace(), &helmops, false).await?)
     } else {
@@ -379,40 +382,92 @@ fn bundle_api_resource() -> ApiResource {
 /// `Invalid`, and also returned as a [`Problem`] for its row) or it is paused. Looks up what
 /// Fleet's checks need (the Policies of each namespace, the `helmSecretName` Secret, a Bundle
 /// of the same name); failing to read any of it fails the enumeration.
-async fn helmop_holds(ctx: &Ctx, helmops: &[HelmOp]) -> Result<(Holds, Vec<Problem>), PluginError> {
+///
+/// A rejected HelmOp whose previous Bundle stays deliverable is planned from that Bundle's
+/// spec (its spec is replaced here), as Fleet's Bundle controller keeps serving it; only one
+/// without a Bundle, or whose Bundle is refused too, is frozen.
+async fn helmop_holds(
+    ctx: &Ctx,
+    helmops: &mut [HelmOp],
+) -> Result<(Holds, Vec<Problem>), PluginError> {
     let mut holds = Holds::default();
     let mut rejected = Vec::new();
     let mut policies: BTreeMap<String, Vec<Policy>> = BTreeMap::new();
-    for helmop in helmops {
+    for helmop in helmops.iter_mut() {
         let Some(key) = key_of(helmop) else { continue };
+        if !policies.contains_key(&key.namespace) {
+            let listed = match list(ctx, Some(&key.namespace), "Policies").await {
+                Err(ListError::NoSuchKind(_)) => Vec::new(),
+                other => other?,
+            };
+            policies.insert(key.namespace.clone(), listed);
+        }
+        let in_ns = policies.get(&key.namespace).map_or(&[][..], Vec::as_slice);
+        let bundle = read_bundle(ctx, &key).await?;
         let reason = match spec_rejection(helmop) {
             Some(reason) => Some(reason),
-            None => {
-                if !policies.contains_key(&key.namespace) {
-                    let listed = match list(ctx, Some(&key.namespace), "Policies").await {
-                        Err(ListError::NoSuchKind(_)) => Vec::new(),
-                        other => other?,
-                    };
-                    policies.insert(key.namespace.clone(), listed);
+            None => fleet_rejection(ctx, helmop, &key, in_ns, bundle.as_ref()).await?,
+        };
+        let Some(reason) = reason else {
+            if helmop.spec.paused() {
+                holds.helmops.insert(key, HoldReason::HelmOpPaused);
+            }
+            continue;
+        };
+        let message = match after_rejection(bundle.as_ref(), in_ns) {
+            AfterRejection::Follow(spec) => {
+                tracing::info!(helmop = %key, %reason, "Fleet rejects the HelmOp; its previous Bundle still delivers");
+                helmop.spec = *spec;
+                if helmop.spec.paused() {
+                    holds.helmops.insert(key.clone(), HoldReason::HelmOpPaused);
                 }
-                let in_ns = policies.get(&key.namespace).map_or(&[][..], Vec::as_slice);
-                fleet_rejection(ctx, helmop, &key, in_ns).await?
+                format!(
+                    "Fleet rejects this HelmOp: {reason}; Fleet keeps its previous Bundle, so its copies follow that Bundle (its targets and downstream resources), not this spec"
+                )
+            }
+            AfterRejection::NoBundle => {
+                tracing::info!(helmop = %key, %reason, "Fleet rejects the HelmOp; no Bundle, its copies are frozen");
+                holds
+                    .helmops
+                    .insert(key.clone(), HoldReason::Invalid(reason.clone()));
+                format!(
+                    "Fleet rejects this HelmOp: {reason}; it has no Bundle, so it gets no copies and existing ones are left as they are"
+                )
+            }
+            AfterRejection::Frozen(why) => {
+                let reason = format!("{reason}; {why}");
+                tracing::info!(helmop = %key, %reason, "Fleet rejects the HelmOp and its Bundle; its copies are frozen");
+                holds
+                    .helmops
+                    .insert(key.clone(), HoldReason::Invalid(reason.clone()));
+                format!(
+                    "Fleet rejects this HelmOp: {reason}; it gets no copies and existing ones are left as they are"
+                )
             }
         };
-        if let Some(reason) = reason {
-            tracing::info!(helmop = %key, %reason, "Fleet rejects the HelmOp; its copies are frozen");
-            rejected.push(Problem {
-                helmop: key.to_string(),
-                message: format!(
-                    "Fleet rejects this HelmOp: {reason}; it gets no copies and existing ones are left as they are"
-                ),
-            });
-            holds.helmops.insert(key, HoldReason::Invalid(reason));
-        } else if helmop.spec.paused() {
-            holds.helmops.insert(key, HoldReason::HelmOpPaused);
-        }
+        rejected.push(Problem {
+            helmop: key.to_string(),
+            message,
+        });
     }
     Ok((holds, rejected))
+}
+
+/// The Bundle of the HelmOp's name, as JSON (`None`: absent, or Bundles not served because
+/// Fleet is not installed).
+async fn read_bundle(ctx: &Ctx, key: &HelmOpKey) -> Result<Option<serde_json::Value>, PluginError> {
+    let bundles: Api<DynamicObject> =
+        Api::namespaced_with(ctx.upstream.clone(), &key.namespace, &bundle_api_resource());
+    match bundles.get_opt(&key.name).await {
+        Ok(found) => Ok(found.and_then(|b| serde_json::to_value(b).ok())),
+        Err(e) if api_error::is_not_found(&e) => Ok(None),
+        Err(e) => Err(api_error::upstream(
+            &format!(
+                "reading Bundle {key} (Fleet refuses a HelmOp whose name a non-HelmOp Bundle holds, and keeps a rejected HelmOp's Bundle)"
+            ),
+            &e,
+        )),
+    }
 }
 
 /// Looks up the objects Fleet's checks after `validate()` depend on, then asks core.
@@ -421,6 +476,7 @@ async fn fleet_rejection(
     helmop: &HelmOp,
     key: &HelmOpKey,
     policies: &[Policy],
+    bundle: Option<&serde_json::Value>,
 ) -> Result<Option<String>, PluginError> {
     let secret = helm_secret_to_check(helmop, policies);
     let secret_exists = match &secret {
@@ -439,26 +495,10 @@ async fn fleet_rejection(
             .is_some(),
         None => true,
     };
-    let bundles: Api<DynamicObject> =
-        Api::namespaced_with(ctx.upstream.clone(), &key.namespace, &bundle_api_resource());
-    // Not served (Fleet not installed) or absent: no Bundle in the way.
-    let foreign_bundle = match bundles.get_opt(&key.name).await {
-        Ok(found) => found.is_some_and(|b| {
-            b.data
-                .get("spec")
-                .and_then(|s| s.get("helmOpOptions"))
-                .is_none_or(serde_json::Value::is_null)
-        }),
-        Err(e) if api_error::is_not_found(&e) => false,
-        Err(e) => {
-            return Err(api_error::upstream(
-                &format!(
-                    "reading Bundle {key} (Fleet refuses a HelmOp whose name a non-HelmOp Bundle holds)"
-                ),
-                &e,
-            ));
-        }
-    };
+    let foreign_bundle = bundle.is_some_and(|b| {
+        b.pointer("/spec/helmOpOptions")
+            .is_none_or(serde_json::Value::is_null)
+    });
     let exists = |name: &str| secret.as_deref() != Some(name) || secret_exists;
     let facts = FleetFacts {
         policies,

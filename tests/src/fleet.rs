@@ -1,4 +1,4 @@
-//! Fleet objects (HelmOp, Cluster, ClusterGroup, BundleNamespaceMapping, BundleDeployment) as
+//! Fleet objects (HelmOp, Cluster, ClusterGroup, BundleNamespaceMapping, Bundle, BundleDeployment) as
 //! dynamic objects.
 
 use std::collections::BTreeMap;
@@ -40,6 +40,9 @@ pub fn bundle_namespace_mapping_resource() -> ApiResource {
 }
 pub fn policy_resource() -> ApiResource {
     fleet_resource("Policy", "policies")
+}
+pub fn bundle_resource() -> ApiResource {
+    fleet_resource("Bundle", "bundles")
 }
 pub fn bundle_deployment_resource() -> ApiResource {
     fleet_resource("BundleDeployment", "bundledeployments")

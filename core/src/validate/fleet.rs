@@ -16,7 +16,7 @@
 //!
 //! Steps 2 to 4 depend on other objects, so the caller looks them up and passes [`FleetFacts`].
 
-use crate::model::{HelmOp, Policy};
+use crate::model::{BundleTarget, HelmOp, HelmOpSpec, Policy};
 
 use super::helm::source_problems;
 use super::{Error, Finding};
@@ -214,9 +214,40 @@ pub fn authorize(op: &HelmOp, policies: &[Policy]) -> Result<Authorized, Error> 
         allowed_by_regex("helm chart", chart, &pol.allowed_chart_patterns)?;
     }
     // The Bundle controller's `AuthorizeBundle`: a target's own service account bypasses the
-    // default, so each is checked too, and one outside the list refuses the whole Bundle. The
-    // HelmOp controller names unnamed targets `target%03d` by position (`calculateBundle`).
-    for (i, target) in op.spec.targets().iter().enumerate() {
+    // default, so each is checked too, and one outside the list refuses the whole Bundle.
+    targets_allowed(op.spec.targets(), &pol)?;
+    Ok(Authorized {
+        service_account: non_empty(service_account),
+        helm_secret_name: non_empty(helm_secret_name),
+    })
+}
+
+/// Fleet's `AuthorizeBundle` (`bundle_policy.go`), which the Bundle controller runs on every
+/// reconcile of a Bundle, also one whose HelmOp the HelmOp controller now rejects: the Bundle's
+/// own service account (the HelmOp controller filled in the Policy default when it made the
+/// Bundle) and every target's, against the Policies as they are now, without defaults. Nothing
+/// else a Policy says (secret names, repo and chart patterns) is checked on the Bundle.
+pub fn authorize_bundle(spec: &HelmOpSpec, policies: &[Policy]) -> Result<(), Error> {
+    if policies.is_empty() {
+        return Ok(());
+    }
+    let pol = aggregate(policies);
+    let service_account = spec.service_account().unwrap_or_default();
+    if pol.require_service_account && service_account.is_empty() {
+        return Err(Error::ServiceAccountRequired);
+    }
+    allowed(
+        "serviceAccount",
+        service_account,
+        &pol.allowed_service_accounts,
+    )?;
+    targets_allowed(spec.targets(), &pol)
+}
+
+/// Every target's own service account against `allowedServiceAccounts`. The HelmOp controller
+/// names unnamed targets `target%03d` by position (`calculateBundle`).
+fn targets_allowed(targets: &[BundleTarget], pol: &MergedPolicy) -> Result<(), Error> {
+    for (i, target) in targets.iter().enumerate() {
         let sa = target.service_account.as_deref().unwrap_or_default();
         if allowed("serviceAccount", sa, &pol.allowed_service_accounts).is_err() {
             let name = match target.name.as_deref() {
@@ -230,10 +261,55 @@ pub fn authorize(op: &HelmOp, policies: &[Policy]) -> Result<Authorized, Error> 
             });
         }
     }
-    Ok(Authorized {
-        service_account: non_empty(service_account),
-        helm_secret_name: non_empty(helm_secret_name),
-    })
+    Ok(())
+}
+
+/// What becomes of a HelmOp Fleet's HelmOp controller rejects. The controller stops before
+/// it touches the Bundle, so a Bundle it made earlier stays as it was, and the Bundle
+/// controller keeps reconciling it: it still targets clusters and stages source changes
+/// (`bundle_controller.go`), as long as its own check ([`authorize_bundle`]) passes.
+#[derive(Debug, PartialEq)]
+pub enum AfterRejection {
+    /// No Bundle of this HelmOp: nothing delivers (copies already made stay as they are).
+    NoBundle,
+    /// The previous Bundle delivers: plan its spec instead of the HelmOp's.
+    Follow(Box<HelmOpSpec>),
+    /// The previous Bundle stays, but nothing delivers it now; the reason.
+    Frozen(String),
+}
+
+/// [`AfterRejection`] from the Bundle of the HelmOp's name (as read, `None` when absent) and the
+/// Policies of its namespace. A Bundle without `spec.helmOpOptions` is not the HelmOp's.
+pub fn after_rejection(bundle: Option<&serde_json::Value>, policies: &[Policy]) -> AfterRejection {
+    let Some(bundle) = bundle else {
+        return AfterRejection::NoBundle;
+    };
+    let spec = bundle.get("spec");
+    let is_helmops = spec
+        .and_then(|s| s.get("helmOpOptions"))
+        .is_some_and(|o| !o.is_null());
+    if !is_helmops {
+        return AfterRejection::NoBundle;
+    }
+    let mut spec: HelmOpSpec = match spec.cloned().map(serde_json::from_value) {
+        Some(Ok(spec)) => spec,
+        Some(Err(e)) => {
+            return AfterRejection::Frozen(format!("its previous Bundle cannot be read: {e}"));
+        }
+        None => return AfterRejection::NoBundle,
+    };
+    // Fleet copied the HelmOp's spec.labels onto the Bundle: what BundleNamespaceMappings see.
+    let labels = bundle
+        .pointer("/metadata/labels")
+        .cloned()
+        .and_then(|l| serde_json::from_value(l).ok());
+    spec.labels = labels;
+    match authorize_bundle(&spec, policies) {
+        Ok(()) => AfterRejection::Follow(Box::new(spec)),
+        Err(e) => AfterRejection::Frozen(format!(
+            "Fleet's Bundle controller refuses its previous Bundle too: {e}"
+        )),
+    }
 }
 
 /// Fleet's `IsAllowed`: empty values and empty lists allow.
@@ -581,6 +657,64 @@ mod tests {
             authorize(&ok(), &broken)
                 .is_err_and(|e| e.to_string().contains("policy failed to compile regex"))
         );
+    }
+
+    #[test]
+    fn a_rejected_helmop_follows_its_previous_bundle_while_the_bundle_controller_allows_it() {
+        use serde_json::json;
+        let bundle = |options: serde_json::Value, sa: &str| {
+            json!({
+                "metadata": {"name": "app", "labels": {"team": "a"}},
+                "spec": {
+                    "helmOpOptions": options,
+                    "serviceAccount": sa,
+                    "defaultNamespace": "apps",
+                    "downstreamResources": [{"kind": "Secret", "name": "db"}],
+                    "targets": [{"name": "target000", "clusterName": "down1"}],
+                },
+            })
+        };
+        assert_eq!(after_rejection(None, &[]), AfterRejection::NoBundle);
+        // A Bundle that is not a HelmOp's is not this HelmOp's previous Bundle.
+        let foreign = bundle(serde_json::Value::Null, "");
+        assert_eq!(
+            after_rejection(Some(&foreign), &[]),
+            AfterRejection::NoBundle
+        );
+        let ours = bundle(json!({}), "deployer");
+        let AfterRejection::Follow(spec) = after_rejection(Some(&ours), &[]) else {
+            panic!("not followed");
+        };
+        assert_eq!(spec.downstream_resources().len(), 1);
+        assert_eq!(spec.targets()[0].name.as_deref(), Some("target000"));
+        assert_eq!(
+            spec.labels
+                .as_ref()
+                .and_then(|l| l.get("team"))
+                .map(String::as_str),
+            Some("a")
+        );
+        // Repo, chart and secret-name rules are not the Bundle controller's: still followed.
+        let repos = [helm_policy("p", |h| {
+            h.allowed_helm_repo_patterns = v(&["https://internal"]);
+        })];
+        assert!(matches!(
+            after_rejection(Some(&ours), &repos),
+            AfterRejection::Follow(_)
+        ));
+        // A service account outside the Policies refuses the Bundle itself.
+        let accounts = [policy("p", |p| p.allowed_service_accounts = v(&["edge"]))];
+        assert_eq!(
+            after_rejection(Some(&ours), &accounts),
+            AfterRejection::Frozen(
+                "Fleet's Bundle controller refuses its previous Bundle too: disallowed serviceAccount deployer: deployer not in allowed set [edge]".into()
+            )
+        );
+        let required = [policy("p", |p| p.require_service_account = Some(true))];
+        assert!(matches!(
+            after_rejection(Some(&bundle(json!({}), "")), &required),
+            AfterRejection::Frozen(_)
+        ));
     }
 
     #[test]

@@ -1003,7 +1003,8 @@ async fn fleet_managed_copies_say_whether_fleets_agent_copied_the_latest() -> an
         );
     }
 
-    // Fleet's controller rejects the HelmOp: the change will not arrive.
+    // Fleet's controller rejects the HelmOp: its Bundle stays and the Bundle controller still
+    // stages the change for the clusters it serves, so it is pending, not blocked.
     fleet_api(&f.upstream, &f.ns, &helmop_resource())
         .patch_status(
             "app",
@@ -1015,9 +1016,9 @@ async fn fleet_managed_copies_say_whether_fleets_agent_copied_the_latest() -> an
         )
         .await?;
     for (cluster, verdict, reason) in fleet_copies(&f).await? {
-        assert_eq!(verdict, "blocked", "{cluster}: {reason}");
+        assert_eq!(verdict, "pending", "{cluster}: {reason}");
         assert!(
-            reason.contains("could not get a chart version"),
+            reason.contains("could not get a chart version") && reason.contains("Bundle stays"),
             "{cluster}: {reason}"
         );
     }
@@ -1900,6 +1901,161 @@ async fn policy_patterns_mean_what_go_makes_of_them() -> anyhow::Result<()> {
     assert!(
         rows(&status).iter().all(|r| r["state"] != "Invalid"),
         "{status:#}"
+    );
+    Ok(())
+}
+
+/// Fleet's HelmOp controller rejecting a HelmOp it accepted earlier leaves the Bundle it made,
+/// and the Bundle controller keeps delivering that Bundle: its targets and downstream resources,
+/// with every source change, for as long as its own Policy check passes.
+#[tokio::test]
+async fn a_rejected_helmop_keeps_delivering_through_its_previous_bundle() -> anyhow::Result<()> {
+    let f = Fleet::new("fp-follow").await?;
+    ensure_hash_key(&f.upstream).await?;
+    install_fleet_crd(&f.upstream, "policies").await?;
+    install_fleet_crd(&f.upstream, "bundles").await?;
+    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v1")]).await?;
+    create_secret(&f.upstream, &f.ns, "extra", &[("k", b"x")]).await?;
+    let dest = f.dest("apps");
+    let spec = |resources: &str| {
+        format!(
+            "defaultNamespace: {dest}\ndownstreamResources:\n{resources}targets:\n- clusterName: down1\n- clusterName: down2\n"
+        )
+    };
+    let db_only = "- {kind: Secret, name: db}\n";
+    f.helmop(&helmop_yaml("app", &spec(db_only))).await?;
+    helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    // The Bundle Fleet made when it accepted the HelmOp (`calculateBundle`: the spec, targets
+    // named by position, the fleet-helm-name label).
+    create_fleet_object(
+        &f.upstream,
+        &f.ns,
+        &bundle_resource(),
+        json!({
+            "metadata": {"name": "app", "labels": {"fleet.cattle.io/fleet-helm-name": "app"}},
+            "spec": {
+                "helmOpOptions": {},
+                "helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.0.0"},
+                "defaultNamespace": dest,
+                "downstreamResources": [{"kind": "Secret", "name": "db"}],
+                "targets": [
+                    {"name": "target000", "clusterName": "down1"},
+                    {"name": "target001", "clusterName": "down2"},
+                ],
+            },
+        }),
+    )
+    .await?;
+    // A Policy added later rejects the HelmOp; its next edit never reaches the Bundle.
+    create_fleet_object(
+        &f.upstream,
+        &f.ns,
+        &policy_resource(),
+        json!({
+            "metadata": {"name": "internal-charts"},
+            "helmOp": {"allowedHelmRepoPatterns": ["https://charts\\.internal\\..*"]},
+        }),
+    )
+    .await?;
+    f.helmop(&helmop_yaml(
+        "app",
+        &spec(&format!("{db_only}- {{kind: Secret, name: extra}}\n")),
+    ))
+    .await?;
+    set_source(&f, "db", "v2").await?;
+    let report = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(1)
+        .json();
+    assert!(
+        rows(&report).iter().any(|r| r["state"] == "Invalid"
+            && r["reason"]
+                .as_str()
+                .is_some_and(|s| s.contains("disallowed helm repo")
+                    && s.contains("Fleet keeps its previous Bundle"))),
+        "{report:#}"
+    );
+    for client in [&f.down1, &f.down2] {
+        assert_eq!(
+            copy_value(client, &dest, "db").await?.as_deref(),
+            Some("v2"),
+            "the Bundle still delivers source changes"
+        );
+        assert!(
+            get_secret(client, &dest, "extra").await?.is_none(),
+            "the rejected spec's new entry is not the Bundle's"
+        );
+    }
+    let status = helmop(&["status", "app", "-n", &f.ns, "-o", "json"]).await?;
+    let status = rows(&status.expect(1).json());
+    for cluster in ["down1", "down2"] {
+        let row = expect_row(&status, cluster, "db");
+        assert_eq!(row["state"], json!("Synced"), "{row:#}");
+    }
+
+    // The Bundle controller refuses the Bundle too (its own Policy check): nothing delivers, the
+    // copies stay as they are and are not pruned.
+    create_fleet_object(
+        &f.upstream,
+        &f.ns,
+        &policy_resource(),
+        json!({"metadata": {"name": "accounts"}, "requireServiceAccount": true}),
+    )
+    .await?;
+    set_source(&f, "db", "v3").await?;
+    let report = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(1)
+        .json();
+    assert!(
+        rows(&report).iter().any(|r| r["state"] == "Invalid"
+            && r["reason"]
+                .as_str()
+                .is_some_and(|s| s.contains("refuses its previous Bundle too"))),
+        "{report:#}"
+    );
+    assert_eq!(writes(&report), 0, "{report:#}");
+    helmop(&["prune", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    for client in [&f.down1, &f.down2] {
+        assert_eq!(
+            copy_value(client, &dest, "db").await?.as_deref(),
+            Some("v2")
+        );
+    }
+    fleet_api(&f.upstream, &f.ns, &policy_resource())
+        .delete("accounts", &DeleteParams::default())
+        .await?;
+    helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(1);
+    assert_eq!(
+        copy_value(&f.down2, &dest, "db").await?.as_deref(),
+        Some("v3")
+    );
+
+    // Without a Bundle nothing delivers: frozen.
+    fleet_api(&f.upstream, &f.ns, &bundle_resource())
+        .delete("app", &DeleteParams::default())
+        .await?;
+    set_source(&f, "db", "v4").await?;
+    let report = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(1)
+        .json();
+    assert!(
+        rows(&report).iter().any(|r| r["state"] == "Invalid"
+            && r["reason"]
+                .as_str()
+                .is_some_and(|s| s.contains("it has no Bundle"))),
+        "{report:#}"
+    );
+    assert_eq!(
+        copy_value(&f.down1, &dest, "db").await?.as_deref(),
+        Some("v3")
     );
     Ok(())
 }
