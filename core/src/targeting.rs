@@ -36,6 +36,8 @@
 //!   root ones with those of *every* target, in order ([`namespace_metadata`]).
 //! - A Cluster whose name is not a label value (a valid object name of more than 63 characters)
 //!   never gets a BundleDeployment, from any Bundle ([`never_deployed_to`]).
+//! - `rolloutStrategy.partitions` narrow the matched clusters to those some partition holds,
+//!   and an unreadable rollout value fails the whole Bundle ([`partitions`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -45,6 +47,8 @@ use crate::model::{BundleTarget, Cluster, ClusterGroup, DownstreamResource, Helm
 use crate::names::FLEET_DISPLAY_NAME_LABEL;
 use crate::resource::ResourceRef;
 use crate::selector::{Selector, SelectorError};
+
+pub mod partitions;
 
 /// Label Fleet's Bundle controller writes on every BundleDeployment with its Cluster's name.
 pub const BUNDLE_DEPLOYMENT_CLUSTER_LABEL: &str = "fleet.cattle.io/cluster";
@@ -222,6 +226,25 @@ pub fn cluster_groups_for<'g>(
         .collect()
 }
 
+/// The groups a cluster is tested with: those it belongs to, or (in none) one with an empty
+/// name and no labels, as Fleet evaluates it.
+fn group_views<'g>(cluster: &Cluster, groups: &'g [ClusterGroup]) -> Vec<GroupView<'g>> {
+    let mut views: Vec<GroupView<'g>> = cluster_groups_for(cluster, groups)
+        .iter()
+        .map(|g| GroupView {
+            name: g.metadata.name.as_deref().unwrap_or_default(),
+            labels: labels_of(&g.metadata),
+        })
+        .collect();
+    if views.is_empty() {
+        views.push(GroupView {
+            name: "",
+            labels: &NO_LABELS,
+        });
+    }
+    views
+}
+
 fn default_target() -> BundleTarget {
     BundleTarget {
         name: Some("default".into()),
@@ -332,21 +355,7 @@ impl Matcher {
             name: cluster.metadata.name.as_deref().unwrap_or_default(),
             labels: labels_of(&cluster.metadata),
         };
-        let member_of = cluster_groups_for(cluster, groups);
-        let mut group_views: Vec<GroupView<'_>> = member_of
-            .iter()
-            .map(|g| GroupView {
-                name: g.metadata.name.as_deref().unwrap_or_default(),
-                labels: labels_of(&g.metadata),
-            })
-            .collect();
-        if group_views.is_empty() {
-            // Fleet evaluates a cluster in no group once, with an empty group name and labels.
-            group_views.push(GroupView {
-                name: "",
-                labels: &NO_LABELS,
-            });
-        }
+        let group_views = group_views(cluster, groups);
         let hits = |criteria: &Criteria, restricted: bool| {
             group_views.iter().any(|g| {
                 criteria.matches(&view, g)

@@ -29,7 +29,7 @@ use helmop_core::plan::{
 use helmop_core::resource::ResourceRef;
 use helmop_core::targeting::{
     Matcher, NamespaceMetadata, TargetMatch, cluster_options, combine_namespace_metadata,
-    match_cluster, namespace_metadata, never_deployed_to,
+    namespace_metadata, never_deployed_to, partitions,
 };
 use helmop_core::validate::fleet::{
     AfterRejection, FleetFacts, after_rejection, helm_secret_to_check, rejection, spec_rejection,
@@ -666,32 +666,59 @@ pub fn desired_fleet(
     for helmop in helmops {
         let Some(key) = key_of(helmop) else { continue };
         let candidates = mappings.candidate_namespaces(helmop, &fleet.namespaces);
-        let mut wanted = Vec::new();
-        let mut failed = None;
-        for (cluster, cluster_key) in fleet.clusters.iter().zip(keys) {
-            if !cluster
+        let reached = fleet.clusters.iter().zip(keys).filter(|(cluster, _)| {
+            cluster
                 .metadata
                 .namespace
                 .as_ref()
                 .is_some_and(|ns| candidates.contains(ns))
-                || never_deployed_to(cluster).is_some()
-            {
-                continue;
+                && never_deployed_to(cluster).is_none()
+        });
+        let mut matched: Vec<(&Cluster, &String, TargetMatch)> = Vec::new();
+        let mut matcher = None;
+        let mut failed = None;
+        for (cluster, cluster_key) in reached {
+            // Compiled at the first cluster reached, as before: no cluster, nothing to fail.
+            if matcher.is_none() {
+                match Matcher::new(helmop) {
+                    Ok(m) => matcher = Some(m),
+                    Err(e) => {
+                        failed = Some(format!("targets cannot be evaluated: {e}"));
+                        break;
+                    }
+                }
             }
-            match match_cluster(helmop, cluster, &fleet.groups) {
-                Ok(m) => wanted.extend(wants(&key, helmop, &m, cluster_key)),
-                Err(e) => {
-                    failed = Some(e.to_string());
-                    break;
+            if let Some(m) = &matcher {
+                let m = m.match_cluster(cluster, &fleet.groups);
+                if m.is_deployed() {
+                    matched.push((cluster, cluster_key, m));
                 }
             }
         }
-        match failed {
-            Some(message) => problems.push(Problem {
-                helmop: key.to_string(),
-                message: format!("targets cannot be evaluated: {message}"),
+        let clusters: Vec<&Cluster> = matched.iter().map(|(c, _, _)| *c).collect();
+        let gate = match failed {
+            Some(message) => Err(message),
+            None => partitions::deployable(
+                helmop.spec.rollout_strategy.as_ref(),
+                &clusters,
+                &fleet.groups,
+            )
+            .map_err(|e| {
+                format!("Fleet's Bundle controller fails the Bundle on every cluster: {e}")
             }),
-            None => desired.extend(wanted),
+        };
+        match gate {
+            Err(message) => problems.push(Problem {
+                helmop: key.to_string(),
+                message,
+            }),
+            Ok(deploys) => {
+                for ((_, cluster_key, m), deploys) in matched.iter().zip(deploys) {
+                    if deploys {
+                        desired.extend(wants(&key, helmop, m, cluster_key));
+                    }
+                }
+            }
         }
     }
     (desired, problems)

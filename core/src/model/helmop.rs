@@ -104,6 +104,49 @@ pub struct HelmOpSpec {
     /// The ServiceAccount the agent deploys as; Fleet Policies can require or restrict it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account: Option<String>,
+    /// How Fleet's Bundle controller stages BundleDeployments: partitions decide which
+    /// clusters get one at all, and an unreadable value fails the whole Bundle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_strategy: Option<RolloutStrategy>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// `spec.rolloutStrategy` (Fleet's `RolloutStrategy`). The int-or-string fields stay JSON:
+/// whether Fleet can read them is the question asked of them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStrategy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable_partitions: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_partition_size: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_partition_threshold: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<Vec<Partition>>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// A `spec.rolloutStrategy.partitions[]` entry (Fleet's `Partition`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Partition {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_selector: Option<LabelSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_group: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_group_selector: Option<LabelSelector>,
     #[serde(flatten)]
     pub extra: Extra,
 }

@@ -18,8 +18,8 @@ pub use cluster::{
     Cluster, ClusterGroup, ClusterGroupSpec, ClusterSpec, FLEET_KUBECONFIG_NAMESPACES,
 };
 pub use helmop::{
-    BundleTarget, DownstreamResource, HelmOp, HelmOpSpec, HelmOptions, KeyRef, TargetRestriction,
-    ValuesFrom,
+    BundleTarget, DownstreamResource, HelmOp, HelmOpSpec, HelmOptions, KeyRef, Partition,
+    RolloutStrategy, TargetRestriction, ValuesFrom,
 };
 pub use mapping::BundleNamespaceMapping;
 pub use policy::{HelmOpPolicy, Policy};

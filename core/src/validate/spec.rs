@@ -105,12 +105,79 @@ pub(crate) fn check_spec(cx: &mut Ctx, spec: &Map<'_>) -> SpecModel {
         }
     }
 
+    if let Some(rollout) = cx.object(spec, "rolloutStrategy", base) {
+        check_rollout(cx, rollout, &base.key("rolloutStrategy"));
+    }
+
     SpecModel {
         root_dest: destination(&[spec]),
         root_entries,
         root_values_from,
         targets: target_models,
         helm_secret_name,
+    }
+}
+
+/// `rolloutStrategy` (`crate::targeting::partitions`): a value Fleet's Bundle controller cannot
+/// read fails the Bundle on every cluster as soon as one matches, and a partition without
+/// criteria holds no cluster (with partitions, a cluster none holds gets no BundleDeployment).
+fn check_rollout(cx: &mut Ctx, rollout: &Map<'_>, path: &Path<'_>) {
+    for key in [
+        "maxUnavailable",
+        "maxUnavailablePartitions",
+        "autoPartitionSize",
+    ] {
+        check_limit(cx, rollout, key, path);
+    }
+    let Some(list) = cx.array(rollout, "partitions", path) else {
+        return;
+    };
+    let base = path.key("partitions");
+    for (i, partition) in list.iter().enumerate() {
+        let path = base.index(i);
+        let Some(partition) = partition.as_object() else {
+            cx.deny(
+                &path,
+                format!(
+                    "a partition must be an object, not {}",
+                    super::type_name(partition)
+                ),
+            );
+            continue;
+        };
+        cx.string(partition, "name", &path);
+        check_limit(cx, partition, "maxUnavailable", &path);
+        if !targets::check_criteria(cx, partition, &path) {
+            cx.warn(
+                &path,
+                "this partition has no clusterName, clusterSelector, clusterGroup or clusterGroupSelector, so Fleet puts no cluster in it, and a cluster no partition holds never gets a BundleDeployment",
+            );
+        }
+    }
+}
+
+/// An int-or-string rollout value Fleet can read.
+fn check_limit(cx: &mut Ctx, obj: &Map<'_>, key: &str, base: &Path<'_>) {
+    let path = base.key(key);
+    match field(obj, key) {
+        None | Some(JsonView::Null | JsonView::Number(_)) => {}
+        Some(JsonView::Str(s)) => {
+            if let Some(e) = crate::targeting::partitions::unreadable_limit(s) {
+                cx.deny(
+                    &path,
+                    format!(
+                        "{e}: Fleet's Bundle controller fails the whole Bundle (no BundleDeployment made or updated on any cluster)"
+                    ),
+                );
+            }
+        }
+        Some(other) => cx.deny(
+            &path,
+            format!(
+                "must be an integer or a string, not {}",
+                super::type_name(other)
+            ),
+        ),
     }
 }
 

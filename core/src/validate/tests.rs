@@ -222,6 +222,41 @@ fn cases() -> Vec<Case> {
             "must be a list",
         ),
         (
+            "rollout value Fleet cannot read",
+            with(b(), json!({"rolloutStrategy": {"maxUnavailable": "25 %"}})),
+            vec![deny("spec.rolloutStrategy.maxUnavailable")],
+            "fails the whole Bundle",
+        ),
+        (
+            "partition maxUnavailable Fleet cannot read",
+            with(
+                b(),
+                json!({"rolloutStrategy": {"partitions": [{"clusterName": "a", "maxUnavailable": "half"}]}}),
+            ),
+            vec![deny("spec.rolloutStrategy.partitions[0].maxUnavailable")],
+            "must be int or percentage",
+        ),
+        (
+            "partition selector Fleet cannot compile",
+            with(
+                b(),
+                json!({"rolloutStrategy": {"partitions": [{"clusterSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}]}}),
+            ),
+            vec![deny(
+                "spec.rolloutStrategy.partitions[0].clusterSelector.matchExpressions[0].values",
+            )],
+            "cannot compile",
+        ),
+        (
+            "partition without criteria",
+            with(
+                b(),
+                json!({"rolloutStrategy": {"maxUnavailable": "25%", "partitions": [{"name": "first"}]}}),
+            ),
+            vec![warn("spec.rolloutStrategy.partitions[0]")],
+            "puts no cluster in it",
+        ),
+        (
             "targets not a list",
             with(b(), json!({"targets": {"clusterName": "x"}})),
             vec![deny("spec.targets")],

@@ -2059,3 +2059,81 @@ async fn a_rejected_helmop_keeps_delivering_through_its_previous_bundle() -> any
     );
     Ok(())
 }
+
+/// `rolloutStrategy.partitions`: Fleet makes BundleDeployments only for clusters some partition
+/// holds, a partition without criteria holds none, and a value Fleet cannot read fails the
+/// whole Bundle.
+#[tokio::test]
+async fn rollout_partitions_decide_which_clusters_get_copies() -> anyhow::Result<()> {
+    let f = Fleet::new("fp-partitions").await?;
+    ensure_hash_key(&f.upstream).await?;
+    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v1")]).await?;
+    let dest = f.dest("apps");
+    let spec = |rollout: &str| {
+        format!(
+            "defaultNamespace: {dest}\ndownstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterSelector: {{matchLabels: {{env: prod}}}}\nrolloutStrategy:\n{rollout}"
+        )
+    };
+    // Only the `edge` group's cluster (down2) is in a partition; the second has no criteria.
+    let partitioned = "  partitions:\n  - name: edge\n    clusterGroup: edge\n  - name: nothing\n";
+    f.helmop(&helmop_yaml("app", &spec(partitioned))).await?;
+    helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    assert_eq!(
+        copy_value(&f.down2, &dest, "db").await?.as_deref(),
+        Some("v1")
+    );
+    assert!(
+        get_secret(&f.down1, &dest, "db").await?.is_none(),
+        "down1 is in no partition"
+    );
+
+    // Every cluster in a partition: both get it.
+    let both = "  partitions:\n  - name: edge\n    clusterGroup: edge\n  - name: rest\n    clusterName: down1\n";
+    f.helmop(&helmop_yaml("app", &spec(both))).await?;
+    helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    assert_eq!(
+        copy_value(&f.down1, &dest, "db").await?.as_deref(),
+        Some("v1")
+    );
+
+    // "25 %" is no percentage Fleet reads: the whole Bundle fails, nothing new anywhere.
+    let unreadable = "  maxUnavailable: 25 %\n";
+    f.helmop(&helmop_yaml("app", &spec(unreadable))).await?;
+    set_source(&f, "db", "v2").await?;
+    let report = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(1)
+        .json();
+    assert!(
+        rows(&report).iter().any(|r| r["state"] == "Invalid"
+            && r["reason"].as_str().is_some_and(|s| s.contains(
+                "Fleet's Bundle controller fails the Bundle on every cluster: failed to reset bundle status from targets: failed to parse 25 %"
+            ))),
+        "{report:#}"
+    );
+    assert_eq!(writes(&report), 0, "{report:#}");
+    for client in [&f.down1, &f.down2] {
+        assert_eq!(
+            copy_value(client, &dest, "db").await?.as_deref(),
+            Some("v1")
+        );
+    }
+    // `validate` says so from the file alone.
+    let file = std::env::temp_dir().join(format!("{}-rollout.yaml", f.ns));
+    std::fs::write(&file, helmop_yaml("app", &spec(unreadable)))?;
+    let file_arg = file.display().to_string();
+    let validated = helmop(&["validate", "-f", &file_arg, "--cluster"]).await?;
+    std::fs::remove_file(&file)?;
+    let validated = validated.expect(1);
+    let said = format!("{}{}", validated.stdout, validated.stderr);
+    assert!(
+        said.contains("spec.rolloutStrategy.maxUnavailable")
+            && said.contains("fails the whole Bundle"),
+        "{said}"
+    );
+    Ok(())
+}
