@@ -48,6 +48,7 @@ use crate::names::FLEET_DISPLAY_NAME_LABEL;
 use crate::resource::ResourceRef;
 use crate::selector::{Selector, SelectorError};
 
+pub mod namespace_gate;
 pub mod partitions;
 
 /// Label Fleet's Bundle controller writes on every BundleDeployment with its Cluster's name.

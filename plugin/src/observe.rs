@@ -18,6 +18,7 @@ use helmop_core::hash::{HashKey, ObjectData, content_hash};
 use helmop_core::names;
 use helmop_core::plan::{LiveFacts, ObservedCopy, OwnerRef, SourceRef, parse_owners};
 use helmop_core::resource::{ResourceKind, ResourceRef};
+use helmop_core::targeting::namespace_gate::NamespaceFacts;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{ListParams, ObjectMeta};
 use kube::{Api, Client};
@@ -40,6 +41,9 @@ pub struct Observation {
     /// The destination namespaces read while looking for objects at wanted places, as found
     /// then: a run writing there need not read them again.
     pub namespaces: BTreeMap<String, NamespaceState>,
+    /// The destination namespaces of HelmOps with `allowedTargetNamespaceSelector`, with their
+    /// labels: whether Fleet's agent would copy there ([`namespace_facts`]).
+    pub gated: BTreeMap<String, NamespaceFacts>,
 }
 
 /// A destination namespace as this run knows it: as read, or as the run left it.
@@ -73,6 +77,24 @@ pub async fn namespace_state(
         Some(ns) if ns.metadata.deletion_timestamp.is_some() => NamespaceState::Terminating,
         Some(_) => NamespaceState::Active,
     })
+}
+
+/// `namespace` with its labels (one metadata GET), for `allowedTargetNamespaceSelector`.
+pub async fn namespace_facts(
+    client: &Client,
+    namespace: &str,
+) -> Result<NamespaceFacts, kube::Error> {
+    match Api::<Namespace>::all(client.clone())
+        .get_metadata_opt(namespace)
+        .await
+    {
+        Err(kube::Error::Api(ae)) if ae.code == 403 => Ok(NamespaceFacts::Unreadable),
+        Err(e) => Err(e),
+        Ok(None) => Ok(NamespaceFacts::Absent),
+        Ok(Some(ns)) => Ok(NamespaceFacts::Present(
+            ns.metadata.labels.unwrap_or_default(),
+        )),
+    }
 }
 
 impl Observation {

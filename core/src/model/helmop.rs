@@ -108,6 +108,11 @@ pub struct HelmOpSpec {
     /// clusters get one at all, and an unreadable value fails the whole Bundle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout_strategy: Option<RolloutStrategy>,
+    /// When set (even `{}`), Fleet's agent deploys (and copies) only into a destination
+    /// namespace that already exists downstream and matches it, and never creates it. Fleet's
+    /// options merge reads only this root value, never a target's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_target_namespace_selector: Option<LabelSelector>,
     #[serde(flatten)]
     pub extra: Extra,
 }

@@ -158,6 +158,9 @@ pub enum HoldReason {
     HelmOpPaused,
     /// Fleet's controller rejects the HelmOp (and keeps its previous Bundle); the reason.
     Invalid(String),
+    /// Fleet's agent refuses the destination namespace on this cluster
+    /// (`allowedTargetNamespaceSelector`); the reason.
+    NamespaceRefused(String),
 }
 
 impl HoldReason {
@@ -165,7 +168,7 @@ impl HoldReason {
     pub fn state(&self) -> RowState {
         match self {
             HoldReason::ClusterPaused | HoldReason::HelmOpPaused => RowState::Paused,
-            HoldReason::Invalid(_) => RowState::Invalid,
+            HoldReason::Invalid(_) | HoldReason::NamespaceRefused(_) => RowState::Invalid,
         }
     }
 }
@@ -176,6 +179,9 @@ impl fmt::Display for HoldReason {
             HoldReason::ClusterPaused => f.write_str("the Cluster is paused"),
             HoldReason::HelmOpPaused => f.write_str("the HelmOp is paused"),
             HoldReason::Invalid(why) => write!(f, "Fleet rejects the HelmOp: {why}"),
+            HoldReason::NamespaceRefused(why) => {
+                write!(f, "Fleet's agent refuses the destination namespace: {why}")
+            }
         }
     }
 }
@@ -189,11 +195,13 @@ pub struct Holds {
     /// only theirs (the same physical cluster may be registered, unpaused, elsewhere).
     pub clusters: BTreeMap<String, BTreeSet<String>>,
     pub helmops: BTreeMap<HelmOpKey, HoldReason>,
+    /// One HelmOp on one cluster (the caller's cluster name).
+    pub placements: BTreeMap<(String, HelmOpKey), HoldReason>,
 }
 
 impl Holds {
     pub fn is_empty(&self) -> bool {
-        self.clusters.is_empty() && self.helmops.is_empty()
+        self.clusters.is_empty() && self.helmops.is_empty() && self.placements.is_empty()
     }
 
     /// Records that the Cluster object of `namespace` for `cluster` is paused.
@@ -207,6 +215,9 @@ impl Holds {
     /// Why `helmop`'s copies on `cluster` are frozen, if they are.
     pub fn reason(&self, cluster: &str, helmop: &HelmOpKey) -> Option<HoldReason> {
         if let Some(r) = self.helmops.get(helmop) {
+            return Some(r.clone());
+        }
+        if let Some(r) = self.placements.get(&(cluster.to_string(), helmop.clone())) {
             return Some(r.clone());
         }
         self.clusters

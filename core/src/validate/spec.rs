@@ -105,6 +105,8 @@ pub(crate) fn check_spec(cx: &mut Ctx, spec: &Map<'_>) -> SpecModel {
         }
     }
 
+    check_namespace_selector(cx, spec, base);
+
     if let Some(rollout) = cx.object(spec, "rolloutStrategy", base) {
         check_rollout(cx, rollout, &base.key("rolloutStrategy"));
     }
@@ -156,6 +158,27 @@ fn check_rollout(cx: &mut Ctx, rollout: &Map<'_>, path: &Path<'_>) {
     }
 }
 
+/// `allowedTargetNamespaceSelector` at the root: one Fleet's agent cannot compile fails every
+/// deployment of the HelmOp (`crate::targeting::namespace_gate`).
+fn check_namespace_selector(cx: &mut Ctx, spec: &Map<'_>, base: &Path<'_>) {
+    let key = "allowedTargetNamespaceSelector";
+    let Some(value) = field(spec, key).filter(|v| !matches!(v, JsonView::Null)) else {
+        return;
+    };
+    let path = base.key(key);
+    if let Some(selector) = targets::parse_selector(cx, value, &path)
+        && let Err(e) = crate::selector::Selector::compile(&selector)
+    {
+        cx.deny(
+            &path.key(&e.path),
+            format!(
+                "{}; Fleet's agent cannot compile this selector and copies nothing for this HelmOp on any cluster",
+                e.message
+            ),
+        );
+    }
+}
+
 /// An int-or-string rollout value Fleet can read.
 fn check_limit(cx: &mut Ctx, obj: &Map<'_>, key: &str, base: &Path<'_>) {
     let path = base.key(key);
@@ -189,6 +212,12 @@ fn check_target(
     root: &Map<'_>,
 ) -> TargetModel {
     cx.string(target, "name", path);
+    if field(target, "allowedTargetNamespaceSelector").is_some() {
+        cx.warn(
+            &path.key("allowedTargetNamespaceSelector"),
+            "Fleet's options merge ignores a target's allowedTargetNamespaceSelector: only spec.allowedTargetNamespaceSelector restricts the destination namespace",
+        );
+    }
     let has_criteria = targets::check_criteria(cx, target, path);
     cx.boolean(target, "doNotDeploy", path);
     if !has_criteria {

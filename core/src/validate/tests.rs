@@ -257,6 +257,26 @@ fn cases() -> Vec<Case> {
             "puts no cluster in it",
         ),
         (
+            "namespace selector Fleet's agent cannot compile",
+            with(
+                b(),
+                json!({"allowedTargetNamespaceSelector": {"matchExpressions": [{"key": "a", "operator": "Exists", "values": ["x"]}]}}),
+            ),
+            vec![deny(
+                "spec.allowedTargetNamespaceSelector.matchExpressions[0].values",
+            )],
+            "copies nothing for this HelmOp",
+        ),
+        (
+            "namespace selector on a target",
+            with(
+                b(),
+                json!({"targets": [{"clusterSelector": {}, "allowedTargetNamespaceSelector": {}}]}),
+            ),
+            vec![warn("spec.targets[0].allowedTargetNamespaceSelector")],
+            "ignores a target's allowedTargetNamespaceSelector",
+        ),
+        (
             "targets not a list",
             with(b(), json!({"targets": {"clusterName": "x"}})),
             vec![deny("spec.targets")],

@@ -23,12 +23,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use helmop_core::hash::HashKey;
 use helmop_core::names;
 use helmop_core::plan::{
-    Action, ActionKind, HeldCopy, HoldReason, Mode, PlanInput, migrate_upstream_ids, plan, refine,
-    take_sources,
+    Action, ActionKind, HeldCopy, HelmOpKey, HoldReason, Holds, Mode, PlanInput,
+    migrate_upstream_ids, plan, refine, take_sources,
 };
 use helmop_core::resource::ResourceRef;
 use helmop_core::state::RowState;
+use helmop_core::targeting::namespace_gate::{NamespaceFacts, namespace_allowed};
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Resource;
 use serde::Serialize;
 
@@ -40,7 +42,7 @@ use crate::clusters::Downstream;
 use crate::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
 use crate::hash_key::{self, KeyOrigin};
-use crate::inventory::{Inventory, Problem};
+use crate::inventory::{Inventory, Problem, key_of};
 use crate::observe::{self, NamespaceState, Observation};
 use crate::report::{self, Row};
 use crate::same_cluster::{Done, SameCluster};
@@ -390,11 +392,71 @@ pub async fn observe_cluster(
         key,
         adopt,
     };
-    observe::observe(client, cluster, &looking)
+    let mut obs = observe::observe(client, cluster, &looking)
         .await
         .map_err(|e| PluginError::ListCopies {
             reason: api_error::describe(&e),
+        })?;
+    for namespace in gated_namespaces(inv, cluster) {
+        let facts = observe::namespace_facts(client, &namespace)
+            .await
+            .map_err(|e| PluginError::ListCopies {
+                reason: format!(
+                    "reading namespace {namespace} (allowedTargetNamespaceSelector): {}",
+                    api_error::describe(&e)
+                ),
+            })?;
+        obs.gated.insert(namespace, facts);
+    }
+    Ok(obs)
+}
+
+/// The selectors of the HelmOps that set `allowedTargetNamespaceSelector`.
+fn namespace_selectors(inv: &Inventory) -> BTreeMap<HelmOpKey, &LabelSelector> {
+    inv.helmops
+        .iter()
+        .filter_map(|h| {
+            Some((
+                key_of(h)?,
+                h.spec.allowed_target_namespace_selector.as_ref()?,
+            ))
         })
+        .collect()
+}
+
+/// The destination namespaces on `cluster` of HelmOps that set
+/// `allowedTargetNamespaceSelector` (at most one per HelmOp and cluster).
+fn gated_namespaces(inv: &Inventory, cluster: &str) -> BTreeSet<String> {
+    let selectors = namespace_selectors(inv);
+    inv.desired
+        .iter()
+        .filter(|d| d.cluster == cluster && selectors.contains_key(&d.helmop))
+        .map(|d| d.namespace.clone())
+        .collect()
+}
+
+/// Holds for the HelmOps Fleet's agent would not copy for on `cluster`: the destination
+/// namespace is missing or does not match their `allowedTargetNamespaceSelector`.
+fn namespace_holds(inv: &Inventory, cluster: &str, obs: &Observation) -> Holds {
+    let mut holds = inv.holds.clone();
+    let selectors = namespace_selectors(inv);
+    for d in inv.desired.iter().filter(|d| d.cluster == cluster) {
+        let Some(selector) = selectors.get(&d.helmop) else {
+            continue;
+        };
+        let facts = obs
+            .gated
+            .get(&d.namespace)
+            .cloned()
+            .unwrap_or(NamespaceFacts::Unreadable);
+        if let Err(why) = namespace_allowed(Some(selector), &d.namespace, &facts) {
+            holds.placements.insert(
+                (cluster.to_string(), d.helmop.clone()),
+                HoldReason::NamespaceRefused(why),
+            );
+        }
+    }
+    holds
 }
 
 /// Plans one cluster with the core planner, then decides how each write can really be done
@@ -423,7 +485,7 @@ pub fn plan_observed(
         scope: inv.scope(&ctx.upstream_id, &obs.copies),
         complete: inv.complete(),
         adopt,
-        holds: inv.holds.clone(),
+        holds: namespace_holds(inv, cluster, obs),
         protected: inv.protected(cluster),
         mode: if inv.target_contexts.is_empty() {
             Mode::Fleet

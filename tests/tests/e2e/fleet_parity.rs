@@ -2137,3 +2137,105 @@ async fn rollout_partitions_decide_which_clusters_get_copies() -> anyhow::Result
     );
     Ok(())
 }
+
+/// Sets the labels of namespace `name` on `client`, creating it when absent.
+async fn namespace_with_labels(
+    client: &Client,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> anyhow::Result<()> {
+    let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            name,
+            &PatchParams::apply("helmop-tests").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": name, "labels": labels},
+            })),
+        )
+        .await?;
+    Ok(())
+}
+
+/// `allowedTargetNamespaceSelector`: Fleet's agent copies only into a destination namespace that
+/// exists downstream and matches it, and never creates it.
+#[tokio::test]
+async fn an_allowed_target_namespace_selector_admits_only_existing_matching_namespaces()
+-> anyhow::Result<()> {
+    let f = Fleet::new("fp-nsgate").await?;
+    ensure_hash_key(&f.upstream).await?;
+    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v1")]).await?;
+    let dest = f.dest("apps");
+    let spec = format!(
+        "defaultNamespace: {dest}\nallowedTargetNamespaceSelector: {{matchLabels: {{tenant: a}}}}\ndownstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterSelector: {{matchLabels: {{env: prod}}}}\n"
+    );
+    f.helmop(&helmop_yaml("app", &spec)).await?;
+    let report = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(1)
+        .json();
+    for cluster in ["down1", "down2"] {
+        let row = expect_row(&rows(&report), cluster, "db").clone();
+        assert_eq!(row["state"], "Invalid", "{row:#}");
+        assert!(
+            row["reason"]
+                .as_str()
+                .is_some_and(|s| s.contains("does not exist on downstream cluster")),
+            "{row:#}"
+        );
+    }
+    assert_eq!(writes(&report), 0, "{report:#}");
+    for client in [&f.down1, &f.down2] {
+        let ns = Api::<Namespace>::all(client.clone()).get_opt(&dest).await?;
+        assert!(ns.is_none(), "the namespace must not be created");
+    }
+
+    // Only the namespace whose labels match gets the copy.
+    namespace_with_labels(&f.down1, &dest, &[("tenant", "a")]).await?;
+    namespace_with_labels(&f.down2, &dest, &[("tenant", "b")]).await?;
+    let report = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(1)
+        .json();
+    assert_eq!(
+        copy_value(&f.down1, &dest, "db").await?.as_deref(),
+        Some("v1")
+    );
+    assert!(get_secret(&f.down2, &dest, "db").await?.is_none());
+    let refused = expect_row(&rows(&report), "down2", "db").clone();
+    assert!(
+        refused["reason"]
+            .as_str()
+            .is_some_and(|s| s.contains("does not match AllowedTargetNamespaceSelector")),
+        "{refused:#}"
+    );
+
+    // Relabelled to match: copied. Relabelled away again: the copy stays as it is (not
+    // updated, not pruned), as Fleet's agent stops before copying.
+    namespace_with_labels(&f.down2, &dest, &[("tenant", "a")]).await?;
+    helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    assert_eq!(
+        copy_value(&f.down2, &dest, "db").await?.as_deref(),
+        Some("v1")
+    );
+    namespace_with_labels(&f.down2, &dest, &[("tenant", "b")]).await?;
+    set_source(&f, "db", "v2").await?;
+    helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(1);
+    helmop(&["prune", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    assert_eq!(
+        copy_value(&f.down1, &dest, "db").await?.as_deref(),
+        Some("v2")
+    );
+    assert_eq!(
+        copy_value(&f.down2, &dest, "db").await?.as_deref(),
+        Some("v1")
+    );
+    Ok(())
+}
