@@ -58,6 +58,27 @@ use serde_json::{Value, json};
 
 use crate::plugin::support::*;
 
+/// A fresh [`Fleet`] with the hash key, the Policy CRD, the Policy `policy`, and the source
+/// Secret `db` (`k=v1`) upstream.
+async fn fleet_with_policy(prefix: &str, policy: Value) -> anyhow::Result<Fleet> {
+    let f = Fleet::new(prefix).await?;
+    ensure_hash_key(&f.upstream).await?;
+    install_fleet_crd(&f.upstream, "policies").await?;
+    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v1")]).await?;
+    create_fleet_object(&f.upstream, &f.ns, &policy_resource(), policy).await?;
+    Ok(f)
+}
+
+/// Whether some `Invalid` row's reason holds every phrase.
+fn invalid_row_says(rows: &[Value], phrases: &[&str]) -> bool {
+    rows.iter().any(|r| {
+        r["state"] == "Invalid"
+            && r["reason"]
+                .as_str()
+                .is_some_and(|s| phrases.iter().all(|p| s.contains(p)))
+    })
+}
+
 /// The report row of `name` whose cluster column mentions the Fleet Cluster `cluster`.
 fn row_for<'a>(report: &'a [Value], cluster: &str, name: &str) -> Option<&'a Value> {
     report.iter().find(|r| {
@@ -1425,15 +1446,9 @@ async fn a_paused_helmop_is_neither_copied_updated_nor_pruned() -> anyhow::Resul
 
 #[tokio::test]
 async fn helmops_fleet_rejects_get_no_copies() -> anyhow::Result<()> {
-    let f = Fleet::new("fp-reject").await?;
     // The runs below must write nothing at all, not even the upstream hash key.
-    ensure_hash_key(&f.upstream).await?;
-    install_fleet_crd(&f.upstream, "policies").await?;
-    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v1")]).await?;
-    create_fleet_object(
-        &f.upstream,
-        &f.ns,
-        &policy_resource(),
+    let f = fleet_with_policy(
+        "fp-reject",
         json!({
             "metadata": {"name": "internal-charts"},
             "helmOp": {"allowedHelmRepoPatterns": ["https://charts\\.internal\\..*"]},
@@ -1473,10 +1488,7 @@ async fn helmops_fleet_rejects_get_no_copies() -> anyhow::Result<()> {
     let status = helmop(&["status", "public", "-n", &f.ns, "-o", "json"]).await?;
     let status = status.expect(1).json();
     assert!(
-        rows(&status).iter().any(|r| r["state"] == "Invalid"
-            && r["reason"]
-                .as_str()
-                .is_some_and(|s| s.contains("disallowed helm repo"))),
+        invalid_row_says(&rows(&status), &["disallowed helm repo"]),
         "{status:#}"
     );
 
@@ -1493,10 +1505,7 @@ async fn helmops_fleet_rejects_get_no_copies() -> anyhow::Result<()> {
     let report = run.expect(1).json();
     let rows_ = rows(&report);
     assert!(
-        rows_.iter().any(|r| r["state"] == "Invalid"
-            && r["reason"]
-                .as_str()
-                .is_some_and(|s| s.contains("helmSecretName Secret repo-creds does not exist"))),
+        invalid_row_says(&rows_, &["helmSecretName Secret repo-creds does not exist"]),
         "{rows_:#?}"
     );
     assert!(get_secret(&f.down1, &dest, "db").await?.is_none());
@@ -1557,10 +1566,12 @@ async fn helmops_fleet_rejects_get_no_copies() -> anyhow::Result<()> {
     let report = run.expect(1).json();
     let rows_ = rows(&report);
     assert!(
-        rows_.iter().any(|r| r["state"] == "Invalid"
-            && r["reason"].as_str().is_some_and(|s| s.contains(
+        invalid_row_says(
+            &rows_,
+            &[
                 "metadata.name: Fleet writes the HelmOp's name into the label fleet.cattle.io/fleet-helm-name"
-            ))),
+            ]
+        ),
         "{rows_:#?}"
     );
     assert_eq!(writes(&report), 0, "{report:#}");
@@ -1796,14 +1807,8 @@ async fn a_cluster_whose_name_is_no_label_value_gets_nothing() -> anyhow::Result
 /// allowed): no copy on any cluster. Once the target's account is allowed, both clusters get one.
 #[tokio::test]
 async fn a_targets_service_account_outside_the_policy_blocks_every_cluster() -> anyhow::Result<()> {
-    let f = Fleet::new("fp-targetsa").await?;
-    ensure_hash_key(&f.upstream).await?;
-    install_fleet_crd(&f.upstream, "policies").await?;
-    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v1")]).await?;
-    create_fleet_object(
-        &f.upstream,
-        &f.ns,
-        &policy_resource(),
+    let f = fleet_with_policy(
+        "fp-targetsa",
         json!({"metadata": {"name": "deployers"}, "allowedServiceAccounts": ["deployer", "edge"]}),
     )
     .await?;
@@ -1820,10 +1825,10 @@ async fn a_targets_service_account_outside_the_policy_blocks_every_cluster() -> 
         .json();
     let rows_ = rows(&report);
     assert!(
-        rows_.iter().any(|r| r["state"] == "Invalid"
-            && r["reason"].as_str().is_some_and(|s| s.contains(
-                "a Fleet Policy forbids it: disallowed serviceAccount root in target target001"
-            ))),
+        invalid_row_says(
+            &rows_,
+            &["a Fleet Policy forbids it: disallowed serviceAccount root in target target001"]
+        ),
         "{rows_:#?}"
     );
     assert_eq!(writes(&report), 0, "{report:#}");
@@ -1847,14 +1852,8 @@ async fn a_targets_service_account_outside_the_policy_blocks_every_cluster() -> 
 /// `regex` used directly would allow `café` and refuse to compile `\Q`.
 #[tokio::test]
 async fn policy_patterns_mean_what_go_makes_of_them() -> anyhow::Result<()> {
-    let f = Fleet::new("fp-goregex").await?;
-    ensure_hash_key(&f.upstream).await?;
-    install_fleet_crd(&f.upstream, "policies").await?;
-    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v1")]).await?;
-    create_fleet_object(
-        &f.upstream,
-        &f.ns,
-        &policy_resource(),
+    let f = fleet_with_policy(
+        "fp-goregex",
         json!({
             "metadata": {"name": "charts"},
             "helmOp": {"allowedChartPatterns": ["\\w+", "\\Qweb.app\\E"]},
@@ -1874,10 +1873,7 @@ async fn policy_patterns_mean_what_go_makes_of_them() -> anyhow::Result<()> {
         .expect(1)
         .json();
     assert!(
-        rows(&report).iter().any(|r| r["state"] == "Invalid"
-            && r["reason"]
-                .as_str()
-                .is_some_and(|s| s.contains("disallowed helm chart café"))),
+        invalid_row_says(&rows(&report), &["disallowed helm chart café"]),
         "{report:#}"
     );
     assert_eq!(writes(&report), 0, "{report:#}");
@@ -1970,11 +1966,10 @@ async fn a_rejected_helmop_keeps_delivering_through_its_previous_bundle() -> any
         .expect(1)
         .json();
     assert!(
-        rows(&report).iter().any(|r| r["state"] == "Invalid"
-            && r["reason"]
-                .as_str()
-                .is_some_and(|s| s.contains("disallowed helm repo")
-                    && s.contains("Fleet keeps its previous Bundle"))),
+        invalid_row_says(
+            &rows(&report),
+            &["disallowed helm repo", "Fleet keeps its previous Bundle"]
+        ),
         "{report:#}"
     );
     for client in [&f.down1, &f.down2] {
@@ -2010,10 +2005,7 @@ async fn a_rejected_helmop_keeps_delivering_through_its_previous_bundle() -> any
         .expect(1)
         .json();
     assert!(
-        rows(&report).iter().any(|r| r["state"] == "Invalid"
-            && r["reason"]
-                .as_str()
-                .is_some_and(|s| s.contains("refuses its previous Bundle too"))),
+        invalid_row_says(&rows(&report), &["refuses its previous Bundle too"]),
         "{report:#}"
     );
     assert_eq!(writes(&report), 0, "{report:#}");
@@ -2047,10 +2039,7 @@ async fn a_rejected_helmop_keeps_delivering_through_its_previous_bundle() -> any
         .expect(1)
         .json();
     assert!(
-        rows(&report).iter().any(|r| r["state"] == "Invalid"
-            && r["reason"]
-                .as_str()
-                .is_some_and(|s| s.contains("it has no Bundle"))),
+        invalid_row_says(&rows(&report), &["it has no Bundle"]),
         "{report:#}"
     );
     assert_eq!(
@@ -2109,10 +2098,12 @@ async fn rollout_partitions_decide_which_clusters_get_copies() -> anyhow::Result
         .expect(1)
         .json();
     assert!(
-        rows(&report).iter().any(|r| r["state"] == "Invalid"
-            && r["reason"].as_str().is_some_and(|s| s.contains(
+        invalid_row_says(
+            &rows(&report),
+            &[
                 "Fleet's Bundle controller fails the Bundle on every cluster: failed to reset bundle status from targets: failed to parse 25 %"
-            ))),
+            ]
+        ),
         "{report:#}"
     );
     assert_eq!(writes(&report), 0, "{report:#}");
