@@ -48,6 +48,21 @@ pub fn bundle_deployment_resource() -> ApiResource {
     fleet_resource("BundleDeployment", "bundledeployments")
 }
 
+/// A HelmOp object (JSON) with `spec.helm` and `spec.downstreamResources`.
+pub fn helmop_object(
+    namespace: &str,
+    name: &str,
+    helm: Value,
+    downstream_resources: Value,
+) -> Value {
+    json!({
+        "apiVersion": FLEET_API_VERSION,
+        "kind": "HelmOp",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"helm": helm, "downstreamResources": downstream_resources},
+    })
+}
+
 /// A namespaced API for one of the Fleet kinds above.
 pub fn fleet_api(client: &Client, namespace: &str, resource: &ApiResource) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), namespace, resource)

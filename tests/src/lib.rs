@@ -49,8 +49,8 @@ pub use endpoints::{
 pub use fleet::{
     FLEET_API_VERSION, apply_helmop, bundle_deployment_resource, bundle_namespace_mapping_resource,
     bundle_resource, cluster_group_resource, cluster_resource, controller_events,
-    create_cluster_group, create_fleet_object, fleet_api, fleet_crds_dir, helmop_resource,
-    install_fleet_crd, policy_resource, propagator_events, register_fleet_cluster,
+    create_cluster_group, create_fleet_object, fleet_api, fleet_crds_dir, helmop_object,
+    helmop_resource, install_fleet_crd, policy_resource, propagator_events, register_fleet_cluster,
 };
 pub use manifests::{manifests_dir, relative_path};
 pub use namespaces::{TEST_NAMESPACE_LABEL, fresh_namespace, fresh_namespace_with_labels};

@@ -491,15 +491,12 @@ async fn unchanged_helmop_specs_pass_when_lookups_fail() -> anyhow::Result<()> {
     bindings.create(&PostParams::default(), &binding).await?;
 
     // A HelmOp naming a Secret that does not exist yet, stored before the webhook is there.
-    let helmop = json!({
-        "apiVersion": "fleet.cattle.io/v1alpha1",
-        "kind": "HelmOp",
-        "metadata": {"name": "app", "namespace": ns},
-        "spec": {
-            "helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.2.3"},
-            "downstreamResources": [{"kind": "Secret", "name": "db"}],
-        },
-    });
+    let helmop = helmop_object(
+        &ns,
+        "app",
+        json!({"repo": "https://charts.example.com", "chart": "app", "version": "1.2.3"}),
+        json!([{"kind": "Secret", "name": "db"}]),
+    );
     apply_ok(&helmop).await?;
     let webhook = LocalWebhook::start(client_as(&user).await?, Config::default()).await?;
     let registered = webhook.register(&client, &ns).await?;

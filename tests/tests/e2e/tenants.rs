@@ -37,15 +37,12 @@ async fn a_slow_api_server_never_denies_a_spec_unchanged_helmop_update() -> anyh
     let client = cluster().client().await;
     let ns = fresh_namespace(&client, "tn-slow").await?;
     // Stored before the webhook is there: its Secret does not exist, so every check of it is a live GET.
-    let helmop = json!({
-        "apiVersion": "fleet.cattle.io/v1alpha1",
-        "kind": "HelmOp",
-        "metadata": {"name": "app", "namespace": ns},
-        "spec": {
-            "helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.2.3"},
-            "downstreamResources": [{"kind": "Secret", "name": "db"}],
-        },
-    });
+    let helmop = helmop_object(
+        &ns,
+        "app",
+        json!({"repo": "https://charts.example.com", "chart": "app", "version": "1.2.3"}),
+        json!([{"kind": "Secret", "name": "db"}]),
+    );
     apply_ok(&helmop).await?;
     let proxy = StallingProxy::start(server_addr(cluster())?).await?;
     let webhook = LocalWebhook::start(
@@ -212,15 +209,6 @@ async fn the_guard_never_blocks_the_garbage_collector_or_an_optional_name() -> a
     Ok(())
 }
 
-fn helmop_with(ns: &str, name: &str, helm: Value, refs: Value) -> Value {
-    json!({
-        "apiVersion": "fleet.cattle.io/v1alpha1",
-        "kind": "HelmOp",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"helm": helm, "downstreamResources": refs},
-    })
-}
-
 async fn dry_run_create(object: &Value) -> anyhow::Result<Output> {
     kubectl(
         &["create", "--dry-run=server", "-o", "name", "-f", "-"],
@@ -245,14 +233,14 @@ async fn dense_values_and_huge_versions_are_refused_with_a_reason() -> anyhow::R
 
     let mut dense = base.clone();
     dense["values"] = json!({"dense": vec![0; 1_450_000]});
-    let out = dry_run_create(&helmop_with(&ns, "dense", dense, refs.clone())).await?;
+    let out = dry_run_create(&helmop_object(&ns, "dense", dense, refs.clone())).await?;
     let stderr = text(&out.stderr);
     assert!(!out.status.success(), "a dense HelmOp was admitted");
     assert!(stderr.contains("more than 262144 JSON values"), "{stderr}");
 
     let mut huge = base.clone();
     huge["version"] = json!("1".repeat(600_000));
-    let out = dry_run_create(&helmop_with(&ns, "huge", huge, refs.clone())).await?;
+    let out = dry_run_create(&helmop_object(&ns, "huge", huge, refs.clone())).await?;
     let stderr = text(&out.stderr);
     assert!(
         !out.status.success(),
@@ -265,7 +253,7 @@ async fn dense_values_and_huge_versions_are_refused_with_a_reason() -> anyhow::R
         "{stderr}"
     );
 
-    let out = dry_run_create(&helmop_with(&ns, "fine", base, refs)).await?;
+    let out = dry_run_create(&helmop_object(&ns, "fine", base, refs)).await?;
     assert!(out.status.success(), "{}", text(&out.stderr));
     registered.remove().await?;
     Ok(())
@@ -283,7 +271,7 @@ async fn stored_dense_helmops_are_cached_without_their_values_and_still_guard() 
         let helm = json!({"repo": "https://charts.example.com", "chart": "app", "version": "1.2.3",
                           "values": {"dense": vec![0; 600_000]}});
         // `create`, not `apply`: no last-applied copy of the values in an annotation.
-        let helmop = helmop_with(
+        let helmop = helmop_object(
             &ns,
             &format!("dense-{i}"),
             helm,
