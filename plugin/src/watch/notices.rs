@@ -18,6 +18,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 use crate::api_error;
 use crate::propagate::Report;
+use crate::report::Row;
 
 /// `reportingController` of the Events.
 pub const CONTROLLER: &str = "helmop.dev/propagator";
@@ -121,6 +122,14 @@ pub async fn publish(
         .await
 }
 
+/// The subject of a copy's Event: `KIND NAMESPACE/NAME on CLUSTER`.
+fn copy_on_cluster(row: &Row) -> String {
+    format!(
+        "{} {}/{} on {}",
+        row.kind, row.namespace, row.name, row.cluster
+    )
+}
+
 /// Every problem of a run worth an Event, with its note.
 pub fn problems(report: &Report) -> BTreeMap<Key, String> {
     let mut out = BTreeMap::new();
@@ -128,10 +137,7 @@ pub fn problems(report: &Report) -> BTreeMap<Key, String> {
         let (reason, subject, note) = match row.state.problem() {
             Some(Problem::Conflict) => (
                 "Conflict",
-                format!(
-                    "{} {}/{} on {}",
-                    row.kind, row.namespace, row.name, row.cluster
-                ),
+                copy_on_cluster(row),
                 format!(
                     "{} {}/{} on cluster {} was not copied: {}",
                     row.kind, row.namespace, row.name, row.cluster, row.reason
@@ -147,10 +153,7 @@ pub fn problems(report: &Report) -> BTreeMap<Key, String> {
             ),
             Some(Problem::Lost) => (
                 "CopyLost",
-                format!(
-                    "{} {}/{} on {}",
-                    row.kind, row.namespace, row.name, row.cluster
-                ),
+                copy_on_cluster(row),
                 format!(
                     "{} {}/{} on cluster {}: {}",
                     row.kind, row.namespace, row.name, row.cluster, row.reason
