@@ -16,11 +16,18 @@
 //! and the run restamps them. Status churn (conditions, resource lists, check-ins) triggers nothing; nor
 //! does this watch count towards readiness (Fleet may not be installed).
 //!
+//! HelmOps, ClusterGroups and BundleNamespaceMappings trigger only when what a plan reads of them
+//! can have changed: `metadata.generation` (the spec: these kinds have a status subresource, so
+//! a status write leaves it alone), labels, annotations, or deletion ([`plan_fingerprint`]).
+//! Fleet rewrites their status all the time; those writes start no run. Sources trigger on every
+//! change (their data is not in the metadata watched).
+//!
 //! kube's watcher re-lists and re-watches after errors with exponential back-off; a re-list after
 //! the first one may have missed events, so it triggers a run as well.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Debug;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -139,6 +146,7 @@ pub fn spawn(
         interesting.clone(),
         Marks::Namespace,
         synced.clone(),
+        Changes::PlanOnly,
     )];
     if fleet {
         tasks.push(watch_kind::<Cluster>(
@@ -149,6 +157,7 @@ pub fn spawn(
             interesting.clone(),
             Marks::Namespace,
             synced.clone(),
+            Changes::All,
         ));
         tasks.push(watch_kind::<ClusterGroup>(
             api(client, namespace.as_deref()),
@@ -158,6 +167,7 @@ pub fn spawn(
             interesting.clone(),
             Marks::Nothing,
             synced.clone(),
+            Changes::PlanOnly,
         ));
     }
     // Every Secret and ConfigMap, the labelled ones included: a source may carry helmop's label
@@ -195,6 +205,7 @@ pub fn spawn(
             interesting.clone(),
             Marks::NothingAndMayBeUnserved,
             Arc::new(Synced::default()),
+            Changes::PlanOnly,
         ));
     }
     Watches { tasks, interesting }
@@ -228,6 +239,7 @@ fn watch_kind<K>(
     interesting: Interesting,
     marks: Marks,
     synced: Arc<Synced>,
+    changes: Changes,
 ) -> JoinHandle<()>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -237,6 +249,10 @@ where
         let mut stream = std::pin::pin!(stream);
         let mut listed = false;
         let mut failing = false;
+        // What each object's plan-relevant metadata was when last seen (one u64 per object),
+        // rebuilt by every listing so deleted objects do not linger.
+        let mut seen: HashMap<(String, String), u64> = HashMap::new();
+        let mut listing: HashMap<(String, String), u64> = HashMap::new();
         while let Some(event) = stream.next().await {
             match event {
                 // A listing: the start-up run covers the first, `InitDone` triggers for later ones.
@@ -244,9 +260,17 @@ where
                     if marks == Marks::Namespace {
                         interesting.add(&key(&obj).0);
                     }
+                    listing.insert(key(&obj), plan_fingerprint(&obj.metadata));
                 }
                 Ok(Event::Apply(obj)) => {
-                    let (ns, name) = key(&obj);
+                    let at = key(&obj);
+                    let fingerprint = plan_fingerprint(&obj.metadata);
+                    let same = seen.insert(at.clone(), fingerprint) == Some(fingerprint);
+                    if changes == Changes::PlanOnly && same {
+                        tracing::trace!(kind = label, namespace = %at.0, name = %at.1, "status-only change: no run");
+                        continue;
+                    }
+                    let (ns, name) = at;
                     if marks == Marks::Namespace {
                         interesting.add(&ns);
                     }
@@ -254,10 +278,12 @@ where
                 }
                 Ok(Event::Delete(obj)) => {
                     let (ns, name) = key(&obj);
+                    seen.remove(&(ns.clone(), name.clone()));
                     send(&tx, format!("{label} {ns}/{name} deleted"));
                 }
-                Ok(Event::Init) => {}
+                Ok(Event::Init) => listing.clear(),
                 Ok(Event::InitDone) => {
+                    seen = std::mem::take(&mut listing);
                     if listed {
                         send(&tx, format!("{label} watch re-listed"));
                     } else {
@@ -374,6 +400,26 @@ fn applied_id(bd: &kube::api::DynamicObject) -> Option<String> {
 }
 
 /// What a watched kind's events mean besides a run.
+/// Which updates of a watched kind start a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Changes {
+    /// Only those that change [`plan_fingerprint`]: status writes do not.
+    PlanOnly,
+    /// Every update (a kind whose status a plan reads).
+    All,
+}
+
+/// What a plan can read of an object's metadata: the generation (its spec), labels, annotations
+/// and whether it is being deleted. A status write changes none of them.
+fn plan_fingerprint(meta: &kube::api::ObjectMeta) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    meta.generation.hash(&mut h);
+    meta.labels.hash(&mut h);
+    meta.annotations.hash(&mut h);
+    meta.deletion_timestamp.is_some().hash(&mut h);
+    h.finish()
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Marks {
     /// Its namespaces hold sources or kubeconfig Secrets (HelmOps, Clusters).
@@ -486,6 +532,33 @@ mod tests {
             "status": status,
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_status_write_leaves_the_plan_fingerprint_alone() {
+        let meta = |v: serde_json::Value| -> kube::api::ObjectMeta {
+            serde_json::from_value(v).unwrap_or_default()
+        };
+        let base = json!({"name": "app", "generation": 3, "resourceVersion": "10",
+            "labels": {"a": "1"}, "annotations": {"x": "y"}});
+        let before = plan_fingerprint(&meta(base.clone()));
+        let mut status_write = base.clone();
+        status_write["resourceVersion"] = json!("11");
+        status_write["managedFields"] =
+            json!([{"manager": "fleetcontroller", "subresource": "status"}]);
+        assert_eq!(plan_fingerprint(&meta(status_write)), before);
+        for change in [
+            json!({"generation": 4}),
+            json!({"labels": {"a": "2"}}),
+            json!({"annotations": {}}),
+            json!({"deletionTimestamp": "2026-01-01T00:00:00Z"}),
+        ] {
+            let mut changed = base.clone();
+            for (k, v) in change.as_object().into_iter().flatten() {
+                changed[k] = v.clone();
+            }
+            assert_ne!(plan_fingerprint(&meta(changed)), before, "{change}");
+        }
     }
 
     #[test]

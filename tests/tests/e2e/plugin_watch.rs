@@ -1037,3 +1037,62 @@ async fn a_source_carrying_helmops_label_is_watched() -> anyhow::Result<()> {
     .await?;
     Ok(())
 }
+
+/// Fleet rewrites HelmOp status all the time (conditions, display, resource counts): a
+/// status-only write starts no run, a change of what a plan reads still does.
+#[tokio::test]
+async fn status_only_writes_start_no_run() -> anyhow::Result<()> {
+    let f = Fixture::new("watchstatus").await?;
+    let args = f.watch_args(&["--no-leader-election"]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut w = PluginProcess::spawn(
+        &refs,
+        &[("HELMOP_LOG", "info,kubectl_helmop::watch::triggers=trace")],
+    )?;
+    w.wait_event("the start-up run", PROPAGATION_BOUND, 0, |e| {
+        e["event"] == "run"
+    })
+    .await?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "one", PROPAGATION_BOUND).await?;
+    let seen = w.events().len();
+    let helmops = fleet_api(&f.upstream, &f.ns, &helmop_resource());
+    const WRITES: usize = 10;
+    for i in 0..WRITES {
+        helmops
+            .patch_status(
+                "app",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"conditions": [{
+                    "type": "Ready", "status": "False", "message": format!("check-in {i}"),
+                }]}})),
+            )
+            .await?;
+    }
+    // A label change after them on the same watch: once its run comes, every status write was
+    // seen before it.
+    helmops
+        .patch(
+            "app",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"sentinel": "1"}}})),
+        )
+        .await?;
+    let reason = format!("HelmOp {}/app changed", f.ns);
+    w.wait_event(
+        "the run of the label change",
+        PROPAGATION_BOUND,
+        seen,
+        |e| is_run_for(e, &reason),
+    )
+    .await?;
+    let filtered = w.stderr().matches("status-only change: no run").count();
+    assert_eq!(filtered, WRITES, "{}", w.context());
+    let helmop_runs = w.events()[seen..]
+        .iter()
+        .filter(|e| is_run_for(e, &reason))
+        .count();
+    assert_eq!(helmop_runs, 1, "only the label change ran: {}", w.context());
+    w.signal(libc::SIGTERM)?;
+    w.wait_exit(Duration::from_secs(15)).await?;
+    Ok(())
+}
