@@ -141,33 +141,39 @@ pub fn spawn(
     let mut tasks = vec![watch_kind::<HelmOp>(
         api(client, namespace.as_deref()),
         helmop_config,
-        "HelmOp",
+        Kind {
+            label: "HelmOp",
+            marks: Marks::Namespace,
+            changes: Changes::PlanOnly,
+        },
         tx.clone(),
         interesting.clone(),
-        Marks::Namespace,
         synced.clone(),
-        Changes::PlanOnly,
     )];
     if fleet {
         tasks.push(watch_kind::<Cluster>(
             api(client, namespace.as_deref()),
             watcher::Config::default(),
-            "Cluster",
+            Kind {
+                label: "Cluster",
+                marks: Marks::Namespace,
+                changes: Changes::All,
+            },
             tx.clone(),
             interesting.clone(),
-            Marks::Namespace,
             synced.clone(),
-            Changes::All,
         ));
         tasks.push(watch_kind::<ClusterGroup>(
             api(client, namespace.as_deref()),
             watcher::Config::default(),
-            "ClusterGroup",
+            Kind {
+                label: "ClusterGroup",
+                marks: Marks::Nothing,
+                changes: Changes::PlanOnly,
+            },
             tx.clone(),
             interesting.clone(),
-            Marks::Nothing,
             synced.clone(),
-            Changes::PlanOnly,
         ));
     }
     // Every Secret and ConfigMap, the labelled ones included: a source may carry helmop's label
@@ -200,12 +206,14 @@ pub fn spawn(
         tasks.push(watch_kind::<BundleNamespaceMapping>(
             api(client, namespace.as_deref()),
             watcher::Config::default(),
-            "BundleNamespaceMapping",
+            Kind {
+                label: "BundleNamespaceMapping",
+                marks: Marks::NothingAndMayBeUnserved,
+                changes: Changes::PlanOnly,
+            },
             tx,
             interesting.clone(),
-            Marks::NothingAndMayBeUnserved,
             Arc::new(Synced::default()),
-            Changes::PlanOnly,
         ));
     }
     Watches { tasks, interesting }
@@ -231,19 +239,29 @@ fn send(tx: &mpsc::Sender<Trigger>, reason: String) {
     let _ = tx.try_send(Trigger(reason));
 }
 
+/// How a watched kind is treated.
+struct Kind {
+    label: &'static str,
+    marks: Marks,
+    changes: Changes,
+}
+
 fn watch_kind<K>(
     api: Api<PartialObjectMeta<K>>,
     config: watcher::Config,
-    label: &'static str,
+    kind: Kind,
     tx: mpsc::Sender<Trigger>,
     interesting: Interesting,
-    marks: Marks,
     synced: Arc<Synced>,
-    changes: Changes,
 ) -> JoinHandle<()>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
+    let Kind {
+        label,
+        marks,
+        changes,
+    } = kind;
     tokio::spawn(async move {
         let stream = watcher::watcher(api, config).default_backoff();
         let mut stream = std::pin::pin!(stream);
