@@ -1,5 +1,7 @@
-//! The baseline server: bare axum over rustls, same TLS settings as the webhook, reading the whole request
-//! body and answering a fixed AdmissionReview. Whatever the webhook costs beyond this is its own work.
+//! The baseline servers: axum over rustls, same TLS settings as the webhook, reading the whole request body.
+//! [`Mode::Bare`] answers a fixed AdmissionReview; [`Mode::Decoding`] also does the least any webhook does,
+//! decoding the AdmissionReview with serde_json and encoding its answer (the fixed one, with the request's
+//! uid). Whatever the webhook costs beyond these is its own work.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -37,17 +39,33 @@ fn tls_config(leaf: &Leaf) -> anyhow::Result<rustls::ServerConfig> {
     Ok(config)
 }
 
+/// What a baseline does with each request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Reads the body, answers the fixed bytes.
+    Bare,
+    /// Decodes the AdmissionReview (serde_json), encodes the answer with the request's uid.
+    Decoding,
+}
+
 /// Starts a baseline answering `answer` on every admission path.
-pub async fn start(leaf: &Leaf, answer: Bytes) -> anyhow::Result<Baseline> {
+pub async fn start(leaf: &Leaf, answer: Bytes, mode: Mode) -> anyhow::Result<Baseline> {
+    let template: Arc<serde_json::Value> = Arc::new(serde_json::from_slice(&answer)?);
     let mut router = Router::new();
     for webhook in Webhook::ALL {
-        let answer = answer.clone();
+        let (answer, template) = (answer.clone(), template.clone());
         router = router.route(
             webhook.path(),
             post(move |body: Bytes| {
-                let answer = answer.clone();
+                let (answer, template) = (answer.clone(), template.clone());
                 async move {
-                    std::hint::black_box(body.len());
+                    let answer = match mode {
+                        Mode::Bare => {
+                            std::hint::black_box(body.len());
+                            answer
+                        }
+                        Mode::Decoding => decode_and_answer(&body, &template),
+                    };
                     ([(header::CONTENT_TYPE, "application/json")], answer)
                 }
             }),
@@ -64,4 +82,12 @@ pub async fn start(leaf: &Leaf, answer: Bytes) -> anyhow::Result<Baseline> {
     let server = axum_server::from_tcp_rustls(listener, config)?.handle(handle.clone());
     tokio::spawn(server.serve(router.into_make_service()));
     Ok(Baseline { addr, handle })
+}
+
+/// The least a webhook does: decode the review, copy its uid into the answer, encode the answer.
+fn decode_and_answer(body: &[u8], template: &serde_json::Value) -> Bytes {
+    let review: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let mut answer = template.clone();
+    answer["response"]["uid"] = review["request"]["uid"].clone();
+    Bytes::from(serde_json::to_vec(&answer).unwrap_or_default())
 }
