@@ -28,7 +28,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Webhook throughput and latency over TLS against a bare axum + rustls baseline (private control plane).
+    /// Webhook throughput and latency over TLS against two baselines, bare axum + rustls and the same decoding and encoding the review (private control plane).
     Webhook {
         /// Connection counts, each a separate run (comma separated).
         #[arg(long, value_delimiter = ',', default_value = "1,8")]
@@ -38,7 +38,7 @@ enum Command {
         seconds: u64,
         #[arg(long, default_value_t = 3)]
         warmup_seconds: u64,
-        /// Rounds the measured seconds are split into, baseline and webhook alternating, so that a change of
+        /// Rounds the measured seconds are split into, the servers alternating, so that a change of
         /// the machine's load (other processes) hits both alike; the warm-up is split the same way.
         #[arg(long, default_value_t = 5)]
         rounds: u32,
