@@ -39,7 +39,7 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         warmup_seconds: u64,
         /// Rounds the measured seconds are split into, the servers alternating, so that a change of
-        /// the machine's load (other processes) hits both alike; the warm-up is split the same way.
+        /// the machine's load (other processes) hits each alike; the warm-up is split the same way.
         #[arg(long, default_value_t = 5)]
         rounds: u32,
         /// Keep the webhook's JSON log here (default: a temporary file).
