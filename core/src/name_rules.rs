@@ -5,8 +5,6 @@
 pub const DNS1123_SUBDOMAIN_MAX: usize = 253;
 /// Max length of a DNS-1123 label (namespace names).
 pub const DNS1123_LABEL_MAX: usize = 63;
-/// Max length of a Helm release name (Helm 3 and Fleet's CRD both enforce 53).
-pub const RELEASE_NAME_MAX: usize = 53;
 
 fn is_lower_alnum(c: char) -> bool {
     c.is_ascii_lowercase() || c.is_ascii_digit()
@@ -71,18 +69,6 @@ pub fn is_dns1123_subdomain(s: &str) -> bool {
 
 pub fn is_dns1123_label(s: &str) -> bool {
     dns1123_label_error(s).is_none()
-}
-
-/// `None` if `s` is a valid Helm release name: a DNS-1123 subdomain of at most 53 characters
-/// (the CRD's `releaseName` pattern and `maxLength`, and Helm's own check).
-pub fn release_name_error(s: &str) -> Option<String> {
-    if s.len() > RELEASE_NAME_MAX {
-        return Some(format!(
-            "must be at most {RELEASE_NAME_MAX} characters (has {})",
-            s.len()
-        ));
-    }
-    dns1123_subdomain_error(s)
 }
 
 /// `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`, the shape of label names and values.
@@ -190,17 +176,6 @@ mod tests {
         assert!(!is_dns1123_label(&"x".repeat(64)));
         assert!(is_dns1123_label(&"x".repeat(63)));
         assert!(!is_dns1123_label(""));
-    }
-
-    #[test]
-    fn release_names() {
-        assert!(release_name_error("my-app").is_none());
-        assert!(release_name_error("my.app").is_none());
-        assert!(release_name_error(&"a".repeat(53)).is_none());
-        assert!(release_name_error(&"a".repeat(54)).unwrap().contains("53"));
-        assert!(release_name_error("My-App").is_some());
-        assert!(release_name_error("my_app").is_some());
-        assert!(release_name_error("").is_some());
     }
 
     #[test]

@@ -1,8 +1,7 @@
-//! Helm options: chart/repo/version combinations, the version constraint, releaseName, and
-//! the shape of valuesFrom.
+//! Helm options: chart/repo/version combinations, the version constraint, and the valuesFrom
+//! references. `releaseName`'s pattern and length are the CRD's ([`super::schema`]).
 
-use super::{Ctx, JsonView, Map, Path, field, q, semver, type_name};
-use crate::name_rules as names;
+use super::{Ctx, JsonView, Map, Path, field, q, semver};
 use crate::resource::ResourceKind;
 
 /// A `valuesFrom` entry that names a ConfigMap or Secret.
@@ -15,17 +14,16 @@ pub(crate) struct ValuesFromRef {
 
 /// `spec.helm`: Fleet's controller rules are denials.
 pub(crate) fn check_root_helm(cx: &mut Ctx, helm: &Map<'_>, base: &Path<'_>) -> Vec<ValuesFromRef> {
-    let chart = cx.string(helm, "chart", base).unwrap_or_default();
-    let repo = cx.string(helm, "repo", base).unwrap_or_default();
-    let version = cx.string(helm, "version", base).unwrap_or_default();
+    let chart = super::string(helm, "chart").unwrap_or_default();
+    let repo = super::string(helm, "repo").unwrap_or_default();
+    let version = super::string(helm, "version").unwrap_or_default();
     for (field, message) in source_problems(chart, repo, version) {
         cx.deny(&base.key(field), message);
     }
     if let Some(message) = oci_version_problem(repo, version) {
         cx.deny(&base.key("version"), message);
     }
-    check_release_name(cx, helm, base);
-    values_from(cx, helm, base)
+    values_from(helm, base)
 }
 
 /// Fleet's controller resolves an `oci://` repo's version itself (`bundlereader.ChartVersion`
@@ -54,8 +52,8 @@ pub(crate) fn check_target_helm(
     base: &Path<'_>,
     root: Option<&Map<'_>>,
 ) -> Vec<ValuesFromRef> {
-    let own = |cx: &mut Ctx, key: &str| cx.string(helm, key, base).unwrap_or_default().to_string();
-    let (chart, repo, version) = (own(cx, "chart"), own(cx, "repo"), own(cx, "version"));
+    let own = |key: &str| super::string(helm, key).unwrap_or_default().to_string();
+    let (chart, repo, version) = (own("chart"), own("repo"), own("version"));
     if !(chart.is_empty() && repo.is_empty() && version.is_empty()) {
         let inherit = |own: String, key: &str| {
             if own.is_empty() {
@@ -77,8 +75,7 @@ pub(crate) fn check_target_helm(
             );
         }
     }
-    check_release_name(cx, helm, base);
-    values_from(cx, helm, base)
+    values_from(helm, base)
 }
 
 /// Fleet v0.16's HelmOp rules, from rancher/fleet
@@ -195,56 +192,27 @@ fn http_repo_problem(repo: &str) -> Option<String> {
         .then(|| format!("repo {} has no host", q(repo)))
 }
 
-/// The CRD's `releaseName` pattern and `maxLength: 53` (the API server rejects others; Helm too).
-fn check_release_name(cx: &mut Ctx, helm: &Map<'_>, base: &Path<'_>) {
-    if let Some(name) = cx.string(helm, "releaseName", base) {
-        let path = &base.key("releaseName");
-        if name.is_empty() {
-            cx.deny(
-                path,
-                "releaseName must not be empty: remove it to let Fleet derive one",
-            );
-        } else if let Some(problem) = names::release_name_error(name) {
-            cx.deny(
-                path,
-                format!(
-                    "releaseName {} is not a valid Helm release name: it {problem}",
-                    q(name)
-                ),
-            );
-        }
-    }
-}
-
-fn values_from(cx: &mut Ctx, helm: &Map<'_>, base: &Path<'_>) -> Vec<ValuesFromRef> {
+fn values_from(helm: &Map<'_>, base: &Path<'_>) -> Vec<ValuesFromRef> {
     let mut out = Vec::new();
-    let Some(list) = cx.array(helm, "valuesFrom", base) else {
+    let Some(list) = super::array(helm, "valuesFrom") else {
         return out;
     };
     let list_path = base.key("valuesFrom");
     for (i, entry) in list.iter().enumerate() {
         let path = list_path.index(i);
         let Some(entry) = entry.as_object() else {
-            cx.deny(
-                &path,
-                format!(
-                    "a valuesFrom entry must be an object, not {}",
-                    type_name(entry)
-                ),
-            );
             continue;
         };
         for (key, kind) in [
             ("configMapKeyRef", ResourceKind::ConfigMap),
             ("secretKeyRef", ResourceKind::Secret),
         ] {
-            let Some(r) = cx.object(entry, key, &path) else {
+            let Some(r) = super::object(entry, key) else {
                 continue;
             };
             let rpath = path.key(key);
-            let name = cx.string(r, "name", &rpath);
-            let namespace = cx.string(r, "namespace", &rpath);
-            cx.string(r, "key", &rpath);
+            let name = super::string(r, "name");
+            let namespace = super::string(r, "namespace");
             if let Some(name) = name.filter(|n| !n.is_empty()) {
                 out.push(ValuesFromRef {
                     path: rpath.to_string(),

@@ -1,9 +1,16 @@
 //! Offline HelmOp validation: every admission rule that needs no cluster.
 //!
+//! Two homes, one per kind of rule: [`schema`] checks what the CRD itself says (types, enums,
+//! formats, lengths, patterns, its CEL rules), read from the vendored CRD; the rest of this
+//! module checks what helmop knows beyond the CRD (Fleet's controller and agent, Helm, name
+//! rules). `kubectl helmop validate` runs both ([`validate_helmop`]); the webhook runs only the
+//! second ([`check_helmop`]), since the API server has applied the CRD's schema before any
+//! admission webhook sees the object.
+//!
 //! Works on the raw JSON object (not on [`crate::model::HelmOp`]) so that a wrong type, e.g.
-//! `downstreamResources: "x"`, becomes a finding with a path instead of a deserialization error,
-//! and so that one pass can list every problem. The webhook (admission), `kubectl helmop
-//! validate` and any later existence check share these functions.
+//! `downstreamResources: "x"`, is skipped by the rules here (and reported by the schema check)
+//! instead of failing deserialization, and so that one pass can list every problem. The webhook
+//! (admission), `kubectl helmop validate` and any later existence check share these functions.
 
 mod error;
 pub mod fleet;
@@ -11,6 +18,7 @@ mod helm;
 mod missing;
 mod model;
 mod resources;
+mod schema;
 pub mod semver;
 mod spec;
 mod targets;
@@ -134,14 +142,18 @@ impl<'a> From<&'a Value> for Doc<'a> {
     }
 }
 
-/// Validates a HelmOp object; the source namespace is taken from `metadata.namespace`.
-pub fn validate_helmop<'a>(obj: impl Into<Doc<'a>>) -> Vec<Finding> {
-    let obj = obj.into();
-    let namespace = field_of(&obj, "metadata")
+/// Validates a HelmOp object offline, as the API server and then the webhook would: first the
+/// CRD's schema ([`schema`]), then helmop's rules; the source namespace is taken from
+/// `metadata.namespace`.
+pub fn validate_helmop(obj: &Value) -> Vec<Finding> {
+    let mut findings = schema::check(obj);
+    let doc = Doc::from(obj);
+    let namespace = field_of(&doc, "metadata")
         .and_then(|m| field_of(m, "namespace"))
         .and_then(JsonView::as_str)
         .filter(|ns| !ns.is_empty());
-    check_helmop(&*obj, namespace).findings
+    findings.extend(check_helmop(&*doc, namespace).findings);
+    findings
 }
 
 /// Validates a HelmOp object living in `namespace` (on admission the object's own
@@ -185,17 +197,12 @@ pub fn check_helmop<'a>(obj: impl Into<Doc<'a>>, _namespace: Option<&str>) -> Ch
             return cx.done(Vec::new());
         }
         Some(JsonView::Object(spec)) => spec,
-        Some(other) => {
-            cx.deny(
-                &spec_path,
-                format!("spec must be an object, not {}", type_name(other)),
-            );
-            return cx.done(Vec::new());
-        }
+        // A wrong type is the CRD's to report (schema.rs).
+        Some(_) => return cx.done(Vec::new()),
     };
     let model = spec::check_spec(&mut cx, spec);
     resources::check_cross_references(&mut cx, &model);
-    check_bundle_labels(&mut cx, obj, spec, &spec_path);
+    check_bundle_labels(&mut cx, obj, spec);
     let references = model
         .root_entries
         .into_iter()
@@ -207,16 +214,15 @@ pub fn check_helmop<'a>(obj: impl Into<Doc<'a>>, _namespace: Option<&str>) -> Ch
 
 /// The labels Fleet would write on the HelmOp's Bundle: its name and `spec.labels` (strings, by
 /// the CRD) must all be labels the API server takes ([`fleet::bundle_label_problems`]).
-fn check_bundle_labels(cx: &mut Ctx, obj: &Map<'_>, spec: &Map<'_>, spec_path: &Path<'_>) {
+fn check_bundle_labels(cx: &mut Ctx, obj: &Map<'_>, spec: &Map<'_>) {
     let name = field(obj, "metadata")
         .and_then(|m| field_of(m, "name"))
         .and_then(JsonView::as_str)
         .filter(|n| !n.is_empty());
     let mut labels = Vec::new();
-    if let Some(map) = cx.object(spec, "labels", spec_path) {
-        let map_path = spec_path.key("labels");
+    if let Some(map) = object(spec, "labels") {
         for (k, _) in sorted_entries(map) {
-            if let Some(v) = cx.string(map, k, &map_path) {
+            if let Some(v) = string(map, k) {
                 labels.push((k, v));
             }
         }
@@ -378,82 +384,34 @@ impl Ctx {
     pub fn warn(&mut self, path: &impl fmt::Display, message: impl Into<String>) {
         self.findings.push(Finding::warn(path.to_string(), message));
     }
+}
 
-    /// A string field: `Some("")` stays distinguishable from absent; `null` counts as absent
-    /// (every string field of the CRD is nullable). A wrong type is denied.
-    pub fn string<'v>(&mut self, obj: &'v Map<'_>, key: &str, base: &Path<'_>) -> Option<&'v str> {
-        match field(obj, key) {
-            None | Some(JsonView::Null) => None,
-            Some(JsonView::Str(s)) => Some(s),
-            Some(other) => {
-                // YAML reads `version: 1.2` or `name: true` as a number or boolean.
-                let hint = if other.is_number() || other.is_bool() {
-                    ": quote it"
-                } else {
-                    ""
-                };
-                self.deny(
-                    &base.key(key),
-                    format!("{key} must be a string, not {}{hint}", type_name(other)),
-                );
-                None
-            }
-        }
+// The typed getters below read a field for the rules here. A value of the wrong type is
+// skipped, not reported: types are the CRD's rule, reported by [`schema`] offline and enforced
+// by the API server before admission. `null` counts as absent (the API server drops a null
+// where the schema is not nullable, and every field read here either is or has no default).
+
+/// A string field: `Some("")` stays distinguishable from absent.
+pub(crate) fn string<'v>(obj: &'v Map<'_>, key: &str) -> Option<&'v str> {
+    match field(obj, key) {
+        Some(JsonView::Str(s)) => Some(s),
+        _ => None,
     }
+}
 
-    /// A boolean field; a wrong type is denied.
-    pub fn boolean(&mut self, obj: &Map<'_>, key: &str, base: &Path<'_>) -> Option<bool> {
-        match field(obj, key) {
-            None | Some(JsonView::Null) => None,
-            Some(JsonView::Bool(b)) => Some(*b),
-            Some(other) => {
-                self.deny(
-                    &base.key(key),
-                    format!("{key} must be true or false, not {}", type_name(other)),
-                );
-                None
-            }
-        }
+/// An object field.
+pub(crate) fn object<'v, 'a>(obj: &'v Map<'a>, key: &str) -> Option<&'v Map<'a>> {
+    match field(obj, key) {
+        Some(JsonView::Object(m)) => Some(m),
+        _ => None,
     }
+}
 
-    /// An object field; a wrong type is denied.
-    pub fn object<'v, 'a>(
-        &mut self,
-        obj: &'v Map<'a>,
-        key: &str,
-        base: &Path<'_>,
-    ) -> Option<&'v Map<'a>> {
-        match field(obj, key) {
-            None | Some(JsonView::Null) => None,
-            Some(JsonView::Object(m)) => Some(m),
-            Some(other) => {
-                self.deny(
-                    &base.key(key),
-                    format!("{key} must be an object, not {}", type_name(other)),
-                );
-                None
-            }
-        }
-    }
-
-    /// An array field; a wrong type is denied.
-    pub fn array<'v, 'a>(
-        &mut self,
-        obj: &'v Map<'a>,
-        key: &str,
-        base: &Path<'_>,
-    ) -> Option<&'v [JsonView<'a>]> {
-        match field(obj, key) {
-            None | Some(JsonView::Null) => None,
-            Some(JsonView::Array(a)) => Some(a),
-            Some(other) => {
-                self.deny(
-                    &base.key(key),
-                    format!("{key} must be a list, not {}", type_name(other)),
-                );
-                None
-            }
-        }
+/// A list field.
+pub(crate) fn array<'v, 'a>(obj: &'v Map<'a>, key: &str) -> Option<&'v [JsonView<'a>]> {
+    match field(obj, key) {
+        Some(JsonView::Array(a)) => Some(a),
+        _ => None,
     }
 }
 

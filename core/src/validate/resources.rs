@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use super::model::{Entry, SpecModel};
-use super::{Ctx, EntryPath, JsonView, Map, Path, field, field_of, q, sorted_entries, type_name};
+use super::{Ctx, EntryPath, JsonView, Map, Path, field, field_of, q, sorted_entries};
 use crate::name_rules as names;
 use crate::resource::{ResourceKind, ResourceRef};
 
@@ -16,20 +16,13 @@ pub(crate) fn check_list(
     target: Option<usize>,
 ) -> Vec<Entry> {
     let mut out = Vec::new();
-    let Some(list) = cx.array(obj, "downstreamResources", base) else {
+    let Some(list) = super::array(obj, "downstreamResources") else {
         return out;
     };
     let list_path = base.key("downstreamResources");
     for (i, item) in list.iter().enumerate() {
         let path = list_path.index(i);
         let Some(item) = item.as_object() else {
-            cx.deny(
-                &path,
-                format!(
-                    "a downstream resource must be an object with kind and name, not {}",
-                    type_name(item)
-                ),
-            );
             continue;
         };
         let kind = check_kind(cx, item, &path);
@@ -89,16 +82,8 @@ fn check_kind(cx: &mut Ctx, item: &Map<'_>, path: &Path<'_>) -> Option<ResourceK
                 None
             }
         },
-        Some(other) => {
-            cx.deny(
-                kpath,
-                format!(
-                    "kind must be a string (Secret or ConfigMap), not {}",
-                    type_name(other)
-                ),
-            );
-            None
-        }
+        // A wrong type is the CRD's to report (schema.rs).
+        Some(_) => None,
     }
 }
 
@@ -125,13 +110,7 @@ fn check_name(cx: &mut Ctx, item: &Map<'_>, path: &Path<'_>) -> Option<String> {
                 None
             }
         },
-        Some(other) => {
-            cx.deny(
-                npath,
-                format!("name must be a string, not {}", type_name(other)),
-            );
-            None
-        }
+        Some(_) => None,
     }
 }
 

@@ -1,5 +1,6 @@
-//! The walk over `spec`: type checks of the fields helmop reads, and the collected model the
-//! cross-reference rules (duplicates, valuesFrom, helmSecretName) work on.
+//! The walk over `spec`: helmop's rules on the fields it reads (their types are the CRD's, see
+//! [`super::schema`]), and the collected model the cross-reference rules (duplicates,
+//! valuesFrom, helmSecretName) work on.
 
 use super::model::{SpecModel, TargetModel};
 use super::resources;
@@ -10,24 +11,8 @@ pub(crate) fn check_spec(cx: &mut Ctx, spec: &Map<'_>) -> SpecModel {
     let base = &Path::Root.key("spec");
     check_namespaces(cx, spec, base);
     check_namespace_metadata(cx, spec, base);
-    if let Some(mode) = cx.string(spec, "targetCustomizationMode", base)
-        && !mode.is_empty()
-        && mode != "FirstMatch"
-        && mode != "AllMatches"
-    {
-        // The CRD's enum: the API server refuses any other value.
-        cx.deny(
-            &base.key("targetCustomizationMode"),
-            format!(
-                "targetCustomizationMode {} is not FirstMatch or AllMatches",
-                super::q(mode)
-            ),
-        );
-    }
-    cx.boolean(spec, "keepResources", base);
 
-    let helm_secret_name = cx
-        .string(spec, "helmSecretName", base)
+    let helm_secret_name = super::string(spec, "helmSecretName")
         .filter(|s| !s.is_empty())
         .map(str::to_string);
     if let Some(name) = &helm_secret_name
@@ -54,60 +39,38 @@ pub(crate) fn check_spec(cx: &mut Ctx, spec: &Map<'_>) -> SpecModel {
             Vec::new()
         }
         Some(JsonView::Object(h)) => helm::check_root_helm(cx, h, &helm_path),
-        Some(other) => {
-            cx.deny(
-                &helm_path,
-                format!("helm must be an object, not {}", super::type_name(other)),
-            );
-            Vec::new()
-        }
+        // A wrong type is the CRD's to report (schema.rs).
+        Some(_) => Vec::new(),
     };
 
     let root_entries = resources::check_list(cx, spec, base, None);
 
     let mut target_models = Vec::new();
-    if let Some(list) = cx.array(spec, "targets", base) {
+    if let Some(list) = super::array(spec, "targets") {
         let root_helm = field(spec, "helm").and_then(JsonView::as_object);
         let targets_path = base.key("targets");
         for (i, target) in list.iter().enumerate() {
             let path = targets_path.index(i);
             let Some(target) = target.as_object() else {
-                cx.deny(
-                    &path,
-                    format!(
-                        "a target must be an object, not {}",
-                        super::type_name(target)
-                    ),
-                );
                 continue;
             };
             target_models.push(check_target(cx, target, (&path, i), root_helm, spec));
         }
     }
 
-    if let Some(list) = cx.array(spec, "targetRestrictions", base) {
+    if let Some(list) = super::array(spec, "targetRestrictions") {
         warn_customizations(cx, spec, list.len());
         let restrictions_path = base.key("targetRestrictions");
         for (i, restriction) in list.iter().enumerate() {
-            let path = restrictions_path.index(i);
-            match restriction.as_object() {
-                Some(r) => {
-                    targets::check_criteria(cx, r, &path);
-                }
-                None => cx.deny(
-                    &path,
-                    format!(
-                        "a target restriction must be an object, not {}",
-                        super::type_name(restriction)
-                    ),
-                ),
+            if let Some(r) = restriction.as_object() {
+                targets::check_criteria(cx, r, &restrictions_path.index(i));
             }
         }
     }
 
     check_namespace_selector(cx, spec, base);
 
-    if let Some(rollout) = cx.object(spec, "rolloutStrategy", base) {
+    if let Some(rollout) = super::object(spec, "rolloutStrategy") {
         check_rollout(cx, rollout, &base.key("rolloutStrategy"));
     }
 
@@ -131,23 +94,15 @@ fn check_rollout(cx: &mut Ctx, rollout: &Map<'_>, path: &Path<'_>) {
     ] {
         check_limit(cx, rollout, key, path);
     }
-    let Some(list) = cx.array(rollout, "partitions", path) else {
+    let Some(list) = super::array(rollout, "partitions") else {
         return;
     };
     let base = path.key("partitions");
     for (i, partition) in list.iter().enumerate() {
         let path = base.index(i);
         let Some(partition) = partition.as_object() else {
-            cx.deny(
-                &path,
-                format!(
-                    "a partition must be an object, not {}",
-                    super::type_name(partition)
-                ),
-            );
             continue;
         };
-        cx.string(partition, "name", &path);
         check_limit(cx, partition, "maxUnavailable", &path);
         if !targets::check_criteria(cx, partition, &path) {
             cx.warn(
@@ -166,7 +121,7 @@ fn check_namespace_selector(cx: &mut Ctx, spec: &Map<'_>, base: &Path<'_>) {
         return;
     };
     let path = base.key(key);
-    if let Some(selector) = targets::parse_selector(cx, value, &path)
+    if let Some(selector) = targets::parse_selector(value)
         && let Err(e) = crate::selector::Selector::compile(&selector)
     {
         cx.deny(
@@ -179,28 +134,18 @@ fn check_namespace_selector(cx: &mut Ctx, spec: &Map<'_>, base: &Path<'_>) {
     }
 }
 
-/// An int-or-string rollout value Fleet can read.
+/// An int-or-string rollout value Fleet can read (the CRD's `x-kubernetes-int-or-string` is
+/// the schema's to check; a string must also be a number or a percentage Fleet parses).
 fn check_limit(cx: &mut Ctx, obj: &Map<'_>, key: &str, base: &Path<'_>) {
-    let path = base.key(key);
-    match field(obj, key) {
-        None | Some(JsonView::Null | JsonView::Number(_)) => {}
-        Some(JsonView::Str(s)) => {
-            if let Some(e) = crate::targeting::partitions::unreadable_limit(s) {
-                cx.deny(
-                    &path,
-                    format!(
-                        "{e}: Fleet's Bundle controller fails the whole Bundle (no BundleDeployment made or updated on any cluster)"
-                    ),
-                );
-            }
-        }
-        Some(other) => cx.deny(
-            &path,
+    if let Some(s) = super::string(obj, key)
+        && let Some(e) = crate::targeting::partitions::unreadable_limit(s)
+    {
+        cx.deny(
+            &base.key(key),
             format!(
-                "must be an integer or a string, not {}",
-                super::type_name(other)
+                "{e}: Fleet's Bundle controller fails the whole Bundle (no BundleDeployment made or updated on any cluster)"
             ),
-        ),
+        );
     }
 }
 
@@ -211,7 +156,6 @@ fn check_target(
     root_helm: Option<&Map<'_>>,
     root: &Map<'_>,
 ) -> TargetModel {
-    cx.string(target, "name", path);
     if field(target, "allowedTargetNamespaceSelector").is_some() {
         cx.warn(
             &path.key("allowedTargetNamespaceSelector"),
@@ -219,17 +163,15 @@ fn check_target(
         );
     }
     let has_criteria = targets::check_criteria(cx, target, path);
-    cx.boolean(target, "doNotDeploy", path);
     if !has_criteria {
         cx.warn(
             path,
             "this target has no clusterName, clusterSelector, clusterGroup or clusterGroupSelector, so Fleet matches no cluster with it: add one (clusterSelector: {} matches every cluster)",
         );
     }
-    cx.boolean(target, "keepResources", path);
     check_namespaces(cx, target, path);
     check_namespace_metadata(cx, target, path);
-    let values_from = match cx.object(target, "helm", path) {
+    let values_from = match super::object(target, "helm") {
         Some(h) => helm::check_target_helm(cx, h, &path.key("helm"), root_helm),
         None => Vec::new(),
     };
@@ -269,14 +211,14 @@ fn warn_customizations(cx: &mut Ctx, spec: &Map<'_>, restrictions: usize) {
 /// deployment, fail; pod-security labels are ignored by the agent (and by helmop).
 fn check_namespace_metadata(cx: &mut Ctx, obj: &Map<'_>, base: &Path<'_>) {
     for key in ["namespaceLabels", "namespaceAnnotations"] {
-        let Some(map) = cx.object(obj, key, base) else {
+        let Some(map) = super::object(obj, key) else {
             continue;
         };
         let labels = key == "namespaceLabels";
         let map_path = base.key(key);
         for (k, _) in sorted_entries(map) {
             let path = map_path.key(k);
-            let Some(value) = cx.string(map, k, &map_path) else {
+            let Some(value) = super::string(map, k) else {
                 continue;
             };
             let problem = names::qualified_name_error(k)
@@ -320,7 +262,7 @@ fn destination(layers: &[&Map<'_>]) -> Option<String> {
 /// must be namespace names.
 fn check_namespaces(cx: &mut Ctx, obj: &Map<'_>, base: &Path<'_>) {
     for key in ["namespace", "defaultNamespace"] {
-        if let Some(ns) = cx.string(obj, key, base)
+        if let Some(ns) = super::string(obj, key)
             && !ns.is_empty()
             && let Some(problem) = names::dns1123_label_error(ns)
         {

@@ -1,8 +1,8 @@
-//! Target criteria: types, and label selectors Fleet can compile.
+//! Target criteria: label selectors Fleet can compile.
 
 use std::collections::BTreeMap;
 
-use super::{Ctx, JsonView, Map, Path, field, sorted_entries, type_name};
+use super::{Ctx, JsonView, Map, Path, field, sorted_entries};
 use crate::selector::Selector;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 pub(crate) fn check_criteria(cx: &mut Ctx, obj: &Map<'_>, base: &Path<'_>) -> bool {
     let mut has = false;
     for key in ["clusterName", "clusterGroup"] {
-        if cx.string(obj, key, base).is_some_and(|s| !s.is_empty()) {
+        if super::string(obj, key).is_some_and(|s| !s.is_empty()) {
             has = true;
         }
     }
@@ -22,7 +22,7 @@ pub(crate) fn check_criteria(cx: &mut Ctx, obj: &Map<'_>, base: &Path<'_>) -> bo
             Some(value) => {
                 has = true;
                 let path = base.key(key);
-                if let Some(selector) = parse_selector(cx, value, &path)
+                if let Some(selector) = parse_selector(value)
                     && let Err(e) = Selector::compile(&selector)
                 {
                     // rancher/fleet internal/cmd/controller/target/matcher: NewClusterMatcher
@@ -41,89 +41,39 @@ pub(crate) fn check_criteria(cx: &mut Ctx, obj: &Map<'_>, base: &Path<'_>) -> bo
     has
 }
 
-/// Reads a raw label selector, denying type errors with their exact path.
-pub(crate) fn parse_selector(
-    cx: &mut Ctx,
-    value: &JsonView<'_>,
-    path: &Path<'_>,
-) -> Option<LabelSelector> {
-    let Some(obj) = value.as_object() else {
-        cx.deny(
-            path,
-            format!(
-                "a label selector must be an object, not {}",
-                type_name(value)
-            ),
-        );
-        return None;
-    };
-    let mut ok = true;
+/// Reads a raw label selector; `None` when a part has the wrong type (the CRD's to report, see
+/// [`super::schema`]), as the API server would have refused it. A `null` label value is
+/// skipped: the API server drops it.
+pub(crate) fn parse_selector(value: &JsonView<'_>) -> Option<LabelSelector> {
+    let obj = value.as_object()?;
     let mut selector = LabelSelector::default();
-    if let Some(labels) = cx.object(obj, "matchLabels", path) {
+    if let Some(labels) = super::object(obj, "matchLabels") {
         let mut out = BTreeMap::new();
-        let labels_path = path.key("matchLabels");
         for (k, v) in sorted_entries(labels) {
-            match v.as_str() {
-                Some(v) => {
+            match v {
+                JsonView::Str(v) => {
                     out.insert(k.to_string(), v.to_string());
                 }
-                None => {
-                    ok = false;
-                    cx.deny(
-                        &labels_path.key(k),
-                        format!(
-                            "label values must be strings, not {}: quote it",
-                            type_name(v)
-                        ),
-                    );
-                }
+                JsonView::Null => {}
+                _ => return None,
             }
         }
         selector.match_labels = Some(out);
     }
-    if let Some(exprs) = cx.array(obj, "matchExpressions", path) {
-        let base = path.key("matchExpressions");
+    if let Some(exprs) = super::array(obj, "matchExpressions") {
         let mut out = Vec::new();
-        for (i, expr) in exprs.iter().enumerate() {
-            let epath = base.index(i);
-            let Some(expr) = expr.as_object() else {
-                ok = false;
-                cx.deny(
-                    &epath,
-                    format!(
-                        "a match expression must be an object, not {}",
-                        type_name(expr)
-                    ),
-                );
-                continue;
+        for expr in exprs {
+            let expr = expr.as_object()?;
+            let key = super::string(expr, "key")?;
+            let operator = super::string(expr, "operator")?;
+            let values = match super::array(expr, "values") {
+                Some(list) => Some(
+                    list.iter()
+                        .map(|v| v.as_str().map(str::to_string))
+                        .collect::<Option<Vec<_>>>()?,
+                ),
+                None => None,
             };
-            let key = cx.string(expr, "key", &epath);
-            let operator = cx.string(expr, "operator", &epath);
-            let (Some(key), Some(operator)) = (key, operator) else {
-                if !expr.contains_key("key") || !expr.contains_key("operator") {
-                    cx.deny(&epath, "a match expression needs key and operator");
-                }
-                ok = false;
-                continue;
-            };
-            let mut values = None;
-            if let Some(list) = cx.array(expr, "values", &epath) {
-                let mut vs = Vec::new();
-                let values_path = epath.key("values");
-                for (j, v) in list.iter().enumerate() {
-                    match v.as_str() {
-                        Some(v) => vs.push(v.to_string()),
-                        None => {
-                            ok = false;
-                            cx.deny(
-                                &values_path.index(j),
-                                format!("values must be strings, not {}: quote it", type_name(v)),
-                            );
-                        }
-                    }
-                }
-                values = Some(vs);
-            }
             out.push(LabelSelectorRequirement {
                 key: key.to_string(),
                 operator: operator.to_string(),
@@ -132,5 +82,5 @@ pub(crate) fn parse_selector(
         }
         selector.match_expressions = Some(out);
     }
-    ok.then_some(selector)
+    Some(selector)
 }

@@ -674,19 +674,19 @@ fn cases() -> Vec<Case> {
             "releaseName too long",
             json!({"helm": {"repo": "https://x", "chart": "app", "releaseName": "a".repeat(54)}}),
             vec![deny("spec.helm.releaseName")],
-            "at most 53",
+            "releaseName is 54 characters long, more than the 53 the CRD allows",
         ),
         (
             "releaseName upper case",
             json!({"helm": {"repo": "https://x", "chart": "app", "releaseName": "MyApp"}}),
             vec![deny("spec.helm.releaseName")],
-            "not a valid Helm release name",
+            "does not match the CRD's pattern",
         ),
         (
             "releaseName empty",
             json!({"helm": {"repo": "https://x", "chart": "app", "releaseName": ""}}),
             vec![deny("spec.helm.releaseName")],
-            "must not be empty",
+            "an empty string is a value, not the field left out; remove the field",
         ),
         (
             "target releaseName",
@@ -695,7 +695,7 @@ fn cases() -> Vec<Case> {
                 json!({"targets": [{"clusterSelector": {}, "helm": {"releaseName": "bad_name"}}]}),
             ),
             vec![deny("spec.targets[0].helm.releaseName")],
-            "not a valid Helm release name",
+            "does not match the CRD's pattern",
         ),
         // --- targets and namespaces
         (
@@ -747,8 +747,10 @@ fn cases() -> Vec<Case> {
                 b(),
                 json!({"targets": [{"clusterSelector": {"matchExpressions": [{"key": "env"}]}}]}),
             ),
-            vec![deny("spec.targets[0].clusterSelector.matchExpressions[0]")],
-            "needs key and operator",
+            vec![deny(
+                "spec.targets[0].clusterSelector.matchExpressions[0].operator",
+            )],
+            "operator is missing: the CRD requires it",
         ),
         (
             "namespace invalid",
@@ -810,7 +812,14 @@ fn cases() -> Vec<Case> {
             "targetCustomizationMode outside the enum",
             with(b(), json!({"targetCustomizationMode": "allMatches"})),
             vec![deny("spec.targetCustomizationMode")],
-            "not FirstMatch or AllMatches",
+            "is not \"FirstMatch\" or \"AllMatches\"",
+        ),
+        (
+            // The CRD's enum has no "": an empty string is a value, not the default.
+            "targetCustomizationMode empty",
+            with(b(), json!({"targetCustomizationMode": ""})),
+            vec![deny("spec.targetCustomizationMode")],
+            "remove the field to get the default \"FirstMatch\"",
         ),
         (
             "targetCustomizationMode AllMatches",
@@ -857,10 +866,10 @@ fn cases() -> Vec<Case> {
                 json!({"namespaceLabels": {"n": 1}, "namespaceAnnotations": "x"}),
             ),
             vec![
-                deny("spec.namespaceLabels.n"),
                 deny("spec.namespaceAnnotations"),
+                deny("spec.namespaceLabels.n"),
             ],
-            "must be a string",
+            "namespaceAnnotations must be an object, not a string",
         ),
         (
             "spec.labels Fleet puts on the Bundle: a key and a value the API server refuses",
@@ -905,17 +914,18 @@ fn a_name_longer_than_a_label_value_is_denied() {
 
 #[test]
 fn rule_table() {
+    let mut wrong = Vec::new();
     for (name, spec, want, phrase) in cases() {
         let got = validate_helmop(&helmop(spec));
-        assert_eq!(summary(&got), want, "{name}: {got:#?}");
-        if let Some(first) = got.first() {
-            assert!(
-                first.message.contains(phrase),
-                "{name}: {:?} lacks {phrase:?}",
-                first.message
-            );
+        if summary(&got) != want {
+            wrong.push(format!("{name}: want {want:?}, got {got:#?}"));
+        } else if let Some(first) = got.first()
+            && !first.message.contains(phrase)
+        {
+            wrong.push(format!("{name}: {:?} lacks {phrase:?}", first.message));
         }
     }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 #[test]
@@ -929,8 +939,9 @@ fn every_problem_is_listed() {
     assert_eq!(
         summary(&got),
         vec![
-            deny("spec.helm.chart"),
+            // The CRD's schema first, then helmop's rules.
             deny("spec.helm.releaseName"),
+            deny("spec.helm.chart"),
             deny("spec.downstreamResources[0].kind"),
             deny("spec.downstreamResources[1].name"),
             warn("spec.targets[0].downstreamResources[0].kind"),
@@ -1204,8 +1215,8 @@ proptest! {
         let wrapped = json!({"metadata": {"namespace": "apps"}, "spec": v});
         let text = reversed_json(&wrapped);
         let view: JsonView = serde_json::from_str(&text).unwrap();
-        let findings = validate_helmop(&wrapped);
-        prop_assert_eq!(&validate_helmop(&view), &findings);
+        let findings = validate_helmop_in(&wrapped, Some("apps"));
+        prop_assert_eq!(&validate_helmop_in(&view, Some("apps")), &findings);
         let refs = downstream_refs(&wrapped);
         prop_assert_eq!(&downstream_refs(&view), &refs);
         let checked = check_helmop(&view, Some("apps"));
@@ -1223,6 +1234,9 @@ fn duplicate_keys_read_as_serde_json_reads_them() {
         "namespaceLabels": {"b": 2, "a": "ok", "b": "fine"}}}"#;
     let view: JsonView = serde_json::from_str(text).unwrap();
     let value: Value = serde_json::from_str(text).unwrap();
-    assert_eq!(validate_helmop(&view), validate_helmop(&value));
-    assert_eq!(validate_helmop(&view), vec![]);
+    assert_eq!(
+        validate_helmop_in(&view, None),
+        validate_helmop_in(&value, None)
+    );
+    assert_eq!(validate_helmop(&value), vec![]);
 }
