@@ -87,8 +87,9 @@ fn every_example_gets_its_verdict() {
             "invalid/bad-names.yaml",
             1,
             vec![
-                f(1, "deny", "spec.namespace"),
+                // The CRD's schema first, then helmop's rules.
                 f(1, "deny", "spec.helm.releaseName"),
+                f(1, "deny", "spec.namespace"),
                 f(1, "deny", "spec.downstreamResources[0].name"),
                 f(1, "deny", "spec.downstreamResources[1].name"),
             ],
@@ -126,9 +127,17 @@ fn every_example_gets_its_verdict() {
             "invalid/wrong-types.yaml",
             1,
             vec![
-                f(1, "deny", "spec.helm.version"),
                 f(1, "deny", "spec.downstreamResources"),
+                f(1, "deny", "spec.helm.version"),
                 f(1, "deny", "spec.targets[0].clusterSelector.matchLabels.gpu"),
+            ],
+        ),
+        (
+            "invalid/crd-schema.yaml",
+            1,
+            vec![
+                f(1, "deny", "spec.targetCustomizationMode"),
+                f(1, "deny", "spec.pollingInterval"),
             ],
         ),
         (
@@ -203,7 +212,7 @@ fn directories_are_walked_recursively() {
         .iter()
         .map(|f| f["file"].as_str().unwrap())
         .collect();
-    assert_eq!(files.len(), 13, "{files:?}");
+    assert_eq!(files.len(), 14, "{files:?}");
     assert!(files.iter().all(|f| !f.ends_with(".md")));
     assert_eq!(report["summary"]["errors"], 1);
 
