@@ -677,6 +677,14 @@ fn network_policy_admits_the_admission_port_only_from_outside_the_pod_network() 
         {
             continue;
         }
+        // Opt-in: a wrong pod CIDR would block the API server, so no install ships the policy.
+        assert!(
+            of_kind(&docs, "NetworkPolicy").is_empty(),
+            "{}: the NetworkPolicy is the network-policy component's",
+            dir.display()
+        );
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let docs = render_overlay(&[name], &["network-policy"]);
         let policy = named(&docs, "NetworkPolicy", "helmop-webhook");
         assert_eq!(
             policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
