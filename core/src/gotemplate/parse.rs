@@ -562,23 +562,29 @@ impl Parser<'_> {
             return Ok(Some(node));
         }
         let mut fields = Vec::new();
+        // Go positions the merged node at the first chained field (`newChain(t.peek().pos)`),
+        // which is where its execution errors point.
+        let chain_pos = self.peek().pos;
         while self.peek().typ == ItemType::Field {
             let f = self.next();
             fields.push(f.val.trim_start_matches('.').to_string());
         }
         Ok(Some(match node {
-            Arg::Field { pos, mut names } => {
+            Arg::Field { mut names, .. } => {
                 names.extend(fields);
-                Arg::Field { pos, names }
+                Arg::Field {
+                    pos: chain_pos,
+                    names,
+                }
             }
             Arg::Variable {
-                pos,
                 name,
                 fields: mut own,
+                ..
             } => {
                 own.extend(fields);
                 Arg::Variable {
-                    pos,
+                    pos: chain_pos,
                     name,
                     fields: own,
                 }
