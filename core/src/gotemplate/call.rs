@@ -94,8 +94,9 @@ fn printf(args: &[Value]) -> R {
             return unknown("printf");
         };
         match (verb, arg) {
-            (Some('s' | 'v'), Value::Str(_) | Value::Int(_) | Value::Bool(_))
-            | (Some('v'), _) => format_value(arg, true, &mut out),
+            (Some('s' | 'v'), Value::Str(_) | Value::Int(_) | Value::Bool(_)) | (Some('v'), _) => {
+                format_value(arg, true, &mut out)
+            }
             (Some('s'), Value::Float(f)) => {
                 // Go: %s of a float64 is "%!s(float64=3)".
                 out.push_str(&format!("%!s(float64={})", go_float(*f)));
@@ -193,14 +194,22 @@ fn to_json(v: &Value, out: &mut String) {
             if a != 0.0 && !(1e-6..1e21).contains(&a) {
                 out.push_str(&go_float(*f).replace("e-0", "e-").replace("e+0", "e+"));
             } else {
-                out.push_str(&serde_json::Number::from_f64(*f).map_or("null".into(), |n| {
-                    let s = n.to_string();
-                    s.strip_suffix(".0").map_or(s.clone(), str::to_string)
-                }));
+                out.push_str(
+                    &serde_json::Number::from_f64(*f).map_or("null".into(), |n| {
+                        let s = n.to_string();
+                        s.strip_suffix(".0").map_or(s.clone(), str::to_string)
+                    }),
+                );
             }
         }
         Value::Str(s) => {
-            out.push_str(&serde_json::Value::String(s.clone()).to_string().replace('<', "\\u003c").replace('>', "\\u003e").replace('&', "\\u0026"));
+            out.push_str(
+                &serde_json::Value::String(s.clone())
+                    .to_string()
+                    .replace('<', "\\u003c")
+                    .replace('>', "\\u003e")
+                    .replace('&', "\\u0026"),
+            );
         }
         Value::List(l) => {
             out.push('[');
@@ -280,7 +289,9 @@ pub fn call(name: &str, args: Vec<Value>) -> R {
                         .and_then(|i| l.get(i))
                     {
                         Some(x) => x.clone(),
-                        None => return fail(format!("error calling index: index out of range: {i}")),
+                        None => {
+                            return fail(format!("error calling index: index out of range: {i}"));
+                        }
                     },
                     (Value::Nil, _) => {
                         return fail("error calling index: index of untyped nil");
@@ -403,7 +414,10 @@ pub fn call(name: &str, args: Vec<Value>) -> R {
             let mut m = BTreeMap::new();
             for pair in args.chunks(2) {
                 let key = sprig_strval(&pair[0]);
-                m.insert(key, pair.get(1).cloned().unwrap_or(Value::Str(String::new())));
+                m.insert(
+                    key,
+                    pair.get(1).cloned().unwrap_or(Value::Str(String::new())),
+                );
             }
             Ok(Value::Map(m))
         }

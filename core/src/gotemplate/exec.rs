@@ -256,7 +256,11 @@ impl State<'_> {
                 let mark = self.vars.len();
                 let v = self.pipeline(&c.pipe, dot)?;
                 let flow = if v.truth() {
-                    let d = if matches!(node, Node::With(_)) { v } else { dot.clone() };
+                    let d = if matches!(node, Node::With(_)) {
+                        v
+                    } else {
+                        dot.clone()
+                    };
                     self.walk_list(&c.list, &d)?
                 } else {
                     self.walk_list(&c.else_list, dot)?
@@ -416,7 +420,9 @@ impl State<'_> {
                     Some(x) => x,
                     None => {
                         self.at = (pos, node);
-                        return Err(self.fail(format!("map has no entry for key {}", go_quote(name))));
+                        return Err(
+                            self.fail(format!("map has no entry for key {}", go_quote(name)))
+                        );
                     }
                 },
                 Value::Nil => {
@@ -498,4 +504,3 @@ impl State<'_> {
         })
     }
 }
-

@@ -551,12 +551,11 @@ impl<'a> Lexer<'a> {
             self.accept_run("0123456789_");
         }
         self.accept("i");
-        !self.peek().is_some_and(is_alphanumeric)
-            || {
-                // Go consumes the offending rune so the message shows it.
-                self.next();
-                false
-            }
+        !self.peek().is_some_and(is_alphanumeric) || {
+            // Go consumes the offending rune so the message shows it.
+            self.next();
+            false
+        }
     }
 
     fn lex_quote(&mut self) -> State {

@@ -53,7 +53,10 @@ pub struct Cmd {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Arg {
     /// `.A.B`: names without dots.
-    Field { pos: usize, names: Vec<String> },
+    Field {
+        pos: usize,
+        names: Vec<String>,
+    },
     /// `$x.A.B`: `name` includes the `$`.
     Variable {
         pos: usize,
@@ -63,12 +66,21 @@ pub enum Arg {
     Dot,
     Nil,
     Bool(bool),
-    Number { text: String, value: Number },
+    Number {
+        text: String,
+        value: Number,
+    },
     Str(String),
-    Ident { pos: usize, name: String },
+    Ident {
+        pos: usize,
+        name: String,
+    },
     Pipe(Box<Pipe>),
     /// `(pipeline).A.B`.
-    Chain { node: Box<Arg>, fields: Vec<String> },
+    Chain {
+        node: Box<Arg>,
+        fields: Vec<String>,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -146,7 +158,12 @@ enum Listed {
 impl Parser<'_> {
     fn errorf(&self, message: impl Into<String>) -> ParseError {
         ParseError {
-            message: format!("template: {}:{}: {}", self.name, self.last_line, message.into()),
+            message: format!(
+                "template: {}:{}: {}",
+                self.name,
+                self.last_line,
+                message.into()
+            ),
             line: self.last_line,
             too_deep: false,
         }
@@ -162,7 +179,11 @@ impl Parser<'_> {
     }
 
     fn next(&mut self) -> Item {
-        let item = self.items.get(self.i).cloned().unwrap_or_else(|| self.eof_item());
+        let item = self
+            .items
+            .get(self.i)
+            .cloned()
+            .unwrap_or_else(|| self.eof_item());
         if self.i < self.items.len() {
             self.i += 1;
         }
@@ -175,7 +196,10 @@ impl Parser<'_> {
     }
 
     fn peek(&self) -> Item {
-        self.items.get(self.i).cloned().unwrap_or_else(|| self.eof_item())
+        self.items
+            .get(self.i)
+            .cloned()
+            .unwrap_or_else(|| self.eof_item())
     }
 
     fn next_non_space(&mut self) -> Item {
@@ -315,7 +339,11 @@ impl Parser<'_> {
         let token = self.next_non_space();
         match token.typ {
             ItemType::Block => return self.block_control().map(Listed::Node),
-            ItemType::Break => return self.break_control("break").map(|_| Listed::Node(Node::Break)),
+            ItemType::Break => {
+                return self
+                    .break_control("break")
+                    .map(|_| Listed::Node(Node::Break));
+            }
             ItemType::Continue => {
                 return self
                     .break_control("continue")
@@ -621,9 +649,7 @@ impl Parser<'_> {
             ItemType::Variable => {
                 // `$x` is one token; its fields come as Field tokens.
                 if !self.vars.iter().any(|v| *v == token.val) {
-                    return Err(
-                        self.errorf(format!("undefined variable {}", go_quote(&token.val)))
-                    );
+                    return Err(self.errorf(format!("undefined variable {}", go_quote(&token.val))));
                 }
                 Arg::Variable {
                     pos: token.pos,
@@ -668,7 +694,9 @@ impl Parser<'_> {
             }
             let inner = unquote(&format!("\"{inner}\""))
                 .filter(|s| s.chars().count() == 1)
-                .ok_or_else(|| self.errorf(format!("malformed character constant: {}", token.val)))?;
+                .ok_or_else(|| {
+                    self.errorf(format!("malformed character constant: {}", token.val))
+                })?;
             return Ok(Number::Int(inner.chars().next().map_or(0, |c| c as i64)));
         }
         let text = token.val.as_str();
@@ -829,13 +857,7 @@ pub fn pipe_string(p: &Pipe) -> String {
     let cmds: Vec<String> = p
         .cmds
         .iter()
-        .map(|c| {
-            c.args
-                .iter()
-                .map(arg_string)
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
+        .map(|c| c.args.iter().map(arg_string).collect::<Vec<_>>().join(" "))
         .collect();
     s.push_str(&cmds.join(" | "));
     s

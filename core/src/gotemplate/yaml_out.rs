@@ -108,19 +108,21 @@ fn scalar(v: &serde_json::Value, indent: usize) -> String {
 /// Whether YAML 1.1 (yaml.v2's resolver) reads `s` as something other than a string.
 fn resolves_to_non_string(s: &str) -> bool {
     const WORDS: &[&str] = &[
-        "", "~", "null", "Null", "NULL", "y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No",
-        "NO", "true", "True", "TRUE", "false", "False", "FALSE", "on", "On", "ON", "off", "Off",
-        "OFF", ".inf", ".Inf", ".INF", "-.inf", "-.Inf", "-.INF", "+.inf", ".nan", ".NaN", ".NAN",
-        "<<",
+        "", "~", "null", "Null", "NULL", "y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO",
+        "true", "True", "TRUE", "false", "False", "FALSE", "on", "On", "ON", "off", "Off", "OFF",
+        ".inf", ".Inf", ".INF", "-.inf", "-.Inf", "-.INF", "+.inf", ".nan", ".NaN", ".NAN", "<<",
     ];
     if WORDS.contains(&s) {
         return true;
     }
     let t = s.trim_start_matches(['+', '-']).replace('_', "");
     !t.is_empty()
-        && (t.parse::<f64>().is_ok() && t.chars().all(|c| c.is_ascii_digit() || ".eE+-".contains(c))
-            || t.strip_prefix("0x").is_some_and(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_hexdigit()))
-            || t.strip_prefix("0b").is_some_and(|h| !h.is_empty() && h.chars().all(|c| c == '0' || c == '1')))
+        && (t.parse::<f64>().is_ok()
+            && t.chars().all(|c| c.is_ascii_digit() || ".eE+-".contains(c))
+            || t.strip_prefix("0x")
+                .is_some_and(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_hexdigit()))
+            || t.strip_prefix("0b")
+                .is_some_and(|h| !h.is_empty() && h.chars().all(|c| c == '0' || c == '1')))
 }
 
 fn plain_allowed(s: &str) -> bool {
@@ -144,8 +146,7 @@ fn plain_allowed(s: &str) -> bool {
 }
 
 fn string(s: &str, indent: usize) -> String {
-    if s.contains('\n') && s.chars().all(|c| c == '\n' || !c.is_control()) && !s.contains(" \n")
-    {
+    if s.contains('\n') && s.chars().all(|c| c == '\n' || !c.is_control()) && !s.contains(" \n") {
         let chomp = if !s.ends_with('\n') {
             "-"
         } else if s.ends_with("\n\n") {

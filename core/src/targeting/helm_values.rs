@@ -254,24 +254,39 @@ mod tests {
         let down1 = Cluster::new("fleet-default", "down1", &[("env", "prod")]);
         let bare = Cluster::new("fleet-default", "bare", &[("x.cattle.io/a", "b")]);
         let bad = json!({"tier": "${ .ClusterLabels.tier }"});
-        assert!(matches!(preprocess(&down1, &helm(bad.clone(), false)), Outcome::Fails(m) if m.starts_with("failed to render helm values template: template: values:1:")));
+        assert!(
+            matches!(preprocess(&down1, &helm(bad.clone(), false)), Outcome::Fails(m) if m.starts_with("failed to render helm values template: template: values:1:"))
+        );
         // No labels left after cleaning: Fleet does not template.
-        assert_eq!(preprocess(&bare, &helm(bad.clone(), false)), Outcome::Renders);
+        assert_eq!(
+            preprocess(&bare, &helm(bad.clone(), false)),
+            Outcome::Renders
+        );
         assert_eq!(preprocess(&down1, &helm(bad, true)), Outcome::Renders);
         let ok = json!({"tier": "${ default \"none\" (index .ClusterLabels \"tier\") }", "env": "global.fleet.clusterLabels.env"});
         assert_eq!(preprocess(&down1, &helm(ok, false)), Outcome::Renders);
         let unparsable = json!({"a": "${ nope }"});
-        assert!(matches!(preprocess(&down1, &helm(unparsable, false)), Outcome::Fails(m) if m.starts_with("failed to parse helm values template:")));
+        assert!(
+            matches!(preprocess(&down1, &helm(unparsable, false)), Outcome::Fails(m) if m.starts_with("failed to parse helm values template:"))
+        );
         // The label substitution happens before templating: its value is templated too.
         let mut deep = json!("x");
         for _ in 0..=MAX_LABEL_DEPTH {
             deep = json!({ "a": deep });
         }
-        assert!(matches!(preprocess(&down1, &helm(json!({"d": deep}), true)), Outcome::Fails(m) if m.contains("maximum recursion depth of 50")));
+        assert!(
+            matches!(preprocess(&down1, &helm(json!({"d": deep}), true)), Outcome::Fails(m) if m.contains("maximum recursion depth of 50"))
+        );
         let mut t = helm(json!({}), false);
-        t.template_values = Some(serde_json::Map::from_iter([("k".to_string(), json!("${ .ClusterValues.x }"))]));
+        t.template_values = Some(serde_json::Map::from_iter([(
+            "k".to_string(),
+            json!("${ .ClusterValues.x }"),
+        )]));
         assert!(matches!(preprocess(&down1, &t), Outcome::Fails(_)));
         // A render that is not a mapping fails.
-        assert!(matches!(preprocess(&down1, &helm(json!({"${ \"- x\" }": 1}), false)), Outcome::Fails(_)));
+        assert!(matches!(
+            preprocess(&down1, &helm(json!({"${ \"- x\" }": 1}), false)),
+            Outcome::Fails(_)
+        ));
     }
 }

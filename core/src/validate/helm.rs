@@ -34,17 +34,15 @@ pub(crate) fn check_root_helm(cx: &mut Ctx, helm: &Map<'_>, base: &Path<'_>) -> 
 /// root options, which every target's options are merged with). Go refuses to parse these, so
 /// the Bundle fails on every cluster (`target/builder.go` `processTemplateValues`): a denial.
 fn check_templates(cx: &mut Ctx, helm: &Map<'_>, base: &Path<'_>, root: Option<&Map<'_>>) {
-    let disabled = |m: &Map<'_>| {
-        matches!(
-            field(m, "disablePreProcess"),
-            Some(JsonView::Bool(true))
-        )
-    };
+    let disabled =
+        |m: &Map<'_>| matches!(field(m, "disablePreProcess"), Some(JsonView::Bool(true)));
     if disabled(helm) || root.is_some_and(disabled) {
         return;
     }
     let why = |e: crate::gotemplate::ParseError| {
-        format!("Fleet cannot parse this as a helm values template (${{ }} delimiters), so the Bundle fails on every cluster with labels: {e}")
+        format!(
+            "Fleet cannot parse this as a helm values template (${{ }} delimiters), so the Bundle fails on every cluster with labels: {e}"
+        )
     };
     if let Some(values @ JsonView::Object(_)) = field(helm, "values")
         && let Ok(json) = serde_json::to_value(values)

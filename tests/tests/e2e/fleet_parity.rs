@@ -2282,7 +2282,10 @@ async fn a_values_template_failing_on_one_cluster_blocks_every_cluster() -> anyh
             .await?
             .expect(0);
         for client in [&f.down1, &f.down2] {
-            assert_eq!(copy_value(client, &dest, "db").await?.as_deref(), Some("v1"));
+            assert_eq!(
+                copy_value(client, &dest, "db").await?.as_deref(),
+                Some("v1")
+            );
         }
     }
 
@@ -2294,12 +2297,18 @@ async fn a_values_template_failing_on_one_cluster_blocks_every_cluster() -> anyh
         .await?
         .expect(0);
     for client in [&f.down1, &f.down2] {
-        assert_eq!(copy_value(client, &dest, "db").await?.as_deref(), Some("v2"));
+        assert_eq!(
+            copy_value(client, &dest, "db").await?.as_deref(),
+            Some("v2")
+        );
     }
 
     // `validate` denies a template Go cannot parse, from the file alone.
     let file = std::env::temp_dir().join(format!("{}-values.yaml", f.ns));
-    std::fs::write(&file, op("    values:\n      tier: ${ toYaml .ClusterLabels }\n"))?;
+    std::fs::write(
+        &file,
+        op("    values:\n      tier: ${ toYaml .ClusterLabels }\n"),
+    )?;
     let file_arg = file.display().to_string();
     let validated = helmop(&["validate", "-f", &file_arg, "--cluster"]).await?;
     std::fs::remove_file(&file)?;
