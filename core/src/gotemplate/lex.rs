@@ -504,11 +504,11 @@ impl<'a> Lexer<'a> {
             return self.errorf(format!("bad number syntax: {}", go_quote(&text)));
         }
         // Complex numbers (`1+2i`) are numbers too.
-        if matches!(self.peek(), Some('+' | '-')) {
-            if !self.scan_number() || !self.input[..self.pos].ends_with('i') {
-                let text = self.input[self.start..self.pos].to_string();
-                return self.errorf(format!("bad number syntax: {}", go_quote(&text)));
-            }
+        if matches!(self.peek(), Some('+' | '-'))
+            && (!self.scan_number() || !self.input[..self.pos].ends_with('i'))
+        {
+            let text = self.input[self.start..self.pos].to_string();
+            return self.errorf(format!("bad number syntax: {}", go_quote(&text)));
         }
         self.emit(ItemType::Number);
         State::InsideAction

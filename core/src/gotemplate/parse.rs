@@ -648,7 +648,7 @@ impl Parser<'_> {
             ItemType::Nil => Arg::Nil,
             ItemType::Variable => {
                 // `$x` is one token; its fields come as Field tokens.
-                if !self.vars.iter().any(|v| *v == token.val) {
+                if !self.vars.contains(&token.val) {
                     return Err(self.errorf(format!("undefined variable {}", go_quote(&token.val))));
                 }
                 Arg::Variable {
