@@ -28,8 +28,8 @@ use helmop_core::plan::{
 };
 use helmop_core::resource::ResourceRef;
 use helmop_core::targeting::{
-    Matcher, NamespaceMetadata, TargetMatch, cluster_options, combine_namespace_metadata,
-    namespace_metadata, never_deployed_to, partitions,
+    Matcher, NamespaceMetadata, TargetMatch, cluster_helm, cluster_options,
+    combine_namespace_metadata, helm_values, namespace_metadata, never_deployed_to, partitions,
 };
 use helmop_core::validate::fleet::{
     AfterRejection, FleetFacts, after_rejection, helm_secret_to_check, rejection, spec_rejection,
@@ -696,6 +696,22 @@ pub fn desired_fleet(
                     matched.push((cluster, cluster_key, m));
                 }
             }
+        }
+        // Fleet preprocesses every targeted cluster's helm values before anything is deployed
+        // (builder.go `Targets`): one failure fails the Bundle on every cluster.
+        if failed.is_none() {
+            failed = matched.iter().find_map(|(cluster, _, m)| {
+                let helm = cluster_helm(helmop, m)?;
+                match helm_values::preprocess(cluster, &helm) {
+                    helm_values::Outcome::Fails(e) => Some(format!(
+                        "Fleet's Bundle controller fails the Bundle on every cluster: cluster {} in namespace {}: {e}",
+                        cluster.metadata.name.as_deref().unwrap_or_default(),
+                        cluster.metadata.namespace.as_deref().unwrap_or_default()
+                    )),
+                    // Unknown: outside helmop's evaluator, assumed to render as Fleet would.
+                    _ => None,
+                }
+            });
         }
         let clusters: Vec<&Cluster> = matched.iter().map(|(c, _, _)| *c).collect();
         let gate = match failed {

@@ -103,6 +103,9 @@ pub struct ClusterSpec {
     /// Fleet stops updating every BundleDeployment of a paused Cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,
+    /// Values a HelmOp's values templates read as `.ClusterValues`. Kept as JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_values: Option<serde_json::Value>,
     #[serde(flatten)]
     pub extra: Extra,
 }

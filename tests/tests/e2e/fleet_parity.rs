@@ -2394,3 +2394,93 @@ async fn an_allowed_target_namespace_selector_admits_only_existing_matching_name
     );
     Ok(())
 }
+
+/// Helm values templating (`target/builder.go` `preprocessHelmValues`): Fleet renders
+/// `spec.helm.values` as a Go template for every targeted cluster with labels, and one failure
+/// fails the Bundle on every cluster; `disablePreProcess` turns the templating off.
+#[tokio::test]
+async fn a_values_template_failing_on_one_cluster_blocks_every_cluster() -> anyhow::Result<()> {
+    let f = Fleet::new("fp-values-tpl").await?;
+    ensure_hash_key(&f.upstream).await?;
+    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v1")]).await?;
+    let dest = f.dest("apps");
+    let op = |values: &str| {
+        helmop_yaml(
+            "app",
+            &format!(
+                "defaultNamespace: {dest}\ndownstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterSelector: {{matchLabels: {{env: prod}}}}"
+            ),
+        )
+        .replace("    version: 1.0.0\n", &format!("    version: 1.0.0\n{values}"))
+    };
+    // down1 has no `tier` label: missingkey=error fails it, so nobody gets anything.
+    let failing = "    values:\n      tier: ${ .ClusterLabels.tier }\n";
+    f.helmop(&op(failing)).await?;
+    let report = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(1)
+        .json();
+    assert!(
+        invalid_row_says(
+            &rows(&report),
+            &[
+                "Fleet's Bundle controller fails the Bundle on every cluster: cluster down1 in namespace",
+                "failed to render helm values template: template: values:",
+                "map has no entry for key \"tier\"",
+            ]
+        ),
+        "{report:#}"
+    );
+    assert_eq!(writes(&report), 0, "{report:#}");
+    for client in [&f.down1, &f.down2] {
+        assert!(get_secret(client, &dest, "db").await?.is_none());
+    }
+
+    // Templates that render everywhere: both clusters get copies.
+    for values in [
+        "    values:\n      tier: ${ default \"none\" (index .ClusterLabels \"tier\") }\n",
+        "    values:\n      env: ${ .ClusterLabels.env }\n",
+    ] {
+        f.helmop(&op(values)).await?;
+        helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+            .await?
+            .expect(0);
+        for client in [&f.down1, &f.down2] {
+            assert_eq!(
+                copy_value(client, &dest, "db").await?.as_deref(),
+                Some("v1")
+            );
+        }
+    }
+
+    // disablePreProcess: the failing template is never rendered, so it blocks nothing.
+    set_source(&f, "db", "v2").await?;
+    f.helmop(&op(&format!("    disablePreProcess: true\n{failing}")))
+        .await?;
+    helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    for client in [&f.down1, &f.down2] {
+        assert_eq!(
+            copy_value(client, &dest, "db").await?.as_deref(),
+            Some("v2")
+        );
+    }
+
+    // `validate` denies a template Go cannot parse, from the file alone.
+    let file = std::env::temp_dir().join(format!("{}-values.yaml", f.ns));
+    std::fs::write(
+        &file,
+        op("    values:\n      tier: ${ toYaml .ClusterLabels }\n"),
+    )?;
+    let file_arg = file.display().to_string();
+    let validated = helmop(&["validate", "-f", &file_arg, "--cluster"]).await?;
+    std::fs::remove_file(&file)?;
+    let validated = validated.expect(1);
+    let said = format!("{}{}", validated.stdout, validated.stderr);
+    assert!(
+        said.contains("spec.helm.values") && said.contains("function \"toYaml\" not defined"),
+        "{said}"
+    );
+    Ok(())
+}
