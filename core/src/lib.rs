@@ -3,6 +3,7 @@
 
 pub mod fleet_copy;
 pub mod goregex;
+pub mod gotemplate;
 pub mod hash;
 pub mod mapping;
 pub mod model;

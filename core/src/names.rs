@@ -26,6 +26,10 @@ pub const ANN_KEEP: &str = "helmop.dev/keep";
 /// absent means `fleet` only (every copy made before the marker existed, and Fleet-mode ones).
 pub const ANN_MADE_BY: &str = "helmop.dev/made-by";
 
+/// Label on a Namespace (`enabled`) whose objects the delete guard protects: the webhook
+/// configuration's `namespaceSelector` sends only such namespaces (Fleet's workspaces) to it.
+pub const LABEL_GUARD: &str = "helmop.dev/guard";
+
 /// Label on a Namespace (`enabled`) or a workload (`"true"`/`"false"`) opting in to hash stamping.
 pub const LABEL_ROLLOUT_ON_CHANGE: &str = "helmop.dev/rollout-on-change";
 /// Pod-template annotation: aggregate keyed hash of everything the pod reads.

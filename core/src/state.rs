@@ -34,6 +34,9 @@ pub enum RowState {
     Lost,
     /// `status`: no copy yet.
     Missing,
+    /// The Cluster is off its Fleet schedule: its copies are frozen until the schedule is
+    /// active again.
+    OffSchedule,
     /// helmop's copy, not wanted any more, not removed (by this command, or at all).
     Orphaned,
     /// The Cluster or the HelmOp is paused: its copies are frozen.
@@ -80,6 +83,7 @@ impl RowState {
             RowState::Kept => "Kept",
             RowState::Lost => "Lost",
             RowState::Missing => "Missing",
+            RowState::OffSchedule => "OffSchedule",
             RowState::Orphaned => "Orphaned",
             RowState::Paused => "Paused",
             RowState::Prune => "Prune",
@@ -132,6 +136,7 @@ impl RowState {
             | RowState::FleetManaged
             | RowState::Kept
             | RowState::Missing
+            | RowState::OffSchedule
             | RowState::Orphaned
             | RowState::Paused
             | RowState::Prune

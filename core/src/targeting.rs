@@ -48,6 +48,7 @@ use crate::names::FLEET_DISPLAY_NAME_LABEL;
 use crate::resource::ResourceRef;
 use crate::selector::{Selector, SelectorError};
 
+pub mod helm_values;
 pub mod namespace_gate;
 pub mod partitions;
 
@@ -428,6 +429,42 @@ impl<'a> Layer<'a> {
     }
 }
 
+/// The targets whose options Fleet merges over the root ones for a cluster, in order.
+/// FirstMatch: the customization replaces the selecting target's options outright;
+/// AllMatches: customizations merge over them (builder.go `Targets`).
+fn merged_targets<'a>(
+    spec: &'a HelmOpSpec,
+    target_index: Option<&usize>,
+    customizations: &[usize],
+) -> Vec<&'a BundleTarget> {
+    let target = |i: &usize| spec.targets().get(*i);
+    let mut out = Vec::new();
+    if customizations.is_empty() || spec.all_matches() {
+        out.extend(target_index.and_then(target));
+    }
+    out.extend(customizations.iter().filter_map(target));
+    out
+}
+
+/// The helm options Fleet's `options.Merge` gives a cluster the HelmOp deploys to (root, then
+/// the merged targets); `None` unless `m` is `Matched`.
+pub fn cluster_helm(op: &HelmOp, m: &TargetMatch) -> Option<helm_values::MergedHelm> {
+    let TargetMatch::Matched {
+        target_index,
+        customizations,
+    } = m
+    else {
+        return None;
+    };
+    let spec = &op.spec;
+    let mut merged = helm_values::MergedHelm::default();
+    merged.merge(spec.helm.as_ref());
+    for t in merged_targets(spec, target_index.as_ref(), customizations) {
+        merged.merge(t.helm.as_ref());
+    }
+    Some(merged)
+}
+
 /// The merged options for a cluster the HelmOp deploys to; `None` unless `m` is `Matched`.
 pub fn cluster_options(op: &HelmOp, m: &TargetMatch) -> Option<ClusterOptions> {
     let TargetMatch::Matched {
@@ -438,14 +475,12 @@ pub fn cluster_options(op: &HelmOp, m: &TargetMatch) -> Option<ClusterOptions> {
         return None;
     };
     let spec = &op.spec;
-    let target = |i: &usize| spec.targets().get(*i).map(Layer::target);
     let mut layers = vec![Layer::root(spec)];
-    // FirstMatch: the customization replaces the selecting target's options outright;
-    // AllMatches: customizations merge over them (builder.go `Targets`).
-    if customizations.is_empty() || spec.all_matches() {
-        layers.extend(target_index.as_ref().and_then(target));
-    }
-    layers.extend(customizations.iter().filter_map(target));
+    layers.extend(
+        merged_targets(spec, target_index.as_ref(), customizations)
+            .into_iter()
+            .map(Layer::target),
+    );
 
     // A later non-empty value replaces an earlier one (`Merge`).
     let namespace = layers

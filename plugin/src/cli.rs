@@ -52,9 +52,12 @@ Exits 0 when everything is in place, 1 on a Conflict, a missing source or invali
         long_about = "Show one row per HelmOp x cluster x resource: Synced, Stale, Missing, SourceMissing, \
 Conflict, Unreachable, Orphaned, Kept or FleetManaged (with whether Fleet's agent copied the latest: \
 current, pending, blocked or unknown), and per opted-in workload reading a copy \
-whether its stamp is current (Current) or not (RolloutPending). Compares keyed content hashes \
-in helmop's markers; never reads the data of helmop's copies.\n\n\
-Exits 0 (out-of-sync rows are a state, not an error), 1 when a HelmOp's targets are invalid, \
+whether its stamp is current (Current) or not (RolloutPending), Paused or Invalid where Fleet \
+would not deliver. Compares keyed content hashes: the data of a copy is read only to hash it in \
+memory with the upstream's key (a copy edited downstream is Drifted), never printed, logged or \
+stored.\n\n\
+Exits 0 (out-of-sync rows are a state, not an error), 1 when a HelmOp's targets are invalid or \
+Fleet rejects it, \
 2 when a cluster could not be read, 3 when the upstream cluster cannot be reached.",
         after_help = "Examples:\n  kubectl helmop status my-app -n fleet-default\n  kubectl helmop status -A -o wide\n  kubectl helmop status -A -o json"
     )]

@@ -28,8 +28,8 @@ use helmop_core::plan::{
 };
 use helmop_core::resource::ResourceRef;
 use helmop_core::targeting::{
-    Matcher, NamespaceMetadata, TargetMatch, cluster_options, combine_namespace_metadata,
-    namespace_metadata, never_deployed_to, partitions,
+    Matcher, NamespaceMetadata, TargetMatch, cluster_helm, cluster_options,
+    combine_namespace_metadata, helm_values, namespace_metadata, never_deployed_to, partitions,
 };
 use helmop_core::validate::fleet::{
     AfterRejection, FleetFacts, after_rejection, helm_secret_to_check, rejection, spec_rejection,
@@ -250,7 +250,7 @@ pub async fn enumerate(
         .collect();
     let keys: Vec<String> = registered.iter().map(|d| d.key.clone()).collect();
     if let Some(fleet) = &fleet {
-        pause_clusters(&mut holds, &helmops, fleet, &keys);
+        hold_clusters(&mut holds, &helmops, fleet, &keys);
         for cluster in &fleet.clusters {
             if let Some(reason) = never_deployed_to(cluster) {
                 tracing::warn!(cluster = %clusters::cluster_name(cluster), "no copies there: {reason}");
@@ -344,11 +344,12 @@ impl Inventory {
     }
 }
 
-/// Records the paused Clusters. Fleet pauses every BundleDeployment on a paused Cluster, so it
-/// freezes the copies of the HelmOps of its own namespace and of every namespace whose
-/// BundleNamespaceMappings reach it. (Holds are per namespace: another HelmOp of such a namespace
-/// that reaches the same physical cluster through an unpaused Cluster is frozen there too.)
-fn pause_clusters(holds: &mut Holds, helmops: &[HelmOp], fleet: &FleetObjects, keys: &[String]) {
+/// Records the held Clusters: paused, or off their schedule ([`HoldReason::of_cluster`]). Fleet
+/// stops every BundleDeployment on such a Cluster, so it freezes the copies of the HelmOps of
+/// its own namespace and of every namespace whose BundleNamespaceMappings reach it. (Holds are
+/// per namespace: another HelmOp of such a namespace that reaches the same physical cluster
+/// through an unheld Cluster is frozen there too.)
+fn hold_clusters(holds: &mut Holds, helmops: &[HelmOp], fleet: &FleetObjects, keys: &[String]) {
     let mappings = Mappings::new(&fleet.mappings);
     let reach: Vec<(&str, BTreeSet<String>)> = helmops
         .iter()
@@ -358,13 +359,14 @@ fn pause_clusters(holds: &mut Holds, helmops: &[HelmOp], fleet: &FleetObjects, k
         })
         .collect();
     for (cluster, key) in fleet.clusters.iter().zip(keys) {
-        let (true, Some(ns)) = (cluster.spec.paused(), &cluster.metadata.namespace) else {
+        let (Some(why), Some(ns)) = (HoldReason::of_cluster(cluster), &cluster.metadata.namespace)
+        else {
             continue;
         };
-        holds.pause_cluster(key, ns);
+        holds.hold_cluster(key, ns, why.clone());
         for (helmop_ns, candidates) in &reach {
             if candidates.contains(ns) {
-                holds.pause_cluster(key, helmop_ns);
+                holds.hold_cluster(key, helmop_ns, why.clone());
             }
         }
     }
@@ -695,6 +697,22 @@ pub fn desired_fleet(
                 }
             }
         }
+        // Fleet preprocesses every targeted cluster's helm values before anything is deployed
+        // (builder.go `Targets`): one failure fails the Bundle on every cluster.
+        if failed.is_none() {
+            failed = matched.iter().find_map(|(cluster, _, m)| {
+                let helm = cluster_helm(helmop, m)?;
+                match helm_values::preprocess(cluster, &helm) {
+                    helm_values::Outcome::Fails(e) => Some(format!(
+                        "Fleet's Bundle controller fails the Bundle on every cluster: cluster {} in namespace {}: {e}",
+                        cluster.metadata.name.as_deref().unwrap_or_default(),
+                        cluster.metadata.namespace.as_deref().unwrap_or_default()
+                    )),
+                    // Unknown: outside helmop's evaluator, assumed to render as Fleet would.
+                    _ => None,
+                }
+            });
+        }
         let clusters: Vec<&Cluster> = matched.iter().map(|(c, _, _)| *c).collect();
         let gate = match failed {
             Some(message) => Err(message),
@@ -776,7 +794,7 @@ fn wants(key: &HelmOpKey, helmop: &HelmOp, m: &TargetMatch, cluster: &str) -> Ve
 mod tests {
     use std::collections::BTreeMap;
 
-    use helmop_core::model::{BundleTarget, DownstreamResource, HelmOpSpec};
+    use helmop_core::model::{BundleTarget, ClusterStatus, DownstreamResource, HelmOpSpec};
     use helmop_core::resource::ResourceRef;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
@@ -937,10 +955,32 @@ mod tests {
         fleet.clusters[1].spec.paused = Some(true);
         fleet.clusters[3].spec.paused = Some(true);
         let mut holds = Holds::default();
-        pause_clusters(&mut holds, &ops, &fleet, &keys);
+        hold_clusters(&mut holds, &ops, &fleet, &keys);
         let app = HelmOpKey::new("fleet", "app");
         assert_eq!(holds.reason("k2", &app), Some(HoldReason::ClusterPaused));
         assert_eq!(holds.reason("k4", &app), None);
+        assert_eq!(holds.reason("k1", &app), None);
+
+        // A Cluster off its schedule is held alike, with its own reason (its own namespace's
+        // HelmOps and the mapped one); a schedule that is active holds nothing.
+        let status = |active: bool| ClusterStatus {
+            scheduled: Some(true),
+            active_schedule: Some(active),
+            ..ClusterStatus::default()
+        };
+        fleet.clusters[1].spec.paused = None;
+        fleet.clusters[1].status = Some(status(false));
+        fleet.clusters[0].status = Some(status(true));
+        let mut holds = Holds::default();
+        hold_clusters(&mut holds, &ops, &fleet, &keys);
+        assert_eq!(
+            holds.reason("k2", &app),
+            Some(HoldReason::ClusterOffSchedule)
+        );
+        assert_eq!(
+            holds.reason("k2", &HelmOpKey::new("mapped", "x")),
+            Some(HoldReason::ClusterOffSchedule)
+        );
         assert_eq!(holds.reason("k1", &app), None);
     }
 

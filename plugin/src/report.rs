@@ -144,8 +144,9 @@ fn colour_of(state: RowState, fleet_copy: Option<AgentCopy>) -> Option<Colour> {
         | RowState::Failed
         | RowState::Lost
         | RowState::Invalid => Some(Colour::Red),
-        // Frozen on purpose: nothing is wrong and nothing will happen until it is unpaused.
-        RowState::Paused => None,
+        // Frozen on purpose: nothing is wrong and nothing will happen until it is unpaused, or
+        // until the Cluster's schedule is active again.
+        RowState::Paused | RowState::OffSchedule => None,
     }
 }
 

@@ -677,6 +677,14 @@ fn network_policy_admits_the_admission_port_only_from_outside_the_pod_network() 
         {
             continue;
         }
+        // Opt-in: a wrong pod CIDR would block the API server, so no install ships the policy.
+        assert!(
+            of_kind(&docs, "NetworkPolicy").is_empty(),
+            "{}: the NetworkPolicy is the network-policy component's",
+            dir.display()
+        );
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let docs = render_overlay(&[name], &["network-policy"]);
         let policy = named(&docs, "NetworkPolicy", "helmop-webhook");
         assert_eq!(
             policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
@@ -1253,5 +1261,36 @@ fn kube_1_20_strict_component_drops_only_the_name_label_exclusion() {
             }
         }
         assert_eq!(entries, 4, "{dir}");
+    }
+}
+
+/// `deploy/<flavour>.yaml`, what the README's install lines apply, is `kubectl kustomize` of its overlay.
+#[test]
+fn the_rendered_install_files_are_current() {
+    let script = manifests_dir().join("../scripts/render-manifests");
+    let out = Command::new(&script)
+        .arg("--check")
+        .output()
+        .expect("scripts/render-manifests runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for flavour in [
+        "self-signed",
+        "cert-manager",
+        "stamping-only",
+        "propagator",
+        "rollout-watcher",
+    ] {
+        let file = manifests_dir().join(format!("../deploy/{flavour}.yaml"));
+        let text = std::fs::read_to_string(&file).expect("a rendered file per flavour");
+        let docs: Vec<Value> = serde_saphyr::from_multiple::<Value>(&text)
+            .expect("the rendered file is YAML")
+            .into_iter()
+            .filter(|v| !v.is_null())
+            .collect();
+        assert_eq!(docs, render(&manifests_dir().join(flavour)), "{flavour}");
     }
 }

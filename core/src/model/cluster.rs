@@ -16,7 +16,7 @@ pub struct Cluster {
     #[serde(default)]
     pub spec: ClusterSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<serde_json::Value>,
+    pub status: Option<ClusterStatus>,
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -58,6 +58,18 @@ impl Cluster {
         }
     }
 
+    /// Whether the Cluster is off its schedule: a Fleet Schedule holds it (`status.scheduled`)
+    /// and none of its Schedules is in an active window (`status.activeSchedule` false or
+    /// absent). Fleet's target builder then marks every BundleDeployment on it `offSchedule`
+    /// and the agent deploys nothing (rancher/fleet v0.16 `target/target.go` `BundleDeployment`,
+    /// `agent/controller/bundledeployment_controller.go` `Reconcile`). Only Fleet's schedule
+    /// controller writes these fields, through the status subresource.
+    pub fn off_schedule(&self) -> bool {
+        self.status
+            .as_ref()
+            .is_some_and(|s| s.scheduled.unwrap_or(false) && !s.active_schedule.unwrap_or(false))
+    }
+
     /// Whether Fleet's import controller reads this Cluster's kubeconfig Secret from `namespace`:
     /// the Cluster's own namespace, Fleet's workspace and system namespaces, or a `cluster-*`
     /// namespace (rancher/fleet v0.16 `allowedKubeConfigSecretNamespace`). Anywhere else Fleet
@@ -91,6 +103,9 @@ pub struct ClusterSpec {
     /// Fleet stops updating every BundleDeployment of a paused Cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,
+    /// Values a HelmOp's values templates read as `.ClusterValues`. Kept as JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_values: Option<serde_json::Value>,
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -99,6 +114,23 @@ impl ClusterSpec {
     pub fn paused(&self) -> bool {
         self.paused.unwrap_or(false)
     }
+}
+
+/// The part of a Cluster's status helmop reads: what Fleet's schedule controller writes
+/// (rancher/fleet v0.16 `cluster_types.go` `ClusterStatus`). Everything else of the status is
+/// kept as read.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStatus {
+    /// The Cluster is matched by a Fleet Schedule: `activeSchedule` then decides whether Fleet
+    /// deploys to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled: Option<bool>,
+    /// One of its Schedules is in its active window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_schedule: Option<bool>,
+    #[serde(flatten)]
+    pub extra: Extra,
 }
 
 /// A Fleet `ClusterGroup`: a named label selector over the Clusters of its namespace.

@@ -214,6 +214,15 @@ pub struct HelmOptions {
     pub release_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub values_from: Option<Vec<ValuesFrom>>,
+    /// Helm values; Fleet templates them per cluster (`${ }`) unless `disablePreProcess`.
+    /// Kept as JSON: any shape must round-trip.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub values: Option<serde_json::Value>,
+    /// Fleet's `templateValues`: key -> template whose rendered YAML becomes that value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_values: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disable_pre_process: Option<bool>,
     #[serde(flatten)]
     pub extra: Extra,
 }

@@ -15,7 +15,8 @@ mod mapping;
 mod policy;
 
 pub use cluster::{
-    Cluster, ClusterGroup, ClusterGroupSpec, ClusterSpec, FLEET_KUBECONFIG_NAMESPACES,
+    Cluster, ClusterGroup, ClusterGroupSpec, ClusterSpec, ClusterStatus,
+    FLEET_KUBECONFIG_NAMESPACES,
 };
 pub use helmop::{
     BundleTarget, DownstreamResource, HelmOp, HelmOpSpec, HelmOptions, KeyRef, Partition,

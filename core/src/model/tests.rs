@@ -428,6 +428,40 @@ fn cluster_kubeconfig_secret_location() {
 }
 
 #[test]
+fn a_cluster_is_off_schedule_only_when_scheduled_without_an_active_schedule() {
+    // rancher/fleet v0.16 target/target.go: OffSchedule = Scheduled && !ActiveSchedule.
+    let off = |status: Value| {
+        let c: Cluster = serde_json::from_value(json!({
+            "metadata": {"name": "c1", "namespace": "ns"},
+            "status": status,
+        }))
+        .unwrap();
+        c.off_schedule()
+    };
+    assert!(off(json!({"scheduled": true})));
+    assert!(off(json!({"scheduled": true, "activeSchedule": false})));
+    assert!(!off(json!({"scheduled": true, "activeSchedule": true})));
+    assert!(!off(json!({"scheduled": false})));
+    // activeSchedule alone means nothing: no Schedule holds the Cluster.
+    assert!(!off(json!({"activeSchedule": false})));
+    assert!(!off(json!({"display": {"readyBundles": "1/1"}})));
+    assert!(!off(Value::Null));
+    assert!(!Cluster::new("ns", "c1", &[]).off_schedule());
+}
+
+#[test]
+fn cluster_status_fields_helmop_does_not_read_survive() {
+    let v = json!({
+        "apiVersion": FLEET_API_VERSION,
+        "kind": "Cluster",
+        "metadata": {"name": "c1", "namespace": "ns"},
+        "spec": {},
+        "status": {"scheduled": true, "activeSchedule": false, "display": {"readyBundles": "1/1"}},
+    });
+    assert_eq!(round_trip::<Cluster>(&v), v);
+}
+
+#[test]
 fn kubeconfig_namespaces_fleet_reads_from() {
     let c = Cluster::new("team-a", "c1", &[]);
     for ns in [

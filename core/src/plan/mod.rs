@@ -14,9 +14,10 @@
 //!   whose last owner lets go is kept even when that HelmOp no longer exists. A later HelmOp
 //!   whose source and source-uid match re-adopts a kept copy like any of its own: it adds itself
 //!   as owner, and the keep marker then follows the new owners' `keepResources`.
-//! - held copies ([`Holds`]: a paused Cluster or HelmOp, a HelmOp Fleet rejects) are frozen:
-//!   no copy is created or updated for a held HelmOp, and a held owner is never released, so
-//!   nothing it owns is pruned. They are reported [`ActionKind::Held`] with the copy's state.
+//! - held copies ([`Holds`]: a paused Cluster or HelmOp, a Cluster off its schedule, a HelmOp
+//!   Fleet rejects) are frozen: no copy is created or updated for a held HelmOp, and a held
+//!   owner is never released, so nothing it owns is pruned. They are reported
+//!   [`ActionKind::Held`] with the copy's state.
 
 mod identity;
 mod markers;
@@ -33,6 +34,7 @@ pub use markers::{
     parse_owners, validate_upstream_id,
 };
 
+use crate::model::Cluster;
 use crate::names;
 use crate::resource::ResourceRef;
 use crate::state::RowState;
@@ -154,6 +156,8 @@ pub enum Scope {
 pub enum HoldReason {
     /// The Cluster's `spec.paused`.
     ClusterPaused,
+    /// The Cluster's status says it is off its schedule ([`Cluster::off_schedule`]).
+    ClusterOffSchedule,
     /// The HelmOp's `spec.paused`.
     HelmOpPaused,
     /// Fleet's controller rejects the HelmOp (and keeps its previous Bundle); the reason.
@@ -168,7 +172,32 @@ impl HoldReason {
     pub fn state(&self) -> RowState {
         match self {
             HoldReason::ClusterPaused | HoldReason::HelmOpPaused => RowState::Paused,
+            HoldReason::ClusterOffSchedule => RowState::OffSchedule,
             HoldReason::Invalid(_) | HoldReason::NamespaceRefused(_) => RowState::Invalid,
+        }
+    }
+
+    /// Why Fleet deploys nothing new to `cluster` for any Bundle, if it does not: it is paused,
+    /// or off its schedule. Fleet's agent skips a BundleDeployment marked either way alike (no
+    /// deploy, no cleanup, drift detection cleared) and looks at the pause first (rancher/fleet
+    /// v0.16 `agent/controller/bundledeployment_controller.go` `Reconcile`), so a pause wins.
+    pub fn of_cluster(cluster: &Cluster) -> Option<HoldReason> {
+        if cluster.spec.paused() {
+            Some(HoldReason::ClusterPaused)
+        } else if cluster.off_schedule() {
+            Some(HoldReason::ClusterOffSchedule)
+        } else {
+            None
+        }
+    }
+
+    /// What lifts the hold, for reasons.
+    fn until(&self) -> &'static str {
+        match self {
+            HoldReason::Invalid(_) => "the HelmOp is accepted again",
+            HoldReason::NamespaceRefused(_) => "the destination namespace is allowed",
+            HoldReason::ClusterOffSchedule => "its schedule is active again",
+            HoldReason::ClusterPaused | HoldReason::HelmOpPaused => "it is unpaused",
         }
     }
 }
@@ -177,6 +206,9 @@ impl fmt::Display for HoldReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             HoldReason::ClusterPaused => f.write_str("the Cluster is paused"),
+            HoldReason::ClusterOffSchedule => f.write_str(
+                "the Cluster is off its schedule (status.scheduled without status.activeSchedule)",
+            ),
             HoldReason::HelmOpPaused => f.write_str("the HelmOp is paused"),
             HoldReason::Invalid(why) => write!(f, "Fleet rejects the HelmOp: {why}"),
             HoldReason::NamespaceRefused(why) => {
@@ -190,10 +222,11 @@ impl fmt::Display for HoldReason {
 /// over its cluster's (an invalid HelmOp on a paused cluster is reported invalid).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Holds {
-    /// Paused clusters: the caller's cluster name -> the namespaces whose Cluster object for it
-    /// is paused. A Fleet Cluster serves the HelmOps of its own namespace, so pausing it freezes
-    /// only theirs (the same physical cluster may be registered, unpaused, elsewhere).
-    pub clusters: BTreeMap<String, BTreeSet<String>>,
+    /// Held clusters (paused, or off their schedule): the caller's cluster name -> the
+    /// namespaces whose Cluster object for it is held, with why. A Fleet Cluster serves the
+    /// HelmOps of its own namespace, so holding it freezes only theirs (the same physical
+    /// cluster may be registered, unheld, elsewhere).
+    pub clusters: BTreeMap<String, BTreeMap<String, HoldReason>>,
     pub helmops: BTreeMap<HelmOpKey, HoldReason>,
     /// One HelmOp on one cluster (the caller's cluster name).
     pub placements: BTreeMap<(String, HelmOpKey), HoldReason>,
@@ -206,10 +239,17 @@ impl Holds {
 
     /// Records that the Cluster object of `namespace` for `cluster` is paused.
     pub fn pause_cluster(&mut self, cluster: &str, namespace: &str) {
-        self.clusters
-            .entry(cluster.to_string())
-            .or_default()
-            .insert(namespace.to_string());
+        self.hold_cluster(cluster, namespace, HoldReason::ClusterPaused);
+    }
+
+    /// Records that the HelmOps of `namespace` are frozen on `cluster` for `why` (a Cluster
+    /// [`HoldReason`]). When two Clusters hold the same namespace there, a pause wins over a
+    /// schedule, as in [`HoldReason::of_cluster`].
+    pub fn hold_cluster(&mut self, cluster: &str, namespace: &str, why: HoldReason) {
+        let held = self.clusters.entry(cluster.to_string()).or_default();
+        if held.get(namespace) != Some(&HoldReason::ClusterPaused) {
+            held.insert(namespace.to_string(), why);
+        }
     }
 
     /// Why `helmop`'s copies on `cluster` are frozen, if they are.
@@ -220,10 +260,7 @@ impl Holds {
         if let Some(r) = self.placements.get(&(cluster.to_string(), helmop.clone())) {
             return Some(r.clone());
         }
-        self.clusters
-            .get(cluster)
-            .is_some_and(|namespaces| namespaces.contains(&helmop.namespace))
-            .then_some(HoldReason::ClusterPaused)
+        self.clusters.get(cluster)?.get(&helmop.namespace).cloned()
     }
 }
 
@@ -571,10 +608,7 @@ impl Action {
                 )
             }
             ActionKind::Held { why, copy } => {
-                let until = match why {
-                    HoldReason::Invalid(_) => "the HelmOp is accepted again",
-                    _ => "it is unpaused",
-                };
+                let until = why.until();
                 let copy = match copy {
                     HeldCopy::Absent => format!("no copy yet; none is created until {until}"),
                     HeldCopy::Current => "the copy is current".to_string(),

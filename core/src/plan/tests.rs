@@ -1208,6 +1208,88 @@ fn a_paused_cluster_freezes_only_the_helmops_of_its_namespace() {
     );
 }
 
+fn off_schedule_cluster(mut i: PlanInput) -> PlanInput {
+    i.holds
+        .hold_cluster("c1", "team", HoldReason::ClusterOffSchedule);
+    i
+}
+
+#[test]
+fn a_cluster_off_its_schedule_gets_nothing_new_and_loses_nothing() {
+    let a = only(plan(&off_schedule_cluster(input(
+        vec![want("team", "app", db(), false)],
+        vec![],
+    ))));
+    assert_eq!(
+        held(&a),
+        (&HoldReason::ClusterOffSchedule, HeldCopy::Absent)
+    );
+    assert!(!a.kind.writes());
+    assert_eq!(a.kind.name(), "OffSchedule");
+    assert_eq!(
+        a.reason(),
+        "the Cluster is off its schedule (status.scheduled without status.activeSchedule); no copy yet; none is created until its schedule is active again"
+    );
+    // An outdated copy is not updated.
+    let old = copy(
+        &source("team", db(), "uid-src", "v1:old"),
+        &["up1/team/app"],
+        false,
+    );
+    let a = only(plan(&off_schedule_cluster(input(
+        vec![want("team", "app", db(), false)],
+        vec![old],
+    ))));
+    assert_eq!(
+        held(&a),
+        (&HoldReason::ClusterOffSchedule, HeldCopy::Outdated)
+    );
+    assert!(!a.kind.writes());
+    // A copy no longer wanted is not pruned (Fleet never deletes an off-schedule
+    // BundleDeployment as an orphan).
+    let observed = copy(&db_source(), &["up1/team/app"], false);
+    let a = only(plan(&off_schedule_cluster(input(vec![], vec![observed]))));
+    assert_eq!(
+        held(&a),
+        (&HoldReason::ClusterOffSchedule, HeldCopy::Unwanted)
+    );
+    assert!(
+        a.reason()
+            .contains("not pruned until its schedule is active again")
+    );
+}
+
+#[test]
+fn a_pause_wins_over_a_schedule() {
+    let mut c = crate::model::Cluster::new("team", "c1", &[]);
+    assert_eq!(HoldReason::of_cluster(&c), None);
+    c.status = Some(crate::model::ClusterStatus {
+        scheduled: Some(true),
+        ..Default::default()
+    });
+    assert_eq!(
+        HoldReason::of_cluster(&c),
+        Some(HoldReason::ClusterOffSchedule)
+    );
+    c.spec.paused = Some(true);
+    assert_eq!(HoldReason::of_cluster(&c), Some(HoldReason::ClusterPaused));
+
+    // Two Clusters holding the same namespace on one physical cluster: paused either way round.
+    for order in [
+        [HoldReason::ClusterOffSchedule, HoldReason::ClusterPaused],
+        [HoldReason::ClusterPaused, HoldReason::ClusterOffSchedule],
+    ] {
+        let mut holds = Holds::default();
+        for why in order {
+            holds.hold_cluster("c1", "team", why);
+        }
+        assert_eq!(
+            holds.reason("c1", &HelmOpKey::new("team", "app")),
+            Some(HoldReason::ClusterPaused)
+        );
+    }
+}
+
 #[test]
 fn held_copies_outside_the_scope_are_not_reported() {
     let observed = copy(&db_source(), &["up1/team/app"], false);

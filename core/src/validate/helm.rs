@@ -23,7 +23,41 @@ pub(crate) fn check_root_helm(cx: &mut Ctx, helm: &Map<'_>, base: &Path<'_>) -> 
     if let Some(message) = oci_version_problem(repo, version) {
         cx.deny(&base.key("version"), message);
     }
+    check_templates(cx, helm, base, None);
     values_from(helm, base)
+}
+
+/// Fleet templates `values` (marshalled to YAML, as one template) and each `templateValues`
+/// entry for every targeted cluster with labels, unless `disablePreProcess` (here or in the
+/// root options, which every target's options are merged with). Go refuses to parse these, so
+/// the Bundle fails on every cluster (`target/builder.go` `processTemplateValues`): a denial.
+fn check_templates(cx: &mut Ctx, helm: &Map<'_>, base: &Path<'_>, root: Option<&Map<'_>>) {
+    let disabled =
+        |m: &Map<'_>| matches!(field(m, "disablePreProcess"), Some(JsonView::Bool(true)));
+    if disabled(helm) || root.is_some_and(disabled) {
+        return;
+    }
+    let why = |e: crate::gotemplate::ParseError| {
+        format!(
+            "Fleet cannot parse this as a helm values template (${{ }} delimiters), so the Bundle fails on every cluster with labels: {e}"
+        )
+    };
+    if let Some(values @ JsonView::Object(_)) = field(helm, "values")
+        && let Ok(json) = serde_json::to_value(values)
+        && let Some(text) = crate::gotemplate::yaml_out::to_yaml(&json)
+        && let Some(e) = crate::gotemplate::parse_error(&text)
+    {
+        cx.deny(&base.key("values"), why(e));
+    }
+    if let Some(JsonView::Object(entries)) = field(helm, "templateValues") {
+        for (key, v) in super::sorted_entries(entries) {
+            if let Some(text) = v.as_str()
+                && let Some(e) = crate::gotemplate::parse_error(text)
+            {
+                cx.deny(&base.key("templateValues").key(key), why(e));
+            }
+        }
+    }
 }
 
 /// Fleet's controller resolves an `oci://` repo's version itself (`bundlereader.ChartVersion`
@@ -75,6 +109,7 @@ pub(crate) fn check_target_helm(
             );
         }
     }
+    check_templates(cx, helm, base, root);
     values_from(helm, base)
 }
 

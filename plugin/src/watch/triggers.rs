@@ -16,10 +16,12 @@
 //! and the run restamps them. Status churn (conditions, resource lists, check-ins) triggers nothing; nor
 //! does this watch count towards readiness (Fleet may not be installed).
 //!
-//! HelmOps, ClusterGroups and BundleNamespaceMappings trigger only when what a plan reads of them
-//! can have changed: `metadata.generation` (the spec: these kinds have a status subresource, so
-//! a status write leaves it alone), labels, annotations, or deletion ([`plan_fingerprint`]).
-//! Fleet rewrites their status all the time; those writes start no run. Sources trigger on every
+//! HelmOps, Clusters, ClusterGroups and BundleNamespaceMappings trigger only when what a plan
+//! reads of them can have changed: `metadata.generation` (the spec: these kinds have a status
+//! subresource, so a status write leaves it alone), labels, annotations, deletion
+//! ([`plan_fingerprint`]), and of a Cluster's status only its schedule fields ([`cluster_view`]).
+//! Fleet rewrites their status all the time (agent check-ins, conditions); those writes start no
+//! run. Clusters are watched whole for that; the other kinds by their metadata. Sources trigger on every
 //! change (their data is not in the metadata watched).
 //!
 //! kube's watcher re-lists and re-watches after errors with exponential back-off; a re-list after
@@ -138,13 +140,13 @@ pub fn spawn(
         Selection::All => (None, watcher::Config::default()),
     };
     let all = namespace.is_none();
-    let mut tasks = vec![watch_kind::<HelmOp>(
+    let mut tasks = vec![watch_kind::<PartialObjectMeta<HelmOp>>(
         api(client, namespace.as_deref()),
         helmop_config,
         Kind {
             label: "HelmOp",
             marks: Marks::Namespace,
-            changes: Changes::PlanOnly,
+            plan_view: meta_view,
         },
         tx.clone(),
         interesting.clone(),
@@ -152,24 +154,24 @@ pub fn spawn(
     )];
     if fleet {
         tasks.push(watch_kind::<Cluster>(
-            api(client, namespace.as_deref()),
+            crate::kube_api::api_in(client, namespace.as_deref()),
             watcher::Config::default(),
             Kind {
                 label: "Cluster",
                 marks: Marks::Namespace,
-                changes: Changes::All,
+                plan_view: cluster_view,
             },
             tx.clone(),
             interesting.clone(),
             synced.clone(),
         ));
-        tasks.push(watch_kind::<ClusterGroup>(
+        tasks.push(watch_kind::<PartialObjectMeta<ClusterGroup>>(
             api(client, namespace.as_deref()),
             watcher::Config::default(),
             Kind {
                 label: "ClusterGroup",
                 marks: Marks::Nothing,
-                changes: Changes::PlanOnly,
+                plan_view: meta_view,
             },
             tx.clone(),
             interesting.clone(),
@@ -203,13 +205,13 @@ pub fn spawn(
     synced.expect(tasks.len());
     if fleet {
         tasks.push(watch_bundle_deployments(client, selection, tx.clone()));
-        tasks.push(watch_kind::<BundleNamespaceMapping>(
+        tasks.push(watch_kind::<PartialObjectMeta<BundleNamespaceMapping>>(
             api(client, namespace.as_deref()),
             watcher::Config::default(),
             Kind {
                 label: "BundleNamespaceMapping",
                 marks: Marks::NothingAndMayBeUnserved,
-                changes: Changes::PlanOnly,
+                plan_view: meta_view,
             },
             tx,
             interesting.clone(),
@@ -226,10 +228,10 @@ where
     crate::kube_api::api_in(client, namespace)
 }
 
-fn key<K: Resource>(obj: &PartialObjectMeta<K>) -> (String, String) {
+fn key<K: Resource>(obj: &K) -> (String, String) {
     (
-        obj.metadata.namespace.clone().unwrap_or_default(),
-        obj.metadata.name.clone().unwrap_or_default(),
+        obj.meta().namespace.clone().unwrap_or_default(),
+        obj.meta().name.clone().unwrap_or_default(),
     )
 }
 
@@ -240,16 +242,18 @@ fn send(tx: &mpsc::Sender<Trigger>, reason: String) {
 }
 
 /// How a watched kind is treated.
-struct Kind {
+struct Kind<K> {
     label: &'static str,
     marks: Marks,
-    changes: Changes,
+    /// What a plan can read of an object, hashed: an update that leaves it alone (a status
+    /// write) starts no run.
+    plan_view: fn(&K) -> u64,
 }
 
 fn watch_kind<K>(
-    api: Api<PartialObjectMeta<K>>,
+    api: Api<K>,
     config: watcher::Config,
-    kind: Kind,
+    kind: Kind<K>,
     tx: mpsc::Sender<Trigger>,
     interesting: Interesting,
     synced: Arc<Synced>,
@@ -260,7 +264,7 @@ where
     let Kind {
         label,
         marks,
-        changes,
+        plan_view,
     } = kind;
     tokio::spawn(async move {
         let stream = watcher::watcher(api, config).default_backoff();
@@ -278,13 +282,12 @@ where
                     if marks == Marks::Namespace {
                         interesting.add(&key(&obj).0);
                     }
-                    listing.insert(key(&obj), plan_fingerprint(&obj.metadata));
+                    listing.insert(key(&obj), plan_view(&obj));
                 }
                 Ok(Event::Apply(obj)) => {
                     let at = key(&obj);
-                    let fingerprint = plan_fingerprint(&obj.metadata);
-                    let same = seen.insert(at.clone(), fingerprint) == Some(fingerprint);
-                    if changes == Changes::PlanOnly && same {
+                    let fingerprint = plan_view(&obj);
+                    if seen.insert(at.clone(), fingerprint) == Some(fingerprint) {
                         tracing::trace!(kind = label, namespace = %at.0, name = %at.1, "status-only change: no run");
                         continue;
                     }
@@ -418,23 +421,35 @@ fn applied_id(bd: &kube::api::DynamicObject) -> Option<String> {
 }
 
 /// What a watched kind's events mean besides a run.
-/// Which updates of a watched kind start a run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Changes {
-    /// Only those that change [`plan_fingerprint`]: status writes do not.
-    PlanOnly,
-    /// Every update (a kind whose status a plan reads).
-    All,
-}
-
 /// What a plan can read of an object's metadata: the generation (its spec), labels, annotations
 /// and whether it is being deleted. A status write changes none of them.
 fn plan_fingerprint(meta: &kube::api::ObjectMeta) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    meta.generation.hash(&mut h);
-    meta.labels.hash(&mut h);
-    meta.annotations.hash(&mut h);
-    meta.deletion_timestamp.is_some().hash(&mut h);
+    hash_meta(meta, &mut h);
+    h.finish()
+}
+
+fn hash_meta(meta: &kube::api::ObjectMeta, h: &mut impl Hasher) {
+    meta.generation.hash(h);
+    meta.labels.hash(h);
+    meta.annotations.hash(h);
+    meta.deletion_timestamp.is_some().hash(h);
+}
+
+/// [`plan_fingerprint`] of an object watched by its metadata.
+fn meta_view<K: Resource>(obj: &PartialObjectMeta<K>) -> u64 {
+    plan_fingerprint(&obj.metadata)
+}
+
+/// A Cluster's plan reads its metadata and spec and, of its status, only what Fleet's schedule
+/// controller writes: the agents' check-ins (every few seconds on a large fleet) change none of it.
+fn cluster_view(cluster: &Cluster) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    hash_meta(&cluster.metadata, &mut h);
+    // The same bytes whether the status is absent or holds neither field.
+    let status = cluster.status.as_ref();
+    status.and_then(|s| s.scheduled).hash(&mut h);
+    status.and_then(|s| s.active_schedule).hash(&mut h);
     h.finish()
 }
 
@@ -577,6 +592,30 @@ mod tests {
             }
             assert_ne!(plan_fingerprint(&meta(changed)), before, "{change}");
         }
+    }
+
+    #[test]
+    fn an_agent_check_in_leaves_a_clusters_plan_view_alone() {
+        let cluster = |status: serde_json::Value| -> Cluster {
+            serde_json::from_value(json!({
+                "metadata": {"name": "c", "namespace": "fleet-default", "generation": 2},
+                "spec": {},
+                "status": status,
+            }))
+            .unwrap_or_default()
+        };
+        let never_checked_in: Cluster = serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": "fleet-default", "generation": 2},
+            "spec": {},
+        }))
+        .unwrap_or_default();
+        let before = cluster_view(&never_checked_in);
+        let check_in = cluster(json!({"agent": {"lastSeen": "2026-01-01T00:00:15Z"}}));
+        assert_eq!(cluster_view(&check_in), before);
+        let scheduled = cluster(json!({"scheduled": true, "agent": {"lastSeen": "x"}}));
+        assert_ne!(cluster_view(&scheduled), before);
+        let active = cluster(json!({"scheduled": true, "activeSchedule": true}));
+        assert_ne!(cluster_view(&active), cluster_view(&scheduled));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-const GUARD_LABEL: (&str, &str) = ("helmop.dev/guard", "enabled");
+const GUARD_LABEL: (&str, &str) = (helmop_core::names::LABEL_GUARD, "enabled");
 const NAMESPACE_OPT_IN: (&str, &str) = ("helmop.dev/rollout-on-change", "enabled");
 
 /// The tests here register cluster-wide configurations that select every guard-labelled or opted-in

@@ -41,6 +41,12 @@
 //!   its Cluster or its HelmOp is paused (`target.go` `IsPaused`); helmop freezes the copies the
 //!   same way (no create, no update, no prune) and reports `Paused` rows saying whether the copy
 //!   is current; unpausing resumes.
+//! - `a_cluster_off_its_schedule_gets_nothing_new_until_its_schedule_is_active`: a Cluster whose
+//!   status says a Schedule holds it outside its window (`scheduled` without `activeSchedule`)
+//!   gets BundleDeployments marked `offSchedule`, which Fleet's agent skips (`target.go`
+//!   `BundleDeployment`, `bundledeployment_controller.go`) and its controller never deletes as
+//!   orphans; helmop freezes its copies like a pause, reports `OffSchedule` rows, and resumes
+//!   when the window opens or no Schedule holds it.
 //! - `helmops_fleet_rejects_get_no_copies`: a HelmOp Fleet's controller would not turn into a
 //!   Bundle (a Policy of its namespace forbids its repo; its `helmSecretName` Secret does not
 //!   exist) is `Invalid` with Fleet's reason and gets no copies; a copy made while it was accepted
@@ -1444,6 +1450,164 @@ async fn a_paused_helmop_is_neither_copied_updated_nor_pruned() -> anyhow::Resul
     Ok(())
 }
 
+/// Writes what Fleet's schedule controller writes on a Cluster, as it does: through the status
+/// subresource (`scheduled`: a Schedule matches the Cluster; `activeSchedule`: one is in its
+/// window).
+async fn set_schedule(f: &Fleet, name: &str, scheduled: bool, active: bool) -> anyhow::Result<()> {
+    let status = json!({"scheduled": scheduled, "activeSchedule": active});
+    let patched = fleet_api(&f.upstream, &f.ns, &cluster_resource())
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await?;
+    // The test means nothing if the API server dropped the fields (pruning, no subresource).
+    if patched.data["status"] != status {
+        bail!("Cluster {name}: status not written: {:#}", patched.data);
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_cluster_off_its_schedule_gets_nothing_new_until_its_schedule_is_active()
+-> anyhow::Result<()> {
+    let f = Fleet::new("fp-sched").await?;
+    // The management cluster as a third Fleet Cluster: two stay on schedule.
+    register_fleet_cluster(
+        &f.upstream,
+        &f.ns,
+        "local",
+        &[("env", "dev"), ("name", "local")],
+        control_plane().upstream(),
+    )
+    .await?;
+    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v1")]).await?;
+    let dest = f.dest("apps");
+    let targets = |names: &[&str]| {
+        let targets: String = names
+            .iter()
+            .map(|n| format!("- clusterName: {n}\n"))
+            .collect();
+        helmop_yaml(
+            "app",
+            &format!(
+                "defaultNamespace: {dest}\ndownstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n{targets}"
+            ),
+        )
+    };
+    f.helmop(&targets(&["down1", "down2", "local"])).await?;
+    // Matched by a Schedule whose window is closed: Fleet marks its BundleDeployments
+    // offSchedule and its agent deploys nothing.
+    set_schedule(&f, "down2", true, false).await?;
+
+    // The dry run says exactly what the run does: nothing for the Cluster off its schedule.
+    let dry = helmop(&["propagate", "app", "-n", &f.ns, "--dry-run", "-o", "json"]).await?;
+    let report = dry.expect(0).json();
+    let rows_ = rows(&report);
+    assert_eq!(expect_row(&rows_, "down1", "db")["state"], "Create");
+    assert_eq!(expect_row(&rows_, "local", "db")["state"], "Create");
+    let held = expect_row(&rows_, "down2", "db");
+    assert_eq!(
+        (&held["state"], &held["inSync"]),
+        (&json!("OffSchedule"), &json!(false)),
+        "{held:#}"
+    );
+    assert!(
+        held["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("off its schedule") && r.contains("no copy yet")),
+        "{held:#}"
+    );
+    assert_eq!(writes(&report), 0);
+
+    let run = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"]).await?;
+    let rows_ = rows(&run.expect(0).json());
+    assert_eq!(expect_row(&rows_, "down1", "db")["state"], "Created");
+    assert_eq!(expect_row(&rows_, "local", "db")["state"], "Created");
+    assert_eq!(expect_row(&rows_, "down2", "db")["state"], "OffSchedule");
+    for (client, what) in [(&f.down1, "down1"), (&f.upstream, "local")] {
+        assert_eq!(
+            copy_value(client, &dest, "db").await?.as_deref(),
+            Some("v1"),
+            "{what}"
+        );
+    }
+    assert_eq!(
+        copy_value(&f.down2, &dest, "db").await?,
+        None,
+        "no copy on a Cluster off its schedule"
+    );
+
+    // The window opens: copied. It closes: a source change reaches only the others.
+    set_schedule(&f, "down2", true, true).await?;
+    let run = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"]).await?;
+    let rows_ = rows(&run.expect(0).json());
+    assert_eq!(expect_row(&rows_, "down2", "db")["state"], "Created");
+    set_schedule(&f, "down2", true, false).await?;
+    set_source(&f, "db", "v2").await?;
+    let run = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"]).await?;
+    let report = run.expect(0).json();
+    let rows_ = rows(&report);
+    assert_eq!(expect_row(&rows_, "down1", "db")["state"], "Updated");
+    assert_eq!(expect_row(&rows_, "local", "db")["state"], "Updated");
+    assert_eq!(expect_row(&rows_, "down2", "db")["state"], "OffSchedule");
+    for (client, what) in [(&f.down1, "down1"), (&f.upstream, "local")] {
+        assert_eq!(
+            copy_value(client, &dest, "db").await?.as_deref(),
+            Some("v2"),
+            "{what}"
+        );
+    }
+    assert_eq!(
+        copy_value(&f.down2, &dest, "db").await?.as_deref(),
+        Some("v1"),
+        "updated off schedule"
+    );
+    let status = helmop(&["status", "app", "-n", &f.ns, "-o", "json"]).await?;
+    let rows_ = rows(&status.expect(0).json());
+    let held = expect_row(&rows_, "down2", "db");
+    assert_eq!(
+        (&held["state"], &held["inSync"]),
+        (&json!("OffSchedule"), &json!(false)),
+        "{held:#}"
+    );
+    assert!(
+        held["reason"].as_str().is_some_and(
+            |r| r.contains("outdated") && r.contains("once its schedule is active again")
+        ),
+        "{held:#}"
+    );
+    assert_eq!(expect_row(&rows_, "down1", "db")["state"], "Synced");
+    assert_eq!(expect_row(&rows_, "local", "db")["state"], "Synced");
+
+    // Untargeted off schedule: not pruned (Fleet never deletes an offSchedule
+    // BundleDeployment as an orphan).
+    f.helmop(&targets(&["down1", "local"])).await?;
+    let pruned = helmop(&["prune", "app", "-n", &f.ns, "-o", "json"]).await?;
+    let rows_ = rows(&pruned.expect(0).json());
+    assert_eq!(
+        expect_row(&rows_, "down2", "db")["state"],
+        "OffSchedule",
+        "{rows_:#?}"
+    );
+    assert!(
+        get_secret(&f.down2, &dest, "db").await?.is_some(),
+        "pruned off schedule"
+    );
+
+    // No Schedule matches it any more: the run resumes (prune removes the untargeted copy).
+    set_schedule(&f, "down2", false, false).await?;
+    helmop(&["prune", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    assert!(
+        get_secret(&f.down2, &dest, "db").await?.is_none(),
+        "not pruned once no Schedule holds the Cluster"
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn helmops_fleet_rejects_get_no_copies() -> anyhow::Result<()> {
     // The runs below must write nothing at all, not even the upstream hash key.
@@ -2227,6 +2391,96 @@ async fn an_allowed_target_namespace_selector_admits_only_existing_matching_name
     assert_eq!(
         copy_value(&f.down2, &dest, "db").await?.as_deref(),
         Some("v1")
+    );
+    Ok(())
+}
+
+/// Helm values templating (`target/builder.go` `preprocessHelmValues`): Fleet renders
+/// `spec.helm.values` as a Go template for every targeted cluster with labels, and one failure
+/// fails the Bundle on every cluster; `disablePreProcess` turns the templating off.
+#[tokio::test]
+async fn a_values_template_failing_on_one_cluster_blocks_every_cluster() -> anyhow::Result<()> {
+    let f = Fleet::new("fp-values-tpl").await?;
+    ensure_hash_key(&f.upstream).await?;
+    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v1")]).await?;
+    let dest = f.dest("apps");
+    let op = |values: &str| {
+        helmop_yaml(
+            "app",
+            &format!(
+                "defaultNamespace: {dest}\ndownstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterSelector: {{matchLabels: {{env: prod}}}}"
+            ),
+        )
+        .replace("    version: 1.0.0\n", &format!("    version: 1.0.0\n{values}"))
+    };
+    // down1 has no `tier` label: missingkey=error fails it, so nobody gets anything.
+    let failing = "    values:\n      tier: ${ .ClusterLabels.tier }\n";
+    f.helmop(&op(failing)).await?;
+    let report = helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(1)
+        .json();
+    assert!(
+        invalid_row_says(
+            &rows(&report),
+            &[
+                "Fleet's Bundle controller fails the Bundle on every cluster: cluster down1 in namespace",
+                "failed to render helm values template: template: values:",
+                "map has no entry for key \"tier\"",
+            ]
+        ),
+        "{report:#}"
+    );
+    assert_eq!(writes(&report), 0, "{report:#}");
+    for client in [&f.down1, &f.down2] {
+        assert!(get_secret(client, &dest, "db").await?.is_none());
+    }
+
+    // Templates that render everywhere: both clusters get copies.
+    for values in [
+        "    values:\n      tier: ${ default \"none\" (index .ClusterLabels \"tier\") }\n",
+        "    values:\n      env: ${ .ClusterLabels.env }\n",
+    ] {
+        f.helmop(&op(values)).await?;
+        helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+            .await?
+            .expect(0);
+        for client in [&f.down1, &f.down2] {
+            assert_eq!(
+                copy_value(client, &dest, "db").await?.as_deref(),
+                Some("v1")
+            );
+        }
+    }
+
+    // disablePreProcess: the failing template is never rendered, so it blocks nothing.
+    set_source(&f, "db", "v2").await?;
+    f.helmop(&op(&format!("    disablePreProcess: true\n{failing}")))
+        .await?;
+    helmop(&["propagate", "app", "-n", &f.ns, "-o", "json"])
+        .await?
+        .expect(0);
+    for client in [&f.down1, &f.down2] {
+        assert_eq!(
+            copy_value(client, &dest, "db").await?.as_deref(),
+            Some("v2")
+        );
+    }
+
+    // `validate` denies a template Go cannot parse, from the file alone.
+    let file = std::env::temp_dir().join(format!("{}-values.yaml", f.ns));
+    std::fs::write(
+        &file,
+        op("    values:\n      tier: ${ toYaml .ClusterLabels }\n"),
+    )?;
+    let file_arg = file.display().to_string();
+    let validated = helmop(&["validate", "-f", &file_arg, "--cluster"]).await?;
+    std::fs::remove_file(&file)?;
+    let validated = validated.expect(1);
+    let said = format!("{}{}", validated.stdout, validated.stderr);
+    assert!(
+        said.contains("spec.helm.values") && said.contains("function \"toYaml\" not defined"),
+        "{said}"
     );
     Ok(())
 }

@@ -27,9 +27,15 @@ use serde_json::{Value, json};
 const NS: &str = "helmop-system";
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(240);
 
-/// Writes the user's overlay: `install` (a shipped directory) + the 1.20 component + `images:`.
+/// Writes the user's overlay: the rendered one-file install `deploy/<install>.yaml` (what the
+/// README's install line applies; copied in, as kustomize reads files only below its root) + the
+/// 1.20 component + `images:`.
 fn write_overlay(dir: &Path, install: &str, webhook: &str) -> anyhow::Result<()> {
-    let base = relative_path(dir, &manifests_dir().join(install))?;
+    let rendered = manifests_dir().join(format!("../deploy/{install}.yaml"));
+    let file = format!("{install}.yaml");
+    std::fs::copy(&rendered, dir.join(&file))
+        .with_context(|| format!("copying {}", rendered.display()))?;
+    let base = std::path::PathBuf::from(file);
     let component = relative_path(dir, &manifests_dir().join("kube-1.20"))?;
     let (name, reference) = webhook
         .split_once('@')

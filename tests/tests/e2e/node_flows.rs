@@ -687,8 +687,12 @@ async fn the_propagator_deployment_propagates_and_survives_losing_its_leader() -
     let down_client = down.client().await;
 
     // The Fleet workspace, labelled as the install docs say, and the source.
-    let ns =
-        fresh_namespace_with_labels(&client, "nf-prop", &[("helmop.dev/guard", "enabled")]).await?;
+    let ns = fresh_namespace_with_labels(
+        &client,
+        "nf-prop",
+        &[(helmop_core::names::LABEL_GUARD, "enabled")],
+    )
+    .await?;
     create_source(up, &ns, "db", "password=one").await?;
 
     // Downstream: the destination namespace opts its workloads in; its stamping webhook runs as a

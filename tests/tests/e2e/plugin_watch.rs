@@ -1038,7 +1038,7 @@ async fn a_source_carrying_helmops_label_is_watched() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Fleet rewrites HelmOp status all the time (conditions, display, resource counts): a
+/// Fleet rewrites HelmOp and Cluster status all the time (conditions, agent check-ins): a
 /// status-only write starts no run, a change of what a plan reads still does.
 #[tokio::test]
 async fn status_only_writes_start_no_run() -> anyhow::Result<()> {
@@ -1068,30 +1068,51 @@ async fn status_only_writes_start_no_run() -> anyhow::Result<()> {
             )
             .await?;
     }
-    // A label change after them on the same watch: once its run comes, every status write was
-    // seen before it.
+    // Fleet's agent checks in on its Cluster (status.agent.lastSeen) every few seconds.
+    let clusters = fleet_api(&f.upstream, &f.ns, &cluster_resource());
+    for i in 0..WRITES {
+        clusters
+            .patch_status(
+                DOWNSTREAM_1,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"agent": {
+                    "lastSeen": format!("2026-01-01T00:00:{i:02}Z"),
+                }}})),
+            )
+            .await?;
+    }
+    // A label change after them on each watch: once both runs come, every status write was seen
+    // before them (each watch delivers its events in order).
+    let sentinel = json!({"metadata": {"labels": {"sentinel": "1"}}});
     helmops
+        .patch("app", &PatchParams::default(), &Patch::Merge(&sentinel))
+        .await?;
+    clusters
         .patch(
-            "app",
+            DOWNSTREAM_1,
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"sentinel": "1"}}})),
+            &Patch::Merge(&sentinel),
         )
         .await?;
-    let reason = format!("HelmOp {}/app changed", f.ns);
-    w.wait_event(
-        "the run of the label change",
-        PROPAGATION_BOUND,
-        seen,
-        |e| is_run_for(e, &reason),
-    )
-    .await?;
+    let reasons = [
+        format!("HelmOp {}/app changed", f.ns),
+        format!("Cluster {}/{DOWNSTREAM_1} changed", f.ns),
+    ];
+    for reason in &reasons {
+        w.wait_event("the run of a label change", PROPAGATION_BOUND, seen, |e| {
+            is_run_for(e, reason)
+        })
+        .await?;
+    }
     let filtered = w.stderr().matches("status-only change: no run").count();
-    assert_eq!(filtered, WRITES, "{}", w.context());
-    let helmop_runs = w.events()[seen..]
-        .iter()
-        .filter(|e| is_run_for(e, &reason))
-        .count();
-    assert_eq!(helmop_runs, 1, "only the label change ran: {}", w.context());
+    assert_eq!(filtered, 2 * WRITES, "{}", w.context());
+    for reason in &reasons {
+        let runs = w.events()[seen..]
+            .iter()
+            .filter(|e| is_run_for(e, reason))
+            .count();
+        assert_eq!(runs, 1, "only the label change ran: {}", w.context());
+    }
     w.signal(libc::SIGTERM)?;
     w.wait_exit(Duration::from_secs(15)).await?;
     Ok(())
