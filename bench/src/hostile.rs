@@ -1,4 +1,4 @@
-//! `helmop-bench hostile`: RSS of the real `helmop-webhook` process under hostile input (issue #11, item 3):
+//! `helmop-bench hostile`: RSS of the real `helmop-webhook` process under hostile input:
 //! HelmOps carrying 1 MiB of `helm.values` in its watch cache, then many concurrent 7 MiB admission bodies.
 //! A measurement, not a test: the numbers go into docs/webhook-safety.md.
 

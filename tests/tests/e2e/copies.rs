@@ -1,4 +1,4 @@
-//! The copies' write path end to end (issue #10, items 10-13 and 15-17; rules in
+//! The copies' write path end to end (rules in
 //! docs/copy-lifecycle.md): `--dry-run` is the real run without writes, a recreated source
 //! keeps its copies, labels follow the source, new copies are created and never merged into an
 //! object that appeared meanwhile, a run killed before restamping is repaired by the next, and

@@ -1,9 +1,9 @@
-//! Issue 11 ("Safe to install"), item 1 (docs/webhook-safety.md, "Failure isolation"): a helmop webhook
+//! Failure isolation (docs/webhook-safety.md, "Failure isolation"): a helmop webhook
 //! that is down or hung does no collateral damage. The webhook configurations are the shipped ones,
 //! rendered from manifests/base with `kubectl kustomize` (never restated here), only pointed at a
 //! loopback URL; everything is done through real `kubectl` on `down2`. The readiness test removes the
 //! HelmOp CRD from `down2` for its duration (downstream clusters have no Fleet CRDs in production) and
-//! restores it. A node drain needs a node, which the harness does not have yet (issue 12).
+//! restores it. A node drain needs a node, which the harness does not have yet.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -411,7 +411,7 @@ async fn guarded_once_the_crd_appears(
     Ok(())
 }
 
-/// Issue 25, item 10 (docs/webhook-safety.md, "Kubernetes 1.20: the name label"): 1.20 neither sets
+/// The name label on 1.20 (docs/webhook-safety.md, "Kubernetes 1.20: the name label"): 1.20 neither sets
 /// nor protects `kubernetes.io/metadata.name`, so a tenant who may label its namespace
 /// `kube-system` is skipped by every shipped entry, the delete guard included. With the
 /// `kube-1.20-strict` component the same namespace is checked like any other. The webhook is down

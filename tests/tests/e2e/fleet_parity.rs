@@ -1910,7 +1910,7 @@ async fn the_webhook_denies_what_fleet_rejects_from_the_spec_and_warns_about_the
     Ok(())
 }
 
-/// Issue 26, item 5: Fleet writes a Cluster's name into the `fleet.cattle.io/cluster` label of
+/// Fleet writes a Cluster's name into the `fleet.cattle.io/cluster` label of
 /// every BundleDeployment, so a Cluster named with 64 characters (a valid object name, not a label
 /// value) never gets one. A HelmOp targeting it and down1 is copied to down1 only; the run says
 /// why the other gets nothing, and neither `propagate` nor `status` lists a row for it.
@@ -1965,7 +1965,7 @@ async fn a_cluster_whose_name_is_no_label_value_gets_nothing() -> anyhow::Result
     Ok(())
 }
 
-/// Issue 26, item 2: Fleet's Bundle controller checks every target's own `serviceAccount` against
+/// Fleet's Bundle controller checks every target's own `serviceAccount` against
 /// the Policies' `allowedServiceAccounts` (`AuthorizeBundle`) and refuses the whole Bundle when
 /// one is outside, although the HelmOp controller accepted the HelmOp (its own service account is
 /// allowed): no copy on any cluster. Once the target's account is allowed, both clusters get one.

@@ -1,4 +1,4 @@
-//! The image resolver under hostile tenants (issue 25, items 9, 11, 13 and 16), end to end on the real API
+//! The image resolver under hostile tenants, end to end on the real API
 //! server: the webhook in-process with the real `RegistryResolver`, loopback listeners as registries that
 //! count their connections (and hold the ones asking for a "slow" repository open, unanswered), real
 //! `kubectl apply` (server-side dry-runs for the tenant trying its luck).
@@ -195,7 +195,7 @@ async fn annotate_namespace(client: &Client, namespace: &str, mode: &str) -> any
     Ok(())
 }
 
-/// Item 9: a workload (and its namespace) asking for `pin` gets nothing from a webhook started with `off`, and
+/// A workload (and its namespace) asking for `pin` gets nothing from a webhook started with `off`, and
 /// only `annotate` from one started with `annotate`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn image_mode_off_is_off_whatever_the_annotations_say() -> anyhow::Result<()> {
@@ -264,7 +264,7 @@ async fn image_mode_off_is_off_whatever_the_annotations_say() -> anyhow::Result<
     Ok(())
 }
 
-/// Item 11: one admission naming twelve registries contacts four of them (`MAX_REGISTRIES_PER_ADMISSION`),
+/// One admission naming twelve registries contacts four of them (`MAX_REGISTRIES_PER_ADMISSION`),
 /// and one naming forty unlisted hosts looks up at most four names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_workload_naming_many_registries_costs_a_bounded_few() -> anyhow::Result<()> {
@@ -339,7 +339,7 @@ async fn a_workload_naming_many_registries_costs_a_bounded_few() -> anyhow::Resu
     Ok(())
 }
 
-/// Item 13: a tenant's dry-run naming eight slow repositories ahead of another tenant's image on the same
+/// A tenant's dry-run naming eight slow repositories ahead of another tenant's image on the same
 /// registry neither starves that image's lookup while it runs nor leaves a timeout behind for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_tenant_cannot_unpin_another() -> anyhow::Result<()> {
@@ -421,7 +421,7 @@ async fn one_tenant_cannot_unpin_another() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Item 16: an address in the deny-list (by default the IPv6 ranges k3s and RKE2 document for pods and
+/// An address in the deny-list (by default the IPv6 ranges k3s and RKE2 document for pods and
 /// Services; the registry config's `deny` replaces them) is refused for a registry the config does not
 /// list, before any connection; `--registry-deny` adds ranges. A listed registry is trusted at its
 /// `host:port` even inside a denied range.
@@ -520,7 +520,7 @@ async fn denied_ranges_are_refused_unless_the_registry_is_listed() -> anyhow::Re
     Ok(())
 }
 
-/// Item 4: a pod listing thousands of image pull secrets makes a bounded few Secret GETs, through the
+/// A pod listing thousands of image pull secrets makes a bounded few Secret GETs, through the
 /// webhook's counted live reads, and is told the rest were not read; its image is still pinned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousands_of_pull_secrets_cost_a_bounded_few_counted_reads() -> anyhow::Result<()> {

@@ -192,7 +192,7 @@ fn states_of(report: &Value) -> BTreeSet<String> {
         .collect()
 }
 
-/// Item 18: four Fleet Clusters over two API servers, each reached directly and through a second
+/// Four Fleet Clusters over two API servers, each reached directly and through a second
 /// endpoint, each target copying into its own namespace.
 #[tokio::test]
 async fn one_cluster_behind_two_endpoints_is_planned_once_and_nothing_wanted_is_pruned()
@@ -313,7 +313,7 @@ async fn one_cluster_behind_two_endpoints_is_planned_once_and_nothing_wanted_is_
     Ok(())
 }
 
-/// Item 18 with `--target-context`: two contexts reaching one cluster through two URLs, each
+/// With `--target-context`: two contexts reaching one cluster through two URLs, each
 /// copying into its own namespace (the target naming the context).
 #[tokio::test]
 async fn two_target_contexts_of_one_cluster_are_planned_once() -> anyhow::Result<()> {
@@ -432,7 +432,7 @@ fn laptop_args(ns: &str) -> [&str; 6] {
     ]
 }
 
-/// Item 9: a `--target-context` prune keeps what a Fleet Cluster reaching the same cluster wants.
+/// A `--target-context` prune keeps what a Fleet Cluster reaching the same cluster wants.
 #[tokio::test]
 async fn a_target_context_prune_keeps_what_a_fleet_cluster_of_the_same_cluster_wants()
 -> anyhow::Result<()> {
@@ -488,7 +488,7 @@ async fn a_target_context_prune_keeps_what_a_fleet_cluster_of_the_same_cluster_w
     Ok(())
 }
 
-/// Round 3, item 7: a copy records which kind of run made it (`helmop.dev/made-by`); a prune
+/// A copy records which kind of run made it (`helmop.dev/made-by`); a prune
 /// without `--target-context` never deletes what a `--target-context` run made, and a copy both
 /// kinds made is only handed over by the kind that lets go.
 #[tokio::test]
@@ -568,7 +568,7 @@ async fn a_fleet_prune_never_deletes_what_a_target_context_run_made() -> anyhow:
     Ok(())
 }
 
-/// Item 7: `prune HELMOP` never deletes a copy another HelmOp of the namespace wants, even one
+/// `prune HELMOP` never deletes a copy another HelmOp of the namespace wants, even one
 /// that HelmOp has not propagated yet.
 #[tokio::test]
 async fn a_scoped_prune_keeps_a_copy_another_helmop_wants() -> anyhow::Result<()> {
@@ -609,7 +609,7 @@ async fn a_scoped_prune_keeps_a_copy_another_helmop_wants() -> anyhow::Result<()
     Ok(())
 }
 
-/// Item 8: a Fleet Cluster that is the management cluster itself, with the HelmOp's own
+/// A Fleet Cluster that is the management cluster itself, with the HelmOp's own
 /// namespace as destination: the "copy" is the source. Never adopted, never pruned.
 #[tokio::test]
 async fn the_management_cluster_as_a_target_never_adopts_or_prunes_a_source() -> anyhow::Result<()>
@@ -763,7 +763,7 @@ fn legacy_url_id(url: &str) -> String {
     format!("up-{}", &hex::encode(h.finalize())[..12])
 }
 
-/// Item 14: the in-cluster view and a laptop behind a proxy with another CA and URL agree on the
+/// The in-cluster view and a laptop behind a proxy with another CA and URL agree on the
 /// upstream id; copies marked with the laptop's old id are recognised and migrated, never taken
 /// for another upstream's, and another upstream's copies stay foreign.
 #[tokio::test]

@@ -141,7 +141,7 @@ async fn secret_helmops(f: &Fleet, helmops: &[(&str, &str, &str, &str)]) -> anyh
     Ok(())
 }
 
-/// Item 1: two registrations (sorting before and after the victim) whose endpoint is `down2`
+/// Two registrations (sorting before and after the victim) whose endpoint is `down2`
 /// but claims `down1`'s identity. Before, all three were merged and written through one
 /// client: the victim's Secret landed on the impostor, or the impostors' copies went through
 /// the victim's credentials.
@@ -347,7 +347,7 @@ async fn namespace_writer_kubeconfig(
     Ok(std::fs::read_to_string(path)?)
 }
 
-/// Item 1: a namespace-scoped kubeconfig cannot read `kube-system`. Before, the registration
+/// A namespace-scoped kubeconfig cannot read `kube-system`. Before, the registration
 /// was Unreachable forever; now it is served through its own credentials, its wants protect
 /// the copies other registrations see, and prune deletes nothing through it.
 #[tokio::test]
@@ -416,7 +416,7 @@ async fn a_registration_that_cannot_read_its_identity_is_served_through_its_own_
     Ok(())
 }
 
-/// Item 1, the clone case: a second real cluster restored from an etcd snapshot of down1 answers
+/// The clone case: a second real cluster restored from an etcd snapshot of down1 answers
 /// down1's `kube-system` UID. Before, the two registrations were merged and the clone's copy
 /// landed on the original (written through down1's credentials, which sort first).
 #[tokio::test]

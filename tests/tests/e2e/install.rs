@@ -490,7 +490,7 @@ async fn install_from_the_shipped_manifests_upgrade_without_failed_admissions_an
     install_upgrade_remove(&cp, &registry).await
 }
 
-/// Issue 25, item 14: turning client-certificate authentication on as manifests/README.md says, on the
+/// Turning client-certificate authentication on as manifests/README.md says, on the
 /// running install. The operator copies Secret `helmop-apiserver-client` to the control-plane node and
 /// restarts the API server with an admission configuration presenting it, then applies `client-auth`.
 /// Afterwards the API server's reviews are answered (an invalid HelmOp is denied by the webhook), and a

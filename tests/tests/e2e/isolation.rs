@@ -1,4 +1,4 @@
-//! Issue 11 ("Safe to install"), items 6 and 7 (docs/webhook-safety.md): deadlines that compose,
+//! Isolation (docs/webhook-safety.md): deadlines that compose,
 //! and config stamps that bind their namespace, with the migration from v1 stamps. The webhook runs
 //! in-process on loopback, registered on the upstream kube-apiserver for the test's namespaces, and
 //! workloads are written with real `kubectl`.
@@ -64,7 +64,7 @@ async fn stamp_of(client: &Client, ns: &str, name: &str) -> anyhow::Result<Optio
     ))
 }
 
-/// Item 6: an image budget longer than the request deadline ends with the deadline, and the UPDATE
+/// An image budget longer than the request deadline ends with the deadline, and the UPDATE
 /// keeps the stored pin and gets its stamp, instead of the deadline admitting it with no patch at
 /// all (a bare tag and no stamp: a rollout nobody asked for).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! The main job end to end on a real node (issue 12, deliverable 4): helmop installed from its shipped
+//! The main job end to end on a real node: helmop installed from its shipped
 //! manifests and images on a cluster with a kubelet/containerd node, driven through `kubectl` the way
 //! users drive it; the Rust client only polls and asserts.
 //!

@@ -111,7 +111,7 @@ fn restamped(report: &Value) -> bool {
         .any(|r| r.get("workload").is_some() && r["state"] == "Restamped")
 }
 
-/// Item 3: another webhook refuses the create after helmop deleted its immutable copy.
+/// Another webhook refuses the create after helmop deleted its immutable copy.
 #[tokio::test]
 async fn a_refused_recreate_is_lost_holds_its_readers_and_is_created_by_the_next_run()
 -> anyhow::Result<()> {
@@ -186,7 +186,7 @@ async fn a_refused_recreate_is_lost_holds_its_readers_and_is_created_by_the_next
     Ok(())
 }
 
-/// Item 3: helmop's own old copy held by a finalizer answers the create with 409: that is
+/// Helmop's own old copy held by a finalizer answers the create with 409: that is
 /// helmop's copy still terminating (`Lost`, then `Failed` and retried), never a foreign
 /// `Conflict`.
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! "Safe to install" (issue #11), end to end on the real API server:
+//! "Safe to install", end to end on the real API server:
 //! - only the API server may call the webhook (its admission `kubeConfigFile` client certificate, checked
 //!   against `--client-ca`);
 //! - the image resolver is not an SSRF tool. Everything listens on loopback: scripted registries that

@@ -1,4 +1,4 @@
-//! Stamping rules of issue 10 (docs/stamping.md) end to end: the webhook runs in-process on loopback,
+//! Stamping rules (docs/stamping.md) end to end: the webhook runs in-process on loopback,
 //! registered on the upstream kube-apiserver for the test's namespace only, and workloads are written
 //! with real `kubectl`; rollouts are counted from the ReplicaSets the real kube-controller-manager makes.
 
@@ -103,7 +103,7 @@ pub(crate) async fn wait_for_key(webhook: &LocalWebhook, loaded: bool) -> anyhow
     .await
 }
 
-/// Item 1: with the hash key unreadable, a `kubectl replace` keeps the stored stamp, so neither the
+/// With the hash key unreadable, a `kubectl replace` keeps the stored stamp, so neither the
 /// outage nor the key's return rolls the Deployment.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stamp_that_cannot_be_computed_is_kept_and_nothing_rolls() -> anyhow::Result<()> {
@@ -182,7 +182,7 @@ async fn set_config_map(
     Ok(())
 }
 
-/// Item 2: `envFrom` reads only `data`, and only keys that make variable names; a key ref does not
+/// `envFrom` reads only `data`, and only keys that make variable names; a key ref does not
 /// read `binaryData`, and a pod that cannot start is warned about.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stamps_cover_exactly_what_the_kubelet_reads() -> anyhow::Result<()> {
@@ -337,7 +337,7 @@ async fn stamps_cover_exactly_what_the_kubelet_reads() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Item 3: a StatefulSet owned by an operator's object (a controller ownerReference) is stamped; only
+/// A StatefulSet owned by an operator's object (a controller ownerReference) is stamped; only
 /// what inherits a stamped template is left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_managed_workloads_are_stamped() -> anyhow::Result<()> {
@@ -388,7 +388,7 @@ async fn operator_managed_workloads_are_stamped() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Item 4: 1,150 key references with long keys, and a template whose other annotations are large: the
+/// 1,150 key references with long keys, and a template whose other annotations are large: the
 /// workload is admitted (config-refs summarised within the limit), and the hash still covers every key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stamps_never_push_annotations_over_the_limit() -> anyhow::Result<()> {
@@ -461,7 +461,7 @@ async fn client_as(user: &str) -> anyhow::Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
-/// Item 5: lookups that fail (the webhook may list and watch Secrets but not get one) never deny an
+/// Lookups that fail (the webhook may list and watch Secrets but not get one) never deny an
 /// update that leaves the HelmOp's spec as it was, e.g. Fleet adding its finalizer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unchanged_helmop_specs_pass_when_lookups_fail() -> anyhow::Result<()> {
@@ -555,7 +555,7 @@ async fn unchanged_helmop_specs_pass_when_lookups_fail() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Item 6: on Kubernetes 1.20 CronJobs exist as batch/v1beta1 only; they are stamped, and restamped when
+/// On Kubernetes 1.20 CronJobs exist as batch/v1beta1 only; they are stamped, and restamped when
 /// what they read changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_v1beta1_cronjobs_are_stamped() -> anyhow::Result<()> {
@@ -611,7 +611,7 @@ async fn batch_v1beta1_cronjobs_are_stamped() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Issue 14 item 6: the ConfigMaps a Deployment reads in a namespace that holds few are read with one metadata
+/// The ConfigMaps a Deployment reads in a namespace that holds few are read with one metadata
 /// LIST instead of one GET each, and that LIST is as fresh as the GETs: a ConfigMap changed just before a restamp
 /// is stamped with its new content. A namespace holding many more ConfigMaps than the Deployment reads gets GETs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,7 +29,7 @@ fn server_addr(info: &ClusterInfo) -> anyhow::Result<SocketAddr> {
     })
 }
 
-/// Item 8: an API server that is slow rather than failing: a spec-unchanged HelmOp update is still
+/// An API server that is slow rather than failing: a spec-unchanged HelmOp update is still
 /// admitted (with a warning saying what was not checked), a changed spec is refused with a message
 /// that names the deadline, both within the webhook's own deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,7 +108,7 @@ async fn a_slow_api_server_never_denies_a_spec_unchanged_helmop_update() -> anyh
     Ok(())
 }
 
-/// Item 7: the delete guard protects, it does not veto. The garbage collector removes a Secret a
+/// The delete guard protects, it does not veto. The garbage collector removes a Secret a
 /// HelmOp lists once its owner is gone; a HelmOp with `helmop.dev/allow-missing` gets no claim on a
 /// name someone else creates and deletes (a warning instead of a denial); a plain holder still stops
 /// a user's delete.
@@ -217,7 +217,7 @@ async fn dry_run_create(object: &Value) -> anyhow::Result<Output> {
     .await
 }
 
-/// Items 1 and 3 through the real API server: a HelmOp whose `helm.values` hold 2.9 MB of dense
+/// Through the real API server: a HelmOp whose `helm.values` hold 2.9 MB of dense
 /// lists (far more JSON values than one admission decodes) and one whose `helm.version` has 600,000
 /// digits are refused with a reason, each from a server-side dry-run; an ordinary HelmOp of the same
 /// namespace is still admitted afterwards.
@@ -259,7 +259,7 @@ async fn dense_values_and_huge_versions_are_refused_with_a_reason() -> anyhow::R
     Ok(())
 }
 
-/// Item 2: HelmOps stored with megabytes of dense values (around the webhook) are listed into the
+/// HelmOps stored with megabytes of dense values (around the webhook) are listed into the
 /// guard's cache object by object without their values, and the guard still protects what they list.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stored_dense_helmops_are_cached_without_their_values_and_still_guard() -> anyhow::Result<()>
@@ -312,12 +312,12 @@ async fn dry_run_stamp(deployment: &Value) -> anyhow::Result<Option<String>> {
     ))
 }
 
-/// Item 5: 20,000 `envFrom` prefixes over a ConfigMap of 20,000 keys in the tenant's own namespace
+/// 20,000 `envFrom` prefixes over a ConfigMap of 20,000 keys in the tenant's own namespace
 /// (41 s of CPU before, when every prefix met every key) are one reference whose keys are read once:
 /// the hostile Deployment is stamped within the webhook's deadline, and the ordinary Deployments
 /// admitted alongside it are all stamped too (a webhook busy past the API server's timeout fails
 /// open, which here would be a Deployment without a stamp). Ten more dry-runs with fresh prefixes
-/// cost the stamp's digest cache a fingerprint each, not their lists (item 12).
+/// cost the stamp's digest cache a fingerprint each, not their lists.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_env_from_prefixes_over_a_wide_config_map_cost_one_read() -> anyhow::Result<()> {
     let client = cluster().client().await;
@@ -377,7 +377,7 @@ async fn many_env_from_prefixes_over_a_wide_config_map_cost_one_read() -> anyhow
         "ordinary Deployments admitted meanwhile were not stamped: {unstamped:?}"
     );
 
-    // Item 12: an entry of the stamp's digest cache keeps a fingerprint of what the pod reads, never
+    // An entry of the stamp's digest cache keeps a fingerprint of what the pod reads, never
     // the caller's lists: ten dry-runs with 2,000 fresh prefixes each (about 20 KB of text apiece;
     // 240 such dry-runs held 490 MiB before) add at most an entry each, of a few hundred bytes.
     let before = webhook.state.cached_digests();

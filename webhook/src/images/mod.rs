@@ -1,4 +1,4 @@
-//! Image digests (issue 6). The workload handler calls [`ImageResolver::resolve`] after the config stamp and
+//! Image digests. The workload handler calls [`ImageResolver::resolve`] after the config stamp and
 //! merges what it returns. [`RegistryResolver`] resolves mutable tags through the registry; [`NoImages`]
 //! changes nothing (tests of the other stages).
 //!

@@ -173,7 +173,7 @@ impl AppState {
         self.inner.hash_key.get()
     }
 
-    /// The image stage (issue 6).
+    /// The image stage.
     pub fn images(&self) -> &dyn ImageResolver {
         self.inner.images.as_ref()
     }
