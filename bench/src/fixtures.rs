@@ -287,6 +287,9 @@ pub async fn timed_propagate(
     Ok((output, started.elapsed()))
 }
 
+/// The name of the HelmOp [`apply_app_helmop`] writes.
+pub const APP_HELMOP: &str = "app";
+
 /// HelmOp `app` in `namespace` upstream: a fixed chart, `entries` as its downstream resources and
 /// `targets` as its targets (JSON, as the scenarios build them).
 pub async fn apply_app_helmop(
@@ -296,7 +299,7 @@ pub async fn apply_app_helmop(
     targets: &[serde_json::Value],
 ) -> anyhow::Result<()> {
     let helmop = serde_json::json!({
-        "metadata": {"name": "app"},
+        "metadata": {"name": APP_HELMOP},
         "spec": {
             "helm": {"repo": "https://charts.example.com/stable", "chart": "app", "version": "1.2.3"},
             "downstreamResources": entries,

@@ -101,6 +101,10 @@ enum Command {
         /// Extra flag for the watcher, e.g. `--watcher-arg=--resync=0` (repeatable).
         #[arg(long = "watcher-arg", allow_hyphen_values = true)]
         watcher_args: Vec<String>,
+        /// Seconds between two check-ins of each Cluster's agent (and two status writes of the HelmOp)
+        /// upstream while measuring, as a running Fleet writes them; 0 for a quiet fleet.
+        #[arg(long, default_value_t = 15)]
+        churn_seconds: u64,
     },
     /// `rollout -A --watch`: change -> restamp latency, RSS against a watcher caching every Secret and
     /// ConfigMap whole, idle CPU, in a cluster of many Secrets and ConfigMaps mostly read by no workload.
@@ -308,6 +312,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             idle_seconds,
             gap_ms,
             watcher_args,
+            churn_seconds,
         } => {
             let settings = WatchSettings {
                 plugin_bin: plugin_bin.unwrap_or_else(|| sibling("kubectl-helmop")),
@@ -320,6 +325,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 idle: Duration::from_secs(idle_seconds),
                 gap: Duration::from_millis(gap_ms),
                 extra_args: watcher_args,
+                churn: (churn_seconds > 0).then(|| Duration::from_secs(churn_seconds)),
             };
             let rows = watch::run(&settings).await?;
             println!("{}", watch::table(&rows, &settings));

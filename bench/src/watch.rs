@@ -36,6 +36,7 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 
 use crate::fixtures;
+use crate::fleet::churn::{Churn, ChurnSettings};
 use crate::fleet::route;
 use crate::fleet::sim::{self, Written};
 use crate::machine::rss_kib;
@@ -70,6 +71,9 @@ pub struct WatchSettings {
     pub gap: Duration,
     /// Extra flags for the watcher.
     pub extra_args: Vec<String>,
+    /// Fleet-like status churn upstream while measuring: every Cluster checks in and the HelmOp's
+    /// status is rewritten once per this interval ([`crate::fleet::churn`]); `None` for a quiet fleet.
+    pub churn: Option<Duration>,
 }
 
 /// The watcher process at one moment.
@@ -99,6 +103,11 @@ pub struct Row {
     pub idle_cpu_after: f64,
     /// Runs the watcher reported.
     pub runs: usize,
+    /// Runs started during the idle windows before / after the edits (with churn on: runs status
+    /// writes started, the goal is none).
+    pub idle_runs: (usize, usize),
+    /// Status writes the churn made while the watcher ran.
+    pub churn_writes: u64,
 }
 
 /// `/proc/PID/stat` utime + stime, in clock ticks (USER_HZ, 100 on Linux).
@@ -628,9 +637,22 @@ async fn one(
     let pid = watcher.pid();
     // Let the start-up work (watches listing, the first run's allocations) settle.
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let churn = settings.churn.map(|interval| {
+        Churn::start(
+            upstream_client.clone(),
+            ChurnSettings {
+                namespace: namespace.clone(),
+                clusters: (0..n).map(|c| format!("c{c}")).collect(),
+                helmops: vec![fixtures::APP_HELMOP.to_owned()],
+                interval,
+            },
+        )
+    });
     let settled = sample(pid);
     eprintln!("watch: idle CPU for {:?} ...", settings.idle);
+    let runs_before_idle = watcher.events_named("run").len();
     let idle_cpu_before = idle_cpu(pid, settings.idle).await?;
+    let idle_runs_before = watcher.events_named("run").len() - runs_before_idle;
 
     let cms: Api<ConfigMap> = Api::namespaced(upstream_client.clone(), &namespace);
     let mut copies = Vec::new();
@@ -690,8 +712,14 @@ async fn one(
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after_edits = sample(pid);
+    let runs_before_idle = watcher.events_named("run").len();
     let idle_cpu_after = idle_cpu(pid, settings.idle).await?;
     let runs = watcher.events_named("run").len();
+    let idle_runs_after = runs - runs_before_idle;
+    let churn_writes = match churn {
+        Some(churn) => churn.stop().await?,
+        None => 0,
+    };
     watcher.signal(15)?;
     watcher.wait_exit(Duration::from_secs(30)).await?;
     Ok(Row {
@@ -706,6 +734,8 @@ async fn one(
         idle_cpu_before,
         idle_cpu_after,
         runs,
+        idle_runs: (idle_runs_before, idle_runs_after),
+        churn_writes,
     })
 }
 
@@ -796,9 +826,17 @@ pub fn table(rows: &[Row], settings: &WatchSettings) -> String {
              PATCH upstream to the instant fleetsim's store took the write"
             .to_owned(),
     };
+    let churn = match settings.churn {
+        Some(interval) => format!(
+            "Status churn on throughout: every Cluster's agent checks in (`status.agent.lastSeen`) and the \
+             HelmOp's status is rewritten once per {} s, spread evenly",
+            interval.as_secs()
+        ),
+        None => "No status churn (a quiet fleet)".to_owned(),
+    };
     let mut out = format!(
         "`propagate --watch` over N Fleet Clusters {setup}. {} sources per HelmOp, {} edits per row \
-         (nearest-rank percentiles over edits, each edit the slowest cluster).\n\n\
+         (nearest-rank percentiles over edits, each edit the slowest cluster). {churn}.\n\n\
          | clusters | --debounce | first run | edit -> every copy p50 / p99 / max ms | edit -> every reader {} p50 / p99 / max ms | runs |\n\
          |---:|---|---|---|---|---:|\n",
         settings.resources,
@@ -828,12 +866,12 @@ pub fn table(rows: &[Row], settings: &WatchSettings) -> String {
         ));
     }
     out.push_str(
-        "\n| clusters | --debounce | RSS MiB settled | RSS MiB after edit 1 / 5 / 10 | RSS MiB after the edits | threads | open sockets settled / after | idle CPU before / after the edits |\n\
-         |---:|---|---:|---|---:|---:|---|---|\n",
+        "\n| clusters | --debounce | RSS MiB settled | RSS MiB after edit 1 / 5 / 10 | RSS MiB after the edits | threads | open sockets settled / after | idle CPU before / after the edits | runs started while idle before / after | status writes |\n\
+         |---:|---|---:|---|---:|---:|---|---|---|---:|\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} / {} | {} / {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | {} / {} | {} |\n",
             r.clusters,
             r.debounce,
             mib(r.settled.rss_kib),
@@ -844,6 +882,9 @@ pub fn table(rows: &[Row], settings: &WatchSettings) -> String {
             r.after_edits.sockets,
             percent(r.idle_cpu_before),
             percent(r.idle_cpu_after),
+            r.idle_runs.0,
+            r.idle_runs.1,
+            r.churn_writes,
         ));
     }
     out

@@ -2,6 +2,7 @@
 //! `helmop-bench fleet` measurements that use them.
 
 pub mod bench;
+pub mod churn;
 pub mod proxy;
 pub mod route;
 pub mod scenario;
