@@ -1294,3 +1294,608 @@ fn the_rendered_install_files_are_current() {
         assert_eq!(docs, render(&manifests_dir().join(flavour)), "{flavour}");
     }
 }
+
+// ---- manifests/monitoring: scrape targets, alerts and dashboard -------------------------------------
+
+/// What `/metrics` of the helmop processes can expose, read from the registrations in the code, so that a
+/// renamed metric or label fails here rather than leaving an alert that never fires.
+struct Registered {
+    /// Sample names as exposed (`_total` of counters, `_bucket`/`_sum`/`_count` of histograms, `_info`)
+    /// with the label names the code gives them.
+    samples: std::collections::BTreeMap<String, BTreeSet<String>>,
+    /// Names as registered (a histogram's base name, as the docs and descriptions quote it).
+    families: BTreeSet<String>,
+    /// The non-test source, to look label values up as string literals.
+    source: String,
+}
+
+/// Labels Prometheus (and the Prometheus Operator, for a PodMonitor) puts on every scraped sample.
+const TARGET_LABELS: [&str; 6] = [
+    "job",
+    "instance",
+    "namespace",
+    "pod",
+    "container",
+    "endpoint",
+];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The arguments of the call whose `(` ends just before `text`, split at top-level commas; string
+/// literals (help texts hold parentheses and commas) are kept whole.
+fn call_args(text: &str) -> Vec<String> {
+    let (mut args, mut current) = (Vec::new(), String::new());
+    let (mut depth, mut in_str, mut escaped) = (0usize, false, false);
+    for c in text.chars() {
+        if in_str {
+            current.push(c);
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => {
+                in_str = true;
+                current.push(c);
+            }
+            '(' | '[' | '{' => {
+                depth += 1;
+                current.push(c);
+            }
+            ')' | ']' | '}' if depth == 0 => break,
+            ')' | ']' | '}' => {
+                depth -= 1;
+                current.push(c);
+            }
+            ',' if depth == 0 => args.push(std::mem::take(&mut current).trim().to_owned()),
+            _ => current.push(c),
+        }
+    }
+    if !current.trim().is_empty() {
+        args.push(current.trim().to_owned());
+    }
+    args
+}
+
+/// The field names of `struct name { ... }` in `text`: a label set's label names.
+fn struct_fields(text: &str, name: &str) -> BTreeSet<String> {
+    let start = text
+        .find(&format!("struct {name} {{"))
+        .unwrap_or_else(|| panic!("label struct {name} not found next to its registration"));
+    let body = &text[start..];
+    let body = &body[body.find('{').unwrap() + 1..body.find('}').unwrap()];
+    body.lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with("//") && !l.starts_with('#') && l.contains(':'))
+        .map(|l| {
+            let l = l.strip_prefix("pub ").unwrap_or(l);
+            l[..l.find(':').unwrap()].trim().to_owned()
+        })
+        .collect()
+}
+
+fn registered_metrics() -> Registered {
+    let root = manifests_dir().join("..");
+    let mut files = Vec::new();
+    for dir in ["webhook/src", "plugin/src", "core/src"] {
+        rust_files(&root.join(dir), &mut files);
+    }
+    files.sort();
+    let mut registered = Registered {
+        samples: Default::default(),
+        families: BTreeSet::new(),
+        source: String::new(),
+    };
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        // Unit tests register throwaway metrics; only what the processes register counts.
+        let text = match text.find("#[cfg(test)]") {
+            Some(at) => text[..at].to_owned(),
+            None => text,
+        };
+        let prefix = text.find("Registry::with_prefix(\"").map(|at| {
+            let rest = &text[at + "Registry::with_prefix(\"".len()..];
+            format!("{}_", &rest[..rest.find('"').unwrap()])
+        });
+        for (at, _) in text.match_indices(".register(") {
+            let args = call_args(&text[at + ".register(".len()..]);
+            let who = format!("{}: register({})", file.display(), args.join(", "));
+            assert_eq!(args.len(), 3, "{who}: expected name, help, metric");
+            let name = args[0].trim_matches('"');
+            assert!(
+                args[0].starts_with('"') && !name.contains('"'),
+                "{who}: the name must be a literal"
+            );
+            let name = format!("{}{name}", prefix.as_deref().unwrap_or(""));
+            let metric = args[2].as_str();
+            let (kind, labels) = if metric.starts_with("Info::new") {
+                let labels = metric
+                    .match_indices("(\"")
+                    .map(|(i, _)| {
+                        let rest = &metric[i + 2..];
+                        rest[..rest.find('"').unwrap()].to_owned()
+                    })
+                    .collect();
+                ("info", labels)
+            } else {
+                let ident = metric.strip_suffix(".clone()").unwrap_or_else(|| {
+                    panic!("{who}: expected `VARIABLE.clone()` or `Info::new(..)`")
+                });
+                let decl = text[..at]
+                    .rfind(&format!("let {ident} = "))
+                    .unwrap_or_else(|| panic!("{who}: `let {ident} = ` not found before it"));
+                let stmt = &text[decl..];
+                let stmt = &stmt[..stmt.find(';').unwrap()];
+                let kind = ["Counter", "Gauge", "Histogram"]
+                    .into_iter()
+                    .filter_map(|k| stmt.find(k).map(|i| (i, k)))
+                    .min()
+                    .unwrap_or_else(|| panic!("{who}: unknown metric type in `{stmt}`"))
+                    .1;
+                let labels = match stmt.find("Family::<") {
+                    Some(i) => {
+                        let rest = &stmt[i + "Family::<".len()..];
+                        struct_fields(&text, rest[..rest.find(',').unwrap()].trim())
+                    }
+                    None => BTreeSet::new(),
+                };
+                (kind, labels)
+            };
+            let suffixes: &[&str] = match kind {
+                "Counter" => &["_total"],
+                "Gauge" => &[""],
+                "Histogram" => &["_bucket", "_sum", "_count"],
+                _ => &["_info"],
+            };
+            for suffix in suffixes {
+                let mut labels = labels.clone();
+                if *suffix == "_bucket" {
+                    labels.insert("le".to_owned());
+                }
+                registered.samples.insert(format!("{name}{suffix}"), labels);
+            }
+            registered.families.insert(name);
+        }
+        registered.source.push_str(&text);
+    }
+    for expected in [
+        "helmop_webhook_requests_total",
+        "helmop_propagator_last_success_timestamp_seconds",
+        "helmop_rollout_lag_seconds_bucket",
+        "helmop_propagator_build_info",
+    ] {
+        assert!(
+            registered.samples.contains_key(expected),
+            "the registration scan missed {expected}: {:?}",
+            registered.samples.keys()
+        );
+    }
+    registered
+}
+
+/// Every `helmop_*` word of `text`.
+fn helmop_names(text: &str) -> Vec<&str> {
+    let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.match_indices("helmop_")
+        .filter(|(i, _)| *i == 0 || !text[..*i].ends_with(is_name))
+        .map(|(i, _)| {
+            let rest = &text[i..];
+            &rest[..rest.find(|c: char| !is_name(c)).unwrap_or(rest.len())]
+        })
+        .collect()
+}
+
+/// Checks one PromQL expression against the code: every `helmop_*` metric is exposed under that name,
+/// every label matched or grouped by is one of its labels (or a target label), and every value matched
+/// by `=`/`=~` is a string literal of the code (`outcome="panic"` stays true to `Outcome::as_str`).
+fn check_promql(who: &str, expr: &str, registered: &Registered) -> BTreeSet<String> {
+    let mut used = BTreeSet::new();
+    let mut in_scope: BTreeSet<String> = TARGET_LABELS.iter().map(|l| l.to_string()).collect();
+    let chars: Vec<char> = expr.chars().collect();
+    let mut words: Vec<(String, usize)> = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c == '"' {
+            i += 1;
+            while i < chars.len() && chars[i] != '"' {
+                i += if chars[i] == '\\' { 2 } else { 1 };
+            }
+            i += 1;
+        } else if c.is_ascii_alphabetic() || c == '_' {
+            let start = i;
+            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '_') {
+                i += 1;
+            }
+            words.push((chars[start..i].iter().collect(), i));
+        } else {
+            i += 1;
+        }
+    }
+    let after = |end: usize| {
+        chars[end..]
+            .iter()
+            .position(|c| !c.is_whitespace())
+            .map(|p| (end + p, chars[end + p]))
+    };
+    let mut grouped = Vec::new();
+    for (word, end) in &words {
+        let next = after(*end);
+        if word.starts_with("helmop_") {
+            let labels = registered
+                .samples
+                .get(word)
+                .unwrap_or_else(|| panic!("{who}: {word} is not exposed by the code: {expr}"));
+            used.insert(word.clone());
+            in_scope.extend(labels.iter().cloned());
+            if let Some((open, '{')) = next {
+                let close = open + chars[open..].iter().position(|c| *c == '}').unwrap();
+                let body: String = chars[open + 1..close].iter().collect();
+                for matcher in body.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+                    let op_at = matcher.find(['=', '!']).unwrap();
+                    let label = matcher[..op_at].trim();
+                    let rest = &matcher[op_at..];
+                    let (op, value) = rest.split_at(if rest.starts_with("=\"") { 1 } else { 2 });
+                    let value = value.trim().trim_matches('"');
+                    assert!(
+                        labels.contains(label) || TARGET_LABELS.contains(&label),
+                        "{who}: {word} has no label {label} (it has {labels:?}): {expr}"
+                    );
+                    let literal = matches!(op, "=" | "=~")
+                        && !TARGET_LABELS.contains(&label)
+                        && !value.contains('$');
+                    if literal {
+                        for alternative in value.split('|') {
+                            assert!(
+                                registered.source.contains(&format!("\"{alternative}\"")),
+                                "{who}: {word}{{{label}}} never takes the value {alternative:?} in the code: {expr}"
+                            );
+                        }
+                    }
+                }
+            }
+        } else if ["by", "without", "on", "ignoring"].contains(&word.as_str())
+            && let Some((open, '(')) = next
+        {
+            let close = open + chars[open..].iter().position(|c| *c == ')').unwrap();
+            let list: String = chars[open + 1..close].iter().collect();
+            grouped.extend(
+                list.split(',')
+                    .map(|l| l.trim().to_owned())
+                    .filter(|l| !l.is_empty()),
+            );
+        }
+    }
+    for label in grouped {
+        assert!(
+            in_scope.contains(&label) || label == "le",
+            "{who}: no metric of the expression has the label {label}: {expr}"
+        );
+    }
+    used
+}
+
+/// Every string in `v`, at any depth (queries sit in panels, rows and template variables).
+fn json_strings(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::String(s) => out.push(s.clone()),
+        Value::Array(items) => items.iter().for_each(|i| json_strings(i, out)),
+        Value::Object(map) => map.values().for_each(|i| json_strings(i, out)),
+        _ => {}
+    }
+}
+
+fn render_with_monitoring(dirs: &[&str]) -> Vec<Value> {
+    render_overlay(dirs, &["monitoring"])
+}
+
+fn prometheus_rule() -> Value {
+    let docs = render_with_monitoring(&["self-signed"]);
+    named(&docs, "PrometheusRule", "helmop").clone()
+}
+
+fn rules(rule: &Value) -> Vec<&Value> {
+    rule["spec"]["groups"]
+        .as_array()
+        .expect("spec.groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_array().expect("a group's rules").iter())
+        .collect()
+}
+
+/// The component adds its own objects to any install and changes nothing else; its PodMonitors select the
+/// pods of the webhook, the propagator and the rollout watcher, on the ports and paths they serve metrics
+/// on, and the `job` each alert selects is the one its PodMonitor gives.
+#[test]
+fn monitoring_component_scrapes_every_helmop_pod_where_it_serves_metrics() {
+    let full = ["self-signed", "propagator", "rollout-watcher"];
+    let with = render_with_monitoring(&full);
+    let without = render_overlay(&full, &[]);
+    let added: Vec<&Value> = with.iter().filter(|d| !without.contains(d)).collect();
+    let kinds: BTreeSet<String> = added.iter().map(|d| name_of(d)).collect();
+    let expected: BTreeSet<String> = [
+        "PodMonitor helmop-webhook",
+        "PodMonitor helmop-propagator",
+        "PodMonitor helmop-rollout-watcher",
+        "PrometheusRule helmop",
+        "ConfigMap helmop-grafana-dashboard",
+    ]
+    .map(String::from)
+    .into();
+    assert_eq!(kinds, expected, "the component adds only its own objects");
+    assert_eq!(
+        with.len(),
+        without.len() + added.len(),
+        "the component changed an installed object"
+    );
+    for doc in &added {
+        assert_eq!(
+            doc["metadata"]["namespace"],
+            "helmop-system",
+            "{}",
+            name_of(doc)
+        );
+    }
+
+    let mut jobs = BTreeSet::new();
+    for monitor in of_kind(&with, "PodMonitor") {
+        let who = name_of(monitor);
+        let spec = &monitor["spec"];
+        let selector = spec["selector"]["matchLabels"].as_object().unwrap();
+        assert!(!selector.is_empty(), "{who}: selects every pod");
+        assert!(spec["selector"].get("matchExpressions").is_none(), "{who}");
+        let namespaces = strings(&spec["namespaceSelector"]["matchNames"]);
+        let pods: Vec<&Value> = of_kind(&with, "Deployment")
+            .into_iter()
+            .filter(|d| {
+                let labels = &d["spec"]["template"]["metadata"]["labels"];
+                selector.iter().all(|(k, v)| &labels[k] == v)
+            })
+            .collect();
+        assert_eq!(pods.len(), 1, "{who}: selects one Deployment's pods");
+        let deployment = pods[0];
+        assert!(
+            namespaces.contains(&deployment["metadata"]["namespace"].as_str().unwrap()),
+            "{who}: looks in {namespaces:?}"
+        );
+        let template = &deployment["spec"]["template"];
+        let job_label = spec["jobLabel"].as_str().expect("jobLabel");
+        let job = template["metadata"]["labels"][job_label]
+            .as_str()
+            .unwrap_or_else(|| panic!("{who}: the pods have no label {job_label}"));
+        assert_eq!(job, monitor["metadata"]["name"], "{who}: job label");
+        jobs.insert(job.to_owned());
+        let annotations = &template["metadata"]["annotations"];
+        for endpoint in spec["podMetricsEndpoints"].as_array().unwrap() {
+            let port_name = endpoint["port"].as_str().expect("a named port");
+            let path = endpoint["path"].as_str().expect("a path");
+            assert_eq!(path, "/metrics", "{who}");
+            let container = pod_spec(deployment)["containers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| {
+                    c["ports"]
+                        .as_array()
+                        .is_some_and(|ps| ps.iter().any(|p| p["name"] == port_name))
+                })
+                .unwrap_or_else(|| panic!("{who}: no container port named {port_name}"));
+            let port = container["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == port_name)
+                .unwrap();
+            // The probes prove that the port answers plain HTTP.
+            assert_eq!(
+                container["livenessProbe"]["httpGet"]["port"]
+                    .as_str()
+                    .or_else(|| container["readinessProbe"]["httpGet"]["port"].as_str()),
+                Some(port_name),
+                "{who}: metrics port {port_name} is not the probed plain-HTTP port"
+            );
+            if let Some(annotated) = annotations["prometheus.io/port"].as_str() {
+                assert_eq!(annotated, port["containerPort"].to_string(), "{who}");
+                assert_eq!(annotations["prometheus.io/path"], path, "{who}");
+            }
+            // The webhook's metrics sit on its admin port, never on the TLS admission port.
+            assert_ne!(port["containerPort"], 8443, "{who}");
+        }
+    }
+    for deployment in of_kind(&with, "Deployment") {
+        let job = deployment["metadata"]["name"].as_str().unwrap();
+        assert!(jobs.contains(job), "{job} is not scraped");
+    }
+
+    // Every job an alert or a dashboard query selects is a PodMonitor's.
+    let rule = prometheus_rule();
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(manifests_dir().join("monitoring/dashboards/helmop.json"))
+            .unwrap(),
+    )
+    .expect("the dashboard is JSON");
+    let mut texts: Vec<String> = rules(&rule)
+        .iter()
+        .map(|r| r["expr"].as_str().unwrap().to_owned())
+        .collect();
+    json_strings(&dashboard, &mut texts);
+    for text in &texts {
+        for (at, _) in text.match_indices("job") {
+            let rest = text[at + 3..].trim_start();
+            let Some(value) = rest
+                .strip_prefix("=~\"")
+                .or_else(|| rest.strip_prefix("=\""))
+            else {
+                continue;
+            };
+            let value = &value[..value.find('"').unwrap()];
+            for job in value.split('|') {
+                assert!(jobs.contains(job), "job {job} is no PodMonitor's: {text}");
+            }
+        }
+    }
+
+    // On a downstream cluster (no propagator) and with the watcher alone it still renders.
+    for dirs in [
+        &["stamping-only", "rollout-watcher"][..],
+        &["rollout-watcher"][..],
+    ] {
+        let docs = render_with_monitoring(dirs);
+        assert_eq!(of_kind(&docs, "PodMonitor").len(), 3, "{dirs:?}");
+    }
+}
+
+/// Every metric and label the alerts and the dashboard use is one the code registers.
+#[test]
+fn monitoring_uses_only_metrics_the_code_registers() {
+    let registered = registered_metrics();
+    let rule = prometheus_rule();
+    let mut used = BTreeSet::new();
+    let mut alerts = BTreeSet::new();
+    let troubleshooting =
+        std::fs::read_to_string(manifests_dir().join("../docs/troubleshooting.md")).unwrap();
+    for r in rules(&rule) {
+        let alert = r["alert"].as_str().expect("alerting rules only");
+        assert!(alerts.insert(alert.to_owned()), "{alert} twice");
+        used.extend(check_promql(
+            alert,
+            r["expr"].as_str().unwrap(),
+            &registered,
+        ));
+        assert!(
+            ["critical", "warning", "info"]
+                .contains(&r["labels"]["severity"].as_str().unwrap_or("")),
+            "{alert}: severity"
+        );
+        let summary = r["annotations"]["summary"].as_str().unwrap_or("");
+        let description = r["annotations"]["description"].as_str().unwrap_or("");
+        assert!(!summary.is_empty(), "{alert}: summary");
+        for name in helmop_names(summary)
+            .into_iter()
+            .chain(helmop_names(description))
+        {
+            assert!(
+                registered.samples.contains_key(name) || registered.families.contains(name),
+                "{alert}: the description names {name}, which the code does not register"
+            );
+        }
+        // Points at a section of the troubleshooting guide that exists, and the guide names the alert.
+        let section = description
+            .split("docs/troubleshooting.md, \"")
+            .nth(1)
+            .and_then(|s| s.split('"').next())
+            .unwrap_or_else(|| {
+                panic!("{alert}: no docs/troubleshooting.md section: {description}")
+            });
+        assert!(
+            troubleshooting.contains(&format!("## {section}\n")),
+            "{alert}: docs/troubleshooting.md has no section {section:?}"
+        );
+        assert!(
+            troubleshooting.contains(&format!("`{alert}`")),
+            "{alert}: not mentioned in docs/troubleshooting.md"
+        );
+    }
+
+    let text =
+        std::fs::read_to_string(manifests_dir().join("monitoring/dashboards/helmop.json")).unwrap();
+    let dashboard: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    for name in helmop_names(&text) {
+        assert!(
+            registered.samples.contains_key(name) || registered.families.contains(name),
+            "the dashboard names {name}, which the code does not register"
+        );
+    }
+    let mut ids = BTreeSet::new();
+    let mut panels: Vec<&Value> = dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .collect();
+    while let Some(panel) = panels.pop() {
+        let id = panel["id"].as_i64().expect("every panel has a numeric id");
+        assert!(ids.insert(id), "panel id {id} twice");
+        if let Some(nested) = panel["panels"].as_array() {
+            panels.extend(nested);
+        }
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let who = format!("dashboard panel {:?}", panel["title"]);
+            used.extend(check_promql(
+                &who,
+                target["expr"].as_str().expect("expr"),
+                &registered,
+            ));
+        }
+    }
+    assert!(ids.len() > 10, "{ids:?}");
+    // The dashboard shows each process.
+    for prefix in ["helmop_webhook_", "helmop_propagator_", "helmop_rollout_"] {
+        assert!(
+            used.iter().any(|m| m.starts_with(prefix)),
+            "nothing of {prefix}*"
+        );
+    }
+
+    let docs = render_with_monitoring(&["self-signed"]);
+    let config_map = named(&docs, "ConfigMap", "helmop-grafana-dashboard");
+    assert_eq!(config_map["metadata"]["labels"]["grafana_dashboard"], "1");
+    assert_eq!(config_map["data"]["helmop.json"], text.as_str());
+}
+
+/// `promtool check rules` accepts the PrometheusRule's groups (syntax, templates, durations), and the
+/// alerts fire as `monitoring/rules-test.yaml` expects (`promtool test rules`).
+#[test]
+fn monitoring_rules_pass_promtool() {
+    let version = Command::new("promtool").arg("--version").output().expect(
+        "promtool must be on PATH (Debian package `prometheus`, which ./dev installs with the other packages)",
+    );
+    assert!(version.status.success(), "promtool --version failed");
+    let promtool = |args: &[&Path]| {
+        let out = Command::new("promtool").args(args).output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "promtool {args:?}: {text}");
+        text
+    };
+    let rule = prometheus_rule();
+    let dir = tempfile::tempdir().unwrap();
+    // JSON is YAML, which promtool reads.
+    let checked = dir.path().join("helmop-rules-annotated.yaml");
+    let groups = serde_json::json!({ "groups": rule["spec"]["groups"] });
+    std::fs::write(&checked, serde_json::to_string_pretty(&groups).unwrap()).unwrap();
+    let text = promtool(&[Path::new("check"), Path::new("rules"), checked.as_path()]);
+    let found = format!("SUCCESS: {} rules found", rules(&rule).len());
+    assert!(text.contains(&found), "{text}");
+
+    // The cases compare labels only: without annotations they need not repeat every description.
+    let mut bare = groups.clone();
+    for group in bare["groups"].as_array_mut().unwrap() {
+        for r in group["rules"].as_array_mut().unwrap() {
+            r.as_object_mut().unwrap().remove("annotations");
+        }
+    }
+    std::fs::write(
+        dir.path().join("helmop-rules.yaml"),
+        serde_json::to_string_pretty(&bare).unwrap(),
+    )
+    .unwrap();
+    let cases = dir.path().join("rules-test.yaml");
+    std::fs::copy(manifests_dir().join("monitoring/rules-test.yaml"), &cases).unwrap();
+    promtool(&[Path::new("test"), Path::new("rules"), cases.as_path()]);
+}
