@@ -1,6 +1,7 @@
 //! helmop's domain logic. Everything here is pure: no network, no filesystem, no clock.
 //! The webhook and the plugin do the I/O and call into these functions.
 
+pub mod check;
 pub mod fleet_copy;
 pub mod goregex;
 pub mod gotemplate;

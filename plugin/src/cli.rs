@@ -108,6 +108,22 @@ Unresolvable, 3 when the cluster cannot be reached.",
         after_help = "Examples:\n  kubectl helmop images -n apps\n  kubectl helmop images -A -o wide --registry-config registries.yaml\n  kubectl helmop images -A --watch --interval 30s"
     )]
     Images(crate::cmd::images::ImagesArgs),
+    /// Check an install: webhook configurations, their answers, certificates, hash key, leases
+    #[command(
+        long_about = "Check helmop's install on the cluster of the current (or --context) context, like a \
+doctor: the webhook configurations (validating and mutating; a stamping-only install has no \
+validating webhooks, which is reported, not an error), whether they answer through the API server \
+(a server-side dry-run create of an invalid HelmOp, which helmop must deny; with -n, also of an \
+opted-in Deployment, which must come back stamped; nothing is stored), whether each caBundle \
+verifies the serving certificate and how long that is valid, the hash-key Secret (metadata only), \
+the opted-in namespaces and workloads, the current user's rights for propagate, prune and \
+rollout (SelfSubjectAccessReview), and the Leases of the propagator and the rollout watcher.\n\n\
+Every finding is ok, warning or problem; problems and warnings come with a one-line fix.\n\n\
+Exits 0 when no problem was found (warnings allowed), 1 when one was, 3 when the cluster \
+cannot be reached.",
+        after_help = "Examples:\n  kubectl helmop check\n  kubectl helmop check --context down1 -n apps\n  kubectl helmop check -o json"
+    )]
+    Check(crate::cmd::check::CheckArgs),
     /// Print a shell completion script (bash, zsh, fish)
     #[command(
         long_about = crate::cmd::completion::ABOUT,

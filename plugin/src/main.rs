@@ -4,6 +4,7 @@
 mod api_error;
 mod args;
 mod argv;
+mod check;
 mod cli;
 mod client_cache;
 mod clusters;
@@ -88,6 +89,7 @@ fn main() -> ExitCode {
         Command::Prune(args) => block_on(cmd::prune::run(&args)),
         Command::Rollout(args) => block_on(cmd::rollout::run(&args)),
         Command::Images(args) => block_on(cmd::images::run(&args)),
+        Command::Check(args) => block_on(cmd::check::run(&args)),
         Command::Completion(args) => cmd::completion::run(&args, Cli::command()),
     };
     match status {

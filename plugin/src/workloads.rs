@@ -217,7 +217,7 @@ pub fn fleet_restamp_value(previous: Option<&str>, now: k8s_openapi::jiff::Times
     value
 }
 
-fn api_resource(kind: WorkloadKind) -> ApiResource {
+pub fn api_resource(kind: WorkloadKind) -> ApiResource {
     let (group, version, kind_name) = kind.gvk();
     ApiResource {
         group: group.into(),

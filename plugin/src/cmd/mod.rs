@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod check;
 pub mod completion;
 pub mod images;
 pub mod propagate;

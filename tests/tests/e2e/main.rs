@@ -3,6 +3,7 @@
 //! and torn down when the binary exits. Build the binaries once with
 //! `tests/controlplane/cp build`; see tests/controlplane/README.md.
 
+mod check;
 mod controlplane;
 mod copies;
 mod failure_isolation;

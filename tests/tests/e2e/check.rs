@@ -1,0 +1,373 @@
+//! `kubectl helmop check` against the upstream cluster, with the real webhook in-process on
+//! loopback and registered by URL for the test's namespace only, under configuration names,
+//! a hash key and Leases of the test's own (the `--webhook-configuration`, `--hash-key-secret`
+//! and `--lease-namespace` flags), so breaking them touches no other test on the shared cluster.
+
+use std::collections::BTreeSet;
+
+use helmop_tests::*;
+use helmop_webhook::state::Config;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use serde_json::Value;
+
+use crate::plugin::support::{Out, helmop};
+
+/// The finding about `subject` of kind `check`.
+fn finding<'a>(report: &'a Value, check: &str, subject: &str) -> &'a Value {
+    report["findings"]
+        .as_array()
+        .and_then(|all| {
+            all.iter()
+                .find(|f| f["check"] == check && f["subject"] == subject)
+        })
+        .unwrap_or_else(|| panic!("no {check} finding about {subject} in {report:#}"))
+}
+
+/// The report's shape: what scripts may rely on.
+fn assert_shape(report: &Value) {
+    assert_shape_with(report, true);
+}
+
+/// [`assert_shape`]; `every_check`: each kind of check has a finding (no serving certificate is
+/// looked at without a webhook configuration).
+fn assert_shape_with(report: &Value, every_check: bool) {
+    let keys: BTreeSet<&str> = report
+        .as_object()
+        .map(|o| o.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        keys,
+        BTreeSet::from(["result", "summary", "namespace", "findings"]),
+        "{report:#}"
+    );
+    let verdicts = ["ok", "warning", "problem"];
+    let findings = report["findings"].as_array().cloned().unwrap_or_default();
+    let mut counted = 0;
+    for v in verdicts {
+        let n = report["summary"][v].as_u64().unwrap_or(u64::MAX);
+        assert_eq!(
+            n as usize,
+            findings.iter().filter(|f| f["verdict"] == v).count(),
+            "summary.{v} in {report:#}"
+        );
+        counted += n as usize;
+    }
+    assert_eq!(counted, findings.len());
+    for f in &findings {
+        let keys: BTreeSet<&str> = f
+            .as_object()
+            .map(|o| o.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        let mut want = BTreeSet::from(["check", "subject", "verdict", "message"]);
+        if f.get("fix").is_some() {
+            want.insert("fix");
+        }
+        assert_eq!(keys, want, "{f:#}");
+        assert!(verdicts.contains(&f["verdict"].as_str().unwrap_or_default()));
+        if f["verdict"] == "problem" {
+            assert!(f["fix"].as_str().is_some_and(|s| !s.is_empty()), "{f:#}");
+        }
+    }
+    if !every_check {
+        return;
+    }
+    for check in [
+        "webhook-configuration",
+        "webhook-answer",
+        "serving-certificate",
+        "hash-key",
+        "opt-in",
+        "access",
+        "lease",
+    ] {
+        assert!(
+            findings.iter().any(|f| f["check"] == check),
+            "no {check} finding in {report:#}"
+        );
+    }
+}
+
+fn verdict<'a>(report: &'a Value, check: &str, subject: &str) -> &'a str {
+    finding(report, check, subject)["verdict"]
+        .as_str()
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_a_working_install_then_a_missing_hash_key_and_a_foreign_ca_bundle()
+-> anyhow::Result<()> {
+    let client = control_plane().upstream().client().await;
+    let ns = fresh_namespace(&client, "check").await?;
+    create_secret(&client, &ns, "hash-key", &[("key", &random_key()?)]).await?;
+    let webhook = LocalWebhook::start(
+        client.clone(),
+        Config {
+            hash_key_secret: hash_key_in(&ns),
+            ..Config::default()
+        },
+    )
+    .await?;
+    let name = format!("{ns}-check");
+    let validating = |ca: &str| {
+        WebhookRegistration::new(
+            WebhookKind::Validating,
+            &name,
+            &format!("{}/validate/helmops", webhook.url),
+            ca,
+        )
+        .rule(WebhookRule::new(
+            &["CREATE", "UPDATE"],
+            "fleet.cattle.io",
+            "v1alpha1",
+            &["helmops"],
+        ))
+        .only_namespace(&ns)
+    };
+    validating(&webhook.ca_pem).register(&client).await?;
+    WebhookRegistration::new(
+        WebhookKind::Mutating,
+        &name,
+        &format!("{}/mutate/workloads", webhook.url),
+        &webhook.ca_pem,
+    )
+    .rule(WebhookRule::new(
+        &["CREATE", "UPDATE"],
+        "apps",
+        "v1",
+        &["deployments"],
+    ))
+    .failure_policy("Ignore")
+    .only_namespace(&ns)
+    .register(&client)
+    .await?;
+    // The rollout watcher's Lease, held and renewed just now.
+    Api::<Lease>::namespaced(client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &Lease {
+                metadata: ObjectMeta {
+                    name: Some("kubectl-helmop-rollout".into()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some("check-test_1".into()),
+                    lease_duration_seconds: Some(3600),
+                    renew_time: Some(MicroTime(Timestamp::now())),
+                    ..LeaseSpec::default()
+                }),
+            },
+        )
+        .await?;
+
+    let key_ref = format!("{ns}/hash-key");
+    let args = [
+        "check",
+        "-n",
+        &ns,
+        "--webhook-configuration",
+        &name,
+        "--hash-key-secret",
+        &key_ref,
+        "--lease-namespace",
+        &ns,
+    ];
+    let json_args: Vec<&str> = args.iter().copied().chain(["-o", "json"]).collect();
+    let validating_subject = format!("validating/{name}");
+    let mutating_subject = format!("mutating/{name}");
+
+    // Everything in place: no problem (the opt-in findings may warn on a cluster where no other
+    // test opted anything in), exit 0.
+    let report = helmop(&json_args).await?.expect(0).json();
+    assert_shape(&report);
+    assert_ne!(report["result"], "problem", "{report:#}");
+    assert_eq!(report["namespace"], ns.as_str());
+    for (check, subject) in [
+        ("webhook-configuration", validating_subject.as_str()),
+        ("webhook-configuration", mutating_subject.as_str()),
+        ("webhook-answer", validating_subject.as_str()),
+        ("webhook-answer", mutating_subject.as_str()),
+        ("serving-certificate", validating_subject.as_str()),
+        ("serving-certificate", mutating_subject.as_str()),
+        ("hash-key", &format!("secret/{key_ref}")),
+        ("lease", &format!("lease/{ns}/kubectl-helmop-rollout")),
+        ("lease", &format!("lease/{ns}/kubectl-helmop-propagate")),
+        ("access", &format!("propagate (namespace {ns})")),
+        ("access", &format!("rollout (namespace {ns})")),
+    ] {
+        assert_eq!(
+            verdict(&report, check, subject),
+            "ok",
+            "{check} {subject}: {report:#}"
+        );
+    }
+    let answer = &finding(&report, "webhook-answer", &validating_subject)["message"];
+    assert!(
+        answer
+            .as_str()
+            .is_some_and(|m| m.contains("denied an invalid HelmOp")),
+        "{answer}"
+    );
+    let stamped = &finding(&report, "webhook-answer", &mutating_subject)["message"];
+    assert!(
+        stamped.as_str().is_some_and(|m| m.contains("stamped (v2:")),
+        "{stamped}"
+    );
+    let cert = &finding(&report, "serving-certificate", &validating_subject)["message"];
+    assert!(
+        cert.as_str()
+            .is_some_and(|m| m.starts_with("verified for 127.0.0.1")),
+        "{cert}"
+    );
+    let lease = &finding(
+        &report,
+        "lease",
+        &format!("lease/{ns}/kubectl-helmop-rollout"),
+    )["message"];
+    assert!(
+        lease
+            .as_str()
+            .is_some_and(|m| m.starts_with("held by check-test_1, renewed")),
+        "{lease}"
+    );
+    // Nothing was stored by the dry runs.
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), &ns);
+    assert!(
+        deployments
+            .list(&Default::default())
+            .await?
+            .items
+            .is_empty()
+    );
+
+    // The table: aligned columns, the counts, no fix lines without a problem or warning fix.
+    let table: Out = helmop(&args).await?.expect(0);
+    let first = table.stdout.lines().next().unwrap_or_default().to_owned();
+    assert!(
+        first.starts_with("CHECK") && first.contains("SUBJECT") && first.ends_with("MESSAGE"),
+        "{}",
+        table.stdout
+    );
+    assert!(table.stdout.contains(" 0 problem(s)\n"), "{}", table.stdout);
+
+    // The hash key gone: a problem with its fix, exit 1.
+    Api::<Secret>::namespaced(client.clone(), &ns)
+        .delete("hash-key", &DeleteParams::default())
+        .await?;
+    let out = helmop(&json_args).await?.expect(1);
+    let report = out.json();
+    assert_shape(&report);
+    assert_eq!(report["result"], "problem");
+    let key = finding(&report, "hash-key", &format!("secret/{key_ref}"));
+    assert_eq!(key["verdict"], "problem", "{key:#}");
+    assert!(
+        key["fix"]
+            .as_str()
+            .is_some_and(|f| f.contains("helmop-hash-key-init")),
+        "{key:#}"
+    );
+    let table = helmop(&args).await?.expect(1);
+    assert!(
+        table.stdout.contains(&format!(
+            "\nfix secret/{key_ref}: kubectl -n helmop-system delete job"
+        )),
+        "{}",
+        table.stdout
+    );
+
+    // The validating configuration trusting another CA: the certificate does not verify, and the
+    // API server cannot call the webhook any more (once it has picked up the change).
+    create_secret(&client, &ns, "hash-key", &[("key", &random_key()?)]).await?;
+    let foreign = test_certs_for(&["127.0.0.1"]);
+    validating(&foreign.ca_pem).register(&client).await?;
+    let deadline = std::time::Instant::now() + DEFAULT_TIMEOUT;
+    let last = loop {
+        let out = helmop(&json_args).await?;
+        let report = out.json();
+        if out.code == 1 && verdict(&report, "webhook-answer", &validating_subject) == "problem" {
+            break report;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the validating webhook still answers: {report:#}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    assert_shape(&last);
+    let cert = finding(&last, "serving-certificate", &validating_subject);
+    assert_eq!(cert["verdict"], "problem", "{cert:#}");
+    assert!(
+        cert["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("does not verify")),
+        "{cert:#}"
+    );
+    assert!(
+        cert["fix"]
+            .as_str()
+            .is_some_and(|f| f.contains("helmop-tls-renew")),
+        "{cert:#}"
+    );
+    assert_eq!(
+        verdict(&last, "serving-certificate", &mutating_subject),
+        "ok",
+        "{last:#}"
+    );
+
+    for kind in [WebhookKind::Validating, WebhookKind::Mutating] {
+        unregister_webhook(&client, kind, &name).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_without_helmop_installed_names_the_install_and_an_unreachable_cluster_exits_3()
+-> anyhow::Result<()> {
+    let client = control_plane().upstream().client().await;
+    let ns = fresh_namespace(&client, "check-none").await?;
+    let out = helmop(&[
+        "check",
+        "--webhook-configuration",
+        &format!("{ns}-absent"),
+        "--lease-namespace",
+        &ns,
+        "-o",
+        "json",
+    ])
+    .await?
+    .expect(1);
+    let report = out.json();
+    assert_shape_with(&report, false);
+    let f = finding(&report, "webhook-configuration", &format!("{ns}-absent"));
+    assert_eq!(f["verdict"], "problem");
+    assert!(
+        f["fix"]
+            .as_str()
+            .is_some_and(|s| s.contains("deploy/self-signed.yaml")),
+        "{f:#}"
+    );
+    // No -n: the Deployment dry run is skipped, not failed.
+    assert_eq!(
+        verdict(&report, "webhook-answer", &format!("mutating/{ns}-absent")),
+        "ok"
+    );
+
+    let (port, _held) = crate::plugin::support::black_hole()?;
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        crate::plugin::support::loopback_kubeconfig(port),
+    )?;
+    let out =
+        crate::plugin::support::run_with(&kubeconfig, &["check", "--request-timeout", "2s"], &[])
+            .await?;
+    assert_eq!(out.code, 3, "{out:?}");
+    assert!(out.stderr.contains("cannot reach"), "{}", out.stderr);
+    Ok(())
+}
