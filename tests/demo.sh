@@ -277,8 +277,6 @@ run cat "$DIR/install/kustomization.yaml"
 run kubectl apply -k "$DIR/install"
 run kubectl -n helmop-system rollout status deployment/helmop-webhook --timeout="${WAIT}s"
 run kubectl -n helmop-system rollout status deployment/helmop-rollout-watcher --timeout="${WAIT}s"
-run kubectl -n helmop-system wait --for=condition=complete --timeout="${WAIT}s" \
-  job/helmop-tls-bootstrap job/helmop-hash-key-init
 run kubectl -n helmop-system get pods -o wide
 
 section "Downstream clusters: the stamping webhook as a host process each (no node to run its pods)"

@@ -11,6 +11,7 @@ pub mod exec;
 pub mod funcs;
 pub mod lex;
 pub mod parse;
+pub mod value;
 pub mod yaml_out;
 
 pub use exec::{Stop, Value, execute};

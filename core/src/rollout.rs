@@ -41,11 +41,20 @@ impl OptIn {
 /// pod template: the template's labels belong to the pods and their selectors); `namespace` the
 /// label on the Namespace. Any other workload value than `"true"`/`"false"` defers to the namespace.
 pub fn opt_in(workload: Option<&str>, namespace: Option<&str>) -> OptIn {
+    match by_workload(workload) {
+        Some(decided) => decided,
+        None if namespace == Some("enabled") => OptIn::ByNamespace,
+        None => OptIn::NotOptedIn,
+    }
+}
+
+/// The decision when the workload's own label makes it (`"true"` or `"false"`), so that a caller
+/// reads the Namespace only when it has to.
+pub fn by_workload(workload: Option<&str>) -> Option<OptIn> {
     match workload {
-        Some("true") => OptIn::ByWorkload,
-        Some("false") => OptIn::OptedOut,
-        _ if namespace == Some("enabled") => OptIn::ByNamespace,
-        _ => OptIn::NotOptedIn,
+        Some("true") => Some(OptIn::ByWorkload),
+        Some("false") => Some(OptIn::OptedOut),
+        _ => None,
     }
 }
 
@@ -157,6 +166,16 @@ mod tests {
             type_: None,
             data: BTreeMap::from([("a", value)]),
             binary_data: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn only_true_and_false_on_the_workload_decide_without_the_namespace() {
+        assert_eq!(by_workload(Some("true")), Some(OptIn::ByWorkload));
+        assert_eq!(by_workload(Some("false")), Some(OptIn::OptedOut));
+        for undecided in [None, Some(""), Some("enabled"), Some("True")] {
+            assert_eq!(by_workload(undecided), None, "{undecided:?}");
+            assert_eq!(opt_in(undecided, Some("enabled")), OptIn::ByNamespace);
         }
     }
 

@@ -473,6 +473,10 @@ async fn ensure_ca(api: &Api<Secret>, at: &SecretRef, now: i64) -> Result<(Pem, 
 /// when kept) and the `ca.crt` it now holds. With `trusted` (the `caBundle` the API server trusts now, for the
 /// serving certificate) `ca.crt` is [`next_bundle`] of it, so the webhook's `--client-ca` also accepts a
 /// replaced CA until the rotation has settled; without, just the CA.
+///
+/// Two pods' initContainers may run this at the same moment (a fresh install starts both replicas): the
+/// loser of a create or replace re-reads and decides again, so it keeps the winner's certificate instead
+/// of failing or overwriting it.
 async fn ensure_leaf(
     client: &Client,
     at: &SecretRef,
@@ -481,6 +485,28 @@ async fn ensure_leaf(
     target: &TlsTarget,
     trusted: Option<&str>,
     issue: impl Fn(&Pem, i64, u32) -> Result<Pem>,
+) -> Result<(Option<&'static str>, String)> {
+    for _ in 0..5 {
+        match ensure_leaf_once(client, at, ca, names, target, trusted, &issue).await {
+            Err(Error::Kube(e)) if is_conflict(&e) => {
+                tracing::info!(secret = %at, "written meanwhile by another run; reading it again");
+            }
+            other => return other,
+        }
+    }
+    Err(bootstrap_error(format!(
+        "secret {at} kept changing; run again"
+    )))
+}
+
+async fn ensure_leaf_once(
+    client: &Client,
+    at: &SecretRef,
+    ca: &Pem,
+    names: &[String],
+    target: &TlsTarget,
+    trusted: Option<&str>,
+    issue: &impl Fn(&Pem, i64, u32) -> Result<Pem>,
 ) -> Result<(Option<&'static str>, String)> {
     let now = unix_now();
     let api: Api<Secret> = Api::namespaced(client.clone(), &at.namespace);
@@ -526,6 +552,21 @@ async fn ensure_leaf(
         tracing::info!(secret = %at, cas = pem_blocks(&ca_crt).len(), "ca.crt updated");
     }
     Ok((reason, ca_crt))
+}
+
+/// Fails when the serving certificate file this pod mounted is missing or empty. A Secret volume is filled
+/// when the kubelet mounts it, before the initContainers run: on a fresh install the Secret they create
+/// comes too late for this pod, and the kubelet fills the volume again before it restarts the failed
+/// initContainer, so the webhook container never starts without a certificate.
+pub fn require_mounted(path: &std::path::Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.len() > 0 => Ok(()),
+        Ok(_) | Err(_) => Err(bootstrap_error(format!(
+            "{} is not mounted yet (the certificate Secret was created after this pod started); \
+             exiting so the kubelet mounts it before the retry",
+            path.display()
+        ))),
+    }
 }
 
 /// Whether the certificate in `secret` has been out for [`ROTATION_GRACE`] (certificates from before
@@ -689,6 +730,18 @@ mod tests {
 
     fn names() -> Vec<String> {
         service_dns_names("helmop-webhook", "helmop-system")
+    }
+
+    #[test]
+    fn the_mounted_certificate_must_be_there_and_not_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let cert = dir.path().join("tls.crt");
+        let err = require_mounted(&cert).unwrap_err().to_string();
+        assert!(err.contains("not mounted yet"), "{err}");
+        std::fs::write(&cert, b"").unwrap();
+        assert!(require_mounted(&cert).is_err());
+        std::fs::write(&cert, b"-----BEGIN CERTIFICATE-----").unwrap();
+        require_mounted(&cert).unwrap();
     }
 
     #[test]

@@ -191,6 +191,11 @@ pub enum BootstrapCommand {
         /// Renew when fewer days than this remain.
         #[arg(long, value_name = "DAYS", default_value_t = 30)]
         renew_before_days: u32,
+        /// As an initContainer: the serving certificate file as this pod mounted it (the --secret volume). The
+        /// kubelet mounted the volume before this ran, so when the Secret did not exist yet the file is missing;
+        /// then exit non-zero after writing the Secret, and the kubelet remounts the volume before the retry.
+        #[arg(long, value_name = "PATH")]
+        mounted_cert: Option<std::path::PathBuf>,
     },
 }
 
@@ -356,6 +361,16 @@ mod tests {
         .unwrap();
         assert!(
             matches!(cli.command, BootstrapCommand::Tls { service, validity_days: 90, .. } if service == "wh")
+        );
+        let cli = BootstrapCli::try_parse_from([
+            "helmop-bootstrap",
+            "tls",
+            "--mounted-cert",
+            "/tls/tls.crt",
+        ])
+        .unwrap();
+        assert!(
+            matches!(cli.command, BootstrapCommand::Tls { mounted_cert: Some(p), .. } if p == std::path::Path::new("/tls/tls.crt"))
         );
         assert!(BootstrapCli::try_parse_from(["helmop-bootstrap"]).is_err());
         assert!(

@@ -167,8 +167,46 @@ fn rbac_is_least_privilege_everywhere() {
     }
 }
 
+/// Every rule bound to ServiceAccount `helmop-system/account` in an install directory, with the namespace it
+/// holds in (`None`: cluster-wide).
+fn bound_rules(docs: &[Value], account: &str) -> Vec<(Option<String>, Value)> {
+    let mut out = Vec::new();
+    for kind in ["RoleBinding", "ClusterRoleBinding"] {
+        for binding in of_kind(docs, kind) {
+            let bound = binding["subjects"].as_array().unwrap().iter().any(|s| {
+                s["kind"] == "ServiceAccount"
+                    && s["name"] == account
+                    && s["namespace"] == "helmop-system"
+            });
+            if !bound {
+                continue;
+            }
+            let role_kind = binding["roleRef"]["kind"].as_str().unwrap();
+            let role = named(
+                docs,
+                role_kind,
+                binding["roleRef"]["name"].as_str().unwrap(),
+            );
+            let scope = (kind == "RoleBinding").then(|| {
+                binding["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            });
+            for rule in role["rules"].as_array().unwrap() {
+                out.push((scope.clone(), rule.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// The long-running webhook reads what admission needs; its only writes are its initContainers' bootstrap:
+/// creating Secrets in helmop-system (RBAC cannot name what does not exist yet), replacing the bootstrap's
+/// own Secrets by name, and setting the caBundle of exactly its own webhook configurations. Nothing is
+/// deleted or patched, and nothing is written outside helmop-system but those two configurations.
 #[test]
-fn the_webhook_itself_only_reads() {
+fn the_webhook_reads_and_writes_only_its_own_bootstrap_state() {
     let docs = render(&manifests_dir().join("base"));
     let role = named(&docs, "ClusterRole", "helmop-webhook");
     let mut granted = BTreeSet::new();
@@ -176,7 +214,7 @@ fn the_webhook_itself_only_reads() {
         for verb in strings(&rule["verbs"]) {
             assert!(
                 ["get", "list", "watch"].contains(&verb),
-                "webhook writes: {rule}"
+                "webhook writes cluster-wide: {rule}"
             );
         }
         for resource in strings(&rule["resources"]) {
@@ -197,6 +235,67 @@ fn the_webhook_itself_only_reads() {
     let binding = named(&docs, "ClusterRoleBinding", "helmop-webhook");
     assert_eq!(binding["subjects"][0]["name"], "helmop-webhook");
     assert_eq!(binding["subjects"][0]["namespace"], "helmop-system");
+
+    let bootstrap_secrets = [
+        "helmop-webhook-tls",
+        "helmop-webhook-ca",
+        "helmop-apiserver-client",
+    ];
+    for (dir, configurations_written) in [
+        ("base", false),
+        ("cert-manager", false),
+        ("self-signed", true),
+        ("client-auth", true),
+        ("stamping-only", true),
+    ] {
+        let docs = render(&manifests_dir().join(dir));
+        let mut writes = BTreeSet::new();
+        for (scope, rule) in bound_rules(&docs, "helmop-webhook") {
+            let verbs = strings(&rule["verbs"]);
+            if verbs.iter().all(|v| ["get", "list", "watch"].contains(v)) {
+                continue;
+            }
+            let resources = strings(&rule["resources"]);
+            let names = strings(&rule["resourceNames"]);
+            for verb in &verbs {
+                assert!(
+                    ["get", "create", "update"].contains(verb),
+                    "{dir}: the webhook may {verb}: {rule}"
+                );
+            }
+            if resources == ["secrets"] {
+                assert_eq!(scope.as_deref(), Some("helmop-system"), "{dir}: {rule}");
+                if verbs.contains(&"update") {
+                    assert!(
+                        !names.is_empty() && names.iter().all(|n| bootstrap_secrets.contains(n)),
+                        "{dir}: replaces Secrets beyond the bootstrap's own: {rule}"
+                    );
+                }
+                for verb in verbs {
+                    writes.insert(format!("{verb} secrets"));
+                }
+            } else {
+                let mut sorted = resources.clone();
+                sorted.sort_unstable();
+                assert_eq!(
+                    sorted,
+                    [
+                        "mutatingwebhookconfigurations",
+                        "validatingwebhookconfigurations"
+                    ],
+                    "{dir}: {rule}"
+                );
+                assert_eq!(names, ["helmop-webhook"], "{dir}: {rule}");
+                writes.insert("update webhook configurations".to_owned());
+            }
+        }
+        assert!(writes.contains("create secrets"), "{dir}: {writes:?}");
+        assert_eq!(
+            writes.contains("update webhook configurations"),
+            configurations_written,
+            "{dir}: {writes:?}"
+        );
+    }
 }
 
 fn check_webhook(who: &str, w: &Value, service_ports: &[i64]) {
@@ -435,8 +534,11 @@ fn stamping_only_overlay_has_only_the_mutating_webhook() {
         named(&full, "MutatingWebhookConfiguration", "helmop-webhook")
     );
     check_mutating("stamping-only", mutating);
-    named(&docs, "Job", "helmop-tls-bootstrap");
-    named(&docs, "Deployment", "helmop-webhook");
+    let deployment = named(&docs, "Deployment", "helmop-webhook");
+    assert!(
+        init_container(deployment, "tls").is_some(),
+        "no tls initContainer"
+    );
 }
 
 fn pod_spec(workload: &Value) -> &Value {
@@ -579,11 +681,11 @@ fn webhook_deployment_serves_what_the_configurations_call() {
     let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
     assert!(cli.shutdown_delay_seconds + 15 < grace);
 
-    // The hash-key Job creates the Secret the webhook reads.
-    let job = named(&docs, "Job", "helmop-hash-key-init");
-    let argv = strings(&pod_spec(job)["containers"][0]["command"]);
+    // The hash-key initContainer creates the Secret the webhook reads, before the webhook starts.
+    let init = init_container(deployment, "hash-key").expect("no hash-key initContainer");
+    let argv = strings(&init["command"]);
     let bootstrap = BootstrapCli::try_parse_from(&argv)
-        .unwrap_or_else(|e| panic!("hash-key Job rejected: {e}"));
+        .unwrap_or_else(|e| panic!("hash-key initContainer rejected: {e}"));
     match bootstrap.command {
         helmop_webhook::cli::BootstrapCommand::HashKey { secret } => {
             assert_eq!(secret, cli.hash_key_secret)
@@ -619,15 +721,47 @@ fn cert_manager_overlay_injects_the_ca_of_the_mounted_certificate() {
     }
 }
 
+/// The initContainer of `workload` named `name`.
+fn init_container<'a>(workload: &'a Value, name: &str) -> Option<&'a Value> {
+    pod_spec(workload)["initContainers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == name)
+}
+
+/// No install ships a Job: its pod template is immutable, so re-applying a release with a new image
+/// (kubectl apply, kustomize, GitOps) would fail on it. The bootstrap runs as initContainers instead.
+#[test]
+fn no_install_ships_a_job() {
+    for dir in kustomizations() {
+        let docs = render(&dir);
+        assert!(
+            of_kind(&docs, "Job").is_empty(),
+            "{}: a Job cannot be re-applied with a new image",
+            dir.display()
+        );
+    }
+}
+
 #[test]
 fn self_signed_overlay_bootstraps_the_secret_the_deployment_mounts() {
     let docs = render(&manifests_dir().join("self-signed"));
-    let job = named(&docs, "Job", "helmop-tls-bootstrap");
+    let deployment = named(&docs, "Deployment", "helmop-webhook");
     let cron = named(&docs, "CronJob", "helmop-tls-renew");
-    for workload in [job, cron] {
-        let argv = strings(&pod_spec(workload)["containers"][0]["command"]);
-        let cli = BootstrapCli::try_parse_from(&argv)
-            .unwrap_or_else(|e| panic!("{}: {e}", name_of(workload)));
+    let init = init_container(deployment, "tls").expect("no tls initContainer");
+    for (who, argv, account) in [
+        (
+            "initContainer",
+            strings(&init["command"]),
+            pod_spec(deployment)["serviceAccountName"].as_str().unwrap(),
+        ),
+        (
+            "CronJob",
+            strings(&pod_spec(cron)["containers"][0]["command"]),
+            pod_spec(cron)["serviceAccountName"].as_str().unwrap(),
+        ),
+    ] {
+        let cli = BootstrapCli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{who}: {e}"));
         match cli.command {
             helmop_webhook::cli::BootstrapCommand::Tls {
                 secret,
@@ -635,23 +769,48 @@ fn self_signed_overlay_bootstraps_the_secret_the_deployment_mounts() {
                 client_secret,
                 service,
                 webhook_configuration,
+                mounted_cert,
                 ..
             } => {
                 assert_eq!(secret.to_string(), "helmop-system/helmop-webhook-tls");
                 assert_eq!(service, "helmop-webhook");
                 assert_eq!(webhook_configuration, "helmop-webhook");
-                let role = named(&docs, "Role", "helmop-tls-bootstrap");
-                let names: Vec<&str> = role["rules"]
-                    .as_array()
-                    .unwrap()
+                if who == "initContainer" {
+                    // It checks the file the webhook container reads, from the same volume.
+                    let volume = pod_spec(deployment)["volumes"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .find(|v| v["secret"]["secretName"] == secret.name.as_str())
+                        .expect("the serving Secret is not mounted");
+                    assert_eq!(volume["secret"]["optional"], true, "{volume}");
+                    let mount = init["volumeMounts"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .find(|m| m["name"] == volume["name"])
+                        .expect("the initContainer does not mount the serving Secret");
+                    let webhook_args = strings(&pod_spec(deployment)["containers"][0]["args"]);
+                    let served = flag_value(&webhook_args, "--tls-cert").unwrap();
+                    assert_eq!(mounted_cert.as_deref(), Some(Path::new(served)), "{who}");
+                    assert!(served.starts_with(mount["mountPath"].as_str().unwrap()));
+                } else {
+                    assert_eq!(mounted_cert, None, "{who}: a CronJob pod mounts nothing");
+                }
+                let rules: Vec<Value> = bound_rules(&docs, account)
+                    .into_iter()
+                    .map(|(_, rule)| rule)
+                    .collect();
+                let names: Vec<&str> = rules
                     .iter()
                     .flat_map(|r| strings(&r["resourceNames"]))
                     .collect();
                 assert!(
                     names.contains(&secret.name.as_str())
                         && names.contains(&ca_secret.name.as_str())
-                        && names.contains(&client_secret.name.as_str()),
-                    "{names:?}"
+                        && names.contains(&client_secret.name.as_str())
+                        && names.contains(&webhook_configuration.as_str()),
+                    "{who}: {names:?}"
                 );
             }
             other => panic!("{other:?}"),
@@ -1075,8 +1234,9 @@ fn rollout_watcher_combines_with_the_webhook_overlays() {
             "{who}"
         );
         named(&docs, "Namespace", "helmop-system");
-        let job = named(&docs, "Job", "helmop-hash-key-init");
-        let argv = strings(&pod_spec(job)["containers"][0]["command"]);
+        let webhook = named(&docs, "Deployment", "helmop-webhook");
+        let init = init_container(webhook, "hash-key").expect("no hash-key initContainer");
+        let argv = strings(&init["command"]);
         match BootstrapCli::try_parse_from(&argv).unwrap().command {
             helmop_webhook::cli::BootstrapCommand::HashKey { secret } => {
                 let args = strings(&pod_spec(watcher)["containers"][0]["args"]);

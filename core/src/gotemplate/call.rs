@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 
-use super::exec::{Value, format_value, go_float, sprig_strval};
 use super::lex::go_quote;
+use super::value::{Value, format_value, go_float, sprig_strval};
 
 pub enum CallError {
     /// Go fails the execution with this message (without the location prefix).

@@ -1,6 +1,6 @@
 use std::collections::BTreeMap;
 
-use super::exec::go_float;
+use super::value::go_float;
 use super::*;
 
 fn err(text: &str) -> String {

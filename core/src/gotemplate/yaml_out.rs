@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use super::exec::go_float;
+use super::value::go_float;
 
 /// Most nesting we write; deeper values are cut off by the caller's depth check first.
 const MAX_DEPTH: usize = 512;

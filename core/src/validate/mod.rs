@@ -32,6 +32,7 @@ use crate::resource::ResourceRef;
 
 pub use error::Error;
 pub use missing::missing_reference_finding;
+pub use schema::crd_schema_validator;
 
 /// How bad a finding is: `Deny` rejects the HelmOp, `Warn` lets it through with a warning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

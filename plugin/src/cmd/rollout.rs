@@ -6,7 +6,6 @@
 //! nothing rolls (the pods already run with the current configuration). The stamp is read from the
 //! object the API server returns, i.e. after every mutating webhook ran.
 
-use std::collections::BTreeMap;
 
 use clap::Args;
 use helmop_core::names;
@@ -186,12 +185,12 @@ fn text(r: &RolloutReport, wide: bool) -> String {
 
 async fn opt_in(client: &Client, namespace: &str, obj: &DynamicObject) -> Option<bool> {
     let labels = obj.metadata.labels.clone().unwrap_or_default();
-    // The workload's own label decides without the namespace.
-    if let Some("true" | "false") = labels
-        .get(names::LABEL_ROLLOUT_ON_CHANGE)
-        .map(String::as_str)
-    {
-        return Some(opted_in(&BTreeMap::new(), &labels));
+    if let Some(decided) = helmop_core::rollout::by_workload(
+        labels
+            .get(names::LABEL_ROLLOUT_ON_CHANGE)
+            .map(String::as_str),
+    ) {
+        return Some(decided.stamps());
     }
     match Api::<Namespace>::all(client.clone()).get(namespace).await {
         Ok(ns) => Some(opted_in(&ns.metadata.labels.unwrap_or_default(), &labels)),

@@ -4,8 +4,10 @@
 //! registry. The webhook runs under the shipped ServiceAccount and ClusterRole (the test's admin
 //! credentials only run kubectl); the API server reaches it through its Service.
 //!
-//! Then an upgrade (the Deployment rolled to the same build under a new reference) while admissions keep
-//! flowing through the API server, counting failures, and removal with `kubectl delete -k`.
+//! Then an upgrade (the Deployment rolled to the same build under a new reference) by re-applying and
+//! nothing else, while admissions keep flowing through the API server, counting failures; and the uninstall
+//! docs/uninstall.md describes: `kubectl delete -k`, after which stamped workloads keep running unrolled and
+//! a guarded namespace deletes, and a reinstall over a backed-up hash key keeps every stamp.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -160,19 +162,6 @@ async fn wait_rolled_out(cluster: &ClusterInfo, image: &str) -> anyhow::Result<(
     .await
 }
 
-async fn job_succeeded(cluster: &ClusterInfo, name: &str) -> anyhow::Result<()> {
-    wait_until(
-        &format!("Job {NS}/{name} to succeed"),
-        INSTALL_TIMEOUT,
-        || async move {
-            Ok(get_json(cluster, &["-n", NS, "job", name])
-                .await?
-                .is_some_and(|j| j["status"]["succeeded"].as_i64().unwrap_or(0) >= 1))
-        },
-    )
-    .await
-}
-
 /// Sends admissions through the API server until `stop`: server-side dry-run creates of a valid HelmOp
 /// (must be allowed) and of an invalid one (must be denied by the webhook, not fail to reach it).
 async fn admission_loop(
@@ -229,8 +218,12 @@ async fn admission_loop(
 /// `install` is the shipped directory the overlay is over: `stamping-only` keeps a validating configuration
 /// without webhooks.
 async fn check_installed(cluster: &ClusterInfo, install: &str) -> anyhow::Result<()> {
-    job_succeeded(cluster, "helmop-hash-key-init").await?;
-    job_succeeded(cluster, "helmop-tls-bootstrap").await?;
+    ensure!(
+        get_json(cluster, &["-n", NS, "jobs"])
+            .await?
+            .is_some_and(|l| l["items"].as_array().is_some_and(Vec::is_empty)),
+        "an install Job exists: the bootstrap runs as initContainers"
+    );
     let key = get_json(cluster, &["-n", NS, "secret", "helmop-hash-key"])
         .await?
         .context("hash-key Secret missing")?;
@@ -266,7 +259,7 @@ async fn check_installed(cluster: &ClusterInfo, install: &str) -> anyhow::Result
         .await?
         .context("PodDisruptionBudget helmop-webhook missing")?;
     ensure!(pdb["spec"]["minAvailable"] == 1, "{pdb}");
-    // The webhook runs as the shipped ServiceAccount, which cannot write anything.
+    // The webhook runs as the shipped ServiceAccount, whose only writes are its initContainers' bootstrap.
     let pods = webhook_pods(cluster).await?;
     for pod in pods["items"].as_array().context("no pods")? {
         ensure!(
@@ -275,22 +268,77 @@ async fn check_installed(cluster: &ClusterInfo, install: &str) -> anyhow::Result
         );
     }
     let sa = "system:serviceaccount:helmop-system:helmop-webhook";
-    for (verb, resource) in [
-        ("create", "secrets"),
-        ("delete", "configmaps"),
+    let vwc = "validatingwebhookconfigurations.admissionregistration.k8s.io";
+    for (verb, resource, namespace, allowed) in [
+        ("create", "secrets".to_owned(), Some(NS), true),
+        ("create", "secrets".to_owned(), Some("default"), false),
+        ("create", "secrets".to_owned(), None, false),
+        ("delete", "secrets".to_owned(), Some(NS), false),
         (
             "update",
-            "validatingwebhookconfigurations.admissionregistration.k8s.io",
+            "secrets/helmop-hash-key".to_owned(),
+            Some(NS),
+            false,
         ),
-        ("create", "helmops.fleet.cattle.io"),
+        ("delete", "configmaps".to_owned(), None, false),
+        ("update", format!("{vwc}/helmop-webhook"), None, true),
+        ("update", format!("{vwc}/another-webhook"), None, false),
+        ("delete", format!("{vwc}/helmop-webhook"), None, false),
+        ("update", vwc.to_owned(), None, false),
+        ("create", "helmops.fleet.cattle.io".to_owned(), None, false),
     ] {
-        let out = cluster
-            .run_kubectl(&["auth", "can-i", verb, resource, "-A", "--as", sa], None)
-            .await?;
+        let mut args = vec!["auth", "can-i", verb, resource.as_str(), "--as", sa];
+        match namespace {
+            Some(ns) => args.extend(["-n", ns]),
+            None => args.push("-A"),
+        }
+        let out = cluster.run_kubectl(&args, None).await?;
         let answer = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        ensure!(answer == "no", "{sa} can {verb} {resource}: {answer}");
+        ensure!(
+            answer == if allowed { "yes" } else { "no" },
+            "{sa} can {verb} {resource} in {namespace:?}: {answer}"
+        );
     }
     Ok(())
+}
+
+/// What the bootstrap made and an upgrade must keep: the hash key's bytes, the CA certificate, and every
+/// `caBundle`, which must trust that CA.
+async fn bootstrap_state(cluster: &ClusterInfo) -> anyhow::Result<(String, String, Vec<String>)> {
+    let secret_field = |name: &'static str, key: &'static str| async move {
+        let secret = get_json(cluster, &["-n", NS, "secret", name])
+            .await?
+            .with_context(|| format!("Secret {name} missing"))?;
+        secret["data"][key]
+            .as_str()
+            .map(str::to_owned)
+            .with_context(|| format!("Secret {name} has no {key}"))
+    };
+    let key = secret_field("helmop-hash-key", "key").await?;
+    let ca = secret_field("helmop-webhook-ca", "tls.crt").await?;
+    let ca_pem = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(&ca)?)?;
+    let mut bundles = Vec::new();
+    for kind in [
+        "validatingwebhookconfiguration",
+        "mutatingwebhookconfiguration",
+    ] {
+        let config = get_json(cluster, &[kind, "helmop-webhook"])
+            .await?
+            .with_context(|| format!("{kind} missing"))?;
+        for w in config["webhooks"].as_array().into_iter().flatten() {
+            let bundle = w["clientConfig"]["caBundle"]
+                .as_str()
+                .context("caBundle missing")?;
+            let pem = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(bundle)?)?;
+            ensure!(
+                helmop_webhook::bootstrap::pem_blocks(&pem).contains(&ca_pem.trim()),
+                "{kind} {}: caBundle does not trust the CA",
+                w["name"]
+            );
+            bundles.push(bundle.to_owned());
+        }
+    }
+    Ok((key, ca, bundles))
 }
 
 /// Installs, checks, upgrades under load, removes. `node` is a cluster with a kubelet; `registry` is
@@ -330,6 +378,8 @@ async fn install_upgrade_remove(cp: &ControlPlane, registry: &TestRegistry) -> a
     wait_rolled_out(node, &webhook.tagged()).await?;
     check_installed(node, "self-signed").await?;
     eprintln!("installed (2 replicas ready) in {:?}", started.elapsed());
+    let installed = bootstrap_state(node).await?;
+    let app = StampedApp::create(node, registry).await?;
 
     // An invalid HelmOp is denied through the Service; a valid one is allowed.
     let ns = format!("install-{}", std::process::id());
@@ -365,18 +415,7 @@ async fn install_upgrade_remove(cp: &ControlPlane, registry: &TestRegistry) -> a
     )
     .await?;
     let started = std::time::Instant::now();
-    kubectl(
-        node,
-        &[
-            "-n",
-            NS,
-            "delete",
-            "job",
-            "helmop-hash-key-init",
-            "helmop-tls-bootstrap",
-        ],
-    )
-    .await?;
+    // Nothing but the re-apply: no Job to delete, no other command.
     write_overlay(overlay.path(), "self-signed", &webhook.pinned())?;
     kubectl(node, &["apply", "-k", &dir]).await?;
     let rolled = wait_rolled_out(node, &webhook.pinned()).await;
@@ -405,21 +444,329 @@ async fn install_upgrade_remove(cp: &ControlPlane, registry: &TestRegistry) -> a
         failures.len()
     );
     check_installed(node, "self-signed").await?;
+    // The initContainers ran again on every new pod and changed nothing: same key bytes, same CA, same
+    // caBundle. So the webhook stamps as before: an UPDATE of the workload keeps its stamp, no rollout.
+    ensure!(
+        bootstrap_state(node).await? == installed,
+        "the upgrade changed the hash key, the CA or a caBundle"
+    );
+    app.updated_without_rollout(node).await?;
 
     client_auth(cp, overlay.path(), &webhook.pinned(), &ns).await?;
     check_installed(node, "client-auth").await?;
 
+    // Uninstall as docs/uninstall.md says: back up the hash key, `kubectl delete -k`.
+    let backup = tempfile::tempdir()?;
+    let key_file = backup.path().join("helmop-hash-key.bin");
+    let key_path = key_file.to_str().context("temp dir not UTF-8")?;
+    let saved = kubectl(
+        node,
+        &[
+            "-n",
+            NS,
+            "get",
+            "secret",
+            "helmop-hash-key",
+            "-o",
+            "jsonpath={.data.key}",
+        ],
+    )
+    .await?;
+    std::fs::write(
+        &key_file,
+        base64::engine::general_purpose::STANDARD.decode(saved.trim())?,
+    )?;
     kubectl(node, &["delete", "ns", &ns, "--wait=false"]).await?;
+    let before = app.running(node).await?;
     remove(node, &dir).await?;
+    app.left_running_and_guarded_namespace_deletes(node, &before)
+        .await?;
 
-    // The downstream variant installs the same way.
+    // Reinstalled over the restored key (here the downstream variant, which installs the same way): the
+    // bootstrap keeps it, so stamps stay and the workload does not roll.
+    kubectl(node, &["create", "namespace", NS]).await?;
+    kubectl(
+        node,
+        &[
+            "-n",
+            NS,
+            "create",
+            "secret",
+            "generic",
+            "helmop-hash-key",
+            &format!("--from-file=key={key_path}"),
+        ],
+    )
+    .await?;
     write_overlay(overlay.path(), "stamping-only", &webhook.tagged())?;
     let started = std::time::Instant::now();
     kubectl(node, &["apply", "-k", &dir]).await?;
     wait_rolled_out(node, &webhook.tagged()).await?;
     check_installed(node, "stamping-only").await?;
     eprintln!("stamping-only installed in {:?}", started.elapsed());
-    remove(node, &dir).await
+    ensure!(
+        bootstrap_state(node).await?.0 == installed.0,
+        "the reinstall replaced the restored hash key"
+    );
+    app.updated_without_rollout(node).await?;
+    remove(node, &dir).await?;
+
+    // What docs/uninstall.md says to sweep last: helmop's namespace labels.
+    let names = kubectl(
+        node,
+        &[
+            "get",
+            "ns",
+            "-l",
+            "helmop.dev/rollout-on-change",
+            "-o",
+            "name",
+        ],
+    )
+    .await?;
+    ensure!(
+        names.lines().any(|l| l == format!("namespace/{}", app.ns)),
+        "{names}"
+    );
+    kubectl(
+        node,
+        &[
+            "label",
+            "ns",
+            "--all",
+            "helmop.dev/guard-",
+            "helmop.dev/rollout-on-change-",
+        ],
+    )
+    .await?;
+    let left = kubectl(node, &["get", "ns", "-l", "helmop.dev/guard", "-o", "name"]).await?
+        + &kubectl(
+            node,
+            &[
+                "get",
+                "ns",
+                "-l",
+                "helmop.dev/rollout-on-change",
+                "-o",
+                "name",
+            ],
+        )
+        .await?;
+    ensure!(left.trim().is_empty(), "labelled namespaces left: {left}");
+    kubectl(node, &["delete", "ns", &app.ns, "--wait=false"]).await?;
+    Ok(())
+}
+
+/// What an uninstall must leave working: a Deployment stamped by the webhook in a namespace opted in to
+/// stamping, and a namespace guarded by the delete guard holding a Secret a HelmOp lists.
+struct StampedApp {
+    ns: String,
+    guarded: String,
+}
+
+/// A running workload as seen at one moment: its stamp, how many ReplicaSets it has had (one per
+/// rollout), its pods' UIDs. Not the generation: on a Deployment an annotation change bumps it too.
+#[derive(Debug, PartialEq)]
+struct Running {
+    stamp: String,
+    replica_sets: usize,
+    pods: Vec<String>,
+}
+
+impl StampedApp {
+    async fn create(node: &ClusterInfo, registry: &TestRegistry) -> anyhow::Result<StampedApp> {
+        let image =
+            helmop_tests::build_busybox_image(registry, "uninstall-app", "v1", "app").await?;
+        let pid = std::process::id();
+        let app = StampedApp {
+            ns: format!("app-{pid}"),
+            guarded: format!("guarded-{pid}"),
+        };
+        let docs = json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": app.ns,
+                "labels": {"helmop.dev/rollout-on-change": "enabled"}}},
+            {"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": "app-config", "namespace": app.ns}, "data": {"greeting": "hello"}},
+            {"apiVersion": "apps/v1", "kind": "Deployment",
+             "metadata": {"name": "app", "namespace": app.ns},
+             "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "app"}},
+                      "template": {"metadata": {"labels": {"app": "app"}},
+                                   "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+                                       "name": "app",
+                                       // By digest: nothing for the webhook to resolve.
+                                       "image": format!("{}@{}", image.reference.rsplit_once(':').map_or(image.reference.as_str(), |(r, _)| r), image.digest),
+                                       "command": ["sleep", "100000"],
+                                       "envFrom": [{"configMapRef": {"name": "app-config"}}]}]}}}},
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": app.guarded,
+                "labels": {"helmop.dev/guard": "enabled"}}},
+            {"apiVersion": "v1", "kind": "Secret",
+             "metadata": {"name": "db", "namespace": app.guarded}, "stringData": {"password": "x"}},
+        ]});
+        let out = node
+            .run_kubectl(&["apply", "-f", "-"], Some(&docs.to_string()))
+            .await?;
+        ensure!(
+            out.status.success(),
+            "kubectl apply: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut web = helmop("web", &app.guarded, false);
+        web["spec"]["downstreamResources"] = json!([{"kind": "Secret", "name": "db"}]);
+        let web = web.to_string();
+        // Until the webhook's caches have seen the new namespaces and the Secret: the HelmOp is denied for a
+        // missing Secret, and a workload written before its namespace's opt-in label was seen is not stamped.
+        let (ns, web) = (app.ns.as_str(), web.as_str());
+        wait_until(
+            "the HelmOp admitted and the Deployment stamped",
+            INSTALL_TIMEOUT,
+            || async move {
+                let applied = node.run_kubectl(&["apply", "-f", "-"], Some(web)).await?;
+                let stamped = get_json(node, &["-n", ns, "deployment", "app"])
+                    .await?
+                    .is_some_and(|d| {
+                        d["spec"]["template"]["metadata"]["annotations"]["helmop.dev/config-hash"]
+                            .is_string()
+                    });
+                if !stamped {
+                    let touched = format!(
+                        "example.com/touched={}",
+                        std::time::UNIX_EPOCH.elapsed()?.as_nanos()
+                    );
+                    kubectl(
+                        node,
+                        &[
+                            "-n",
+                            ns,
+                            "annotate",
+                            "--overwrite",
+                            "deployment",
+                            "app",
+                            &touched,
+                        ],
+                    )
+                    .await?;
+                }
+                Ok(applied.status.success() && stamped)
+            },
+        )
+        .await?;
+        app.running(node).await?;
+        // The guard is on: the listed Secret cannot go while helmop is installed.
+        let out = node
+            .run_kubectl(&["-n", &app.guarded, "delete", "secret", "db"], None)
+            .await?;
+        ensure!(
+            !out.status.success()
+                && String::from_utf8_lossy(&out.stderr).contains("references.validate.helmop.dev"),
+            "the delete guard let a listed Secret go: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(app)
+    }
+
+    /// Waits until the Deployment is rolled out with one ready pod, and returns what is running.
+    async fn running(&self, node: &ClusterInfo) -> anyhow::Result<Running> {
+        let ns = self.ns.as_str();
+        wait_for(
+            "the stamped Deployment to run one ready pod",
+            INSTALL_TIMEOUT,
+            || async move {
+                let Some(d) = get_json(node, &["-n", ns, "deployment", "app"]).await? else {
+                    return Ok(None);
+                };
+                let status = &d["status"];
+                if status["observedGeneration"] != d["metadata"]["generation"]
+                    || status["readyReplicas"] != 1
+                    || status["updatedReplicas"] != 1
+                    || status["replicas"] != 1
+                {
+                    return Ok(None);
+                }
+                let pods = get_json(node, &["-n", ns, "pods", "-l", "app=app"])
+                    .await?
+                    .context("no pod list")?;
+                let items = pods["items"].as_array().cloned().unwrap_or_default();
+                let ready = |p: &Value| {
+                    p["metadata"]["deletionTimestamp"].is_null()
+                        && p["status"]["conditions"].as_array().is_some_and(|c| {
+                            c.iter()
+                                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                        })
+                };
+                if items.len() != 1 || !items.iter().all(ready) {
+                    return Ok(None);
+                }
+                let replica_sets = get_json(node, &["-n", ns, "replicasets", "-l", "app=app"])
+                    .await?
+                    .context("no ReplicaSet list")?;
+                Ok(Some(Running {
+                    replica_sets: replica_sets["items"].as_array().map_or(0, Vec::len),
+                    stamp:
+                        d["spec"]["template"]["metadata"]["annotations"]["helmop.dev/config-hash"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_owned(),
+                    pods: items
+                        .iter()
+                        .map(|p| p["metadata"]["uid"].as_str().unwrap_or_default().to_owned())
+                        .collect(),
+                }))
+            },
+        )
+        .await
+    }
+
+    /// An UPDATE of the Deployment goes through the webhook, which restamps it under the cluster's key: the
+    /// same key gives the same stamp, so the template and the pods stay.
+    async fn updated_without_rollout(&self, node: &ClusterInfo) -> anyhow::Result<()> {
+        let before = self.running(node).await?;
+        let touched = format!(
+            "example.com/touched={}",
+            std::time::UNIX_EPOCH.elapsed()?.as_nanos()
+        );
+        kubectl(
+            node,
+            &[
+                "-n",
+                &self.ns,
+                "annotate",
+                "--overwrite",
+                "deployment",
+                "app",
+                &touched,
+            ],
+        )
+        .await?;
+        let after = self.running(node).await?;
+        ensure!(
+            after == before,
+            "the UPDATE rolled the workload: {before:?} -> {after:?}"
+        );
+        Ok(())
+    }
+
+    /// After the uninstall: the workload runs on, unrolled (same stamp, ReplicaSets and pods), and the guarded
+    /// namespace, Secret listed by a HelmOp included, deletes completely.
+    async fn left_running_and_guarded_namespace_deletes(
+        &self,
+        node: &ClusterInfo,
+        before: &Running,
+    ) -> anyhow::Result<()> {
+        let guarded = self.guarded.as_str();
+        kubectl(node, &["delete", "ns", guarded, "--wait=false"]).await?;
+        wait_until(
+            &format!("namespace {guarded} to be gone"),
+            INSTALL_TIMEOUT,
+            || async move { Ok(get_json(node, &["ns", guarded]).await?.is_none()) },
+        )
+        .await?;
+        let after = self.running(node).await?;
+        ensure!(
+            &after == before,
+            "the uninstall rolled or restarted the workload: {before:?} -> {after:?}"
+        );
+        Ok(())
+    }
 }
 
 /// `kubectl delete -k`, then nothing of helmop is left: namespace, RBAC, webhook configurations.
@@ -455,6 +802,24 @@ async fn remove(node: &ClusterInfo, dir: &str) -> anyhow::Result<()> {
                 .context("no list")?;
             for item in list["items"].as_array().into_iter().flatten() {
                 left.push(format!("{kind}/{}", item["metadata"]["name"]));
+            }
+        }
+        // Whatever its name or labels: no configuration may still call a helmop webhook.
+        for kind in [
+            "validatingwebhookconfigurations",
+            "mutatingwebhookconfigurations",
+        ] {
+            let list = get_json(node, &[kind]).await?.context("no list")?;
+            for item in list["items"].as_array().into_iter().flatten() {
+                let calls_helmop = item["webhooks"].as_array().into_iter().flatten().any(|w| {
+                    w["name"]
+                        .as_str()
+                        .is_some_and(|n| n.ends_with(".helmop.dev"))
+                        || w["clientConfig"]["service"]["namespace"] == NS
+                });
+                if calls_helmop {
+                    left.push(format!("{kind}/{}", item["metadata"]["name"]));
+                }
             }
         }
         let done = left.is_empty();
@@ -619,5 +984,178 @@ async fn client_auth(
             (false, Err(_)) => {}
         }
     }
+    Ok(())
+}
+
+/// Webhook configurations named `name` that never match anything (a made-up API group), so the shared
+/// control plane's other tests never see them called; only their `caBundle` matters here.
+fn inert_webhook_configurations(name: &str) -> (Value, Value) {
+    let webhook = json!({
+        "name": "inert.bootstrap.helmop.dev",
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Ignore",
+        "clientConfig": {"url": "https://127.0.0.1:1/never"},
+        "rules": [{"apiGroups": ["bootstrap.helmop.invalid"], "apiVersions": ["v1"],
+                   "operations": ["CREATE"], "resources": ["nothing"]}],
+    });
+    let config = |kind: &str| {
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": kind,
+            "metadata": {"name": name},
+            "webhooks": [webhook.clone()],
+        })
+    };
+    (
+        config("ValidatingWebhookConfiguration"),
+        config("MutatingWebhookConfiguration"),
+    )
+}
+
+/// What a bootstrap run leaves: hash-key bytes, CA certificate, serving certificate, and the
+/// `caBundle`s of both configurations.
+async fn bootstrap_objects(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> anyhow::Result<(Vec<u8>, Vec<u8>, Vec<u8>, Vec<Vec<u8>>)> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
+    use k8s_openapi::api::core::v1::Secret;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let data = |s: &Secret, key: &str| -> anyhow::Result<Vec<u8>> {
+        Ok(s.data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .with_context(|| format!("{:?} has no {key}", s.metadata.name))?
+            .0
+            .clone())
+    };
+    let key = data(&secrets.get("helmop-hash-key").await?, "key")?;
+    let ca = data(&secrets.get("helmop-webhook-ca").await?, "tls.crt")?;
+    let serving = data(&secrets.get("helmop-webhook-tls").await?, "tls.crt")?;
+    let mut bundles = Vec::new();
+    let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .get(name)
+        .await?;
+    let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .get(name)
+        .await?;
+    for config in validating
+        .webhooks
+        .iter()
+        .flatten()
+        .map(|w| &w.client_config)
+        .chain(mutating.webhooks.iter().flatten().map(|w| &w.client_config))
+    {
+        bundles.push(
+            config
+                .ca_bundle
+                .as_ref()
+                .context("caBundle not set")?
+                .0
+                .clone(),
+        );
+    }
+    Ok((key, ca, serving, bundles))
+}
+
+/// The bootstrap as the webhook's initContainers run it: every replica of a fresh install at once, then
+/// again at every rollout. Concurrent first runs all succeed and agree on one hash key, one CA and one
+/// serving certificate (the losers of each create re-read instead of failing or overwriting); the runs of
+/// an upgrade change nothing, so the key's bytes and the `caBundle` stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_bootstrap_runs_keep_one_hash_key_and_one_ca() -> anyhow::Result<()> {
+    use helmop_webhook::bootstrap::{self, HashKeyOutcome, TlsTarget};
+    use helmop_webhook::config::SecretRef;
+    let cluster = helmop_tests::control_plane().upstream();
+    let client = cluster.client().await;
+    let ns = helmop_tests::fresh_namespace(&client, "bootstrap").await?;
+    let name = format!("helmop-{ns}");
+    let (validating, mutating) = inert_webhook_configurations(&name);
+    for doc in [&validating, &mutating] {
+        let out = cluster
+            .run_kubectl(&["apply", "-f", "-"], Some(&doc.to_string()))
+            .await?;
+        ensure!(
+            out.status.success(),
+            "kubectl apply: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let at = |secret: &str| SecretRef {
+        namespace: ns.clone(),
+        name: secret.to_owned(),
+    };
+    let key_ref = at("helmop-hash-key");
+    let target = TlsTarget {
+        secret: at("helmop-webhook-tls"),
+        ca_secret: at("helmop-webhook-ca"),
+        client_secret: at("helmop-apiserver-client"),
+        service: "helmop-webhook".to_owned(),
+        webhook_configuration: name.clone(),
+        validity_days: 365,
+        renew_before: Duration::from_secs(30 * 86_400),
+    };
+    let run_all = || async {
+        futures::future::join_all((0..4).map(|_| {
+            let client = client.clone();
+            let (key_ref, target) = (&key_ref, &target);
+            async move {
+                let key = bootstrap::ensure_hash_key(client.clone(), key_ref).await?;
+                let tls = bootstrap::bootstrap_tls(client, target).await?;
+                anyhow::Ok((key, tls))
+            }
+        }))
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<Vec<_>>>()
+    };
+
+    let first = run_all().await.context("a concurrent first run failed")?;
+    let created = first
+        .iter()
+        .filter(|(k, _)| *k == HashKeyOutcome::Created)
+        .count();
+    ensure!(created == 1, "{created} runs created the hash key");
+    let cas = first.iter().filter(|(_, t)| t.ca_created).count();
+    ensure!(cas == 1, "{cas} runs created the CA");
+    let installed = bootstrap_objects(&client, &ns, &name).await?;
+    let (key, ca, _, bundles) = &installed;
+    ensure!(key.len() == 32, "hash key of {} bytes", key.len());
+    let ca_text = String::from_utf8(ca.clone())?;
+    for bundle in bundles {
+        let bundle = String::from_utf8(bundle.clone())?;
+        ensure!(
+            bootstrap::pem_blocks(&bundle) == bootstrap::pem_blocks(&ca_text),
+            "caBundle is not exactly the CA: {bundle}"
+        );
+    }
+
+    // An upgrade's rollout runs them again, concurrently: nothing is created, issued or replaced.
+    let again = run_all().await.context("a re-run failed")?;
+    for (key, tls) in &again {
+        ensure!(*key == HashKeyOutcome::AlreadyPresent, "{key:?}");
+        ensure!(
+            !tls.ca_created && tls.issued.is_none() && tls.client_issued.is_none(),
+            "a re-run changed the TLS state: {tls:?}"
+        );
+    }
+    ensure!(
+        bootstrap_objects(&client, &ns, &name).await? == installed,
+        "hash key, CA, serving certificate or caBundle changed on a re-run"
+    );
+
+    for kind in [
+        "validatingwebhookconfiguration",
+        "mutatingwebhookconfiguration",
+    ] {
+        cluster.run_kubectl(&["delete", kind, &name], None).await?;
+    }
+    cluster
+        .run_kubectl(&["delete", "ns", &ns, "--wait=false"], None)
+        .await?;
     Ok(())
 }

@@ -261,8 +261,8 @@ impl NodeEnv {
 
     /// Installs the webhook as the manifests README says: `kubectl apply -k` of an overlay over
     /// `manifests/self-signed` that names the locally built image and gives the webhook a registry
-    /// config trusting the node's (plain-HTTP, private-address) registry, then waits for the
-    /// certificate and hash-key Jobs and two ready webhook pods.
+    /// config trusting the node's (plain-HTTP, private-address) registry, then waits for two ready
+    /// webhook pods (their initContainers made the certificate and the hash key).
     async fn install_webhook(&self) -> anyhow::Result<()> {
         // Kubernetes 1.20 does not label namespaces with their name; the webhook configurations
         // skip kube-system by that label (manifests/README.md).
@@ -323,17 +323,6 @@ patches:
         let dir = overlay.display().to_string();
         self.kubectl_long(&["apply", "-k", &dir]).await?;
         let timeout = format!("--timeout={}s", INSTALL.as_secs());
-        for job in ["job/helmop-tls-bootstrap", "job/helmop-hash-key-init"] {
-            self.kubectl_long(&[
-                "wait",
-                "-n",
-                "helmop-system",
-                "--for=condition=complete",
-                job,
-                &timeout,
-            ])
-            .await?;
-        }
         self.kubectl_long(&[
             "rollout",
             "status",

@@ -21,6 +21,7 @@ async fn run(cli: BootstrapCli) -> helmop_webhook::Result<()> {
             webhook_configuration,
             validity_days,
             renew_before_days,
+            mounted_cert,
         } => {
             let target = TlsTarget {
                 secret,
@@ -40,6 +41,9 @@ async fn run(cli: BootstrapCli) -> helmop_webhook::Result<()> {
                 mutating_patched = outcome.mutating_patched,
                 "webhook tls"
             );
+            if let Some(path) = mounted_cert {
+                bootstrap::require_mounted(&path)?;
+            }
         }
     }
     Ok(())

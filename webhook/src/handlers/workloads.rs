@@ -158,9 +158,9 @@ pub(super) async fn mutate(state: &AppState, req: &Request) -> Verdict {
         .as_ref()
         .and_then(|l| l.get(LABEL_ROLLOUT_ON_CHANGE))
         .map(String::as_str);
-    let decision = match label {
-        Some("true") | Some("false") => opt_in(label, None),
-        _ => match state.caches().namespace(&namespace).await {
+    let decision = match helmop_core::rollout::by_workload(label) {
+        Some(decided) => decided,
+        None => match state.caches().namespace(&namespace).await {
             Ok(ns) => {
                 let ns_label = ns
                     .as_ref()

@@ -156,14 +156,27 @@ fn load(text: &str) -> Result<Crd, String> {
     if let Some(props) = schema.get_mut("properties").and_then(Json::as_object_mut) {
         props.remove("status");
     }
-    let validator = jsonschema::options()
+    let validator = compile(&schema)?;
+    Ok(Crd { root, validator })
+}
+
+/// A validator for the objects of another CRD: one version's `openAPIV3Schema` (or any node of
+/// it), converted by [`convert`] and compiled the way the HelmOp schema is, for the places that
+/// check other tools' objects against their vendored CRDs (the GitOps install examples' test) and
+/// must not grow a second conversion. It checks the converted keywords only: no pruning, nulls or
+/// defaults, Go `pattern`s or CEL rules, which this module applies to HelmOps alone.
+pub fn crd_schema_validator(raw: &Json) -> Result<jsonschema::Validator, String> {
+    compile(&convert(raw))
+}
+
+fn compile(schema: &Json) -> Result<jsonschema::Validator, String> {
+    jsonschema::options()
         .with_draft(Draft::Draft7)
         .should_validate_formats(true)
         .should_ignore_unknown_formats(true)
         .with_format("byte", is_go_base64)
-        .build(&schema)
-        .map_err(|e| format!("the converted schema does not compile: {e}"))?;
-    Ok(Crd { root, validator })
+        .build(schema)
+        .map_err(|e| format!("the converted schema does not compile: {e}"))
 }
 
 /// A Go regexp as Go's `regexp.MatchString` matches it (anywhere in the value).
