@@ -142,8 +142,9 @@ impl Report {
 
 /// What to re-apply when something the install creates is missing.
 const REAPPLY: &str = "re-apply the install file: kubectl apply -f deploy/<flavour>.yaml (stamping-only on downstream clusters)";
-/// Re-runs the self-signed bootstrap (the cert-manager flavour renews by itself).
-const REBOOTSTRAP: &str = "kubectl -n helmop-system create job --from=cronjob/helmop-tls-renew helmop-tls-now (self-signed), or check cert-manager's Certificate helmop-system/helmop-webhook";
+/// Re-runs the self-signed bootstrap, which runs in every new webhook pod (the cert-manager flavour
+/// renews by itself).
+const REBOOTSTRAP: &str = "kubectl -n helmop-system rollout restart deployment helmop-webhook (self-signed: its bootstrap initContainer renews the certificate and fills caBundle), or check cert-manager's Certificate helmop-system/helmop-webhook";
 
 /// Which of the two webhook configurations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -270,7 +271,7 @@ pub fn webhook_configurations(
                         subject(kind),
                         Verdict::Problem,
                         format!(
-                            "no caBundle in {}: the API server cannot trust the webhook (the bootstrap Job or cert-manager's cainjector has not filled it)",
+                            "no caBundle in {}: the API server cannot trust the webhook (the bootstrap initContainer or cert-manager's cainjector has not filled it)",
                             without.join(", ")
                         ),
                     )
@@ -487,7 +488,7 @@ pub fn hash_key(secret: &str, fact: &Presence) -> Finding {
             Verdict::Problem,
             "missing: the webhook cannot stamp (it admits workloads unstamped) and copies cannot be hashed".into(),
         )
-        .fix("kubectl -n helmop-system delete job helmop-hash-key-init, then re-apply the install file (its Job makes a new key); on the upstream, restore the old key if copies exist (docs/copy-lifecycle.md)"),
+        .fix("kubectl -n helmop-system rollout restart deployment helmop-webhook (its hash-key initContainer makes a new key); on the upstream, restore the old key instead if copies exist (docs/copy-lifecycle.md)"),
         Presence::Unreadable(reason) => Finding::new(
             Check::HashKey,
             subject,

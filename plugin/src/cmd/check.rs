@@ -166,7 +166,7 @@ mod tests {
         );
         assert!(lines[1].contains("   problem   missing:"), "{text}");
         assert!(
-            text.contains("\nfix secret/helmop-system/helmop-hash-key: kubectl -n helmop-system delete job helmop-hash-key-init"),
+            text.contains("\nfix secret/helmop-system/helmop-hash-key: kubectl -n helmop-system rollout restart deployment helmop-webhook"),
             "{text}"
         );
         assert!(

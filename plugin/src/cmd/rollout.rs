@@ -6,7 +6,6 @@
 //! nothing rolls (the pods already run with the current configuration). The stamp is read from the
 //! object the API server returns, i.e. after every mutating webhook ran.
 
-
 use clap::Args;
 use helmop_core::names;
 use helmop_core::workload::{WorkloadKind, pod_template};

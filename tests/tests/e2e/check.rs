@@ -268,13 +268,13 @@ async fn check_reports_a_working_install_then_a_missing_hash_key_and_a_foreign_c
     assert!(
         key["fix"]
             .as_str()
-            .is_some_and(|f| f.contains("helmop-hash-key-init")),
+            .is_some_and(|f| f.contains("hash-key initContainer")),
         "{key:#}"
     );
     let table = helmop(&args).await?.expect(1);
     assert!(
         table.stdout.contains(&format!(
-            "\nfix secret/{key_ref}: kubectl -n helmop-system delete job"
+            "\nfix secret/{key_ref}: kubectl -n helmop-system rollout restart"
         )),
         "{}",
         table.stdout
@@ -310,7 +310,7 @@ async fn check_reports_a_working_install_then_a_missing_hash_key_and_a_foreign_c
     assert!(
         cert["fix"]
             .as_str()
-            .is_some_and(|f| f.contains("helmop-tls-renew")),
+            .is_some_and(|f| f.contains("rollout restart deployment helmop-webhook")),
         "{cert:#}"
     );
     assert_eq!(
@@ -369,5 +369,160 @@ async fn check_without_helmop_installed_names_the_install_and_an_unreachable_clu
             .await?;
     assert_eq!(out.code, 3, "{out:?}");
     assert!(out.stderr.contains("cannot reach"), "{}", out.stderr);
+    Ok(())
+}
+
+/// A serving certificate for `names`, from a CA of its own, valid until `until` (UTC date).
+fn short_lived_pki(
+    names: &[&str],
+    until: k8s_openapi::jiff::civil::Date,
+) -> (String, String, String) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
+    // Fixed, valid inputs only: a failure here is a bug in the test.
+    let ca_key = KeyPair::generate().expect("CA key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).expect("self-signed CA");
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().expect("serving key");
+    let mut params =
+        CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
+            .expect("serving params");
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params.not_after = rcgen::date_time_ymd(
+        i32::from(until.year()),
+        u8::try_from(until.month()).expect("month"),
+        u8::try_from(until.day()).expect("day"),
+    );
+    let cert = params.signed_by(&key, &issuer).expect("serving cert");
+    (ca_cert.pem(), cert.pem(), key.serialize_pem())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reads_a_service_webhooks_certificate_from_its_deployments_secret()
+-> anyhow::Result<()> {
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
+        WebhookClientConfig,
+    };
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    use kube::api::{Patch, PatchParams};
+
+    let client = control_plane().upstream().client().await;
+    let ns = fresh_namespace(&client, "check-svc").await?;
+    create_secret(&client, &ns, "hash-key", &[("key", &random_key()?)]).await?;
+    // Expiring in 10 days: verified, and a warning.
+    let until = Timestamp::now()
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_hours(240))?
+        .to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC)
+        .date();
+    let server_name = format!("webhook.{ns}.svc");
+    let (ca, cert, key) = short_lived_pki(&[&server_name], until);
+    create_secret(
+        &client,
+        &ns,
+        "serving",
+        &[("tls.crt", cert.as_bytes()), ("tls.key", key.as_bytes())],
+    )
+    .await?;
+    // Never scheduled (the upstream has no node): only its volumes matter to check.
+    let deployment: Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "webhook"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "webhook"}},
+            "template": {
+                "metadata": {"labels": {"app": "webhook"}},
+                "spec": {
+                    "containers": [{"name": "webhook", "image": "example.invalid/webhook:1"}],
+                    "volumes": [{"name": "tls", "secret": {"secretName": "serving"}}],
+                },
+            },
+        },
+    }))?;
+    Api::<Deployment>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &deployment)
+        .await?;
+    let name = format!("{ns}-svc");
+    let configuration = MutatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..ObjectMeta::default()
+        },
+        webhooks: Some(vec![MutatingWebhook {
+            name: format!("{name}.tests.helmop.dev"),
+            client_config: WebhookClientConfig {
+                service: Some(ServiceReference {
+                    namespace: ns.clone(),
+                    name: "webhook".into(),
+                    path: Some("/mutate/workloads".into()),
+                    port: Some(443),
+                }),
+                ca_bundle: Some(ByteString(ca.into_bytes())),
+                url: None,
+            },
+            rules: Some(vec![RuleWithOperations {
+                operations: Some(vec!["CREATE".into()]),
+                api_groups: Some(vec!["apps".into()]),
+                api_versions: Some(vec!["v1".into()]),
+                resources: Some(vec!["deployments".into()]),
+                scope: None,
+            }]),
+            // Only this test's namespace, and never in the way: nothing answers there.
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some([(TEST_NAMESPACE_LABEL.to_owned(), ns.clone())].into()),
+                match_expressions: None,
+            }),
+            failure_policy: Some("Ignore".into()),
+            side_effects: "None".into(),
+            admission_review_versions: vec!["v1".into()],
+            timeout_seconds: Some(2),
+            ..MutatingWebhook::default()
+        }]),
+    };
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .patch(
+            &name,
+            &PatchParams::apply("helmop-tests").force(),
+            &Patch::Apply(&configuration),
+        )
+        .await?;
+
+    let key_ref = format!("{ns}/hash-key");
+    let out = helmop(&[
+        "check",
+        "--webhook-configuration",
+        &name,
+        "--hash-key-secret",
+        &key_ref,
+        "--lease-namespace",
+        &ns,
+        "-o",
+        "json",
+    ])
+    .await?;
+    let report = out.json();
+    assert_shape(&report);
+    let cert = finding(&report, "serving-certificate", &format!("mutating/{name}"));
+    assert_eq!(cert["verdict"], "warning", "{cert:#}");
+    let message = cert["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with(&format!(
+            "verified for {server_name}, but expires at {until}T"
+        )),
+        "{cert:#}"
+    );
+    assert!(
+        cert["fix"]
+            .as_str()
+            .is_some_and(|f| f.contains("rollout restart deployment helmop-webhook"))
+    );
+    // Warnings alone (no validating configuration, the certificate, no rollout watcher) exit 0.
+    assert_ne!(report["result"], "problem", "{report:#}");
+    assert_eq!(out.code, 0);
+    unregister_webhook(&client, WebhookKind::Mutating, &name).await?;
     Ok(())
 }
