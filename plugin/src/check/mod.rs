@@ -66,8 +66,8 @@ enum Read {
     Hooks(Vec<Hook>),
 }
 
-/// Runs every check. The cluster being unreachable when the configurations are read is the command's error
-/// (exit 3); later failures become findings.
+/// Runs every check. The cluster being unreachable when the configurations are read is the
+/// command's error (exit 3); later failures become findings.
 pub async fn check(client: &Client, opts: &CheckOpts) -> Result<Report, PluginError> {
     let now = Timestamp::now().as_second();
     let validating = read_validating(client, &opts.configuration).await?;
