@@ -47,7 +47,7 @@ fn status_patch(kind: &str, tick: u64, now: &serde_json::Value) -> serde_json::V
     match kind {
         "Cluster" => json!({"status": {"agent": {"lastSeen": now}}}),
         _ => json!({"status": {
-            "display": {"message": format!("checked {tick}"), "state": ""},
+            "display": {"message": format!("checked {tick}")},
             "lastPollingTriggered": now,
         }}),
     }
