@@ -2,7 +2,8 @@
 //! containerd, pods), through kubectl only: an overlay over the shipped `self-signed` directory with the
 //! `kube-1.20` component and kustomize `images:` pointing at the images `containers/build` pushed to a local
 //! registry. The webhook runs under the shipped ServiceAccount and ClusterRole (the test's admin
-//! credentials only run kubectl); the API server reaches it through its Service.
+//! credentials only run kubectl); the API server reaches it through its Service. After each install
+//! `kubectl helmop check` finds no problem, as the README's install section says to run it.
 //!
 //! Then an upgrade (the Deployment rolled to the same build under a new reference) by re-applying and
 //! nothing else, while admissions keep flowing through the API server, counting failures; and the uninstall
@@ -25,6 +26,8 @@ use helmop_tests::{
 use kube::Client;
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{Value, json};
+
+use crate::plugin::support::run_with;
 
 const NS: &str = "helmop-system";
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(240);
@@ -297,6 +300,66 @@ async fn check_installed(cluster: &ClusterInfo, install: &str) -> anyhow::Result
         ensure!(
             answer == if allowed { "yes" } else { "no" },
             "{sa} can {verb} {resource} in {namespace:?}: {answer}"
+        );
+    }
+    doctor_finds_no_problem(cluster, install).await
+}
+
+/// `kubectl helmop check` on the installed cluster, as the README's install section ends: no problem
+/// (exit 0), both webhooks answered through the API server and the Service, the serving certificate
+/// read from the Deployment's Secret verifies against caBundle, the hash key is there.
+async fn doctor_finds_no_problem(cluster: &ClusterInfo, install: &str) -> anyhow::Result<()> {
+    let out = run_with(
+        &cluster.kubeconfig,
+        &["check", "-n", "default", "-o", "json"],
+        &[],
+    )
+    .await?;
+    let report: Value = serde_json::from_str(&out.stdout)
+        .with_context(|| format!("check -o json printed no JSON: {}", out.stderr))?;
+    ensure!(
+        out.code == 0 && report["result"] != "problem",
+        "check found a problem in the {install} install (exit {}): {report:#}",
+        out.code
+    );
+    let verdict = |check: &str, subject: &str| -> Option<(String, String)> {
+        report["findings"].as_array()?.iter().find_map(|f| {
+            (f["check"] == check && f["subject"] == subject).then(|| {
+                (
+                    f["verdict"].as_str().unwrap_or_default().to_owned(),
+                    f["message"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+        })
+    };
+    let validating = "validating/helmop-webhook";
+    let mutating = "mutating/helmop-webhook";
+    let mut wanted = vec![
+        ("webhook-configuration", validating, ""),
+        ("webhook-configuration", mutating, ""),
+        ("webhook-answer", mutating, "stamped (v2:"),
+        (
+            "serving-certificate",
+            mutating,
+            "verified for helmop-webhook.",
+        ),
+        (
+            "hash-key",
+            "secret/helmop-system/helmop-hash-key",
+            "present",
+        ),
+    ];
+    wanted.push(if install == "stamping-only" {
+        ("webhook-answer", validating, "no HelmOp webhook to ask")
+    } else {
+        ("webhook-answer", validating, "denied an invalid HelmOp")
+    });
+    for (check, subject, says) in wanted {
+        let (v, message) = verdict(check, subject)
+            .with_context(|| format!("no {check} finding about {subject}: {report:#}"))?;
+        ensure!(
+            v == "ok" && message.contains(says),
+            "{check} {subject} in the {install} install: {v}: {message}"
         );
     }
     Ok(())
