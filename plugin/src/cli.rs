@@ -146,6 +146,31 @@ mod tests {
         Cli::command().debug_assert();
     }
 
+    /// docs/cli.md is the command line as clap defines it: regenerate it with
+    /// `HELMOP_WRITE_CLI_DOC=1 cargo test -p kubectl-helmop cli_reference` after changing a flag.
+    #[test]
+    fn cli_reference_is_current() {
+        let rendered = clap_markdown::help_markdown_custom::<Cli>(
+            &clap_markdown::MarkdownOptions::new()
+                .title("kubectl helmop: command-line reference".to_owned())
+                .show_footer(false)
+                // The bin name has a space (`kubectl helmop`), which its anchors would keep.
+                .show_table_of_contents(false),
+        );
+        let doc = format!(
+            "<!-- Generated from plugin/src/cli.rs by the test cli_reference_is_current; do not edit. -->\n\n{rendered}"
+        );
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/cli.md");
+        if std::env::var_os("HELMOP_WRITE_CLI_DOC").is_some() {
+            std::fs::write(&path, &doc).unwrap();
+        }
+        let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            checked_in == doc,
+            "docs/cli.md is stale: run HELMOP_WRITE_CLI_DOC=1 cargo test -p kubectl-helmop cli_reference"
+        );
+    }
+
     #[test]
     fn help_reads_kubectl_helmop() {
         let help = Cli::command().render_help().to_string();
