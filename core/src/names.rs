@@ -38,8 +38,8 @@ pub const ANN_CONFIG_HASH: &str = "helmop.dev/config-hash";
 pub const ANN_CONFIG_REFS: &str = "helmop.dev/config-refs";
 /// Pod-template annotation: `container=digest` pairs in `annotate` image mode.
 pub const ANN_IMAGE_DIGESTS: &str = "helmop.dev/image-digests";
-/// Workload or Namespace annotation overriding the webhook's `--image-mode` (`pin`, `annotate`,
-/// `off`); the workload's wins.
+/// Workload or Namespace annotation lowering the webhook's `--image-mode` (`pin`, `annotate`,
+/// `off`): the namespace's may lower it, the workload's may lower that, neither raises.
 pub const ANN_IMAGE_MODE: &str = "helmop.dev/image-mode";
 /// Workload metadata annotation the plugin bumps to make the webhook re-stamp.
 pub const ANN_RESTAMP: &str = "helmop.dev/restamp";
@@ -52,6 +52,21 @@ pub const SYSTEM_NAMESPACE: &str = "helmop-system";
 pub const HASH_KEY_SECRET: &str = "helmop-hash-key";
 /// Data key of the hash key inside [`HASH_KEY_SECRET`].
 pub const HASH_KEY_DATA_KEY: &str = "key";
+
+/// Label on every Secret the bootstrap writes, with the value [`BOOTSTRAP_MANAGER`]; the bootstrap
+/// never modifies a Secret without it.
+pub const LABEL_APP_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Value of [`LABEL_APP_MANAGED_BY`] on the bootstrap's Secrets.
+pub const BOOTSTRAP_MANAGER: &str = "helmop-bootstrap";
+/// Serving-certificate Secret annotation: the certificate's expiry (unix seconds), so renewal needs
+/// no X.509 parser.
+pub const ANN_NOT_AFTER: &str = "helmop.dev/not-after";
+/// Serving-certificate Secret annotation: the DNS names the certificate was issued for (comma
+/// separated).
+pub const ANN_DNS_NAMES: &str = "helmop.dev/dns-names";
+/// Serving-certificate Secret annotation: when the certificate was issued (unix seconds), which
+/// decides when a replaced CA may leave `caBundle`.
+pub const ANN_ISSUED_AT: &str = "helmop.dev/issued-at";
 
 /// Label Fleet agents put on the downstream copies they make themselves; helmop never writes or prunes those.
 pub const FLEET_BUNDLEDEPLOYMENT_LABEL: &str = "fleet.cattle.io/bundledeployment";

@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use helmop_core::names;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
@@ -24,14 +25,10 @@ use crate::config::SecretRef;
 use crate::error::{Error, Result};
 
 /// Label on every Secret this module writes; Secrets without it are never modified.
-pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "helmop-bootstrap");
-/// Annotation with the certificate's expiry (unix seconds), so renewal needs no X.509 parser.
-pub const NOT_AFTER: &str = "helmop.dev/not-after";
-/// Annotation with the DNS names the certificate was issued for (comma separated).
-pub const DNS_NAMES: &str = "helmop.dev/dns-names";
-/// Annotation with the time a certificate was issued (unix seconds): a CA replaced by a new one stays
-/// trusted until the serving certificate of the new one has been out this long.
-pub const ISSUED_AT: &str = "helmop.dev/issued-at";
+pub const MANAGED_BY: (&str, &str) = (names::LABEL_APP_MANAGED_BY, names::BOOTSTRAP_MANAGER);
+pub use names::{
+    ANN_DNS_NAMES as DNS_NAMES, ANN_ISSUED_AT as ISSUED_AT, ANN_NOT_AFTER as NOT_AFTER,
+};
 /// How long a replaced CA stays in `caBundle` and in the serving Secret's `ca.crt` after a certificate
 /// of the new CA was issued: the pods reload the new certificate within a minute or two of the kubelet
 /// updating their volume, and the API server's client certificate must be copied meanwhile. Removed by

@@ -37,8 +37,10 @@ pub struct Cli {
     #[arg(long, value_enum, default_value_t = GuardMode::Enforce)]
     pub guard: GuardMode,
 
-    /// How mutable image tags are handled in opted-in workloads.
-    #[arg(long, value_enum, default_value_t = ImageMode::Pin)]
+    /// How mutable image tags are handled in opted-in workloads: pin rewrites repo:tag to
+    /// repo:tag@sha256:..., annotate records digests in helmop.dev/image-digests, off leaves images
+    /// alone. A ceiling: the namespace's and workload's helmop.dev/image-mode may only lower it.
+    #[arg(long, default_value_t = ImageMode::Pin, value_parser = image_mode_parser())]
     pub image_mode: ImageMode,
 
     /// Secret holding the hash key (data key `key`).
@@ -113,6 +115,13 @@ pub struct Cli {
 pub enum LogFormat {
     Json,
     Text,
+}
+
+/// `--image-mode`: the modes `helmop-images` defines, listed by `--help`.
+fn image_mode_parser() -> impl clap::builder::TypedValueParser<Value = ImageMode> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(ImageMode::ALL.map(ImageMode::as_str))
+        .try_map(|s| s.parse::<ImageMode>())
 }
 
 impl Cli {

@@ -18,16 +18,9 @@ pub enum GuardMode {
     Warn,
 }
 
-/// What the webhook does with mutable image tags (`--image-mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ImageMode {
-    /// Rewrite `repo:tag` to `repo:tag@sha256:...`.
-    Pin,
-    /// Record digests in the `helmop.dev/image-digests` pod-template annotation.
-    Annotate,
-    /// Leave images alone.
-    Off,
-}
+/// What the webhook does with mutable image tags (`--image-mode`): one definition with the plugin's
+/// (`helmop-images`), so both apply the same override rule.
+pub use helmop_images::ImageMode;
 
 /// A namespaced object name, `NS/NAME`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,6 +9,7 @@ use helmop_core::names::ANN_IMAGE_MODE;
 use helmop_core::workload::{WorkloadKind, pod_template};
 use helmop_images::auth::{PullSecret, credential_for};
 use helmop_images::client::{RegistryClient, ResolveError};
+use helmop_images::mode::{ImageMode, effective_mode};
 use helmop_images::pull_secrets::read_pull_secrets;
 use helmop_images::tags::MutableTags;
 use k8s_openapi::api::core::v1::Namespace;
@@ -219,14 +220,19 @@ fn target(
         return None;
     }
     let annotations = obj.metadata.annotations.as_ref().unwrap_or(&empty);
-    let mode = annotations.get(ANN_IMAGE_MODE).or_else(|| {
-        namespace
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANN_IMAGE_MODE))
-    });
-    if mode.is_some_and(|m| m.trim() == "off") {
+    // The webhook's rule: the namespace's annotation lowers, the workload's lowers further, neither
+    // raises (a workload saying `pin` in a namespace set to `off` is off). The webhook's own
+    // `--image-mode` is not known here, so the ceiling is the highest mode.
+    let asked = |a: Option<&BTreeMap<String, String>>| {
+        a.and_then(|a| a.get(ANN_IMAGE_MODE))
+            .and_then(|m| ImageMode::parse(m))
+    };
+    let mode = effective_mode(
+        ImageMode::Pin,
+        asked(namespace.metadata.annotations.as_ref()),
+        asked(Some(annotations)),
+    );
+    if mode == ImageMode::Off {
         return None;
     }
     let restamp = annotations.get(helmop_core::names::ANN_RESTAMP).cloned();
@@ -245,4 +251,60 @@ fn target(
         spec,
         containers,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use serde_json::json;
+
+    use super::*;
+
+    fn annotated(mode: Option<&str>) -> Option<BTreeMap<String, String>> {
+        mode.map(|m| BTreeMap::from([(ANN_IMAGE_MODE.to_owned(), m.to_owned())]))
+    }
+
+    /// Whether `images` looks at an opted-in Deployment on `:latest` with these annotations.
+    fn scanned(namespace_mode: Option<&str>, workload_mode: Option<&str>) -> bool {
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some("apps".into()),
+                labels: Some(BTreeMap::from([(
+                    helmop_core::names::LABEL_ROLLOUT_ON_CHANGE.to_owned(),
+                    "true".to_owned(),
+                )])),
+                annotations: annotated(namespace_mode),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        let mut obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "apps"},
+            "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "app:latest"}]}}}
+        }))
+        .unwrap();
+        obj.metadata.annotations = annotated(workload_mode);
+        target(
+            WorkloadKind::Deployment,
+            "apps".into(),
+            "web".into(),
+            &namespace,
+            obj,
+            &MutableTags::default(),
+        )
+        .is_some()
+    }
+
+    #[test]
+    fn follows_the_webhooks_image_mode_rule() {
+        assert!(scanned(None, None));
+        assert!(scanned(Some("annotate"), Some("pin")));
+        assert!(!scanned(Some("off"), None));
+        assert!(!scanned(None, Some(" off")));
+        // A workload cannot raise its namespace's `off`, and a value that is no mode lowers nothing.
+        assert!(!scanned(Some("off"), Some("pin")));
+        assert!(!scanned(Some("off"), Some("bogus")));
+        assert!(scanned(Some("bogus"), None));
+    }
 }

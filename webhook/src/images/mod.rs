@@ -23,7 +23,6 @@ use crate::config::ImageMode;
 pub use resolver::{
     ADMISSION_CONCURRENCY, ADMISSION_PER_REGISTRY, ANN_IMAGE_MODE, DIGEST_CACHE_BYTES,
     MAX_IMAGES_PER_ADMISSION, MAX_REGISTRIES_PER_ADMISSION, RegistryResolver, effective_mode,
-    mode_override,
 };
 
 /// What the resolver gets to look at for one admitted workload.

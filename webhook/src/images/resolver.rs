@@ -26,6 +26,7 @@ use super::tags::MutableTags;
 use super::{ImageOutcome, ImageRequest, ImageResolver};
 use crate::config::{Config, ImageMode};
 use crate::metrics::Metrics;
+pub use helmop_images::mode::effective_mode;
 
 pub use helmop_core::names::ANN_IMAGE_MODE;
 
@@ -55,45 +56,6 @@ pub const ADMISSION_PER_REGISTRY: usize = 2;
 /// Warnings of the image stage per admission; more are summed up in one.
 const MAX_WARNINGS: usize = 20;
 
-/// A valid override value.
-pub fn mode_override(value: &str) -> Option<ImageMode> {
-    match value.trim() {
-        "pin" => Some(ImageMode::Pin),
-        "annotate" => Some(ImageMode::Annotate),
-        "off" => Some(ImageMode::Off),
-        _ => None,
-    }
-}
-
-/// How much a mode does: `off` < `annotate` < `pin`.
-fn rank(mode: ImageMode) -> u8 {
-    match mode {
-        ImageMode::Off => 0,
-        ImageMode::Annotate => 1,
-        ImageMode::Pin => 2,
-    }
-}
-
-/// The mode for one workload. `--image-mode` (`process`) is a ceiling: the namespace's annotation may lower
-/// it, and the workload's may lower that, never raise it (a namespace or workload cannot turn registry
-/// traffic on in a webhook started with `off`, nor pinning on where annotate was chosen).
-pub fn effective_mode(
-    process: ImageMode,
-    namespace: Option<ImageMode>,
-    workload: Option<ImageMode>,
-) -> ImageMode {
-    [namespace, workload]
-        .into_iter()
-        .flatten()
-        .fold(process, |ceiling, asked| {
-            if rank(asked) < rank(ceiling) {
-                asked
-            } else {
-                ceiling
-            }
-        })
-}
-
 /// An annotation value as read: a mode, or what was written instead (truncated, for the warning).
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Asked {
@@ -103,7 +65,7 @@ enum Asked {
 
 impl Asked {
     fn parse(value: &str) -> Asked {
-        mode_override(value)
+        ImageMode::parse(value)
             .map(Asked::Mode)
             .unwrap_or_else(|| Asked::Invalid(value.chars().take(64).collect()))
     }
@@ -815,35 +777,7 @@ mod tests {
     }
 
     #[test]
-    fn modes() {
-        assert_eq!(mode_override(" pin"), Some(ImageMode::Pin));
-        assert_eq!(mode_override("annotate"), Some(ImageMode::Annotate));
-        assert_eq!(mode_override("off"), Some(ImageMode::Off));
-        assert_eq!(mode_override("Pin"), None);
-    }
-
-    #[test]
-    fn annotations_only_lower_the_process_mode() {
-        use ImageMode::{Annotate, Off, Pin};
-        // The namespace's, then the workload's, may lower; nothing raises.
-        assert_eq!(effective_mode(Off, Some(Pin), Some(Pin)), Off);
-        assert_eq!(effective_mode(Off, None, Some(Annotate)), Off);
-        assert_eq!(effective_mode(Annotate, None, Some(Pin)), Annotate);
-        assert_eq!(effective_mode(Pin, None, Some(Annotate)), Annotate);
-        assert_eq!(effective_mode(Pin, Some(Off), Some(Pin)), Off);
-        assert_eq!(effective_mode(Pin, Some(Annotate), Some(Pin)), Annotate);
-        assert_eq!(effective_mode(Pin, Some(Annotate), Some(Off)), Off);
-        assert_eq!(effective_mode(Pin, None, None), Pin);
-        for process in [Off, Annotate, Pin] {
-            for ns in [None, Some(Off), Some(Annotate), Some(Pin)] {
-                for w in [None, Some(Off), Some(Annotate), Some(Pin)] {
-                    let m = effective_mode(process, ns, w);
-                    assert!(rank(m) <= rank(process));
-                    assert!(ns.is_none_or(|n| rank(m) <= rank(n)));
-                    assert!(w.is_none_or(|w| rank(m) <= rank(w)));
-                }
-            }
-        }
+    fn an_invalid_annotation_is_kept_short_for_the_warning() {
         assert_eq!(
             Asked::parse(&"x".repeat(10_000)),
             Asked::Invalid("x".repeat(64))
