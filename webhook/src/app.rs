@@ -32,6 +32,15 @@ impl Handlers for AppState {
 
 /// Logs to stderr, one JSON object (or text line) per event; `RUST_LOG` filters (default `info`).
 pub fn init_tracing(format: LogFormat) {
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    init_tracing_to(format, std::io::stderr, ansi);
+}
+
+/// [`init_tracing`] to another writer (the tests read what an admission logs).
+pub fn init_tracing_to<W>(format: LogFormat, writer: W, ansi: bool)
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
     let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // kube's client would log response bodies it cannot parse, Secret data included.
@@ -42,14 +51,16 @@ pub fn init_tracing(format: LogFormat) {
     }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        .with_ansi(ansi)
+        .with_writer(writer);
     // A second initialisation (tests) keeps the first subscriber.
     let _ = match format {
+        // The innermost span only (an admission's: its uid, kind, namespace and object), not the list.
         LogFormat::Json => builder
             .json()
             .flatten_event(true)
-            .with_current_span(false)
+            .with_current_span(true)
+            .with_span_list(false)
             .try_init(),
         LogFormat::Text => builder.try_init(),
     };

@@ -10,6 +10,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures::FutureExt;
 use tokio::sync::Semaphore;
+use tracing::Instrument;
 
 use super::body::{BodyError, MAX_DRAIN_BYTES, ReadBody, drain, read_body};
 use super::endpoints::{DEADLINE, Handlers, Webhook};
@@ -169,9 +170,27 @@ pub(super) async fn answer(
         Decoded::TooMany(uid) => return too_many_values(metrics, webhook, uid, started),
     };
 
-    let decision =
-        AssertUnwindSafe(DEADLINE.scope(deadline, shared.handlers.review(webhook, &req)))
-            .catch_unwind();
+    // Every line logged while deciding (live reads, registry trouble, the answer's own line) carries the
+    // review's uid and object, so one request's lines can be found among concurrent ones.
+    let span = tracing::info_span!(
+        "admission",
+        uid = %req.uid,
+        webhook = webhook.name(),
+        kind = %req.kind.kind,
+        namespace = req.namespace.as_deref().unwrap_or(""),
+        // Not `name`: a span's JSON already has its own name under that key.
+        object = %req.name,
+    );
+    let decision = AssertUnwindSafe(
+        DEADLINE.scope(
+            deadline,
+            shared
+                .handlers
+                .review(webhook, &req)
+                .instrument(span.clone()),
+        ),
+    )
+    .catch_unwind();
     let (verdict, failure) = match tokio::time::timeout_at(deadline, decision).await {
         Ok(Ok(verdict)) => (verdict, None),
         Ok(Err(_)) => (webhook.undecided("internal error"), Some(Outcome::Panic)),
@@ -190,6 +209,7 @@ pub(super) async fn answer(
     let operation = admission::operation_name(&req.operation);
     let latency = started.elapsed();
     metrics.observe_request(webhook.name(), operation, outcome, latency.as_secs_f64());
+    let _in_span = span.enter();
     log_request(
         webhook,
         &req,
@@ -334,7 +354,8 @@ fn log_request(
                 outcome = outcome.as_str(),
                 patch_ops,
                 warnings,
-                message,
+                // Not `message`: flattened JSON already has the event's own message under that key.
+                denial = message,
                 latency_ms,
                 "admission"
             )
