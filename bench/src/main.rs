@@ -1,4 +1,4 @@
-//! `helmop-bench`: the measurements behind the README's "Performance" section. Every subcommand prints Markdown (the machine
+//! `helmop-bench`: the measurements behind docs/performance.md. Every subcommand prints Markdown (the machine
 //! first) ready to paste; progress goes to stderr.
 
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! The short soak (CI): the real serving stack under sustained keep-alive load with connection churn, the
 //! certificate rotated by symlink swap three times in the middle. Zero failed requests, every rotation picked
 //! up, memory flat. The long run is `helmop-bench soak --seconds 600` and, against the real webhook process
-//! and a cluster, `helmop-bench memory --soak-seconds 600` (the README's "Performance" section).
+//! and a cluster, `helmop-bench memory --soak-seconds 600` (docs/performance.md).
 
 use std::time::Duration;
 

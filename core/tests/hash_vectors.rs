@@ -103,8 +103,9 @@ fn documented_example() {
     assert_eq!(content_hash(&k, ResourceKind::Secret, &db()), CONTENT_HASH);
 }
 
-/// The same example read from the pod spec the README describes, through the kubelet's rules
-/// (envFrom reads every key of `data`, a key ref `data[key]`): the documented stamp stays.
+/// The same example read from the pod spec docs/hash-format.md describes ("Worked example"),
+/// through the kubelet's rules (envFrom reads every key of `data`, a key ref `data[key]`): the
+/// documented stamp stays.
 #[test]
 fn documented_example_from_the_pod_spec() {
     let spec = serde_json::json!({

@@ -1,5 +1,5 @@
 //! Prometheus metrics of `propagate --watch`, served on `/metrics` of the `--metrics-addr`
-//! listener ([`super::health`]). Names and meanings are listed in the README ("The propagator as a
+//! listener ([`super::health`]). Names and meanings are listed in docs/propagator.md ("The propagator as a
 //! service"). Every value is set from what a run reported, never estimated: the copies gauge is the
 //! last run's rows per state, the error counters add that run's problem rows.
 //!
