@@ -1,50 +1,14 @@
 //! `kubectl-helmop`: the kubectl plugin (`kubectl helmop ...`). This file only wires the
-//! command line to the commands and turns their outcome into an exit code.
-
-mod api_error;
-mod args;
-mod argv;
-mod check;
-mod cli;
-mod client_cache;
-mod clusters;
-mod cmd;
-mod complete;
-mod context;
-mod error;
-mod hash_key;
-mod humanize;
-mod identity;
-mod images;
-mod inputs;
-mod inventory;
-mod kube_api;
-mod leader;
-mod live_stamp;
-mod observe;
-mod output;
-mod propagate;
-mod prune;
-mod report;
-mod rollout_watch;
-mod roots;
-mod runner;
-mod same_cluster;
-mod scope;
-mod sources;
-mod status;
-mod test_pause;
-mod upstream_id;
-mod watch;
-mod workload_ref;
-mod workloads;
+//! command line to the commands (library `kubectl_helmop`, src/lib.rs) and turns their outcome
+//! into an exit code.
 
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
 
-use crate::cli::{Cli, Command};
-use crate::error::ExitStatus;
+use kubectl_helmop::cli::{Cli, Command, argv, cmd};
+use kubectl_helmop::error::{self, ExitStatus};
+use kubectl_helmop::run::propagate;
 
 fn main() -> ExitCode {
     // kubectl_complete-helmop's protocol; not a clap subcommand, so it never shows in help.

@@ -31,9 +31,9 @@ use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-use crate::api_error;
+use crate::cluster::api_error;
 use crate::error::PluginError;
-use crate::workloads::{KINDS, api_resource, opted_in};
+use crate::run::workloads::{KINDS, api_resource, opted_in};
 
 /// What `check` looks at; the defaults are the shipped manifests' names.
 #[derive(Clone, Debug)]
@@ -132,7 +132,10 @@ pub async fn check(client: &Client, opts: &CheckOpts) -> Result<Report, PluginEr
     findings.extend(verdicts::access(&scope, &access(client, namespace).await));
 
     for (role, name) in [
-        (LeaseRole::Propagator, crate::leader::DEFAULT_LEASE_NAME),
+        (
+            LeaseRole::Propagator,
+            crate::watch::leader::DEFAULT_LEASE_NAME,
+        ),
         (
             LeaseRole::RolloutWatcher,
             crate::rollout_watch::DEFAULT_LEASE_NAME,

@@ -26,7 +26,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-use crate::api_error;
+use crate::cluster::api_error;
 
 /// Where the API server sends a webhook's requests.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

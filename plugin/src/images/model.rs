@@ -20,7 +20,7 @@ use helmop_images::reference::ImageRef;
 use helmop_images::tags::MutableTags;
 use serde::Serialize;
 
-use crate::report::Colour;
+use crate::output::report::Colour;
 
 /// One container whose image tag is mutable.
 #[derive(Clone, Debug, PartialEq, Eq)]

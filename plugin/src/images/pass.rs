@@ -11,11 +11,11 @@ use serde::Serialize;
 
 use super::model::{ImageRow, ImageState, short_digest};
 use super::scan::{Scan, scan};
-use crate::api_error;
 use crate::args::KubeArgs;
-use crate::context::Ctx;
+use crate::cluster::api_error;
+use crate::cluster::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
-use crate::report;
+use crate::output::report;
 
 /// Everything one pass needs.
 pub struct Setup {

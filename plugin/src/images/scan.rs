@@ -18,9 +18,9 @@ use kube::{Api, Client};
 use serde_json::Value;
 
 use super::model::{Container, ImageRow, compare};
-use crate::api_error;
-use crate::workload_ref::canonical;
-use crate::workloads::{KINDS, opted_in};
+use crate::cluster::api_error;
+use crate::run::workload_ref::canonical;
+use crate::run::workloads::{KINDS, opted_in};
 
 /// Registry requests (and pull-secret reads) in flight at once.
 const CONCURRENCY: usize = 8;

@@ -23,11 +23,11 @@ use super::scan::Target;
 use crate::args::ReportFormat;
 use crate::error::{ExitStatus, PluginError};
 use crate::humanize::humanize;
-use crate::report::colour_stdout;
+use crate::output::report::colour_stdout;
+use crate::run::workloads::{self, Workload, new_restamp_value};
 use crate::watch::Signals;
 use crate::watch::debounce::backoff;
 use crate::watch::events::Events;
-use crate::workloads::{self, Workload, new_restamp_value};
 
 /// Longest wait between failed polls.
 const MAX_POLL_BACKOFF: Duration = Duration::from_secs(300);
@@ -198,7 +198,7 @@ async fn restamp(setup: &Setup, target: &Target) -> Result<String, PluginError> 
     workloads::restamp(&setup.ctx.upstream, &workload, &value)
         .await
         .map_err(|e| {
-            crate::api_error::upstream(
+            crate::cluster::api_error::upstream(
                 &format!(
                     "restamping {} in namespace {}",
                     target.workload(),

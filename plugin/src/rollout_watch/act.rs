@@ -27,9 +27,9 @@ use tokio::time::Instant;
 
 use super::index::{ObjectKey, Reason, Version, WorkloadKey};
 use super::queue::{Outcome, Ticket};
-use crate::api_error;
+use crate::cluster::api_error;
+use crate::run::workloads::restamp_value;
 use crate::watch::notices;
-use crate::workloads::restamp_value;
 
 /// `reportingController` of the watcher's Events.
 pub const CONTROLLER: &str = "helmop.dev/rollout-watcher";
@@ -84,7 +84,7 @@ impl DigestCache {
         self.entries.clear();
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 }
@@ -305,9 +305,14 @@ async fn read_digest(
     key: &HashKey,
     reads: &Reads,
 ) -> Result<Option<Read>, kube::Error> {
-    let read =
-        crate::live_stamp::read_digest(client, &object.namespace, &object.resource, key, reads)
-            .await?;
+    let read = crate::run::live_stamp::read_digest(
+        client,
+        &object.namespace,
+        &object.resource,
+        key,
+        reads,
+    )
+    .await?;
     Ok(read.map(|(version, digest)| Read {
         object: object.clone(),
         version,
@@ -389,7 +394,7 @@ mod tests {
             value,
             "configmap/app=v1:bb,secret/db=v1:aa,watch:2026-12-02T08:00:00Z"
         );
-        let parsed = crate::workloads::parse_restamp(&value);
+        let parsed = crate::run::workloads::parse_restamp(&value);
         assert_eq!(parsed.len(), 2, "propagate sees the copies, not the time");
         assert_eq!(restamp_record(&[], t), "watch:2026-12-02T08:00:00Z");
     }

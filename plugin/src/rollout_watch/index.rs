@@ -61,7 +61,7 @@ pub struct WorkloadFacts {
     pub stamp: Option<String>,
 }
 
-pub use crate::live_stamp::Version;
+pub use crate::run::live_stamp::Version;
 
 /// What the watcher keeps of a Secret or ConfigMap.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -41,12 +41,12 @@ use self::metrics::{ErrorKind, Metrics};
 use self::queue::{Outcome, Queue, Ticket};
 use self::watches::{Change, Scope, Step};
 use crate::args::{ReportFormat, parse_duration};
-use crate::context::Ctx;
+use crate::cluster::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
-use crate::leader::{self, LeaderHandle};
 use crate::watch::Signals;
 use crate::watch::events::Events;
 use crate::watch::health::{self, Health};
+use crate::watch::leader::{self, LeaderHandle};
 use crate::watch::service::{Joined, ServiceArgs};
 use crate::watch::triggers::Synced;
 
@@ -847,9 +847,9 @@ async fn served_kinds(client: &Client) -> Result<HashMap<WorkloadKind, ApiResour
                     break;
                 }
                 Ok(_) => {}
-                Err(e) if crate::api_error::is_not_found(&e) => {}
+                Err(e) if crate::cluster::api_error::is_not_found(&e) => {}
                 Err(e) => {
-                    return Err(crate::api_error::upstream(
+                    return Err(crate::cluster::api_error::upstream(
                         &format!("discovering {group_version}"),
                         &e,
                     ));

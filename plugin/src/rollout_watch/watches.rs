@@ -173,7 +173,7 @@ where
         + 'static,
 {
     let api: Api<PartialObjectMeta<K>> =
-        crate::kube_api::api_in(client, scope.namespace.as_deref());
+        crate::cluster::kube_api::api_in(client, scope.namespace.as_deref());
     let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
     forward(
         stream,

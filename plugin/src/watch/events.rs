@@ -11,8 +11,8 @@ use serde_json::json;
 use crate::args::ReportFormat;
 use crate::error::PluginError;
 use crate::output;
-use crate::propagate::Report;
-use crate::report::{self, Row};
+use crate::output::report::{self, Row};
+use crate::run::propagate::Report;
 
 /// Rows in these states are left out of the text output of a run (they are in the JSON).
 fn quiet(state: RowState) -> bool {

@@ -4,9 +4,9 @@ use std::collections::BTreeSet;
 
 use helmop_core::state::RowState;
 
-use crate::hash_key::KeyOrigin;
-use crate::propagate::{Report, Summary};
-use crate::report::Row;
+use crate::output::report::Row;
+use crate::run::hash_key::KeyOrigin;
+use crate::run::propagate::{Report, Summary};
 
 pub fn row(cluster: &str, state: RowState) -> Row {
     Row {
@@ -33,7 +33,7 @@ pub fn report(rows: Vec<Row>, unreachable: usize) -> Report {
             helmops: 1,
             clusters: 2,
             unreachable_clusters: unreachable,
-            states: crate::report::counts(&rows),
+            states: crate::output::report::counts(&rows),
             writes: 0,
         },
         rows,

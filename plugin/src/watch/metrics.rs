@@ -17,7 +17,7 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use crate::error::ExitStatus;
-use crate::propagate::Report;
+use crate::run::propagate::Report;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
@@ -157,7 +157,7 @@ impl Metrics {
         }
     }
 
-    /// Downstream clients kept after a run ([`crate::client_cache`]).
+    /// Downstream clients kept after a run ([`crate::cluster::client_cache`]).
     pub fn set_clients(&self, n: usize) {
         self.clients.set(i64::try_from(n).unwrap_or(i64::MAX));
     }

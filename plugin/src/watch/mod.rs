@@ -6,7 +6,7 @@
 //! which is not watched. With leader election (the default) only the holder of a Lease on the
 //! upstream cluster runs: a standby process never writes, and a leader that loses its Lease aborts
 //! the run in flight (dropping its requests) before another process may take over (see
-//! [`crate::leader`]). On SIGINT/SIGTERM the run in flight is abandoned (server-side apply makes a
+//! [`leader`]). On SIGINT/SIGTERM the run in flight is abandoned (server-side apply makes a
 //! repeat harmless), the Lease is released so a standby takes over at once, and the process exits 0.
 
 pub mod debounce;
@@ -14,6 +14,7 @@ pub mod events;
 #[cfg(test)]
 mod fixtures;
 pub mod health;
+pub mod leader;
 pub mod metrics;
 pub mod notices;
 pub mod service;
@@ -27,14 +28,14 @@ use helmop_core::state::Problem;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use self::leader::LeaderHandle;
 use crate::args::parse_duration;
 use crate::args::{KubeArgs, ReportFormat};
-use crate::context::Ctx;
+use crate::cluster::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
 use crate::humanize::humanize;
-use crate::inventory::Selection;
-use crate::leader::{self, LeaderHandle};
-use crate::propagate::{PropagateOpts, propagate_once};
+use crate::run::inventory::Selection;
+use crate::run::propagate::{PropagateOpts, propagate_once};
 
 use self::debounce::Pending;
 use self::events::Events;
@@ -287,7 +288,7 @@ pub async fn run(
 /// after the back-off of its most urgent problem that can go away on its own ([`retry_cap`]);
 /// `None` when it has none. Without this a copy whose write failed once would wait for the next
 /// change or the resync (10 minutes by default).
-fn retry_after(report: &crate::propagate::Report, failures: u32) -> Option<Duration> {
+fn retry_after(report: &crate::run::propagate::Report, failures: u32) -> Option<Duration> {
     let rows = report
         .summary
         .states
@@ -323,7 +324,7 @@ fn leader_note(leading: bool) -> &'static str {
 
 enum Outcome {
     // Boxed: a report is far larger than the other outcomes.
-    Done(Result<Box<crate::propagate::Report>, PluginError>),
+    Done(Result<Box<crate::run::propagate::Report>, PluginError>),
     LostLease,
     Signal(&'static str),
 }

@@ -16,9 +16,9 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
-use crate::api_error;
-use crate::propagate::Report;
-use crate::report::Row;
+use crate::cluster::api_error;
+use crate::output::report::Row;
+use crate::run::propagate::Report;
 
 /// `reportingController` of the Events.
 pub const CONTROLLER: &str = "helmop.dev/propagator";
@@ -197,7 +197,7 @@ fn truncate(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::Row;
+    use crate::output::report::Row;
     use helmop_core::state::RowState;
 
     fn row(helmops: &[&str], cluster: &str, name: &str, state: RowState) -> Row {
@@ -217,11 +217,11 @@ mod tests {
 
     #[test]
     fn one_problem_per_helmop_reason_and_subject() {
-        let mut r = crate::propagate::Report {
+        let mut r = crate::run::propagate::Report {
             upstream_id: "up".into(),
             dry_run: false,
             rejected: Vec::new(),
-            hash_key: crate::hash_key::KeyOrigin::Existing,
+            hash_key: crate::run::hash_key::KeyOrigin::Existing,
             rows: vec![
                 row(&["t/a", "t/b"], "t/d1", "db", RowState::Conflict),
                 row(&["t/a"], "t/d1", "db", RowState::Created),

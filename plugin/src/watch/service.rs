@@ -13,10 +13,10 @@ use tokio::sync::watch;
 use super::Signals;
 use super::events::Events;
 use super::health::{self, Exposition, Health, Listener};
+use super::leader::{self, Elector, LeaderHandle, LeaseTimings};
 use crate::args::parse_duration;
 use crate::error::PluginError;
 use crate::humanize::humanize;
-use crate::leader::{self, Elector, LeaderHandle, LeaseTimings};
 
 /// Namespace of the Lease when neither `--lease-namespace` nor `POD_NAMESPACE` says.
 pub const DEFAULT_LEASE_NAMESPACE: &str = helmop_core::names::SYSTEM_NAMESPACE;
@@ -145,7 +145,7 @@ impl ServiceArgs {
 
 fn lease_error(lease: &str, e: &kube::Error) -> PluginError {
     let hint = "pass --lease-namespace, or --no-leader-election for a single watcher";
-    crate::api_error::upstream(
+    crate::cluster::api_error::upstream(
         &format!("cannot use the leader-election Lease {lease} ({hint})"),
         e,
     )

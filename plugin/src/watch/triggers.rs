@@ -46,7 +46,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::inventory::Selection;
+use crate::run::inventory::Selection;
 
 /// Why a run is wanted, in words (`Secret team/db changed`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -154,7 +154,7 @@ pub fn spawn(
     )];
     if fleet {
         tasks.push(watch_kind::<Cluster>(
-            crate::kube_api::api_in(client, namespace.as_deref()),
+            crate::cluster::kube_api::api_in(client, namespace.as_deref()),
             watcher::Config::default(),
             Kind {
                 label: "Cluster",
@@ -225,7 +225,7 @@ fn api<K>(client: &Client, namespace: Option<&str>) -> Api<PartialObjectMeta<K>>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
 {
-    crate::kube_api::api_in(client, namespace)
+    crate::cluster::kube_api::api_in(client, namespace)
 }
 
 fn key<K: Resource>(obj: &K) -> (String, String) {
@@ -465,7 +465,7 @@ enum Marks {
 fn is_not_served(e: &watcher::Error) -> bool {
     match e {
         watcher::Error::InitialListFailed(e) | watcher::Error::WatchStartFailed(e) => {
-            crate::api_error::is_not_found(e)
+            crate::cluster::api_error::is_not_found(e)
         }
         _ => false,
     }

@@ -1,0 +1,21 @@
+//! A run over the downstream clusters, and what it is made of: which HelmOps and clusters it
+//! covers and how it walks them ([`scope`], [`runner`], [`same_cluster`]), what is upstream
+//! ([`inventory`], [`sources`], [`hash_key`]) and downstream ([`observe`]), how a cluster is
+//! planned and its rows made ([`plan`]), and the three runs: [`propagate`], [`status`],
+//! [`prune`]. The workloads reading helmop's copies ([`workloads`], [`live_stamp`],
+//! [`workload_ref`]) are read by these runs and by the watchers alike.
+
+pub mod hash_key;
+pub mod inventory;
+pub mod live_stamp;
+pub mod observe;
+pub mod plan;
+pub mod propagate;
+pub mod prune;
+pub mod runner;
+pub mod same_cluster;
+pub mod scope;
+pub mod sources;
+pub mod status;
+pub mod workload_ref;
+pub mod workloads;

@@ -1,0 +1,994 @@
+//! `propagate`: copy the downstream resources of HelmOps to the clusters they target.
+//!
+//! One run ([`propagate_once`]): read (or create) the upstream hash key, enumerate HelmOps,
+//! Clusters and targets, read the sources, then per downstream cluster (bounded concurrency,
+//! per-cluster deadline) observe the copies (content hashed in memory, for drift), plan with
+//! `helmop_core::plan`, and execute: a POST for a new copy, server-side apply of a changed one,
+//! delete-then-create for one Kubernetes cannot change in place, nothing at all for unchanged
+//! ones, and a `helmop.dev/restamp` on every opted-in workload whose restamp record does not
+//! list the content its copies have now (decided from state, so a killed run is repaired by
+//! the next). Deleting unwanted copies is `prune`'s job: they are only reported here. Rules:
+//! docs/copy-lifecycle.md.
+//!
+//! For `--watch` (a loop around this): build the [`Ctx`] once, call [`propagate_once`] with
+//! [`crate::run::runner::Progress::Quiet`] whenever something changed; [`Report::namespaces`] says which namespaces
+//! hold the sources to watch, and [`Report::exit_status`] how the run went. A non-leader must not
+//! call it without `dry_run: true`.
+
+mod apply;
+mod recreate;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use helmop_core::names;
+use helmop_core::plan::{Action, ActionKind};
+use helmop_core::resource::ResourceRef;
+use helmop_core::state::RowState;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Resource;
+use serde::Serialize;
+
+pub use recreate::{DRAIN as RECREATE_DRAIN, drain as drain_recreates};
+
+use crate::cluster::api_error;
+use crate::cluster::clusters::Downstream;
+use crate::cluster::context::Ctx;
+use crate::error::{ExitStatus, PluginError};
+use crate::output::report::{self, Row};
+use crate::run::hash_key::KeyOrigin;
+use crate::run::inventory::{Inventory, Problem};
+use crate::run::observe::{self, NamespaceState, Observation};
+use crate::run::plan::{
+    load_key, observe_and_plan, observe_cluster, problem_rows, reported, row, uncopyable_rows,
+    unreachable_rows,
+};
+use crate::run::same_cluster::{Done, SameCluster};
+use crate::run::scope::Scope;
+use crate::run::sources::{self, SourceData, Sources};
+use crate::run::workloads;
+
+/// What to propagate and how.
+#[derive(Clone, Debug)]
+pub struct PropagateOpts {
+    pub scope: Scope,
+    /// `--adopt`: take over same-named objects helmop does not own.
+    pub adopt: bool,
+    /// `--dry-run`: plan and report, write nothing (not even the hash key).
+    pub dry_run: bool,
+    /// `--new-hash-key`: create a new upstream hash key even though copies hashed with a
+    /// lost one exist (every such copy's hash annotation is then rewritten).
+    pub new_hash_key: bool,
+}
+
+/// The outcome of one run.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub upstream_id: String,
+    pub dry_run: bool,
+    /// Where the hash key came from (`created` the first time).
+    pub hash_key: KeyOrigin,
+    /// One row per copy and cluster, plus one per restamped workload and copy.
+    pub rows: Vec<Row>,
+    /// HelmOps whose targets could not be evaluated.
+    pub problems: Vec<Problem>,
+    /// HelmOps Fleet's controller rejects (their copies are left as they are).
+    pub rejected: Vec<Problem>,
+    pub summary: Summary,
+    /// Namespaces of the HelmOps involved upstream (where their sources live).
+    #[serde(skip)]
+    pub namespaces: BTreeSet<String>,
+    /// References to the HelmOps of the run by `namespace/name` (for Kubernetes Events).
+    #[serde(skip)]
+    pub helmop_refs: BTreeMap<String, ObjectReference>,
+    /// Every downstream cluster of the run, as rows name them.
+    #[serde(skip)]
+    pub clusters: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    pub helmops: usize,
+    pub clusters: usize,
+    pub unreachable_clusters: usize,
+    /// Rows per state.
+    pub states: BTreeMap<RowState, usize>,
+    /// Write requests made (applies, patches, namespaces, the hash key); 0 when nothing changed.
+    pub writes: u64,
+}
+
+impl Report {
+    /// 2 when a cluster was unreachable or a write failed, else 1 when a copy was refused
+    /// (Conflict), a source is missing, a HelmOp's targets are invalid or it lists a kind
+    /// helmop cannot copy, else 0.
+    pub fn exit_status(&self) -> ExitStatus {
+        let has = |s: RowState| self.summary.states.contains_key(&s);
+        if self.summary.unreachable_clusters > 0 || has(RowState::Failed) || has(RowState::Lost) {
+            ExitStatus::Partial
+        } else if has(RowState::Conflict)
+            || has(RowState::SourceMissing)
+            || has(RowState::Invalid)
+            || !self.problems.is_empty()
+        {
+            ExitStatus::Invalid
+        } else {
+            ExitStatus::Ok
+        }
+    }
+
+    /// Clusters this run reached and wrote everything it had to (no `Unreachable` or `Failed`
+    /// row); a refused copy (Conflict) or a missing source is not the cluster's failure.
+    pub fn succeeded_clusters(&self) -> Vec<String> {
+        let failed: BTreeSet<&str> = self
+            .rows
+            .iter()
+            .filter(|r| {
+                matches!(
+                    r.state,
+                    RowState::Unreachable | RowState::Failed | RowState::Lost
+                )
+            })
+            .map(|r| r.cluster.as_str())
+            .collect();
+        self.clusters
+            .iter()
+            .filter(|c| !failed.contains(c.as_str()))
+            .cloned()
+            .collect()
+    }
+}
+
+/// One propagation run; see the module documentation.
+pub async fn propagate_once(ctx: &Ctx, opts: &PropagateOpts) -> Result<Report, PluginError> {
+    let writes_before = ctx.writes();
+    let mut inv = opts.scope.inventory(ctx, false).await?;
+    if opts.adopt {
+        inv.named_sources = never_adopted(ctx, &inv).await?;
+    }
+    let (mut key, mut origin) = load_key(ctx, false).await?;
+    if origin == KeyOrigin::Ephemeral {
+        // The dry run refuses exactly as the real run does.
+        if !opts.new_hash_key {
+            refuse_replacing_the_key(ctx, opts, &inv).await?;
+        }
+        if !opts.dry_run {
+            (key, origin) = load_key(ctx, true).await?;
+        }
+    }
+    let sources = sources::fetch(ctx, &inv.desired, &key).await?;
+    let same = SameCluster::default();
+    let (mut rows, unreachable) = opts
+        .scope
+        .rows_per_cluster(
+            &inv,
+            "propagate",
+            |downstream, client| {
+                let (inv, sources, same) = (&inv, &sources, &same);
+                async move {
+                    let run = ClusterRun {
+                        ctx,
+                        opts,
+                        inv,
+                        sources,
+                        downstream,
+                        client,
+                        same,
+                    };
+                    run.run().await
+                }
+            },
+            |downstream, reason| unreachable_rows(&inv, downstream, reason),
+        )
+        .await;
+    rows.extend(problem_rows(&inv.problems));
+    rows.extend(problem_rows(&inv.rejected));
+    rows.extend(uncopyable_rows(&inv));
+    report::sort(&mut rows);
+    Ok(Report {
+        upstream_id: ctx.upstream_id.clone(),
+        dry_run: opts.dry_run,
+        hash_key: origin,
+        summary: Summary {
+            helmops: inv.helmops.len(),
+            clusters: inv.downstreams.len(),
+            unreachable_clusters: unreachable,
+            states: report::counts(&rows),
+            writes: ctx.writes() - writes_before,
+        },
+        rows,
+        problems: inv.problems.clone(),
+        rejected: inv.rejected.clone(),
+        namespaces: inv.helmop_namespaces(),
+        helmop_refs: inv
+            .helmops
+            .iter()
+            .filter_map(|h| {
+                Some((
+                    crate::run::inventory::key_of(h)?.to_string(),
+                    h.object_ref(&()),
+                ))
+            })
+            .collect(),
+        clusters: inv.downstreams.iter().map(Downstream::display).collect(),
+    })
+}
+
+/// The upstream hash key is missing. Creating a new one would silently rewrite the hash of
+/// every copy of this upstream (and restamp their readers), so it is refused while any
+/// reachable targeted cluster holds such a copy: the user restores the key, or says
+/// `--new-hash-key`. (A cluster that cannot be reached now is not known to hold any; its copies
+/// are then reported `HashOutdated` when it is back.)
+async fn refuse_replacing_the_key(
+    ctx: &Ctx,
+    opts: &PropagateOpts,
+    inv: &Inventory,
+) -> Result<(), PluginError> {
+    let (found, _) = opts
+        .scope
+        .rows_per_cluster(
+            inv,
+            "checking for copies",
+            |downstream, client| async move {
+                let obs = observe_cluster(ctx, inv, &downstream.key, &client, None, false).await?;
+                // One entry (the cluster) per such copy.
+                Ok(obs
+                    .copies
+                    .iter()
+                    .filter(|o| hashed_copy_of(&ctx.upstream_id, o))
+                    .map(|_| downstream.display())
+                    .collect::<Vec<_>>())
+            },
+            |_, _| Vec::new(),
+        )
+        .await;
+    if found.is_empty() {
+        return Ok(());
+    }
+    let clusters: BTreeSet<&str> = found.iter().map(String::as_str).collect();
+    Err(PluginError::Upstream(format!(
+        "the hash key Secret {}/{} is missing, but {} copies hashed with it exist on {} cluster(s) ({}); \
+         restore the Secret from a backup (the copies then stay valid), or run propagate with \
+         --new-hash-key to hash every copy anew (rewrites each copy's hash annotation and restamps \
+         the workloads reading it)",
+        names::SYSTEM_NAMESPACE,
+        names::HASH_KEY_SECRET,
+        found.len(),
+        clusters.len(),
+        clusters.into_iter().collect::<Vec<_>>().join(", ")
+    )))
+}
+
+/// A copy of this upstream carrying a content hash (made with some upstream hash key).
+fn hashed_copy_of(upstream_id: &str, o: &helmop_core::plan::ObservedCopy) -> bool {
+    o.labels.get(names::LABEL_MANAGED_BY).map(String::as_str) == Some(names::MANAGER)
+        && o.annotations.contains_key(names::ANN_CONTENT_HASH)
+        && o.annotations
+            .get(names::ANN_SOURCE)
+            .and_then(|s| helmop_core::plan::SourceRef::parse(s))
+            .is_some_and(|s| s.upstream_id == upstream_id)
+}
+
+/// With `--adopt`: the places on the management cluster that must never be adopted, every source
+/// any HelmOp names ([`crate::run::inventory::named_sources`]), when the run reaches that cluster. A
+/// run that cannot tell which cluster is the management cluster (the upstream cluster could not
+/// be identified), or cannot list every HelmOp while it reaches it, adopts nothing.
+async fn never_adopted(
+    ctx: &Ctx,
+    inv: &Inventory,
+) -> Result<Vec<(String, ResourceRef)>, PluginError> {
+    let upstream = match &ctx.upstream_cluster {
+        Ok(key) => key,
+        Err(why) => {
+            return Err(PluginError::Upstream(format!(
+                "--adopt refused: {why}, so helmop cannot tell whether a target is the management cluster, whose sources it must never take over; run without --adopt, or give the upstream credentials that may get namespaces/kube-system"
+            )));
+        }
+    };
+    if !inv
+        .downstreams
+        .iter()
+        .any(|d| d.identity.as_ref() == Some(upstream))
+    {
+        return Ok(Vec::new());
+    }
+    crate::run::inventory::named_sources(ctx).await.map_err(|e| {
+        PluginError::Upstream(format!(
+            "--adopt refused: the run reaches the management cluster, and the sources of every HelmOp there cannot be listed to protect them: {e}"
+        ))
+    })
+}
+
+struct ClusterRun<'a> {
+    ctx: &'a Ctx,
+    opts: &'a PropagateOpts,
+    inv: &'a Inventory,
+    sources: &'a Sources,
+    downstream: &'a Downstream,
+    client: kube::Client,
+    /// What earlier registrations claiming the same cluster identity did this run.
+    same: &'a SameCluster,
+}
+
+/// One of our copies as it stands after the run (or, dry, would stand): its content hash and
+/// the HelmOps wanting it.
+struct CopyState {
+    hash: String,
+    helmops: Vec<String>,
+}
+
+/// The outcome of one action: the row's state and reason, and the content hash the copy has
+/// afterwards (`None` when there is no copy of ours there, or its content is unknown).
+struct Outcome {
+    state: RowState,
+    reason: String,
+    hash: Option<String>,
+}
+
+impl Outcome {
+    fn new(state: RowState, reason: String, hash: Option<&String>) -> Outcome {
+        Outcome {
+            state,
+            reason,
+            hash: hash.cloned(),
+        }
+    }
+
+    fn failed(reason: String) -> Outcome {
+        Outcome::new(RowState::Failed, reason, None)
+    }
+}
+
+impl ClusterRun<'_> {
+    /// Whether an earlier registration claiming this one's cluster identity restamped the
+    /// workload this run (then it is its business: [`crate::run::same_cluster`]).
+    fn restamped_earlier(&self, namespace: &str, workload: &str) -> bool {
+        let identity = self.downstream.identity.as_deref();
+        self.same
+            .restamped_by(identity, namespace, workload)
+            .is_some()
+    }
+
+    async fn run(&self) -> Result<Vec<Row>, PluginError> {
+        let (obs, actions) = observe_and_plan(
+            self.ctx,
+            self.inv,
+            self.sources,
+            self.downstream,
+            &self.client,
+            self.opts.adopt,
+        )
+        .await?;
+        crate::test_pause::pause("after-plan", &self.downstream.display()).await;
+        let mut rows = Vec::new();
+        let mut namespaces = obs.namespaces.clone();
+        // Every copy of ours on this cluster after the run, per namespace: restamps are decided
+        // from this state (not from what this run wrote), so a run killed between its copy
+        // writes and its restamps is repaired by the next one.
+        let mut copies: BTreeMap<String, BTreeMap<ResourceRef, CopyState>> = BTreeMap::new();
+        // Copies this run deleted to recreate and could not create again: their readers are
+        // not restamped (their new pods could not start).
+        let mut lost: BTreeMap<String, BTreeSet<ResourceRef>> = BTreeMap::new();
+        // Copies Fleet's agent makes: their readers are decided from live reads.
+        let mut fleet: BTreeMap<String, BTreeMap<ResourceRef, Vec<String>>> = BTreeMap::new();
+        for action in actions.iter().filter(|a| reported(a)) {
+            if matches!(action.kind, ActionKind::SkipFleetManaged) {
+                fleet.entry(action.namespace.clone()).or_default().insert(
+                    action.resource.clone(),
+                    action.helmops.iter().map(ToString::to_string).collect(),
+                );
+            }
+            let identity = self.downstream.identity.as_deref();
+            let place = (action.namespace.clone(), action.resource.clone());
+            let writes = action.kind.writes();
+            if writes && let Some(done) = self.same.place(identity, &place) {
+                let reason = format!(
+                    "left to {} this run, which claims the same cluster identity",
+                    done.by
+                );
+                rows.push(row(self.downstream, action, done.state, reason));
+                continue;
+            }
+            let out = self.execute(action, &obs, &mut namespaces).await;
+            if out.state == RowState::Lost {
+                lost.entry(action.namespace.clone())
+                    .or_default()
+                    .insert(action.resource.clone());
+            }
+            if writes && out.state != RowState::Failed {
+                let done = Done {
+                    by: self.downstream.display(),
+                    state: out.state,
+                };
+                self.same.wrote(identity, place, done);
+            }
+            if let Some(hash) = out.hash {
+                copies.entry(action.namespace.clone()).or_default().insert(
+                    action.resource.clone(),
+                    CopyState {
+                        hash,
+                        helmops: action.helmops.iter().map(ToString::to_string).collect(),
+                    },
+                );
+            }
+            rows.push(row(self.downstream, action, out.state, out.reason));
+        }
+        crate::test_pause::pause("before-restamp", &self.downstream.display()).await;
+        for (namespace, copies) in &copies {
+            // A namespace this run created (or, dry, would create) held nothing when it was
+            // made: no workload in it can have read a copy before this run wrote them.
+            if matches!(
+                namespaces.get(namespace),
+                Some(NamespaceState::Created | NamespaceState::Absent)
+            ) {
+                continue;
+            }
+            let lost = lost.get(namespace).cloned().unwrap_or_default();
+            rows.extend(self.restamp(namespace, copies, &lost).await);
+        }
+        if !fleet.is_empty() {
+            let key = crate::run::live_stamp::cluster_key(&self.client).await;
+            for (namespace, resources) in &fleet {
+                let restamped: BTreeSet<String> = rows
+                    .iter()
+                    .filter(|r| r.namespace == *namespace)
+                    .filter_map(|r| r.workload.clone())
+                    .collect();
+                let key = key.as_ref().map_err(String::as_str);
+                rows.extend(
+                    self.restamp_fleet_readers(namespace, resources, key, &restamped)
+                        .await,
+                );
+            }
+        }
+        let identity = self.downstream.identity.as_deref();
+        for r in rows.iter().filter(|r| r.state != RowState::Failed) {
+            if let Some(workload) = &r.workload {
+                let by = self.downstream.display();
+                self.same.restamped(identity, &r.namespace, workload, &by);
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Restamps the opted-in workloads of `namespace` reading a copy Fleet's agent makes whose
+    /// stamp is behind what their pods read now (Fleet's agent changed the copy, and Helm's
+    /// unchanged Deployment was no UPDATE). Decided from live reads ([`workloads::live_state`]),
+    /// so a rerun with nothing changed writes nothing; a workload without any stamp is left
+    /// alone (no webhook stamps it: restamping would change nothing, every run).
+    async fn restamp_fleet_readers(
+        &self,
+        namespace: &str,
+        resources: &BTreeMap<ResourceRef, Vec<String>>,
+        key: Result<&helmop_core::hash::HashKey, &str>,
+        skip: &BTreeSet<String>,
+    ) -> Vec<Row> {
+        let found = match workloads::list_opted_in(&self.client, namespace).await {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::debug!(namespace, error = %api_error::describe(&e), "cannot list the readers of Fleet's copies");
+                return Vec::new();
+            }
+        };
+        let mut rows = Vec::new();
+        for w in found {
+            if skip.contains(&w.display()) || self.restamped_earlier(namespace, &w.display()) {
+                continue;
+            }
+            let read: Vec<&ResourceRef> = w
+                .reads
+                .iter()
+                .filter(|r| resources.contains_key(*r))
+                .collect();
+            if read.is_empty() {
+                continue;
+            }
+            match workloads::live_state(&self.client, &w, key).await {
+                workloads::LiveState::Behind => {}
+                workloads::LiveState::Unknown(why) => {
+                    tracing::debug!(workload = %w.display(), namespace, why, "not deciding a reader of Fleet's copies");
+                    continue;
+                }
+                workloads::LiveState::Current
+                | workloads::LiveState::Unstamped
+                | workloads::LiveState::Missing(_) => continue,
+            }
+            let (state, reason) = if self.opts.dry_run {
+                (
+                    RowState::Restamp,
+                    "its stamp is behind what its pods read (Fleet's agent changed the copy)"
+                        .to_owned(),
+                )
+            } else {
+                let value = workloads::fleet_restamp_value(
+                    w.restamp.as_deref(),
+                    k8s_openapi::jiff::Timestamp::now(),
+                );
+                match workloads::restamp(&self.client, &w, &value).await {
+                    Ok(after) => {
+                        self.ctx.record_write();
+                        let what = if after != w.config_hash {
+                            "pod template re-stamped: Fleet's agent changed the copy"
+                        } else {
+                            "pod template stamp unchanged"
+                        };
+                        (RowState::Restamped, what.to_owned())
+                    }
+                    Err(e) => (RowState::Failed, write_error("restamping", &e).to_string()),
+                }
+            };
+            for resource in read {
+                rows.push(Row {
+                    helmops: resources.get(resource).cloned().unwrap_or_default(),
+                    cluster: self.downstream.display(),
+                    namespace: namespace.to_owned(),
+                    kind: resource.kind.as_str().to_owned(),
+                    name: resource.name.clone(),
+                    workload: Some(w.display()),
+                    state,
+                    reason: reason.clone(),
+                    in_sync: None,
+                    fleet_copy: None,
+                });
+            }
+        }
+        rows
+    }
+
+    /// The destination namespace's state, read once per run and cluster (observation may have
+    /// read it already).
+    async fn namespace(
+        &self,
+        namespace: &str,
+        known: &mut BTreeMap<String, NamespaceState>,
+    ) -> Result<NamespaceState, PluginError> {
+        if let Some(s) = known.get(namespace) {
+            return Ok(*s);
+        }
+        let s = observe::namespace_state(&self.client, namespace)
+            .await
+            .map_err(|e| write_error("reading the namespace", &e))?;
+        known.insert(namespace.to_string(), s);
+        Ok(s)
+    }
+
+    /// Makes sure a new object can be created in `namespace`: creates the namespace when
+    /// absent (not when dry), refuses a terminating one. Returns the note for the reason.
+    async fn prepare_namespace(
+        &self,
+        namespace: &str,
+        known: &mut BTreeMap<String, NamespaceState>,
+    ) -> Result<Option<String>, PluginError> {
+        match self.namespace(namespace, known).await? {
+            NamespaceState::Active | NamespaceState::Created | NamespaceState::Unreadable => {
+                Ok(None)
+            }
+            NamespaceState::Terminating => Err(PluginError::NamespaceTerminating {
+                namespace: namespace.to_owned(),
+            }),
+            NamespaceState::Absent => {
+                let (meta, disputed) = self.inv.namespace_metadata(&self.downstream.key, namespace);
+                if !self.opts.dry_run {
+                    let created = apply::create_namespace(self.ctx, &self.client, namespace, &meta)
+                        .await
+                        .map_err(|e| write_error("creating the namespace", &e))?;
+                    let state = if created {
+                        NamespaceState::Created
+                    } else {
+                        NamespaceState::Active
+                    };
+                    known.insert(namespace.to_string(), state);
+                }
+                Ok(Some(namespace_note(namespace, &meta, &disputed)))
+            }
+        }
+    }
+
+    /// Carries out one action. A dry run decides exactly as the real run does (the same
+    /// checks, the same reasons) and only skips the writes; its states are the real ones in
+    /// the future tense (`Create` for `Created`).
+    async fn execute(
+        &self,
+        action: &Action,
+        obs: &Observation,
+        namespaces: &mut BTreeMap<String, NamespaceState>,
+    ) -> Outcome {
+        let dry = self.opts.dry_run;
+        let observed_hash = obs
+            .get(&action.namespace, &action.resource)
+            .and_then(|o| o.annotations.get(names::ANN_CONTENT_HASH));
+        match &action.kind {
+            ActionKind::Create { source, meta } => {
+                let hash = meta.annotations.get(names::ANN_CONTENT_HASH);
+                let Some(data) = self.sources.get(&source.namespace, &source.resource) else {
+                    return Outcome::failed("source vanished while planning".into());
+                };
+                let note = match self.prepare_namespace(&action.namespace, namespaces).await {
+                    Ok(n) => n,
+                    Err(reason) => return Outcome::failed(reason.to_string()),
+                };
+                let reason = with_note(action.reason(), note);
+                if dry {
+                    return Outcome::new(RowState::Create, reason, hash);
+                }
+                self.create(data, action, meta, reason, hash).await
+            }
+            ActionKind::Update {
+                source, uid, meta, ..
+            } => {
+                let hash = meta.annotations.get(names::ANN_CONTENT_HASH);
+                if dry {
+                    return Outcome::new(RowState::Update, action.reason(), hash);
+                }
+                let Some(data) = self.sources.get(&source.namespace, &source.resource) else {
+                    return Outcome::failed("source vanished while planning".into());
+                };
+                let version = obs
+                    .version(&action.namespace, &action.resource)
+                    .unwrap_or_default();
+                let w = apply::Write {
+                    source: data,
+                    namespace: &action.namespace,
+                    meta,
+                    guard: Some((uid, version)),
+                };
+                match apply::write_copy(self.ctx, &self.client, &w).await {
+                    Ok(()) => Outcome::new(RowState::Updated, action.reason(), hash),
+                    Err(e) => Outcome::failed(write_error("applying the copy", &e).to_string()),
+                }
+            }
+            ActionKind::Recreate {
+                source,
+                uid,
+                resource_version,
+                meta,
+                ..
+            } => {
+                let hash = meta.annotations.get(names::ANN_CONTENT_HASH);
+                let Some(data) = self.sources.get(&source.namespace, &source.resource) else {
+                    return Outcome::failed("source vanished while planning".into());
+                };
+                // Deleting first and then finding the namespace refuses the new object would
+                // lose the copy: check before.
+                if let Err(reason) = self.prepare_namespace(&action.namespace, namespaces).await {
+                    return Outcome::failed(reason.to_string());
+                }
+                if dry {
+                    return Outcome::new(RowState::Recreate, action.reason(), hash);
+                }
+                let job = recreate::Job {
+                    ctx: self.ctx.clone(),
+                    client: self.client.clone(),
+                    source: data.clone(),
+                    namespace: action.namespace.clone(),
+                    resource: action.resource.clone(),
+                    uid: uid.clone(),
+                    version: resource_version.clone(),
+                    meta: meta.clone(),
+                };
+                match recreate::run(job).await {
+                    recreate::Recreated::Done => {
+                        Outcome::new(RowState::Recreated, action.reason(), hash)
+                    }
+                    recreate::Recreated::NotDeleted(e) => Outcome::failed(
+                        write_error("deleting the copy to recreate it", &e).to_string(),
+                    ),
+                    recreate::Recreated::Lost(why) => Outcome::new(
+                        RowState::Lost,
+                        format!(
+                            "deleted to be recreated, now missing: creating it again was refused {} times, last: {why}; the next run creates it",
+                            recreate::ATTEMPTS
+                        ),
+                        None,
+                    ),
+                }
+            }
+            ActionKind::Unchanged => {
+                Outcome::new(RowState::Unchanged, action.reason(), observed_hash)
+            }
+            ActionKind::Conflict(_) => Outcome::new(RowState::Conflict, action.reason(), None),
+            ActionKind::SkipFleetManaged => {
+                Outcome::new(RowState::FleetManaged, action.reason(), None)
+            }
+            ActionKind::SourceMissing => {
+                Outcome::new(RowState::SourceMissing, action.reason(), None)
+            }
+            ActionKind::Prune { .. } | ActionKind::RemoveOwner { .. } => Outcome::new(
+                RowState::Orphaned,
+                format!("{}; `kubectl helmop prune` removes it", action.reason()),
+                None,
+            ),
+            ActionKind::Keep { .. } | ActionKind::Handover { .. } => {
+                Outcome::new(RowState::Kept, action.reason(), None)
+            }
+            ActionKind::Orphaned(_) => Outcome::new(RowState::Orphaned, action.reason(), None),
+            // Frozen: never written, and no hash, so its readers are not restamped either.
+            ActionKind::Held { why, .. } => Outcome::new(why.state(), action.reason(), None),
+        }
+    }
+
+    /// Creates a copy (POST). An object that appeared since observation is left untouched.
+    async fn create(
+        &self,
+        data: &SourceData,
+        action: &Action,
+        meta: &helmop_core::plan::CopyMeta,
+        reason: String,
+        hash: Option<&String>,
+    ) -> Outcome {
+        match apply::create_copy(self.ctx, &self.client, data, &action.namespace, meta).await {
+            Ok(()) => Outcome::new(RowState::Created, reason, hash),
+            Err(e)
+                if api_error::is_conflict(&e)
+                    && apply::own_terminating(
+                        &self.client,
+                        &self.ctx.upstream_id,
+                        &action.namespace,
+                        &action.resource,
+                    )
+                    .await
+                    .is_some() =>
+            {
+                Outcome::failed(
+                    "helmop's earlier copy of this name is still being deleted (a finalizer holds it); tried again on the next run".into(),
+                )
+            }
+            Err(e) if api_error::is_conflict(&e) => Outcome::new(
+                RowState::Conflict,
+                "an object of this name appeared after the cluster was read; it was left untouched, run again to see whose it is".into(),
+                None,
+            ),
+            Err(e) => Outcome::failed(write_error("creating the copy", &e).to_string()),
+        }
+    }
+
+    /// Restamps the opted-in workloads of `namespace` reading one of our copies whose restamp
+    /// record (`helmop.dev/restamp`) does not list the content those copies have now.
+    async fn restamp(
+        &self,
+        namespace: &str,
+        copies: &BTreeMap<ResourceRef, CopyState>,
+        lost: &BTreeSet<ResourceRef>,
+    ) -> Vec<Row> {
+        let base = |kind: &str, name: &str, state: RowState, reason: String| Row {
+            helmops: Vec::new(),
+            cluster: self.downstream.display(),
+            namespace: namespace.to_string(),
+            kind: kind.to_string(),
+            name: name.to_string(),
+            workload: None,
+            state,
+            reason,
+            in_sync: None,
+            fleet_copy: None,
+        };
+        let found = match workloads::list_opted_in(&self.client, namespace).await {
+            Ok(w) => w,
+            Err(e) => {
+                let reason = format!(
+                    "cannot list workloads to restamp: {}",
+                    api_error::describe(&e)
+                );
+                return vec![base("", "", RowState::Failed, reason)];
+            }
+        };
+        let hashes: BTreeMap<ResourceRef, String> = copies
+            .iter()
+            .map(|(r, c)| (r.clone(), c.hash.clone()))
+            .collect();
+        let mut rows = Vec::new();
+        for w in found {
+            if self.restamped_earlier(namespace, &w.display()) {
+                continue;
+            }
+            if let Some(missing) = w.reads.iter().find(|r| lost.contains(*r)) {
+                tracing::warn!(workload = %w.display(), namespace, copy = %missing, "not restamped: it reads a copy this run left missing");
+                continue;
+            }
+            let Some(due) = workloads::restamp_due(&w, &hashes) else {
+                continue;
+            };
+            let (state, reason) = if self.opts.dry_run {
+                (RowState::Restamp, due.reason.clone())
+            } else {
+                match workloads::restamp(&self.client, &w, &due.value).await {
+                    Ok(after) => {
+                        self.ctx.record_write();
+                        let stamp = if after.is_none() {
+                            format!(
+                                "no {} in the pod template: is the helmop webhook installed here?",
+                                names::ANN_CONFIG_HASH
+                            )
+                        } else if after != w.config_hash {
+                            "pod template re-stamped".to_string()
+                        } else {
+                            "pod template stamp unchanged".to_string()
+                        };
+                        (RowState::Restamped, stamp)
+                    }
+                    Err(e) => (RowState::Failed, write_error("restamping", &e).to_string()),
+                }
+            };
+            for resource in &due.copies {
+                let mut r = base(
+                    resource.kind.as_str(),
+                    &resource.name,
+                    state,
+                    reason.clone(),
+                );
+                r.helmops = copies
+                    .get(resource)
+                    .map(|c| c.helmops.clone())
+                    .unwrap_or_default();
+                r.workload = Some(w.display());
+                rows.push(r);
+            }
+        }
+        rows
+    }
+}
+
+/// What creating `namespace` does, the same words for `--dry-run` and the real run: e.g.
+/// `creates namespace shop with labels team=a and annotations note=x; leaves label k unset
+/// (the HelmOps wanting copies there disagree)`.
+fn namespace_note(
+    namespace: &str,
+    meta: &helmop_core::targeting::NamespaceMetadata,
+    disputed: &[String],
+) -> String {
+    let pairs = |m: &BTreeMap<String, String>| {
+        m.iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut with = Vec::new();
+    if !meta.labels.is_empty() {
+        with.push(format!("labels {}", pairs(&meta.labels)));
+    }
+    if !meta.annotations.is_empty() {
+        with.push(format!("annotations {}", pairs(&meta.annotations)));
+    }
+    let mut note = format!("creates namespace {namespace}");
+    if !with.is_empty() {
+        note.push_str(&format!(" with {}", with.join(" and ")));
+    }
+    if !disputed.is_empty() {
+        note.push_str(&format!(
+            "; leaves {} unset (the HelmOps wanting copies there disagree)",
+            disputed.join(", ")
+        ));
+    }
+    note
+}
+
+/// `reason` with a note appended (`; note`).
+fn with_note(reason: String, note: Option<String>) -> String {
+    match note {
+        Some(n) => format!("{reason}; {n}"),
+        None => reason,
+    }
+}
+
+fn write_error(what: &'static str, e: &kube::Error) -> PluginError {
+    PluginError::Write {
+        what,
+        changed: api_error::is_conflict(e),
+        reason: api_error::describe(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::run::inventory::Selection;
+
+    use super::*;
+
+    fn report(states: &[RowState], unreachable: usize, problems: usize) -> Report {
+        Report {
+            upstream_id: "up-1".into(),
+            dry_run: false,
+            hash_key: KeyOrigin::Existing,
+            rows: Vec::new(),
+            problems: (0..problems)
+                .map(|i| Problem {
+                    helmop: format!("ns/op{i}"),
+                    message: "bad selector".into(),
+                })
+                .collect(),
+            rejected: Vec::new(),
+            summary: Summary {
+                unreachable_clusters: unreachable,
+                states: states.iter().map(|s| (*s, 1)).collect(),
+                ..Summary::default()
+            },
+            namespaces: BTreeSet::new(),
+            helmop_refs: BTreeMap::new(),
+            clusters: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(
+            report(
+                &[
+                    RowState::Created,
+                    RowState::Unchanged,
+                    RowState::FleetManaged,
+                    RowState::Kept
+                ],
+                0,
+                0
+            )
+            .exit_status(),
+            ExitStatus::Ok
+        );
+        assert_eq!(
+            report(&[RowState::Created, RowState::Conflict], 0, 0).exit_status(),
+            ExitStatus::Invalid
+        );
+        assert_eq!(
+            report(&[RowState::SourceMissing], 0, 0).exit_status(),
+            ExitStatus::Invalid
+        );
+        assert_eq!(
+            report(&[RowState::Created], 0, 1).exit_status(),
+            ExitStatus::Invalid
+        );
+        assert_eq!(
+            report(&[RowState::Created, RowState::Conflict], 1, 0).exit_status(),
+            ExitStatus::Partial
+        );
+        assert_eq!(
+            report(&[RowState::Failed], 0, 0).exit_status(),
+            ExitStatus::Partial
+        );
+    }
+
+    #[test]
+    fn uncopyable_kinds_get_a_row_each() {
+        use helmop_core::model::{BundleTarget, DownstreamResource, HelmOp, HelmOpSpec};
+        let spec = HelmOpSpec {
+            downstream_resources: Some(vec![
+                DownstreamResource::new("Service", "web"),
+                DownstreamResource::new("secret", "db"),
+            ]),
+            targets: Some(vec![BundleTarget {
+                downstream_resources: Some(vec![
+                    DownstreamResource::new("service", "web"),
+                    DownstreamResource::new("", "blank"),
+                ]),
+                ..BundleTarget::default()
+            }]),
+            ..HelmOpSpec::default()
+        };
+        let inv = Inventory {
+            selection: Selection::All,
+            helmops: vec![HelmOp::new("team", "app", spec)],
+            downstreams: Vec::new(),
+            desired: Vec::new(),
+            problems: Vec::new(),
+            holds: Default::default(),
+            rejected: Vec::new(),
+            identities: BTreeMap::new(),
+            unserved: Vec::new(),
+            target_contexts: Vec::new(),
+            named_sources: Vec::new(),
+        };
+        let rows = uncopyable_rows(&inv);
+        let got: Vec<(&str, &str, &str)> = rows
+            .iter()
+            .map(|r| (r.kind.as_str(), r.name.as_str(), r.state.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [("Service", "web", "Invalid"), ("", "blank", "Invalid")]
+        );
+        assert_eq!(rows[0].helmops, ["team/app"]);
+        assert!(rows[0].reason.contains("only Secret and ConfigMap"));
+        let mut r = report(&[RowState::Created, RowState::Invalid], 0, 0);
+        r.rows = rows;
+        assert_eq!(r.exit_status(), ExitStatus::Invalid);
+    }
+}

@@ -1,0 +1,471 @@
+//! `status`: per HelmOp x cluster x resource, where things stand - from hashes and markers, never
+//! by reading a copy's data (the one exception: a Fleet-managed copy has no helmop markers, so it
+//! is read and hashed in memory to compare it with the source; nothing of it is shown).
+//! Plus, per opted-in workload reading one of the copies, whether its stamp is current
+//! (`RolloutPending` or `Current`, rule in [`crate::run::workloads`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use helmop_core::fleet_copy::{self, Lookup};
+use helmop_core::hash::{HashKey, ObjectData, content_hash};
+use helmop_core::names;
+use helmop_core::plan::{Action, ActionKind, UpdateReason};
+use helmop_core::resource::{ResourceKind, ResourceRef};
+use helmop_core::state::RowState;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, ListParams};
+use serde::Serialize;
+
+use crate::cluster::api_error;
+use crate::cluster::clusters::Downstream;
+use crate::cluster::context::Ctx;
+use crate::error::{ExitStatus, PluginError};
+use crate::output::report::{self, Row};
+use crate::run::hash_key::KeyOrigin;
+use crate::run::inventory::{Inventory, Problem};
+use crate::run::plan::{
+    load_key, observe_and_plan, problem_rows, reported, row, uncopyable_rows, unreachable_rows,
+};
+use crate::run::scope::Scope;
+use crate::run::sources::{self, Sources};
+use crate::run::workloads;
+
+#[derive(Clone, Debug)]
+pub struct StatusOpts {
+    pub scope: Scope,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusReport {
+    pub upstream_id: String,
+    /// `ephemeral` when the upstream has no hash key: then no copy can be confirmed in sync.
+    pub hash_key: KeyOrigin,
+    pub rows: Vec<Row>,
+    pub problems: Vec<Problem>,
+    /// HelmOps Fleet's controller rejects (their copies are left as they are).
+    pub rejected: Vec<Problem>,
+    /// Rows per state.
+    pub summary: BTreeMap<RowState, usize>,
+    pub unreachable_clusters: usize,
+}
+
+impl StatusReport {
+    /// 2 when a cluster could not be read, 1 when a HelmOp's targets are invalid, else 0
+    /// (being out of sync is a state to report, not a failure of `status`).
+    pub fn exit_status(&self) -> ExitStatus {
+        if self.unreachable_clusters > 0 {
+            ExitStatus::Partial
+        } else if !self.problems.is_empty() || self.summary.contains_key(&RowState::Invalid) {
+            ExitStatus::Invalid
+        } else {
+            ExitStatus::Ok
+        }
+    }
+}
+
+/// Builds the status report (reads only).
+pub async fn status(ctx: &Ctx, opts: &StatusOpts) -> Result<StatusReport, PluginError> {
+    let (key, origin) = load_key(ctx, false).await?;
+    let inv = opts.scope.inventory(ctx, false).await?;
+    let sources = sources::fetch(ctx, &inv.desired, &key).await?;
+    let (mut rows, unreachable) =
+        opts.scope
+            .rows_per_cluster(
+                &inv,
+                "status",
+                |downstream, client| {
+                    let (inv, sources, key) = (&inv, &sources, &key);
+                    async move {
+                        cluster_status(ctx, inv, sources, key, downstream, client, origin).await
+                    }
+                },
+                |downstream, reason| unreachable_rows(&inv, downstream, reason),
+            )
+            .await;
+    rows.extend(problem_rows(&inv.problems));
+    rows.extend(problem_rows(&inv.rejected));
+    rows.extend(uncopyable_rows(&inv));
+    judge_fleet_copies(ctx, &inv, &mut rows).await;
+    report::sort(&mut rows);
+    Ok(StatusReport {
+        upstream_id: ctx.upstream_id.clone(),
+        hash_key: origin,
+        summary: report::counts(&rows),
+        rows,
+        problems: inv.problems.clone(),
+        rejected: inv.rejected.clone(),
+        unreachable_clusters: unreachable,
+    })
+}
+
+/// The state `status` reports for a planned action.
+pub fn state_of(action: &Action) -> RowState {
+    match &action.kind {
+        ActionKind::Create { .. } => RowState::Missing,
+        ActionKind::Update { reasons, .. } | ActionKind::Recreate { reasons, .. }
+            if reasons.contains(&UpdateReason::Drifted) =>
+        {
+            RowState::Drifted
+        }
+        ActionKind::Update { .. } | ActionKind::Recreate { .. } => RowState::Stale,
+        ActionKind::Unchanged => RowState::Synced,
+        ActionKind::Conflict(_) => RowState::Conflict,
+        ActionKind::SkipFleetManaged => RowState::FleetManaged,
+        ActionKind::SourceMissing => RowState::SourceMissing,
+        ActionKind::Prune { .. } | ActionKind::RemoveOwner { .. } | ActionKind::Orphaned(_) => {
+            RowState::Orphaned
+        }
+        ActionKind::Keep { .. } | ActionKind::Handover { .. } => RowState::Kept,
+        ActionKind::Held { why, .. } => why.state(),
+    }
+}
+
+async fn cluster_status(
+    ctx: &Ctx,
+    inv: &Inventory,
+    sources: &Sources,
+    key: &HashKey,
+    downstream: &Downstream,
+    client: kube::Client,
+    origin: KeyOrigin,
+) -> Result<Vec<Row>, PluginError> {
+    let (obs, actions) = observe_and_plan(ctx, inv, sources, downstream, &client, false).await?;
+    let mut rows = Vec::new();
+    // Our copies in sync or stale, per namespace: resource -> (content hash, HelmOps).
+    let mut copies: BTreeMap<String, BTreeMap<ResourceRef, (String, Vec<String>)>> =
+        BTreeMap::new();
+    // Copies Fleet's agent makes, per namespace: resource -> HelmOps.
+    let mut fleet: BTreeMap<String, BTreeMap<ResourceRef, Vec<String>>> = BTreeMap::new();
+    for action in actions.iter().filter(|a| reported(a)) {
+        let state = state_of(action);
+        let mut reason = match &action.kind {
+            ActionKind::Create { .. } => "no copy yet; run `kubectl helmop propagate`".into(),
+            ActionKind::Update { .. } | ActionKind::Recreate { .. } => {
+                format!("{}; run `kubectl helmop propagate`", action.reason())
+            }
+            ActionKind::Prune { .. } | ActionKind::RemoveOwner { .. } => {
+                format!("{}; `kubectl helmop prune` removes it", action.reason())
+            }
+            _ => action.reason(),
+        };
+        if origin == KeyOrigin::Ephemeral
+            && matches!(
+                action.kind,
+                ActionKind::Update { .. } | ActionKind::Recreate { .. }
+            )
+        {
+            reason.push_str(&format!(
+                " (the upstream has no hash key {}/{}, so no copy can be confirmed)",
+                names::SYSTEM_NAMESPACE,
+                names::HASH_KEY_SECRET
+            ));
+        }
+        let mut r = row(downstream, action, state, reason);
+        if matches!(action.kind, ActionKind::SkipFleetManaged) {
+            let (in_sync, why) = fleet_copy_in_sync(&client, sources, key, action).await;
+            r.in_sync = in_sync;
+            r.reason = format!("{}; {why}", r.reason);
+            fleet
+                .entry(action.namespace.clone())
+                .or_default()
+                .insert(action.resource.clone(), r.helmops.clone());
+        }
+        if matches!(
+            state,
+            RowState::Synced | RowState::Stale | RowState::Drifted
+        ) && let Some(hash) = obs
+            .get(&action.namespace, &action.resource)
+            .and_then(|o| o.annotations.get(names::ANN_CONTENT_HASH))
+        {
+            copies
+                .entry(action.namespace.clone())
+                .or_default()
+                .insert(action.resource.clone(), (hash.clone(), r.helmops.clone()));
+        }
+        rows.push(r);
+    }
+    for (namespace, copies) in &copies {
+        let found = workloads::list_opted_in(&client, namespace)
+            .await
+            .map_err(|e| PluginError::ListWorkloads {
+                namespace: namespace.clone(),
+                reason: api_error::describe(&e),
+            })?;
+        for w in found {
+            for resource in w.reads.iter().filter(|r| copies.contains_key(*r)) {
+                let Some((hash, helmops)) = copies.get(resource) else {
+                    continue;
+                };
+                let (pending, reason) = workloads::stamp_pending(&w, resource, hash);
+                rows.push(Row {
+                    helmops: helmops.clone(),
+                    cluster: downstream.display(),
+                    namespace: namespace.clone(),
+                    kind: resource.kind.as_str().into(),
+                    name: resource.name.clone(),
+                    workload: Some(w.display()),
+                    state: if pending {
+                        RowState::RolloutPending
+                    } else {
+                        RowState::Current
+                    },
+                    reason,
+                    in_sync: None,
+                    fleet_copy: None,
+                });
+            }
+        }
+    }
+    rows.extend(fleet_readers(&client, downstream, &fleet).await?);
+    Ok(rows)
+}
+
+/// One row per opted-in workload reading a copy Fleet's agent makes, and copy: `Current` when its
+/// stamp is what the webhook would write now, `RolloutPending` when not (read live, see
+/// [`workloads::LiveState`]), `Failed` when that cannot be told.
+async fn fleet_readers(
+    client: &kube::Client,
+    downstream: &Downstream,
+    fleet: &BTreeMap<String, BTreeMap<ResourceRef, Vec<String>>>,
+) -> Result<Vec<Row>, PluginError> {
+    let mut rows = Vec::new();
+    if fleet.is_empty() {
+        return Ok(rows);
+    }
+    let key = crate::run::live_stamp::cluster_key(client).await;
+    for (namespace, resources) in fleet {
+        let found = workloads::list_opted_in(client, namespace)
+            .await
+            .map_err(|e| PluginError::ListWorkloads {
+                namespace: namespace.clone(),
+                reason: api_error::describe(&e),
+            })?;
+        for w in found {
+            let read: Vec<&ResourceRef> = w
+                .reads
+                .iter()
+                .filter(|r| resources.contains_key(*r))
+                .collect();
+            if read.is_empty() {
+                continue;
+            }
+            let live =
+                workloads::live_state(client, &w, key.as_ref().map_err(String::as_str)).await;
+            let (state, reason) = match live {
+                workloads::LiveState::Current => (
+                    RowState::Current,
+                    "stamped for what its pods read now".to_owned(),
+                ),
+                workloads::LiveState::Behind => (
+                    RowState::RolloutPending,
+                    "its stamp is behind what its pods read (the copy changed since it was stamped); the rollout watcher, `kubectl helmop propagate` or `kubectl helmop rollout` restamps it".to_owned(),
+                ),
+                workloads::LiveState::Unstamped => (
+                    RowState::RolloutPending,
+                    format!(
+                        "the pod template has no {}: is the helmop webhook installed in this cluster?",
+                        names::ANN_CONFIG_HASH
+                    ),
+                ),
+                workloads::LiveState::Missing(missing) => (
+                    RowState::RolloutPending,
+                    format!(
+                        "behind what its pods read, but it requires {}, which does not exist: it is restamped once that exists",
+                        missing.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                    ),
+                ),
+                workloads::LiveState::Unknown(why) => {
+                    (RowState::Failed, format!("cannot check its stamp: {why}"))
+                }
+            };
+            for resource in read {
+                rows.push(Row {
+                    helmops: resources.get(resource).cloned().unwrap_or_default(),
+                    cluster: downstream.display(),
+                    namespace: namespace.clone(),
+                    kind: resource.kind.as_str().into(),
+                    name: resource.name.clone(),
+                    workload: Some(w.display()),
+                    state,
+                    reason: reason.clone(),
+                    in_sync: None,
+                    fleet_copy: None,
+                });
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// Says, per `FleetManaged` row, whether Fleet's agent has copied the latest content, from the
+/// HelmOp's BundleDeployment for that cluster and its `Accepted` condition upstream (rule in
+/// [`fleet_copy`]). One list of BundleDeployments per HelmOp, only when it has such rows.
+async fn judge_fleet_copies(ctx: &Ctx, inv: &Inventory, rows: &mut [Row]) {
+    let mut listed: BTreeMap<String, Result<Vec<serde_json::Value>, PluginError>> = BTreeMap::new();
+    for r in rows
+        .iter_mut()
+        .filter(|r| r.state == RowState::FleetManaged && r.workload.is_none())
+    {
+        let Some(key) = r.helmops.first().cloned() else {
+            continue;
+        };
+        let Some((namespace, name)) = key.split_once('/') else {
+            continue;
+        };
+        if !listed.contains_key(&key) {
+            let bds = bundle_deployments(ctx, namespace, name).await;
+            listed.insert(key.clone(), bds);
+        }
+        let clusters: Vec<&str> = r.cluster.split(',').collect();
+        let lookup = match listed.get(&key) {
+            Some(Ok(bds)) => fleet_copy::find(bds, &clusters),
+            Some(Err(why)) => Lookup::Failed(why.to_string()),
+            None => continue,
+        };
+        let rejected = inv
+            .helmops
+            .iter()
+            .find(|h| {
+                h.metadata.namespace.as_deref() == Some(namespace)
+                    && h.metadata.name.as_deref() == Some(name)
+            })
+            .and_then(|h| fleet_copy::rejection(h.status.as_ref()));
+        let (verdict, why) = fleet_copy::verdict(&lookup, rejected.as_deref(), r.in_sync);
+        tracing::debug!(helmop = %key, cluster = %r.cluster, resource = %r.resource(), verdict = verdict.as_str(), "fleet copy");
+        r.fleet_copy = Some(verdict);
+        r.reason = format!("{why}; {}", r.reason);
+    }
+}
+
+/// The BundleDeployments of HelmOp `namespace/name` (labelled with its Bundle, which Fleet names
+/// after the HelmOp), in every cluster namespace, as JSON.
+async fn bundle_deployments(
+    ctx: &Ctx,
+    namespace: &str,
+    name: &str,
+) -> Result<Vec<serde_json::Value>, PluginError> {
+    let resource = ApiResource {
+        group: "fleet.cattle.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "fleet.cattle.io/v1alpha1".into(),
+        kind: "BundleDeployment".into(),
+        plural: "bundledeployments".into(),
+    };
+    let api: Api<DynamicObject> = Api::all_with(ctx.upstream.clone(), &resource);
+    let selector = format!(
+        "{}={namespace},{}={name}",
+        fleet_copy::BD_BUNDLE_NAMESPACE_LABEL,
+        fleet_copy::BD_BUNDLE_NAME_LABEL
+    );
+    let list = api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(|e| PluginError::Api {
+            reason: api_error::describe(&e),
+        })?;
+    list.items
+        .iter()
+        .map(|o| {
+            serde_json::to_value(o).map_err(|e| PluginError::ReadBundleDeployment(Arc::new(e)))
+        })
+        .collect()
+}
+
+/// Reads a Fleet-managed copy and compares its content hash (upstream key, in memory) with the
+/// source's. Nothing of the data is kept or shown.
+async fn fleet_copy_in_sync(
+    client: &kube::Client,
+    sources: &Sources,
+    key: &HashKey,
+    action: &Action,
+) -> (Option<bool>, String) {
+    let Some(helmop) = action.helmops.first() else {
+        return (None, "no HelmOp to compare with".into());
+    };
+    let Some(source) = sources.get(&helmop.namespace, &action.resource) else {
+        return (None, "the source is missing upstream".into());
+    };
+    let want = source.content_hash(key);
+    let name = &action.resource.name;
+    let have = match action.resource.kind {
+        ResourceKind::Secret => Api::<Secret>::namespaced(client.clone(), &action.namespace)
+            .get_opt(name)
+            .await
+            .map(|o| o.map(|s| content_hash(key, ResourceKind::Secret, &ObjectData::from(&s)))),
+        ResourceKind::ConfigMap => Api::<ConfigMap>::namespaced(client.clone(), &action.namespace)
+            .get_opt(name)
+            .await
+            .map(|o| o.map(|c| content_hash(key, ResourceKind::ConfigMap, &ObjectData::from(&c)))),
+    };
+    match have {
+        Ok(Some(h)) if h == want => (Some(true), "Fleet's copy matches the source".into()),
+        Ok(Some(_)) => (Some(false), "Fleet's copy differs from the source".into()),
+        Ok(None) => (None, "Fleet's copy is gone".into()),
+        Err(e) => (
+            None,
+            format!("cannot read Fleet's copy: {}", api_error::describe(&e)),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use helmop_core::plan::{ConflictReason, HelmOpKey, OrphanReason};
+
+    use super::*;
+
+    fn action(kind: ActionKind) -> Action {
+        Action {
+            cluster: "c".into(),
+            namespace: "apps".into(),
+            resource: ResourceRef::secret("db"),
+            helmops: vec![HelmOpKey::new("team", "app")],
+            kind,
+        }
+    }
+
+    #[test]
+    fn states_follow_the_plan() {
+        let cases = [
+            (ActionKind::Unchanged, "Synced"),
+            (
+                ActionKind::Update {
+                    source: helmop_core::plan::SourceRef::new(
+                        "u",
+                        "team",
+                        ResourceRef::secret("db"),
+                    ),
+                    uid: "u".into(),
+                    meta: Default::default(),
+                    reasons: vec![UpdateReason::ContentChanged, UpdateReason::Drifted],
+                },
+                "Drifted",
+            ),
+            (ActionKind::Conflict(ConflictReason::NotManaged), "Conflict"),
+            (ActionKind::SkipFleetManaged, "FleetManaged"),
+            (ActionKind::SourceMissing, "SourceMissing"),
+            (ActionKind::Prune { uid: "u".into() }, "Orphaned"),
+            (
+                ActionKind::RemoveOwner {
+                    uid: "u".into(),
+                    owners: "x".into(),
+                },
+                "Orphaned",
+            ),
+            (ActionKind::Orphaned(OrphanReason::NoOwners), "Orphaned"),
+            (
+                ActionKind::Keep {
+                    uid: "u".into(),
+                    rewrite: false,
+                },
+                "Kept",
+            ),
+        ];
+        for (kind, want) in cases {
+            assert_eq!(state_of(&action(kind.clone())).as_str(), want, "{kind:?}");
+        }
+    }
+}
