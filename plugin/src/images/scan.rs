@@ -271,7 +271,7 @@ mod tests {
                 name: Some("apps".into()),
                 labels: Some(BTreeMap::from([(
                     helmop_core::names::LABEL_ROLLOUT_ON_CHANGE.to_owned(),
-                    "true".to_owned(),
+                    "enabled".to_owned(),
                 )])),
                 annotations: annotated(namespace_mode),
                 ..ObjectMeta::default()
