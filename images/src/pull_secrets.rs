@@ -30,17 +30,23 @@ pub enum PullSecretProblem {
 /// must not turn one admission into thousands of GETs.
 pub const MAX_PULL_SECRETS: usize = 16;
 
-/// Where pull secrets are read from: the API server directly (`kube::Client`, the plugin), or the
-/// webhook's bounded, counted live reads.
-pub trait SecretSource: Send + Sync {
+/// Where a pod's pull secrets, and the ServiceAccount that names more of them, are read from: the API
+/// server directly (`kube::Client`, the plugin), or the webhook's bounded, counted live reads.
+pub trait PullSecretSource: Send + Sync {
     fn secret<'a>(
         &'a self,
         namespace: &'a str,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<Secret>, kube::Error>>;
+
+    fn service_account<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ServiceAccount>, kube::Error>>;
 }
 
-impl SecretSource for kube::Client {
+impl PullSecretSource for kube::Client {
     fn secret<'a>(
         &'a self,
         namespace: &'a str,
@@ -48,6 +54,18 @@ impl SecretSource for kube::Client {
     ) -> BoxFuture<'a, Result<Option<Secret>, kube::Error>> {
         Box::pin(async move {
             Api::<Secret>::namespaced(self.clone(), namespace)
+                .get_opt(name)
+                .await
+        })
+    }
+
+    fn service_account<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ServiceAccount>, kube::Error>> {
+        Box::pin(async move {
+            Api::<ServiceAccount>::namespaced(self.clone(), namespace)
                 .get_opt(name)
                 .await
         })
@@ -82,8 +100,7 @@ impl fmt::Display for PullSecretProblem {
 /// exist are skipped silently (the kubelet would not find them either); other trouble is a problem.
 /// At most [`MAX_PULL_SECRETS`] distinct Secrets are read, through `secrets`.
 pub async fn read_pull_secrets(
-    client: &kube::Client,
-    secrets: &dyn SecretSource,
+    source: &dyn PullSecretSource,
     namespace: &str,
     spec: &Value,
 ) -> (Vec<PullSecret>, Vec<PullSecretProblem>) {
@@ -91,10 +108,7 @@ pub async fn read_pull_secrets(
     let mut names = secret_names(spec.get("imagePullSecrets"));
     let mut seen: HashSet<String> = names.iter().cloned().collect();
     let account = service_account(spec);
-    match Api::<ServiceAccount>::namespaced(client.clone(), namespace)
-        .get_opt(account)
-        .await
-    {
+    match source.service_account(namespace, account).await {
         Ok(Some(sa)) => {
             for s in sa.image_pull_secrets.into_iter().flatten() {
                 if !s.name.is_empty() && seen.insert(s.name.clone()) {
@@ -112,7 +126,7 @@ pub async fn read_pull_secrets(
         problems.push(PullSecretProblem::TooMany { total: names.len() });
         names.truncate(MAX_PULL_SECRETS);
     }
-    let reads = names.iter().map(|name| secrets.secret(namespace, name));
+    let reads = names.iter().map(|name| source.secret(namespace, name));
     let mut out = Vec::new();
     for (name, result) in names.iter().zip(join_all(reads).await) {
         match result {

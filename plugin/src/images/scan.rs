@@ -66,8 +66,7 @@ pub async fn scan(
     let targets = list(client, namespace, tags).await?;
     let secrets: Vec<(Vec<PullSecret>, Vec<String>)> = stream::iter(&targets)
         .map(|t| async move {
-            let (secrets, problems) =
-                read_pull_secrets(client, client, &t.namespace, &t.spec).await;
+            let (secrets, problems) = read_pull_secrets(client, &t.namespace, &t.spec).await;
             let warnings = problems
                 .iter()
                 .map(|p| format!("{} in namespace {}: {p}", t.workload(), t.namespace))

@@ -521,7 +521,8 @@ async fn denied_ranges_are_refused_unless_the_registry_is_listed() -> anyhow::Re
 }
 
 /// A pod listing thousands of image pull secrets makes a bounded few Secret GETs, through the
-/// webhook's counted live reads, and is told the rest were not read; its image is still pinned.
+/// webhook's counted live reads (its ServiceAccount too), and is told the rest were not read; its
+/// image is still pinned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousands_of_pull_secrets_cost_a_bounded_few_counted_reads() -> anyhow::Result<()> {
     use helmop_webhook::images::pull_secrets::MAX_PULL_SECRETS;
@@ -542,9 +543,17 @@ async fn thousands_of_pull_secrets_cost_a_bounded_few_counted_reads() -> anyhow:
         .map(|i| json!({"name": format!("pull-{i}")}))
         .collect();
     let before = webhook.server.metrics.live_gets("secrets");
+    let accounts_before = webhook.server.metrics.live_gets("serviceaccounts");
     let out = dry_run(&d).await?;
     let warnings = String::from_utf8_lossy(&out.stderr).into_owned();
     let gets = webhook.server.metrics.live_gets("secrets") - before;
+    // The ServiceAccount naming more pull secrets is read on the same counted road: once per call
+    // of the webhook (the API server may call a mutating webhook a second time).
+    let accounts = webhook.server.metrics.live_gets("serviceaccounts") - accounts_before;
+    assert!(
+        (1..=2).contains(&accounts),
+        "{accounts} counted ServiceAccount GETs for one admission"
+    );
     assert!(
         gets <= MAX_PULL_SECRETS as u64 && gets > 0,
         "{gets} counted Secret GETs for 3,000 pull secrets"

@@ -238,7 +238,7 @@ pub(super) async fn mutate(state: &AppState, req: &Request) -> Verdict {
             template_spec_pointer: &spec_pointer,
             mode: state.config().image_mode,
             deadline: stages_deadline,
-            secrets: Some(state.caches()),
+            reads: Some(state.caches()),
         })
         .await;
     ops.extend(images.ops);

@@ -44,9 +44,20 @@ pub struct ImageRequest<'a> {
     /// When the image stage must be done at the latest (what is left of the admission's deadline);
     /// the resolver stops at the earlier of this and its own budget.
     pub deadline: Option<tokio::time::Instant>,
-    /// Where pull secrets are read: the webhook's bounded, counted live reads; `None`, the resolver's
-    /// own client (tests).
-    pub secrets: Option<&'a dyn pull_secrets::SecretSource>,
+    /// Where the namespace, the ServiceAccount and the pull secrets are read: the webhook's caches and
+    /// bounded, counted live reads; `None`, the resolver's own client (tests).
+    pub reads: Option<&'a dyn ImageReads>,
+}
+
+/// What the image stage reads from the API server, through the same bounded, counted path as every
+/// other read of an admission ([`crate::state::Caches`]).
+pub trait ImageReads: pull_secrets::PullSecretSource {
+    /// helmop's annotations of a namespace (its `helmop.dev/image-mode`); `None` when it does not
+    /// exist.
+    fn namespace_annotations<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<std::collections::BTreeMap<String, String>>, kube::Error>>;
 }
 
 impl std::fmt::Debug for ImageRequest<'_> {

@@ -229,7 +229,24 @@ impl RegistryResolver {
         self.outcomes.get_or_create(&OutcomeLabel { outcome }).inc();
     }
 
-    async fn namespace_mode(&self, namespace: &str) -> Option<Asked> {
+    /// The namespace's `helmop.dev/image-mode`: through the webhook's reads (the Namespace watch, else a
+    /// counted live GET), or, without them, the resolver's own client and short cache.
+    async fn namespace_mode(
+        &self,
+        reads: Option<&dyn super::ImageReads>,
+        namespace: &str,
+    ) -> Option<Asked> {
+        if let Some(reads) = reads {
+            return match reads.namespace_annotations(namespace).await {
+                Ok(annotations) => annotations
+                    .and_then(|mut a| a.remove(ANN_IMAGE_MODE))
+                    .map(|value| Asked::parse(&value)),
+                Err(error) => {
+                    tracing::warn!(namespace, %error, "cannot read the namespace's image mode; using --image-mode");
+                    None
+                }
+            };
+        }
         if let Some(cached) = self.namespaces.get(&namespace.to_owned()).await {
             return cached;
         }
@@ -254,13 +271,16 @@ impl RegistryResolver {
     /// The pull secrets of the pod and its ServiceAccount, read live. Unreadable ones become warnings.
     async fn pull_secrets(
         &self,
-        source: Option<&dyn super::pull_secrets::SecretSource>,
+        reads: Option<&dyn super::ImageReads>,
         namespace: &str,
         spec: &Value,
         warnings: &mut Vec<String>,
     ) -> Vec<PullSecret> {
-        let source = source.unwrap_or(&self.client);
-        let (secrets, problems) = read_pull_secrets(&self.client, source, namespace, spec).await;
+        let source: &dyn super::pull_secrets::PullSecretSource = match reads {
+            Some(reads) => reads,
+            None => &self.client,
+        };
+        let (secrets, problems) = read_pull_secrets(source, namespace, spec).await;
         warnings.extend(problems.iter().map(|p| format!("helmop webhook: {p}")));
         secrets
     }
@@ -353,9 +373,12 @@ impl RegistryResolver {
         let namespace = if workload == Some(Asked::Mode(ImageMode::Off)) {
             None
         } else {
-            tokio::time::timeout_at(deadline, self.namespace_mode(request.namespace))
-                .await
-                .unwrap_or(None)
+            tokio::time::timeout_at(
+                deadline,
+                self.namespace_mode(request.reads, request.namespace),
+            )
+            .await
+            .unwrap_or(None)
         };
         let mut read = |asked: Option<Asked>, whose: &str| match asked? {
             Asked::Mode(mode) => Some(mode),
@@ -381,7 +404,7 @@ impl RegistryResolver {
         } else {
             tokio::time::timeout_at(
                 deadline,
-                self.pull_secrets(request.secrets, request.namespace, spec, &mut warnings),
+                self.pull_secrets(request.reads, request.namespace, spec, &mut warnings),
             )
             .await
             .unwrap_or_default()
@@ -729,7 +752,7 @@ mod tests {
             template_spec_pointer: "/spec/template/spec",
             mode,
             deadline: None,
-            secrets: None,
+            reads: None,
         }
     }
 

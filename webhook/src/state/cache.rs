@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use kube::api::{Api, ApiResource, GroupVersionKind, ListParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
@@ -36,6 +36,9 @@ use crate::metrics::Metrics;
 pub const CACHE_SECRETS: &str = "secrets";
 pub const CACHE_CONFIGMAPS: &str = "configmaps";
 pub const CACHE_NAMESPACES: &str = "namespaces";
+/// `live_gets_total` kind of the image stage's ServiceAccount reads (not cached: read per admission,
+/// shared by concurrent ones).
+pub const LIVE_SERVICEACCOUNTS: &str = "serviceaccounts";
 pub const CACHE_HELMOPS: &str = "helmops";
 pub const CACHE_POLICIES: &str = "policies";
 pub const CACHE_DIGESTS: &str = "digests";
@@ -455,9 +458,9 @@ impl Caches {
     }
 }
 
-/// Pull secrets at admission go through the same permits, sharing and `live_gets_total` as every
-/// other live read (a pod listing thousands of them once made hundreds of uncounted GETs).
-impl helmop_images::pull_secrets::SecretSource for Caches {
+/// The image stage's reads go through the same permits, sharing and `live_gets_total` as every other
+/// live read (a pod listing thousands of pull secrets once made hundreds of uncounted GETs).
+impl helmop_images::pull_secrets::PullSecretSource for Caches {
     fn secret<'a>(
         &'a self,
         namespace: &'a str,
@@ -472,6 +475,54 @@ impl helmop_images::pull_secrets::SecretSource for Caches {
                 Fetched::ConfigMap(_) => None,
             }))
         })
+    }
+
+    fn service_account<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Option<ServiceAccount>, kube::Error>> {
+        Box::pin(async move {
+            let (client, ns, owned, metrics) = (
+                self.client.clone(),
+                namespace.to_string(),
+                name.to_string(),
+                self.live.metrics.clone(),
+            );
+            self.live
+                .accounts
+                .run(
+                    (namespace.to_string(), name.to_string()),
+                    move || async move {
+                        metrics.live_get_sent(LIVE_SERVICEACCOUNTS);
+                        Ok(Api::<ServiceAccount>::namespaced(client, &ns)
+                            .get_opt(&owned)
+                            .await?
+                            .map(|mut sa| {
+                                // Only the pull-secret names are read; the rest is not kept.
+                                sa.metadata = kube::api::ObjectMeta {
+                                    name: sa.metadata.name,
+                                    namespace: sa.metadata.namespace,
+                                    ..Default::default()
+                                };
+                                sa.secrets = None;
+                                Arc::new(sa)
+                            }))
+                    },
+                )
+                .await
+                .map(|sa| sa.map(|sa| (*sa).clone()))
+                .map_err(unshare)
+        })
+    }
+}
+
+impl crate::images::ImageReads for Caches {
+    fn namespace_annotations<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Option<BTreeMap<String, String>>, kube::Error>> {
+        Box::pin(async move { Ok(self.namespace(name).await?.map(|ns| ns.annotations)) })
     }
 }
 
@@ -539,6 +590,7 @@ struct LiveGets {
     objects: Coalescer<ObjectKey, Result<Option<Arc<Fetched>>, SharedError>>,
     lists: Coalescer<(ResourceKind, String), Result<Arc<Listed>, SharedError>>,
     namespaces: Coalescer<String, Result<Option<NamespaceInfo>, SharedError>>,
+    accounts: Coalescer<(String, String), Result<Option<Arc<ServiceAccount>>, SharedError>>,
     metrics: Metrics,
 }
 
@@ -551,7 +603,8 @@ impl LiveGets {
             versions: Coalescer::new(permits.clone()),
             objects: Coalescer::new(permits.clone()),
             lists: Coalescer::new(permits.clone()),
-            namespaces: Coalescer::new(permits),
+            namespaces: Coalescer::new(permits.clone()),
+            accounts: Coalescer::new(permits),
             metrics: metrics.clone(),
         }
     }
