@@ -11,7 +11,7 @@ use helmop_core::podrefs::Keys;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event, watcher};
+use kube::runtime::watcher::watch_object;
 
 use crate::config::SecretRef;
 
@@ -133,27 +133,15 @@ pub(super) async fn watch(
     on_rotate: impl Fn(),
 ) {
     let api = Api::<Secret>::namespaced(client, &name.namespace);
-    let config = watcher::Config::default().fields(&format!("metadata.name={}", name.name));
-    let mut stream = std::pin::pin!(watcher(api, config).default_backoff());
-    // Objects of a (re-)list arrive between Init and InitDone; they are applied as one state.
-    let mut listed: Option<Secret> = None;
+    // One named object: `None` when it is absent (after every list that did not find it, and on delete).
+    let mut stream = std::pin::pin!(watch_object(api, &name.name).default_backoff());
     while let Some(event) = stream.next().await {
         let changed = match event {
-            Ok(Event::Init) => {
-                listed = None;
-                continue;
-            }
-            Ok(Event::InitApply(secret)) => {
-                listed = Some(secret);
-                continue;
-            }
-            Ok(Event::InitDone) => {
-                let changed = store.set(listed.take().as_ref());
+            Ok(secret) => {
+                let changed = store.set(secret.as_ref());
                 store.mark_synced();
                 changed
             }
-            Ok(Event::Apply(secret)) => store.set(Some(&secret)),
-            Ok(Event::Delete(_)) => store.set(None),
             Err(error) => {
                 tracing::warn!(secret = %name, %error, "hash key watch failed, retrying");
                 continue;
