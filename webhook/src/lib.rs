@@ -7,6 +7,7 @@ pub mod bootstrap;
 pub mod caps;
 pub mod cli;
 pub mod config;
+pub mod endpoint;
 pub mod error;
 pub mod handlers;
 pub mod images;

@@ -13,6 +13,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::endpoint::Webhook;
+
 /// Labels of `helmop_webhook_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -82,7 +84,6 @@ impl Outcome {
     }
 }
 
-const WEBHOOKS: [&str; 3] = ["helmops", "references", "workloads"];
 const OPERATIONS: [&str; 5] = ["CREATE", "UPDATE", "DELETE", "CONNECT", "unknown"];
 const OUTCOMES: usize = Outcome::Panic as usize + 1;
 
@@ -91,8 +92,8 @@ const OUTCOMES: usize = Outcome::Panic as usize + 1;
 /// something, as it would through the family alone).
 #[derive(Default)]
 struct Series {
-    requests: [[[OnceLock<Counter>; OUTCOMES]; OPERATIONS.len()]; WEBHOOKS.len()],
-    duration: [OnceLock<Histogram>; WEBHOOKS.len()],
+    requests: [[[OnceLock<Counter>; OUTCOMES]; OPERATIONS.len()]; Webhook::ALL.len()],
+    duration: [OnceLock<Histogram>; Webhook::ALL.len()],
 }
 
 /// The webhook's metrics and the registry they live in.
@@ -210,7 +211,7 @@ impl Metrics {
             operation,
             outcome: outcome.as_str(),
         };
-        let w = WEBHOOKS.iter().position(|w| *w == webhook);
+        let w = Webhook::ALL.iter().position(|w| w.name() == webhook);
         let o = OPERATIONS.iter().position(|o| *o == operation);
         match (w, o) {
             (Some(w), Some(o)) => {

@@ -125,34 +125,82 @@ fn inherits_stamped_template(kind: WorkloadKind, metadata: &ObjectMeta) -> bool 
         })
 }
 
+/// gate -> opt-in -> config stamp -> images: each stage may end the admission with its answer.
 pub(super) async fn mutate(state: &AppState, req: &Request) -> Verdict {
-    if !matches!(req.operation, Operation::Create | Operation::Update) {
+    let Some(workload) = gate(req) else {
         return Verdict::allow();
+    };
+    match opted_in(state, req, &workload).await {
+        Ok(true) => {}
+        Ok(false) => return Verdict::allow(),
+        Err(unreadable) => return unreadable,
+    }
+    let value = workload.object.value();
+    let Some(template) = pod_template(workload.kind, value) else {
+        // e.g. an Argo Rollout that points at a Deployment through workloadRef: that Deployment is stamped.
+        return Verdict::allow();
+    };
+    let (mut ops, mut warnings) = config_stamp(state, req, &workload, &template).await;
+    let images = image_stage(state, req, &workload, &template, &mut ops).await;
+    ops.extend(images.ops);
+    warnings.extend(images.warnings);
+    Verdict::Allow {
+        patch: (!ops.is_empty()).then_some(json_patch::Patch(ops)),
+        warnings,
+    }
+}
+
+/// A workload the stamp applies to, as the gate let it through.
+struct Workload<'a> {
+    kind: WorkloadKind,
+    object: &'a Object,
+    namespace: String,
+    /// `namespace/name`, for messages.
+    name: String,
+    /// When the stamp and image stages must be done (what is left of the admission's deadline).
+    deadline: Option<tokio::time::Instant>,
+}
+
+/// Which requests are stamped at all: CREATE/UPDATE of a workload kind with a pod template that is
+/// neither a Job's (immutable on UPDATE), nor being deleted, nor inherited from a stamped owner.
+fn gate(req: &Request) -> Option<Workload<'_>> {
+    if !matches!(req.operation, Operation::Create | Operation::Update) {
+        return None;
     }
     let kind = match WorkloadKind::from_gvk(&req.kind.group, &req.kind.version, &req.kind.kind) {
-        Some(WorkloadKind::Pod) | None => return Verdict::allow(),
+        Some(WorkloadKind::Pod) | None => return None,
         Some(kind) => kind,
     };
     // A Job's pod template is immutable: re-stamping on UPDATE would make the API server refuse the update.
     if kind == WorkloadKind::Job && req.operation == Operation::Update {
-        return Verdict::allow();
+        return None;
     }
-    let Some(object) = req.object.as_ref() else {
-        return Verdict::allow();
-    };
+    let object = req.object.as_ref()?;
     if object.metadata.deletion_timestamp.is_some()
         || inherits_stamped_template(kind, &object.metadata)
     {
-        return Verdict::allow();
+        return None;
     }
     let namespace = req
         .namespace
         .clone()
         .or_else(|| object.metadata.namespace.clone())
         .unwrap_or_default();
-    let name = super::object_name(req);
+    Some(Workload {
+        kind,
+        object,
+        namespace,
+        name: super::object_name(req),
+        deadline: super::deadline::current(),
+    })
+}
 
-    let label = object
+/// The opt-in rule ([`helmop_core::rollout`]): the workload's own label, else its namespace's. The
+/// namespace is read only when the label does not decide; when it cannot be read, the answer keeps
+/// the previous stamp and says why.
+async fn opted_in(state: &AppState, req: &Request, w: &Workload<'_>) -> Result<bool, Verdict> {
+    let label = w
+        .object
         .metadata
         .labels
         .as_ref()
@@ -160,7 +208,7 @@ pub(super) async fn mutate(state: &AppState, req: &Request) -> Verdict {
         .map(String::as_str);
     let decision = match helmop_core::rollout::by_workload(label) {
         Some(decided) => decided,
-        None => match state.caches().namespace(&namespace).await {
+        None => match state.caches().namespace(&w.namespace).await {
             Ok(ns) => {
                 let ns_label = ns
                     .as_ref()
@@ -168,55 +216,68 @@ pub(super) async fn mutate(state: &AppState, req: &Request) -> Verdict {
                 opt_in(label, ns_label.map(String::as_str))
             }
             Err(error) => {
-                tracing::warn!(workload = %name, %error, "cannot read the namespace labels; not stamped");
-                let kept = keep_previous_stamp(req, kind, object);
+                tracing::warn!(workload = %w.name, %error, "cannot read the namespace labels; not stamped");
+                let kept = keep_previous_stamp(req, w.kind, w.object);
                 let warning = format!(
-                    "helmop webhook: cannot read the labels of namespace {namespace:?} ({error}); {kind} {name} {}",
+                    "helmop webhook: cannot read the labels of namespace {:?} ({error}); {} {} {}",
+                    w.namespace,
+                    w.kind,
+                    w.name,
                     unstamped_outcome(!kept.is_empty())
                 );
-                return Verdict::Allow {
+                return Err(Verdict::Allow {
                     patch: (!kept.is_empty()).then_some(json_patch::Patch(kept)),
                     warnings: vec![warning],
-                };
+                });
             }
         },
     };
-    if !decision.stamps() {
-        return Verdict::allow();
-    }
+    Ok(decision.stamps())
+}
 
-    let value = object.value();
-    let Some(template) = pod_template(kind, value) else {
-        // e.g. an Argo Rollout that points at a Deployment through workloadRef: that Deployment is stamped.
-        return Verdict::allow();
-    };
-
-    let stages_deadline = super::deadline::current();
-    let computed =
-        super::deadline::within(stages_deadline, config_ops(state, &namespace, &template))
-            .await
-            .unwrap_or(Err(Error::StampDeadline));
-    let (mut ops, mut warnings) = match computed {
+/// The config stamp's operations and warnings; when it cannot be computed in time (or at all), the
+/// previous stamp is kept and a warning says why.
+async fn config_stamp(
+    state: &AppState,
+    req: &Request,
+    w: &Workload<'_>,
+    template: &PodTemplate<'_>,
+) -> (Vec<PatchOperation>, Vec<String>) {
+    let computed = super::deadline::within(w.deadline, config_ops(state, &w.namespace, template))
+        .await
+        .unwrap_or(Err(Error::StampDeadline));
+    match computed {
         Ok(result) => result,
         Err(warning) => {
-            tracing::warn!(workload = %name, reason = %warning, "config stamp skipped");
-            let kept = keep_previous_stamp(req, kind, object);
+            tracing::warn!(workload = %w.name, reason = %warning, "config stamp skipped");
+            let kept = keep_previous_stamp(req, w.kind, w.object);
             let outcome = unstamped_outcome(!kept.is_empty());
             (
                 kept,
                 vec![format!(
-                    "helmop webhook: {warning}; {kind} {name} {outcome}"
+                    "helmop webhook: {warning}; {} {} {outcome}",
+                    w.kind, w.name
                 )],
             )
         }
-    };
+    }
+}
 
-    // The image stage sees the object as the config stamp leaves it, so its operations apply after ours.
+/// Image digests, on the object as the config stamp leaves it, so their operations apply after its
+/// `ops` (cleared in the impossible case that they do not apply to the object they were built for).
+async fn image_stage(
+    state: &AppState,
+    req: &Request,
+    w: &Workload<'_>,
+    template: &PodTemplate<'_>,
+    ops: &mut Vec<PatchOperation>,
+) -> crate::images::ImageOutcome {
+    let value = w.object.value();
     let stamped = if ops.is_empty() {
         Cow::Borrowed(value)
     } else {
         let mut stamped = value.clone();
-        match json_patch::patch(&mut stamped, &ops) {
+        match json_patch::patch(&mut stamped, ops) {
             Ok(()) => Cow::Owned(stamped),
             // Cannot happen for operations built against `value`; never admit a patch that does not apply.
             Err(_) => {
@@ -225,29 +286,19 @@ pub(super) async fn mutate(state: &AppState, req: &Request) -> Verdict {
             }
         }
     };
-    let metadata_pointer = template.metadata_pointer.clone();
-    let spec_pointer = template.spec_pointer.clone();
-    let old = req.old_object.as_ref().map(Object::value);
-    let images = state
+    state
         .images()
         .resolve(ImageRequest {
-            namespace: &namespace,
+            namespace: &w.namespace,
             object: stamped.as_ref(),
-            old_object: old,
-            template_metadata_pointer: &metadata_pointer,
-            template_spec_pointer: &spec_pointer,
+            old_object: req.old_object.as_ref().map(Object::value),
+            template_metadata_pointer: &template.metadata_pointer,
+            template_spec_pointer: &template.spec_pointer,
             mode: state.config().image_mode,
-            deadline: stages_deadline,
+            deadline: w.deadline,
             reads: Some(state.caches()),
         })
-        .await;
-    ops.extend(images.ops);
-    warnings.extend(images.warnings);
-
-    Verdict::Allow {
-        patch: (!ops.is_empty()).then_some(json_patch::Patch(ops)),
-        warnings,
-    }
+        .await
 }
 
 /// What happens to a workload whose stamp cannot be computed, for its warning.

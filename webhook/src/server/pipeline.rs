@@ -88,14 +88,67 @@ fn reject(metrics: &Metrics, webhook: Webhook, rejection: Rejection, started: In
     plain(status, format!("{reason}\n"))
 }
 
+/// One admission: read the review within the limits, decide it under the deadline, respond.
 pub(super) async fn answer(
     shared: Shared,
     webhook: Webhook,
     request: Request,
     started: Instant,
 ) -> Response {
-    let metrics = &shared.metrics;
     let deadline = tokio::time::Instant::from_std(started + shared.request_timeout);
+    let review = match read(&shared, request, deadline).await {
+        Ok(review) => review,
+        Err(Early::Rejected(rejection)) => {
+            return reject(&shared.metrics, webhook, rejection, started);
+        }
+        Err(Early::TooManyValues(uid)) => {
+            return too_many_values(&shared.metrics, webhook, uid, started);
+        }
+    };
+    let req = &review.request;
+    // Every line logged while deciding (live reads, registry trouble, the answer's own line) carries the
+    // review's uid and object, so one request's lines can be found among concurrent ones.
+    let span = tracing::info_span!(
+        "admission",
+        uid = %req.uid,
+        webhook = webhook.name(),
+        kind = %req.kind.kind,
+        namespace = req.namespace.as_deref().unwrap_or(""),
+        // Not `name`: a span's JSON already has its own name under that key.
+        object = %req.name,
+    );
+    let (verdict, failure) = decide(&shared, webhook, req, deadline)
+        .instrument(span.clone())
+        .await;
+    let _in_span = span.enter();
+    respond(&shared.metrics, webhook, req, &verdict, failure, started)
+}
+
+/// A review read and decoded, with the budget it holds until it is answered.
+struct Review {
+    request: Box<AdmissionRequest>,
+    /// The in-flight slot, the body's share and the decoded form's share of the budget.
+    _held: (
+        tokio::sync::OwnedSemaphorePermit,
+        Option<tokio::sync::OwnedSemaphorePermit>,
+        Option<tokio::sync::OwnedSemaphorePermit>,
+    ),
+}
+
+/// Why a request ends before a decision.
+enum Early {
+    Rejected(Rejection),
+    /// More values than one admission decodes; the review's uid if it has one.
+    TooManyValues(Option<String>),
+}
+
+/// The body within [`MAX_BODY_BYTES`] and the deadline, a decision slot, then the review decoded off the
+/// async workers.
+async fn read(
+    shared: &Shared,
+    request: Request,
+    deadline: tokio::time::Instant,
+) -> Result<Review, Early> {
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -110,7 +163,7 @@ pub(super) async fn answer(
             )
             .await;
         }
-        return reject(metrics, webhook, Rejection::TooLarge, started);
+        return Err(Early::Rejected(Rejection::TooLarge));
     }
     // The declared length (at most the limit here) sizes the one allocation, charged to the budget up front:
     // a client that declares 7 MiB and sends nothing holds 7 MiB of the budget until the deadline, never
@@ -132,74 +185,74 @@ pub(super) async fn answer(
             if let Some(rest) = rest {
                 drain(rest, MAX_DRAIN_BYTES, deadline).await;
             }
-            return reject(metrics, webhook, Rejection::TooLarge, started);
+            return Err(Early::Rejected(Rejection::TooLarge));
         }
         Ok(Err((BodyError::Busy, rest))) => {
             if let Some(rest) = rest {
                 drain(rest, MAX_BODY_BYTES as u64, deadline).await;
             }
-            return reject(metrics, webhook, Rejection::Busy, started);
+            return Err(Early::Rejected(Rejection::Busy));
         }
         Ok(Err((BodyError::Unreadable, _))) => {
-            return reject(metrics, webhook, Rejection::Unreadable, started);
+            return Err(Early::Rejected(Rejection::Unreadable));
         }
-        Err(_) => {
-            return reject(metrics, webhook, Rejection::Late, started);
-        }
+        Err(_) => return Err(Early::Rejected(Rejection::Late)),
     };
     // Taken once the body is in, so a slow sender holds only the bytes it sent (from the body budget), never a
     // decision slot.
-    let Ok(_slot) = shared.in_flight.clone().try_acquire_owned() else {
-        return reject(metrics, webhook, Rejection::Busy, started);
+    let Ok(slot) = shared.in_flight.clone().try_acquire_owned() else {
+        return Err(Early::Rejected(Rejection::Busy));
     };
     // The body's share of the budget stays taken until the answer, with what decoding it costs on top.
     let ReadBody {
         bytes: body,
-        _share: _body_share,
+        _share: body_share,
     } = body;
-    let decoded = match tokio::time::timeout_at(deadline, decode_off_workers(&shared, body)).await {
+    let decoded = match tokio::time::timeout_at(deadline, decode_off_workers(shared, body)).await {
         Ok(decoded) => decoded,
-        Err(_) => return reject(metrics, webhook, Rejection::Late, started),
+        Err(_) => return Err(Early::Rejected(Rejection::Late)),
     };
-    let (req, _decoded_share) = match decoded {
-        Decoded::Review(req, share) => (req, share),
-        Decoded::Undecodable(reason) => {
-            return reject(metrics, webhook, Rejection::Undecodable(reason), started);
-        }
-        Decoded::Busy => return reject(metrics, webhook, Rejection::Busy, started),
-        Decoded::TooMany(uid) => return too_many_values(metrics, webhook, uid, started),
-    };
+    match decoded {
+        Decoded::Review(request, decoded_share) => Ok(Review {
+            request,
+            _held: (slot, body_share, decoded_share),
+        }),
+        Decoded::Undecodable(reason) => Err(Early::Rejected(Rejection::Undecodable(reason))),
+        Decoded::Busy => Err(Early::Rejected(Rejection::Busy)),
+        Decoded::TooMany(uid) => Err(Early::TooManyValues(uid)),
+    }
+}
 
-    // Every line logged while deciding (live reads, registry trouble, the answer's own line) carries the
-    // review's uid and object, so one request's lines can be found among concurrent ones.
-    let span = tracing::info_span!(
-        "admission",
-        uid = %req.uid,
-        webhook = webhook.name(),
-        kind = %req.kind.kind,
-        namespace = req.namespace.as_deref().unwrap_or(""),
-        // Not `name`: a span's JSON already has its own name under that key.
-        object = %req.name,
-    );
-    let decision = AssertUnwindSafe(
-        DEADLINE.scope(
-            deadline,
-            shared
-                .handlers
-                .review(webhook, &req)
-                .instrument(span.clone()),
-        ),
-    )
-    .catch_unwind();
-    let (verdict, failure) = match tokio::time::timeout_at(deadline, decision).await {
+/// The handler's verdict under the deadline; a panicking or late handler gets the endpoint's failure
+/// answer ([`Webhook::undecided`]) and the outcome that says why.
+async fn decide(
+    shared: &Shared,
+    webhook: Webhook,
+    req: &AdmissionRequest,
+    deadline: tokio::time::Instant,
+) -> (Verdict, Option<Outcome>) {
+    let decision = AssertUnwindSafe(DEADLINE.scope(deadline, shared.handlers.review(webhook, req)))
+        .catch_unwind();
+    match tokio::time::timeout_at(deadline, decision).await {
         Ok(Ok(verdict)) => (verdict, None),
         Ok(Err(_)) => (webhook.undecided("internal error"), Some(Outcome::Panic)),
         Err(_) => (
             webhook.undecided("timed out deciding"),
             Some(Outcome::Timeout),
         ),
-    };
-    let (body, sent) = admission::encode(&req.uid, &verdict, webhook.mutating());
+    }
+}
+
+/// The AdmissionReview answer, counted and logged.
+fn respond(
+    metrics: &Metrics,
+    webhook: Webhook,
+    req: &AdmissionRequest,
+    verdict: &Verdict,
+    failure: Option<Outcome>,
+    started: Instant,
+) -> Response {
+    let (body, sent) = admission::encode(&req.uid, verdict, webhook.mutating());
     let outcome = failure.unwrap_or(match (sent.allowed, sent.patch_ops, sent.code) {
         (true, 0, _) => Outcome::Allowed,
         (true, _, _) => Outcome::Patched,
@@ -209,13 +262,12 @@ pub(super) async fn answer(
     let operation = admission::operation_name(&req.operation);
     let latency = started.elapsed();
     metrics.observe_request(webhook.name(), operation, outcome, latency.as_secs_f64());
-    let _in_span = span.enter();
     log_request(
         webhook,
-        &req,
+        req,
         operation,
         outcome,
-        &verdict,
+        verdict,
         sent.patch_ops,
         latency,
     );
