@@ -33,7 +33,8 @@ use tokio::time::Instant;
 
 use helmop_core::names;
 use helmop_core::plan::{
-    Action, ActionKind, ConflictReason, DesiredCopy, HeldCopy, HelmOpKey, SourceRef, UpdateReason,
+    Action, ActionKind, ConflictReason, CopyMeta, DesiredCopy, HeldCopy, HelmOpKey, SourceRef,
+    UpdateReason,
 };
 use helmop_core::resource::ResourceKind;
 use helmop_core::state::RowState;
@@ -123,14 +124,21 @@ pub async fn prune(ctx: &Ctx, opts: &PruneOpts) -> Result<PruneReport, PluginErr
             &inv,
             "prune",
             |downstream, client| {
-                let shared = Shared {
-                    inv: &inv,
-                    sources: &sources,
-                    uids: &uids,
-                    fresh: &fresh,
-                    same: &same,
-                };
-                async move { prune_cluster(ctx, opts, shared, downstream, client).await }
+                let (inv, sources, uids, fresh, same) = (&inv, &sources, &uids, &fresh, &same);
+                async move {
+                    let run = PruneRun {
+                        ctx,
+                        opts,
+                        inv,
+                        sources,
+                        uids,
+                        fresh,
+                        same,
+                        downstream,
+                        client,
+                    };
+                    run.run().await
+                }
             },
             |d, reason| {
                 vec![Row {
@@ -159,15 +167,19 @@ pub async fn prune(ctx: &Ctx, opts: &PruneOpts) -> Result<PruneReport, PluginErr
     })
 }
 
-/// What every cluster of one prune shares.
-#[derive(Clone, Copy)]
-struct Shared<'a> {
+/// One cluster's prune: what every step of it needs, the run's shared state included.
+struct PruneRun<'a> {
+    ctx: &'a Ctx,
+    opts: &'a PruneOpts,
     inv: &'a Inventory,
     sources: &'a Sources,
+    /// Live source uids, shared by the clusters of this run.
     uids: &'a SourceUids,
     fresh: &'a FreshWants,
     /// What earlier registrations claiming the same cluster identity pruned or released.
     same: &'a SameCluster,
+    downstream: &'a Downstream,
+    client: kube::Client,
 }
 
 /// What the HelmOps want, listed again after a cluster was observed (see [`FreshWants::get`]).
@@ -277,56 +289,80 @@ fn released(action: &Action) -> Option<Vec<HelmOpKey>> {
     (!keys.is_empty()).then_some(keys)
 }
 
-async fn prune_cluster(
-    ctx: &Ctx,
-    opts: &PruneOpts,
-    shared: Shared<'_>,
-    downstream: &Downstream,
-    client: kube::Client,
-) -> Result<Vec<Row>, PluginError> {
-    let Shared {
-        inv,
-        sources,
-        uids,
-        fresh,
-        same,
-    } = shared;
-    let (obs, actions) = observe_and_plan(ctx, inv, sources, downstream, &client, false).await?;
-    let observed = Instant::now();
-    crate::test_pause::pause("prune-after-plan", &downstream.display()).await;
-    // The first listing may be minutes old by now (a slow cluster before this one): what is
-    // deleted or released must still be unwanted by the HelmOps as they are after this
-    // cluster was observed. Read once per cluster that has something to write.
-    let wants_now = if actions.iter().any(writes) {
-        Some(fresh.get(ctx, inv, observed).await)
-    } else {
-        None
-    };
-    let mut rows = Vec::new();
-    let identity = downstream.identity.as_deref();
-    for action in &actions {
+impl PruneRun<'_> {
+    async fn run(&self) -> Result<Vec<Row>, PluginError> {
+        let (inv, downstream) = (self.inv, self.downstream);
+        let plan = observe_and_plan(self.ctx, inv, self.sources, downstream, &self.client, false);
+        let (obs, actions) = plan.await?;
+        let observed = Instant::now();
+        crate::test_pause::pause("prune-after-plan", &self.downstream.display()).await;
+        // The first listing may be minutes old by now (a slow cluster before this one): what is
+        // deleted or released must still be unwanted by the HelmOps as they are after this
+        // cluster was observed. Read once per cluster that has something to write.
+        let wants_now = if actions.iter().any(writes) {
+            Some(self.fresh.get(self.ctx, self.inv, observed).await)
+        } else {
+            None
+        };
+        let mut rows = Vec::new();
+        for action in &actions {
+            if let Some(row) = self.step(&obs, wants_now.as_ref(), action).await {
+                rows.push(row);
+            }
+        }
+        Ok(rows)
+    }
+
+    /// One planned action: its row, or `None` when it is not prune's business or was done
+    /// through an earlier registration of the same claimed cluster (whose row says so).
+    async fn step(
+        &self,
+        obs: &Observation,
+        wants_now: Option<&Wants>,
+        action: &Action,
+    ) -> Option<Row> {
         let writes = writes(action);
+        let identity = self.downstream.identity.as_deref();
         let place = (action.namespace.clone(), action.resource.clone());
-        // Done through an earlier registration of the same claimed cluster: its row says so.
-        if writes && same.place(identity, &place).is_some() {
-            continue;
+        if writes && self.same.place(identity, &place).is_some() {
+            return None;
         }
-        if writes
-            && let Some(wants) = &wants_now
-            && let Some((state, reason)) =
-                held_back(wants, |c| inv.may_reach_one(&downstream.key, c), action)
+        if writes && let Some((state, reason)) = self.left_alone(obs, wants_now, action).await {
+            return Some(row(self.downstream, action, state, reason));
+        }
+        let (shown, state, reason) = self.execute(obs, action).await?;
+        if writes && state != RowState::Failed {
+            let by = self.downstream.display();
+            self.same.wrote(identity, place, Done { by, state });
+        }
+        Some(row(self.downstream, &shown, state, reason))
+    }
+
+    /// Why the write `action` plans must not happen after all, if it must not: wanted again,
+    /// the cluster not proven, or the copy's markers not checking out upstream.
+    async fn left_alone(
+        &self,
+        obs: &Observation,
+        wants_now: Option<&Wants>,
+        action: &Action,
+    ) -> Option<(RowState, String)> {
+        let downstream = self.downstream;
+        if let Some(wants) = wants_now
+            && let Some(held) = held_back(
+                wants,
+                |c| self.inv.may_reach_one(&downstream.key, c),
+                action,
+            )
         {
-            rows.push(row(downstream, action, state, reason));
-            continue;
+            return Some(held);
         }
-        if writes && downstream.identity.is_none() {
+        if downstream.identity.is_none() {
             // It may be the management cluster (this may be a source), or reached by another
             // registration of this run deleting the same object: nothing is proven.
             let reason = "the cluster's identity cannot be read (get namespaces/kube-system), so prune deletes and releases nothing through this registration; left alone".to_string();
-            rows.push(row(downstream, action, RowState::Orphaned, reason));
-            continue;
+            return Some((RowState::Orphaned, reason));
         }
-        if writes && let Err(why) = verify_source(ctx, uids, &obs, action).await {
+        if let Err(why) = self.verify_source(obs, action).await {
             // A source that could not be read is no verdict: the copy may be ours and unwanted,
             // or not ours at all. It is left alone and the run fails (exit 2), so nobody takes
             // "nothing pruned" for "nothing to prune".
@@ -334,9 +370,18 @@ async fn prune_cluster(
                 PluginError::SourceUnverifiable { .. } => RowState::Failed,
                 _ => RowState::Orphaned,
             };
-            rows.push(row(downstream, action, state, format!("{why}; left alone")));
-            continue;
+            return Some((state, format!("{why}; left alone")));
         }
+        None
+    }
+
+    /// Carries out (or, dry, reports) one action: the action to show, its state and reason;
+    /// `None` when it is not prune's business.
+    async fn execute(
+        &self,
+        obs: &Observation,
+        action: &Action,
+    ) -> Option<(Action, RowState, String)> {
         let guard = |uid: &str| Guard {
             uid: uid.to_string(),
             version: obs
@@ -344,97 +389,177 @@ async fn prune_cluster(
                 .unwrap_or_default()
                 .to_string(),
         };
-        let (shown, state, reason) = match &action.kind {
-            ActionKind::Prune { uid } => {
-                let (state, reason) = delete(ctx, opts, &client, action, &guard(uid)).await;
-                (action.clone(), state, reason)
-            }
+        let (state, reason) = match &action.kind {
+            ActionKind::Prune { uid } => self.delete(action, &guard(uid)).await,
             // Annotation rewrites: the owners left, no owners (kept), or this kind's mark off.
             ActionKind::RemoveOwner { uid, .. }
             | ActionKind::Keep { uid, rewrite: true }
             | ActionKind::Handover { uid, .. } => {
-                let (set, done) = match &action.kind {
-                    ActionKind::RemoveOwner { owners, .. } => (
-                        BTreeMap::from([(names::ANN_OWNERS, Some(owners.clone()))]),
-                        (RowState::Release, RowState::Released),
-                    ),
-                    ActionKind::Handover { made_by, .. } => (
-                        BTreeMap::from([(names::ANN_MADE_BY, made_by.clone())]),
-                        (RowState::Release, RowState::Released),
-                    ),
-                    _ => (
-                        BTreeMap::from([(names::ANN_OWNERS, None)]),
-                        (RowState::Kept, RowState::Kept),
-                    ),
-                };
-                let (state, reason) = rewrite(
-                    ctx,
-                    opts,
-                    &client,
-                    action,
-                    &guard(uid),
-                    &set,
-                    done,
-                    action.reason(),
-                )
-                .await;
-                (action.clone(), state, reason)
+                let (set, done) = letting_go(&action.kind);
+                self.rewrite(action, &guard(uid), &set, done, action.reason())
+                    .await
             }
-            ActionKind::Keep { rewrite: false, .. } => {
-                (action.clone(), RowState::Kept, action.reason())
-            }
-            ActionKind::Orphaned(_) => (action.clone(), RowState::Orphaned, action.reason()),
+            ActionKind::Keep { rewrite: false, .. } => (RowState::Kept, action.reason()),
+            ActionKind::Orphaned(_) => (RowState::Orphaned, action.reason()),
             // Not pruned while paused or rejected: say so instead of staying silent.
             ActionKind::Held {
                 why,
                 copy: HeldCopy::Unwanted,
-            } => (action.clone(), why.state(), action.reason()),
-            ActionKind::Conflict(ConflictReason::IsSource) => {
-                (action.clone(), RowState::Conflict, action.reason())
-            }
-            // A copy still wanted, whose owners include HelmOps that let go: only the ownership
-            // part of the planned update is prune's (the content is propagate's).
+            } => (why.state(), action.reason()),
+            ActionKind::Conflict(ConflictReason::IsSource) => (RowState::Conflict, action.reason()),
             ActionKind::Update { uid, meta, .. } => {
-                let Some(released) = released(action) else {
-                    continue;
-                };
-                let shown = Action {
-                    helmops: released,
-                    ..action.clone()
-                };
-                let why = format!(
-                    "still wanted by others; releasing {}",
-                    shown
-                        .helmops
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
-                let set = BTreeMap::from([
-                    (
-                        names::ANN_OWNERS,
-                        meta.annotations.get(names::ANN_OWNERS).cloned(),
-                    ),
-                    (
-                        names::ANN_KEEP,
-                        meta.annotations.get(names::ANN_KEEP).cloned(),
-                    ),
-                ]);
-                let done = (RowState::Release, RowState::Released);
-                let (state, reason) =
-                    rewrite(ctx, opts, &client, &shown, &guard(uid), &set, done, why).await;
-                (shown, state, reason)
+                return self.release(action, &guard(uid), meta).await;
             }
-            _ => continue,
+            _ => return None,
         };
-        if writes && state != RowState::Failed {
-            let by = downstream.display();
-            same.wrote(identity, place, Done { by, state });
-        }
-        rows.push(row(downstream, &shown, state, reason));
+        Some((action.clone(), state, reason))
     }
-    Ok(rows)
+
+    /// A copy still wanted, whose owners include HelmOps that let go: only the ownership part
+    /// of the planned update is prune's (the content is propagate's). `None`: nobody let go.
+    async fn release(
+        &self,
+        action: &Action,
+        guard: &Guard,
+        meta: &CopyMeta,
+    ) -> Option<(Action, RowState, String)> {
+        let released = released(action)?;
+        let shown = Action {
+            helmops: released,
+            ..action.clone()
+        };
+        let why = format!(
+            "still wanted by others; releasing {}",
+            shown
+                .helmops
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let set = BTreeMap::from([
+            (
+                names::ANN_OWNERS,
+                meta.annotations.get(names::ANN_OWNERS).cloned(),
+            ),
+            (
+                names::ANN_KEEP,
+                meta.annotations.get(names::ANN_KEEP).cloned(),
+            ),
+        ]);
+        let done = (RowState::Release, RowState::Released);
+        let (state, reason) = self.rewrite(&shown, guard, &set, done, why).await;
+        Some((shown, state, reason))
+    }
+
+    /// Checks a copy's markers against the live source upstream (see the module documentation).
+    async fn verify_source(&self, obs: &Observation, action: &Action) -> Result<(), PluginError> {
+        let ctx = self.ctx;
+        let copy = obs
+            .get(&action.namespace, &action.resource)
+            .ok_or(PluginError::CopyNotListed)?;
+        let source = copy
+            .annotations
+            .get(names::ANN_SOURCE)
+            .and_then(|s| SourceRef::parse(s))
+            .filter(|s| s.upstream_id == ctx.upstream_id)
+            .ok_or(PluginError::ForeignSource)?;
+        let recorded = copy.annotations.get(names::ANN_SOURCE_UID);
+        let live = {
+            let mut cache = self.uids.lock().await;
+            match cache.get(&source) {
+                Some(found) => found.clone(),
+                None => {
+                    let found = source_uid(ctx, &source).await;
+                    cache.insert(source.clone(), found.clone());
+                    found
+                }
+            }
+        };
+        match live {
+            Ok(Some(uid)) if recorded == Some(&uid) => Ok(()),
+            Ok(Some(_)) => Err(PluginError::SourceUidMismatch { object: source }),
+            Ok(None) => Err(PluginError::SourceGone { object: source }),
+            Err(e) => Err(PluginError::SourceUnverifiable {
+                object: source,
+                problem: Box::new(e),
+            }),
+        }
+    }
+
+    async fn delete(&self, action: &Action, guard: &Guard) -> (RowState, String) {
+        if self.opts.dry_run {
+            return (RowState::Prune, action.reason());
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(guard.uid.clone()),
+                resource_version: Some(guard.version.clone()).filter(|v| !v.is_empty()),
+            }),
+            ..DeleteParams::default()
+        };
+        let (client, name) = (&self.client, &action.resource.name);
+        let result = match action.resource.kind {
+            ResourceKind::Secret => Api::<Secret>::namespaced(client.clone(), &action.namespace)
+                .delete(name, &params)
+                .await
+                .map(|_| ()),
+            ResourceKind::ConfigMap => {
+                Api::<ConfigMap>::namespaced(client.clone(), &action.namespace)
+                    .delete(name, &params)
+                    .await
+                    .map(|_| ())
+            }
+        };
+        match result {
+            Ok(()) => {
+                self.ctx.record_write();
+                (RowState::Pruned, action.reason())
+            }
+            Err(e) if api_error::is_not_found(&e) => (RowState::Pruned, "already gone".into()),
+            Err(e) => (RowState::Failed, refused("deleting", &e)),
+        }
+    }
+
+    /// Sets or (with `None`) removes annotations, guarded by uid and resourceVersion; the row
+    /// is `dry_state` in a dry run, else `done_state` once written.
+    async fn rewrite(
+        &self,
+        action: &Action,
+        guard: &Guard,
+        set: &BTreeMap<&str, Option<String>>,
+        (dry_state, done_state): (RowState, RowState),
+        reason: String,
+    ) -> (RowState, String) {
+        if self.opts.dry_run {
+            return (dry_state, reason);
+        }
+        let patch = annotations_patch(&guard.uid, &guard.version, set);
+        let params = PatchParams {
+            field_manager: Some(names::MANAGER.into()),
+            ..PatchParams::default()
+        };
+        let (client, name) = (&self.client, &action.resource.name);
+        let result = match action.resource.kind {
+            ResourceKind::Secret => Api::<Secret>::namespaced(client.clone(), &action.namespace)
+                .patch(name, &params, &Patch::Merge(&patch))
+                .await
+                .map(|_| ()),
+            ResourceKind::ConfigMap => {
+                Api::<ConfigMap>::namespaced(client.clone(), &action.namespace)
+                    .patch(name, &params, &Patch::Merge(&patch))
+                    .await
+                    .map(|_| ())
+            }
+        };
+        match result {
+            Ok(()) => {
+                self.ctx.record_write();
+                (done_state, reason)
+            }
+            Err(e) => (RowState::Failed, refused("rewriting owners", &e)),
+        }
+    }
 }
 
 /// The object a write was planned against: it must still be this one, unchanged.
@@ -443,42 +568,22 @@ struct Guard {
     version: String,
 }
 
-/// Checks a copy's markers against the live source upstream (see the module documentation).
-async fn verify_source(
-    ctx: &Ctx,
-    uids: &SourceUids,
-    obs: &Observation,
-    action: &Action,
-) -> Result<(), PluginError> {
-    let copy = obs
-        .get(&action.namespace, &action.resource)
-        .ok_or(PluginError::CopyNotListed)?;
-    let source = copy
-        .annotations
-        .get(names::ANN_SOURCE)
-        .and_then(|s| SourceRef::parse(s))
-        .filter(|s| s.upstream_id == ctx.upstream_id)
-        .ok_or(PluginError::ForeignSource)?;
-    let recorded = copy.annotations.get(names::ANN_SOURCE_UID);
-    let live = {
-        let mut cache = uids.lock().await;
-        match cache.get(&source) {
-            Some(found) => found.clone(),
-            None => {
-                let found = source_uid(ctx, &source).await;
-                cache.insert(source.clone(), found.clone());
-                found
-            }
-        }
-    };
-    match live {
-        Ok(Some(uid)) if recorded == Some(&uid) => Ok(()),
-        Ok(Some(_)) => Err(PluginError::SourceUidMismatch { object: source }),
-        Ok(None) => Err(PluginError::SourceGone { object: source }),
-        Err(e) => Err(PluginError::SourceUnverifiable {
-            object: source,
-            problem: Box::new(e),
-        }),
+/// The annotations a copy's owners rewrite sets (`None`: removes), and the row's states dry
+/// and done: the owners left, no owners (kept), or this kind's mark off.
+fn letting_go(kind: &ActionKind) -> (BTreeMap<&'static str, Option<String>>, (RowState, RowState)) {
+    match kind {
+        ActionKind::RemoveOwner { owners, .. } => (
+            BTreeMap::from([(names::ANN_OWNERS, Some(owners.clone()))]),
+            (RowState::Release, RowState::Released),
+        ),
+        ActionKind::Handover { made_by, .. } => (
+            BTreeMap::from([(names::ANN_MADE_BY, made_by.clone())]),
+            (RowState::Release, RowState::Released),
+        ),
+        _ => (
+            BTreeMap::from([(names::ANN_OWNERS, None)]),
+            (RowState::Kept, RowState::Kept),
+        ),
     }
 }
 
@@ -501,84 +606,6 @@ async fn source_uid(ctx: &Ctx, source: &SourceRef) -> Result<Option<String>, Plu
         .map_err(|e| PluginError::Api {
             reason: api_error::describe(&e),
         })
-}
-
-async fn delete(
-    ctx: &Ctx,
-    opts: &PruneOpts,
-    client: &kube::Client,
-    action: &Action,
-    guard: &Guard,
-) -> (RowState, String) {
-    if opts.dry_run {
-        return (RowState::Prune, action.reason());
-    }
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: Some(guard.uid.clone()),
-            resource_version: Some(guard.version.clone()).filter(|v| !v.is_empty()),
-        }),
-        ..DeleteParams::default()
-    };
-    let name = &action.resource.name;
-    let result = match action.resource.kind {
-        ResourceKind::Secret => Api::<Secret>::namespaced(client.clone(), &action.namespace)
-            .delete(name, &params)
-            .await
-            .map(|_| ()),
-        ResourceKind::ConfigMap => Api::<ConfigMap>::namespaced(client.clone(), &action.namespace)
-            .delete(name, &params)
-            .await
-            .map(|_| ()),
-    };
-    match result {
-        Ok(()) => {
-            ctx.record_write();
-            (RowState::Pruned, action.reason())
-        }
-        Err(e) if api_error::is_not_found(&e) => (RowState::Pruned, "already gone".into()),
-        Err(e) => (RowState::Failed, refused("deleting", &e)),
-    }
-}
-
-/// Sets or (with `None`) removes annotations, guarded by uid and resourceVersion.
-#[allow(clippy::too_many_arguments)]
-async fn rewrite(
-    ctx: &Ctx,
-    opts: &PruneOpts,
-    client: &kube::Client,
-    action: &Action,
-    guard: &Guard,
-    set: &BTreeMap<&str, Option<String>>,
-    (dry_state, done_state): (RowState, RowState),
-    reason: String,
-) -> (RowState, String) {
-    if opts.dry_run {
-        return (dry_state, reason);
-    }
-    let patch = annotations_patch(&guard.uid, &guard.version, set);
-    let params = PatchParams {
-        field_manager: Some(names::MANAGER.into()),
-        ..PatchParams::default()
-    };
-    let name = &action.resource.name;
-    let result = match action.resource.kind {
-        ResourceKind::Secret => Api::<Secret>::namespaced(client.clone(), &action.namespace)
-            .patch(name, &params, &Patch::Merge(&patch))
-            .await
-            .map(|_| ()),
-        ResourceKind::ConfigMap => Api::<ConfigMap>::namespaced(client.clone(), &action.namespace)
-            .patch(name, &params, &Patch::Merge(&patch))
-            .await
-            .map(|_| ()),
-    };
-    match result {
-        Ok(()) => {
-            ctx.record_write();
-            (done_state, reason)
-        }
-        Err(e) => (RowState::Failed, refused("rewriting owners", &e)),
-    }
 }
 
 fn refused(what: &str, e: &kube::Error) -> String {

@@ -15,34 +15,28 @@ pub mod events;
 mod fixtures;
 pub mod health;
 pub mod leader;
+mod machine;
 pub mod metrics;
 pub mod notices;
 pub mod service;
 pub mod triggers;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
 use helmop_core::state::Problem;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
-use self::leader::LeaderHandle;
 use crate::args::parse_duration;
 use crate::args::{KubeArgs, ReportFormat};
 use crate::cluster::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
-use crate::humanize::humanize;
 use crate::run::inventory::Selection;
-use crate::run::propagate::{PropagateOpts, propagate_once};
+use crate::run::propagate::PropagateOpts;
 
-use self::debounce::Pending;
-use self::events::Events;
-use self::health::Health;
-use self::metrics::{ErrorKind, Metrics};
-use self::notices::Notices;
-use self::service::{Joined, ServiceArgs};
+use self::machine::Machine;
+use self::service::ServiceArgs;
 
 /// The `--watch` flags of `propagate`.
 #[derive(Clone, Debug, Args)]
@@ -83,204 +77,11 @@ pub async fn run(
     opts: impl FnOnce(&Ctx) -> PropagateOpts,
     watch_args: &WatchArgs,
 ) -> Result<ExitStatus, PluginError> {
-    // Installed first, so a signal during start-up is not lost.
-    let mut signals = Signals::install()?;
-    watch_args.service.timings()?;
-    let metrics = Metrics::new();
-    let synced = Arc::new(triggers::Synced::default());
-    let health = Arc::new(Health::new(synced.clone()));
-    health.beat();
-    // Bound before connecting, so probes answer (not ready) while start-up is slow.
-    let listener = watch_args
-        .service
-        .listen(metrics.clone(), health.clone())
-        .await?;
-    let ctx = Ctx::connect_identified(kube).await?;
-    let opts = opts(&ctx);
-    let events = Events::new(output);
-
-    let Some(Joined {
-        election,
-        mut leading,
-        keep: _keep,
-    }) = watch_args
-        .service
-        .join(
-            &ctx.upstream,
-            || lease_name(&opts.scope.selection),
-            opts.dry_run,
-            &mut signals,
-            &events,
-            &health,
-        )
-        .await?
-    else {
+    let Some(mut machine) = Machine::start(kube, output, opts, watch_args).await? else {
         return Ok(ExitStatus::Ok);
     };
-    let scope = scope_text(&opts.scope.selection);
-    events.started(
-        election.as_ref().map(LeaderHandle::identity),
-        election.as_ref().map(LeaderHandle::lease),
-        &scope,
-        listener.as_ref().map(|l| l.addr),
-    );
-    let was_leading = *leading.borrow_and_update();
-    metrics.set_leader(was_leading);
-    let mut notices = (!opts.dry_run).then(|| {
-        let identity = election
-            .as_ref()
-            .map_or_else(leader::default_identity, |h| h.identity().to_owned());
-        Notices::new(ctx.upstream.clone(), &identity)
-    });
-    if let Some(h) = &election {
-        events.leader(
-            was_leading,
-            h.identity(),
-            h.lease(),
-            leader_note(was_leading),
-        );
-    }
-
-    crate::test_pause::pause("before-watches", "upstream").await;
-    let (tx, mut rx) = mpsc::channel(1024);
-    let mut own_ids = vec![ctx.upstream_id.clone()];
-    own_ids.extend(ctx.upstream_aliases.iter().cloned());
-    let watches = triggers::spawn(
-        &ctx.upstream,
-        &opts.scope.selection,
-        opts.scope.target_contexts.is_empty(),
-        triggers::OwnIds(own_ids),
-        tx,
-        &synced,
-    );
-    let mut heartbeat = tokio::time::interval(health::HEARTBEAT);
-    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-
-    let max_delay = watch_args.debounce * 10;
-    let mut pending = Pending::leading_edge();
-    pending.mark(Instant::now(), "start");
-    let mut next_resync = resync_after(watch_args.resync);
-    // A run that completed with transient problems runs again on its own at this instant; a
-    // change before it runs at once as usual (unlike a failed run's back-off, which holds changes).
-    let mut next_retry: Option<Instant> = None;
-    let mut run_number = 0u64;
-    let mut failures = 0u32;
-    let mut election_alive = election.is_some();
-
-    let signal = 'outer: loop {
-        let is_leading = *leading.borrow();
-        let due = if is_leading {
-            pending.due(watch_args.debounce, max_delay)
-        } else {
-            None
-        };
-        tokio::select! {
-            signal = signals.recv() => break signal,
-            _ = heartbeat.tick() => health.beat(),
-            Some(trigger) = rx.recv() => pending.mark(Instant::now(), trigger.0),
-            changed = leading.changed(), if election_alive => {
-                if changed.is_err() {
-                    // The elector is gone (it only ends on shutdown): stop acting on it.
-                    election_alive = false;
-                    continue;
-                }
-                let now_leading = *leading.borrow_and_update();
-                metrics.set_leader(now_leading);
-                if let Some(h) = &election {
-                    events.leader(now_leading, h.identity(), h.lease(), leader_note(now_leading));
-                }
-                if !now_leading && let Some(n) = notices.as_mut() {
-                    n.forget();
-                }
-                if now_leading {
-                    // Changes seen while standing by were not acted on.
-                    pending.mark(Instant::now(), "became leader");
-                }
-            }
-            _ = sleep_until_opt(next_resync) => {
-                pending.mark(Instant::now(), "resync");
-                next_resync = resync_after(watch_args.resync);
-            }
-            _ = sleep_until_opt(next_retry) => {
-                pending.mark(Instant::now(), "retry");
-                next_retry = None;
-            }
-            _ = sleep_until_opt(due) => {
-                let reasons = pending.take();
-                run_number += 1;
-                let run = propagate_once(&ctx, &opts);
-                let mut run = std::pin::pin!(run);
-                // The heartbeat goes on during a run: a long run is not a dead process.
-                let outcome = loop {
-                    tokio::select! {
-                        result = &mut run => break Outcome::Done(result.map(Box::new)),
-                        _ = lost(&mut leading), if election.is_some() => break Outcome::LostLease,
-                        signal = signals.recv() => break Outcome::Signal(signal),
-                        _ = heartbeat.tick() => health.beat(),
-                    }
-                };
-                pending.ran(Instant::now());
-                match outcome {
-                    Outcome::Done(Ok(report)) => {
-                        let retry = retry_after(&report, failures + 1);
-                        failures = if retry.is_some() { failures + 1 } else { 0 };
-                        next_retry = retry.map(|wait| Instant::now() + wait);
-                        watches.note_namespaces(&report.namespaces);
-                        metrics.run_done(&report, k8s_openapi::jiff::Timestamp::now().as_second());
-                        metrics.set_clients(ctx.clients.len());
-                        let retry_in = retry.map(humanize);
-                        events.run(run_number, &reasons, &report, retry_in.as_deref());
-                        // Only the leader tells: a run only completes while leading.
-                        if *leading.borrow() && let Some(n) = notices.as_mut() {
-                            let failed = tokio::select! {
-                                failed = n.publish(&report) => failed,
-                                signal = signals.recv() => break 'outer signal,
-                            };
-                            for _ in 0..failed {
-                                metrics.error(ErrorKind::Event);
-                            }
-                        }
-                    }
-                    Outcome::Done(Err(e)) => {
-                        metrics.run_failed();
-                        failures += 1;
-                        let wait = debounce::backoff(failures, MAX_BACKOFF);
-                        events.failed(run_number, &reasons, &e, &humanize(wait));
-                        pending.retry_at(Instant::now() + wait, "retry");
-                    }
-                    Outcome::LostLease => {
-                        metrics.run_aborted();
-                        metrics.set_leader(false);
-                        events.aborted(run_number, "lost the lease");
-                        if let Some(h) = &election {
-                            events.leader(false, h.identity(), h.lease(), "lost the Lease: not writing");
-                        }
-                        pending.mark(Instant::now(), "aborted run");
-                    }
-                    Outcome::Signal(signal) => {
-                        metrics.run_aborted();
-                        events.aborted(run_number, signal);
-                        break 'outer signal;
-                    }
-                }
-            }
-        }
-    };
-    // Stop acting on changes, say so, then give the Lease away: nothing writes any more, so a
-    // standby may take over at once.
-    drop(watches);
-    if let Some(h) = election {
-        if *leading.borrow() {
-            events.leader(
-                false,
-                h.identity(),
-                h.lease(),
-                "stopping: not writing any more",
-            );
-        }
-        h.shutdown().await;
-    }
-    events.stopped(signal);
+    let signal = machine.run().await;
+    machine.shutdown(signal).await;
     Ok(ExitStatus::Ok)
 }
 
@@ -320,13 +121,6 @@ fn leader_note(leading: bool) -> &'static str {
     } else {
         "another process holds the Lease (or it could not be renewed): not writing"
     }
-}
-
-enum Outcome {
-    // Boxed: a report is far larger than the other outcomes.
-    Done(Result<Box<crate::run::propagate::Report>, PluginError>),
-    LostLease,
-    Signal(&'static str),
 }
 
 /// Resolves once `leading` turns false (or its sender is gone).
