@@ -10,7 +10,7 @@ use super::value::go_float;
 /// Most nesting we write; deeper values are cut off by the caller's depth check first.
 const MAX_DEPTH: usize = 512;
 
-/// The values as YAML text; `None` past [`MAX_DEPTH`].
+/// The values as YAML text; `None` past `MAX_DEPTH`.
 pub fn to_yaml(v: &serde_json::Value) -> Option<String> {
     let mut out = String::new();
     match v {

@@ -1,6 +1,6 @@
 //! Offline HelmOp validation: every admission rule that needs no cluster.
 //!
-//! Two homes, one per kind of rule: [`schema`] checks what the CRD itself says (types, enums,
+//! Two homes, one per kind of rule: `schema` checks what the CRD itself says (types, enums,
 //! formats, lengths, patterns, its CEL rules), read from the vendored CRD; the rest of this
 //! module checks what helmop knows beyond the CRD (Fleet's controller and agent, Helm, name
 //! rules). `kubectl helmop validate` runs both ([`validate_helmop`]); the webhook runs only the
@@ -144,7 +144,7 @@ impl<'a> From<&'a Value> for Doc<'a> {
 }
 
 /// Validates a HelmOp object offline, as the API server and then the webhook would: first the
-/// CRD's schema ([`schema`]), then helmop's rules; the source namespace is taken from
+/// CRD's schema (module `schema`), then helmop's rules; the source namespace is taken from
 /// `metadata.namespace`.
 pub fn validate_helmop(obj: &Value) -> Vec<Finding> {
     let mut findings = schema::check(obj);

@@ -26,7 +26,7 @@
 //!    are never looked at; a numeric pre-release identifier must not have a leading zero.
 //!
 //! An empty string is not a constraint (step 2 needs at least one `CV`): Helm substitutes `*`
-//! for an empty version, Fleet's OCI path does not (see [`super::helm`]).
+//! for an empty version, Fleet's OCI path does not (see `validate::helm`).
 
 use super::Error;
 

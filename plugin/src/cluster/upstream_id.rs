@@ -6,7 +6,7 @@
 //! cluster is, whatever endpoint, proxy or CA a client goes through: a laptop behind a
 //! TLS-intercepting proxy and a pod in the cluster derive the same id.
 //!
-//! [`derive`] (the legacy id, v1): the same over the API server's CA certificates (DER, each
+//! [`derive()`] (the legacy id, v1): the same over the API server's CA certificates (DER, each
 //! length-prefixed, in the order the kubeconfig lists them), or over the URL without a CA.
 //! Earlier releases used it as the default; it is still computed as an alias, so a run
 //! recognises (and migrates) the copies it made under its old id. It is also the default when
@@ -31,7 +31,7 @@ pub fn derive(config: &kube::Config) -> String {
     derive_from(config.root_cert.as_deref(), &config.cluster_url.to_string())
 }
 
-/// [`derive`] from its inputs: DER certificates, else the server URL.
+/// [`derive()`] from its inputs: DER certificates, else the server URL.
 pub fn derive_from(ca_certs: Option<&[Vec<u8>]>, cluster_url: &str) -> String {
     let mut hasher = Sha256::new();
     match ca_certs.filter(|certs| !certs.is_empty()) {

@@ -5,7 +5,7 @@
 //! Namespaces metadata only (the opt-in label), and the hash key Secret.
 //!
 //! A watch that fails is retried with kube's default back-off; after a re-list the loop drops
-//! what the new listing no longer has ([`Change::Listed`]).
+//! what the new listing no longer has ([`Step::Relist`], [`Step::Listed`]).
 
 use std::sync::Arc;
 

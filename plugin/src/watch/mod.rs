@@ -1,7 +1,7 @@
 //! `propagate --watch`: propagate whenever HelmOps, Clusters, ClusterGroups or source objects
 //! change, until SIGINT/SIGTERM.
 //!
-//! Each run is [`propagate_once`], the same code as a one-shot `propagate`. Changes are seen through
+//! Each run is [`crate::run::propagate::propagate_once`], the same code as a one-shot `propagate`. Changes are seen through
 //! watches ([`triggers`]) and debounced ([`debounce`]); a periodic resync repairs drift downstream,
 //! which is not watched. With leader election (the default) only the holder of a Lease on the
 //! upstream cluster runs: a standby process never writes, and a leader that loses its Lease aborts

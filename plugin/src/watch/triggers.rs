@@ -19,7 +19,7 @@
 //! HelmOps, Clusters, ClusterGroups and BundleNamespaceMappings trigger only when what a plan
 //! reads of them can have changed: `metadata.generation` (the spec: these kinds have a status
 //! subresource, so a status write leaves it alone), labels, annotations, deletion
-//! ([`plan_fingerprint`]), and of a Cluster's status only its schedule fields ([`cluster_view`]).
+//! (`plan_fingerprint`), and of a Cluster's status only its schedule fields (`cluster_view`).
 //! Fleet rewrites their status all the time (agent check-ins, conditions); those writes start no
 //! run. Clusters are watched whole for that; the other kinds by their metadata. Sources trigger on every
 //! change (their data is not in the metadata watched).

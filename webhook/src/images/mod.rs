@@ -50,7 +50,7 @@ pub struct ImageRequest<'a> {
 }
 
 /// What the image stage reads from the API server, through the same bounded, counted path as every
-/// other read of an admission ([`crate::state::Caches`]).
+/// other read of an admission ([`crate::state::cache::Caches`]).
 pub trait ImageReads: pull_secrets::PullSecretSource {
     /// helmop's annotations of a namespace (its `helmop.dev/image-mode`); `None` when it does not
     /// exist.

@@ -38,7 +38,7 @@ pub const POSITIVE_TTL: Duration = Duration::from_secs(3);
 /// not depend on who asked or how much time it had) is remembered, so a dead registry costs one lookup, not
 /// one per admission. Timeouts and busy answers are never remembered ([`ResolveError::is_definite`]).
 pub const NEGATIVE_TTL: Duration = Duration::from_secs(10);
-/// Bytes of the digest cache (keys and answers as weighed by [`digest_weight`]): 2 MiB.
+/// Bytes of the digest cache (keys and answers as weighed by `digest_weight`): 2 MiB.
 pub const DIGEST_CACHE_BYTES: u64 = 2 << 20;
 const NAMESPACE_CACHE_ENTRIES: u64 = 4096;
 const NAMESPACE_TTL: Duration = Duration::from_secs(10);

@@ -14,7 +14,7 @@ pub(super) enum BodyError {
     Busy,
 }
 
-/// How much of an oversized body is read and thrown away so that its sender gets the 413 (see [`drain`]).
+/// How much of an oversized body is read and thrown away so that its sender gets the 413 (see `drain`).
 pub const MAX_DRAIN_BYTES: u64 = 64 * 1024 * 1024;
 
 /// A body and its share of the body-bytes budget, returned when dropped.

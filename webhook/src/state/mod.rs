@@ -27,7 +27,7 @@ pub use crate::config::{Config, GuardMode, ImageMode, SecretRef};
 
 /// Default bound of the content-digest cache, in entries (one entry is a few hundred bytes).
 pub const DEFAULT_DIGEST_CACHE_ENTRIES: usize = 4096;
-/// Bound of the content-digest cache in bytes (keys and observations as [`observation_weight`] counts them):
+/// Bound of the content-digest cache in bytes (keys and observations as `observation_weight` counts them):
 /// 4 MiB. An observation over [`MAX_CACHED_OBSERVATION_BYTES`] is not kept.
 pub const DIGEST_CACHE_BYTES: usize = 4 << 20;
 /// The heaviest observation kept (its missing key names are the caller's to choose): 4 KiB.

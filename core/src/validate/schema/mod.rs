@@ -161,7 +161,7 @@ fn load(text: &str) -> Result<Crd, String> {
 }
 
 /// A validator for the objects of another CRD: one version's `openAPIV3Schema` (or any node of
-/// it), converted by [`convert`] and compiled the way the HelmOp schema is, for the places that
+/// it), converted by `convert` and compiled the way the HelmOp schema is, for the places that
 /// check other tools' objects against their vendored CRDs (the GitOps install examples' test) and
 /// must not grow a second conversion. It checks the converted keywords only: no pruning, nulls or
 /// defaults, Go `pattern`s or CEL rules, which this module applies to HelmOps alone.

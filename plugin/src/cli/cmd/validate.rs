@@ -1,5 +1,5 @@
 //! `kubectl helmop validate -f FILE|DIR|-`: the webhook's HelmOp rules, offline, and with
-//! `--cluster` its existence rule against a live cluster ([`cluster`]).
+//! `--cluster` its existence rule against a live cluster (module `cluster`).
 
 mod cluster;
 
