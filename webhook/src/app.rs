@@ -96,7 +96,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         }
         Arc::new(NoImages)
     } else {
-        Arc::new(RegistryResolver::new(client.clone(), &config, &metrics)?)
+        Arc::new(RegistryResolver::new(&config, &metrics)?)
     };
     let options = Options {
         digest_cache_entries: cli.digest_cache_entries,

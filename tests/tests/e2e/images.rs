@@ -68,8 +68,7 @@ impl Webhook {
             ..config
         };
         let metrics = Metrics::new();
-        let mut resolver =
-            RegistryResolver::new(client.clone(), &config, &metrics).map_err(anyhow::Error::msg)?;
+        let mut resolver = RegistryResolver::new(&config, &metrics).map_err(anyhow::Error::msg)?;
         if fresh {
             resolver = resolver.with_ttls(Duration::ZERO, Duration::ZERO);
         }

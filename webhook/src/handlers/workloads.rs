@@ -296,7 +296,7 @@ async fn image_stage(
             template_spec_pointer: &template.spec_pointer,
             mode: state.config().image_mode,
             deadline: w.deadline,
-            reads: Some(state.caches()),
+            reads: state.caches(),
         })
         .await
 }

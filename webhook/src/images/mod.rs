@@ -45,8 +45,8 @@ pub struct ImageRequest<'a> {
     /// the resolver stops at the earlier of this and its own budget.
     pub deadline: Option<tokio::time::Instant>,
     /// Where the namespace, the ServiceAccount and the pull secrets are read: the webhook's caches and
-    /// bounded, counted live reads; `None`, the resolver's own client (tests).
-    pub reads: Option<&'a dyn ImageReads>,
+    /// bounded, counted live reads.
+    pub reads: &'a dyn ImageReads,
 }
 
 /// What the image stage reads from the API server, through the same bounded, counted path as every

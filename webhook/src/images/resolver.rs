@@ -5,8 +5,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::future::{BoxFuture, join_all};
-use k8s_openapi::api::core::v1::Namespace;
-use kube::Api;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -40,8 +38,6 @@ pub const POSITIVE_TTL: Duration = Duration::from_secs(3);
 pub const NEGATIVE_TTL: Duration = Duration::from_secs(10);
 /// Bytes of the digest cache (keys and answers as weighed by `digest_weight`): 2 MiB.
 pub const DIGEST_CACHE_BYTES: u64 = 2 << 20;
-const NAMESPACE_CACHE_ENTRIES: u64 = 4096;
-const NAMESPACE_TTL: Duration = Duration::from_secs(10);
 
 /// Distinct images (registry, repository, tag) one admission resolves; the rest are left as they are with
 /// the usual warning.
@@ -102,13 +98,11 @@ struct DigestKey {
 
 /// Resolves mutable tags through the registry. Shared by all admissions.
 pub struct RegistryResolver {
-    client: kube::Client,
     registry: RegistryClient,
     tags: MutableTags,
     budget: Duration,
     /// Concurrent admissions of one image share one registry request.
     digests: ExpiringCache<DigestKey, Result<String, ResolveError>>,
-    namespaces: ExpiringCache<String, Option<Asked>>,
     outcomes: Family<OutcomeLabel, Counter>,
     dns_lookups: Counter,
     requests: Counter,
@@ -122,16 +116,14 @@ struct BoundLabel {
 impl RegistryResolver {
     /// Reads `--registry-config` and registers `helmop_webhook_image_resolutions_total{outcome}`.
     pub fn new(
-        client: kube::Client,
         config: &Config,
         metrics: &Metrics,
     ) -> Result<RegistryResolver, crate::error::Error> {
-        Self::with_limits(client, config, metrics, Limits::default())
+        Self::with_limits(config, metrics, Limits::default())
     }
 
     /// [`RegistryResolver::new`] with explicit process-wide bounds of registry work (tests).
     pub fn with_limits(
-        client: kube::Client,
         config: &Config,
         metrics: &Metrics,
         limits: Limits,
@@ -184,7 +176,6 @@ impl RegistryResolver {
             })
         };
         Ok(RegistryResolver {
-            client,
             registry: RegistryClient::with_limits(
                 settings,
                 "helmop-webhook",
@@ -194,7 +185,6 @@ impl RegistryResolver {
             tags: MutableTags::new(&config.mutable_tags),
             budget: config.image_budget,
             digests: digest_cache(POSITIVE_TTL, NEGATIVE_TTL),
-            namespaces: ExpiringCache::new(NAMESPACE_CACHE_ENTRIES, |_| NAMESPACE_TTL),
             outcomes,
             dns_lookups,
             requests,
@@ -229,38 +219,17 @@ impl RegistryResolver {
         self.outcomes.get_or_create(&OutcomeLabel { outcome }).inc();
     }
 
-    /// The namespace's `helmop.dev/image-mode`: through the webhook's reads (the Namespace watch, else a
-    /// counted live GET), or, without them, the resolver's own client and short cache.
+    /// The namespace's `helmop.dev/image-mode`, read where the request says (the webhook's Namespace
+    /// watch, else a counted live GET).
     async fn namespace_mode(
         &self,
-        reads: Option<&dyn super::ImageReads>,
+        reads: &dyn super::ImageReads,
         namespace: &str,
     ) -> Option<Asked> {
-        if let Some(reads) = reads {
-            return match reads.namespace_annotations(namespace).await {
-                Ok(annotations) => annotations
-                    .and_then(|mut a| a.remove(ANN_IMAGE_MODE))
-                    .map(|value| Asked::parse(&value)),
-                Err(error) => {
-                    tracing::warn!(namespace, %error, "cannot read the namespace's image mode; using --image-mode");
-                    None
-                }
-            };
-        }
-        if let Some(cached) = self.namespaces.get(&namespace.to_owned()).await {
-            return cached;
-        }
-        let api = Api::<Namespace>::all(self.client.clone());
-        match api.get_metadata_opt(namespace).await {
-            Ok(ns) => {
-                let mode = ns
-                    .and_then(|ns| ns.metadata.annotations?.remove(ANN_IMAGE_MODE))
-                    .map(|value| Asked::parse(&value));
-                self.namespaces
-                    .insert(namespace.to_owned(), mode.clone())
-                    .await;
-                mode
-            }
+        match reads.namespace_annotations(namespace).await {
+            Ok(annotations) => annotations
+                .and_then(|mut a| a.remove(ANN_IMAGE_MODE))
+                .map(|value| Asked::parse(&value)),
             Err(error) => {
                 tracing::warn!(namespace, %error, "cannot read the namespace's image mode; using --image-mode");
                 None
@@ -271,16 +240,12 @@ impl RegistryResolver {
     /// The pull secrets of the pod and its ServiceAccount, read live. Unreadable ones become warnings.
     async fn pull_secrets(
         &self,
-        reads: Option<&dyn super::ImageReads>,
+        reads: &dyn super::ImageReads,
         namespace: &str,
         spec: &Value,
         warnings: &mut Vec<String>,
     ) -> Vec<PullSecret> {
-        let source: &dyn super::pull_secrets::PullSecretSource = match reads {
-            Some(reads) => reads,
-            None => &self.client,
-        };
-        let (secrets, problems) = read_pull_secrets(source, namespace, spec).await;
+        let (secrets, problems) = read_pull_secrets(reads, namespace, spec).await;
         warnings.extend(problems.iter().map(|p| format!("helmop webhook: {p}")));
         secrets
     }
@@ -752,7 +717,50 @@ mod tests {
             template_spec_pointer: "/spec/template/spec",
             mode,
             deadline: None,
-            reads: None,
+            reads: &Unreachable,
+        }
+    }
+
+    /// Reads from a cluster that cannot be reached, as a client pointed where nothing listens.
+    struct Unreachable;
+
+    fn refused<T>() -> Result<T, kube::Error> {
+        Err(kube::Error::Service("connection refused".into()))
+    }
+
+    impl super::super::pull_secrets::PullSecretSource for Unreachable {
+        fn secret<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a str,
+        ) -> futures::future::BoxFuture<
+            'a,
+            Result<Option<k8s_openapi::api::core::v1::Secret>, kube::Error>,
+        > {
+            Box::pin(async { refused() })
+        }
+
+        fn service_account<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a str,
+        ) -> futures::future::BoxFuture<
+            'a,
+            Result<Option<k8s_openapi::api::core::v1::ServiceAccount>, kube::Error>,
+        > {
+            Box::pin(async { refused() })
+        }
+    }
+
+    impl super::super::ImageReads for Unreachable {
+        fn namespace_annotations<'a>(
+            &'a self,
+            _: &'a str,
+        ) -> futures::future::BoxFuture<
+            'a,
+            Result<Option<std::collections::BTreeMap<String, String>>, kube::Error>,
+        > {
+            Box::pin(async { refused() })
         }
     }
 
@@ -876,7 +884,7 @@ mod tests {
     }
 
     /// `registry` served on loopback and listed `insecure` in the registry config of a resolver whose
-    /// cluster client points where nothing listens; the config's directory lives as long as the guard.
+    /// requests read from a cluster that cannot be reached ([`Unreachable`]); the config's directory lives as long as the guard.
     async fn serve_registry(
         registry: axum::Router,
     ) -> (
@@ -895,9 +903,7 @@ mod tests {
             registry_config: Some(registry_config),
             ..Config::default()
         };
-        let kube = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
-            .unwrap();
-        let resolver = RegistryResolver::new(kube, &config, &Metrics::new()).unwrap();
+        let resolver = RegistryResolver::new(&config, &Metrics::new()).unwrap();
         (addr, server, dir, resolver)
     }
 
