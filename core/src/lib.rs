@@ -15,6 +15,7 @@ pub mod podrefs;
 pub mod resource;
 pub mod rollout;
 pub mod selector;
+pub mod sharding;
 pub mod state;
 pub mod targeting;
 pub mod text;

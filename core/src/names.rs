@@ -73,6 +73,10 @@ pub const FLEET_BUNDLEDEPLOYMENT_LABEL: &str = "fleet.cattle.io/bundledeployment
 /// Label Fleet's HelmOp controller puts on the Bundle it makes from a HelmOp (value: the HelmOp's
 /// name), next to the HelmOp's `spec.labels`; `BundleNamespaceMapping.bundleSelector` sees both.
 pub const FLEET_HELMOP_LABEL: &str = "fleet.cattle.io/fleet-helm-name";
+/// Label naming the shard whose controllers handle an object (Fleet's `pkg/sharding`
+/// `ShardingRefLabel`); `propagate --watch --shard-id ID` handles the HelmOps carrying it with
+/// value `ID`, and without `--shard-id` only the HelmOps without it.
+pub const FLEET_SHARD_REF_LABEL: &str = "fleet.cattle.io/shard-ref";
 /// Cluster label Fleet matches `clusterName` against in addition to the object name.
 pub const FLEET_DISPLAY_NAME_LABEL: &str = "management.cattle.io/cluster-display-name";
 

@@ -963,6 +963,90 @@ fn propagator_serves_metrics_and_probes_where_the_manifests_look() {
     assert_eq!(strings(&events[0]["verbs"]), ["create"]);
 }
 
+/// `manifests/propagator-shards` on top of `manifests/propagator`: the propagator as it is, plus per shard a
+/// Deployment that differs only by `--shard-id=ID` and a selector of its own, and a Role granting get/update on
+/// exactly the Lease that shard elects on (`kubectl-helmop-propagate-shard-ID`, the name the plugin derives
+/// for an `-A` watcher of that shard) to the propagator's ServiceAccount.
+#[test]
+fn propagator_shards_add_one_deployment_and_lease_per_shard() {
+    let plain = render(&manifests_dir().join("propagator"));
+    let sharded = render_overlay(&["propagator"], &["propagator-shards"]);
+    let shard_of = |d: &Value| {
+        d["metadata"]["labels"]["helmop.dev/shard"]
+            .as_str()
+            .map(str::to_owned)
+    };
+    // Everything of the plain install is there unchanged.
+    let unsharded: Vec<&Value> = sharded.iter().filter(|d| shard_of(d).is_none()).collect();
+    assert_eq!(unsharded, plain.iter().collect::<Vec<_>>());
+
+    let default = named(&plain, "Deployment", "helmop-propagator");
+    let default_args = strings(&pod_spec(default)["containers"][0]["args"]);
+    let mut ids = BTreeSet::new();
+    let mut selectors = vec![default["spec"]["selector"].clone()];
+    for deployment in of_kind(&sharded, "Deployment") {
+        let Some(id) = shard_of(deployment) else {
+            continue;
+        };
+        let who = name_of(deployment);
+        assert_eq!(
+            deployment["metadata"]["name"],
+            format!("helmop-propagator-{id}").as_str()
+        );
+        let args = strings(&pod_spec(deployment)["containers"][0]["args"]);
+        let shard_flag = format!("--shard-id={id}");
+        let rest: Vec<&str> = args.iter().copied().filter(|a| *a != shard_flag).collect();
+        assert_eq!(rest, default_args, "{who}: only --shard-id may differ");
+        assert_eq!(args.len(), default_args.len() + 1, "{who}: {args:?}");
+        let mut pod = pod_spec(deployment).clone();
+        let mut default_pod = pod_spec(default).clone();
+        for p in [&mut pod, &mut default_pod] {
+            p["containers"][0]["args"] = Value::Null;
+            p["affinity"] = Value::Null;
+        }
+        assert_eq!(pod, default_pod, "{who}: the pod differs beyond its args");
+        let template = &deployment["spec"]["template"]["metadata"]["labels"];
+        assert_eq!(
+            template["app.kubernetes.io/name"], "helmop-propagator",
+            "{who}"
+        );
+        assert_eq!(
+            deployment["spec"]["selector"]["matchLabels"]["helmop.dev/shard"],
+            id.as_str()
+        );
+        assert!(
+            !selectors.contains(&deployment["spec"]["selector"]),
+            "{who}: selector shared"
+        );
+        selectors.push(deployment["spec"]["selector"].clone());
+
+        let role = named(&sharded, "Role", &format!("helmop-propagator-lease-{id}"));
+        let rules = role["rules"].as_array().unwrap();
+        assert_eq!(rules.len(), 1, "{who}: {rules:?}");
+        assert_eq!(strings(&rules[0]["resources"]), ["leases"]);
+        assert_eq!(strings(&rules[0]["verbs"]), ["get", "update"]);
+        assert_eq!(
+            strings(&rules[0]["resourceNames"]),
+            [format!("kubectl-helmop-propagate-shard-{id}").as_str()]
+        );
+        let binding = named(
+            &sharded,
+            "RoleBinding",
+            &format!("helmop-propagator-lease-{id}"),
+        );
+        assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+        assert_eq!(
+            binding["subjects"][0]["name"],
+            pod_spec(deployment)["serviceAccountName"]
+        );
+        assert!(ids.insert(id), "two Deployments of one shard");
+    }
+    assert_eq!(
+        ids,
+        BTreeSet::from(["shard0".to_owned(), "shard1".to_owned()])
+    );
+}
+
 /// The value of `flag` in `args`, written `FLAG VALUE` or `FLAG=VALUE`.
 fn flag_value<'a>(args: &[&'a str], flag: &str) -> Option<&'a str> {
     args.iter().enumerate().find_map(|(i, a)| {

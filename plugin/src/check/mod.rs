@@ -149,6 +149,16 @@ pub async fn check(client: &Client, opts: &CheckOpts) -> Result<Report, PluginEr
             now,
         ));
     }
+    // Each shard of the propagator (`--shard-id`) elects on a Lease of its own: judged like the
+    // unsharded one. Found by listing, so a user without list rights sees no shard finding.
+    for (name, fact) in shard_leases(client, &opts.lease_namespace).await {
+        findings.push(verdicts::lease(
+            LeaseRole::Propagator,
+            &format!("{}/{name}", opts.lease_namespace),
+            &fact,
+            now,
+        ));
+    }
     Ok(Report::new(Some(opts.namespace.clone()), findings))
 }
 
@@ -552,21 +562,44 @@ async fn access(client: &Client, namespace: Option<&str>) -> Vec<AccessFact> {
         .collect()
 }
 
+/// The Leases of the propagator's shards in `namespace` (`kubectl-helmop-propagate-shard-*`, the
+/// names [`crate::watch::leader::shard_lease_name`] gives an `-A` watcher), by name.
+async fn shard_leases(client: &Client, namespace: &str) -> Vec<(String, LeaseFact)> {
+    use crate::watch::leader::{DEFAULT_LEASE_NAME, SHARD_INFIX};
+    let prefix = format!("{DEFAULT_LEASE_NAME}{SHARD_INFIX}");
+    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let Ok(list) = api.list(&Default::default()).await else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, LeaseFact)> = list
+        .items
+        .into_iter()
+        .filter_map(|l| {
+            let name = l.metadata.name.clone()?;
+            name.starts_with(&prefix).then(|| (name, lease_fact(l)))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn lease_fact(lease: Lease) -> LeaseFact {
+    let spec = lease.spec.unwrap_or_default();
+    LeaseFact::Present {
+        holder: spec.holder_identity,
+        renewed: spec
+            .renew_time
+            .or(spec.acquire_time)
+            .map(|t| t.0.as_second()),
+        duration: spec.lease_duration_seconds.map(i64::from),
+    }
+}
+
 async fn lease(client: &Client, namespace: &str, name: &str) -> LeaseFact {
     let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
     match api.get_opt(name).await {
         Ok(None) => LeaseFact::Absent,
-        Ok(Some(lease)) => {
-            let spec = lease.spec.unwrap_or_default();
-            LeaseFact::Present {
-                holder: spec.holder_identity,
-                renewed: spec
-                    .renew_time
-                    .or(spec.acquire_time)
-                    .map(|t| t.0.as_second()),
-                duration: spec.lease_duration_seconds.map(i64::from),
-            }
-        }
+        Ok(Some(lease)) => lease_fact(lease),
         Err(e) => LeaseFact::Unreadable(api_error::describe(&e)),
     }
 }

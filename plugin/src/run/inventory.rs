@@ -27,6 +27,7 @@ use helmop_core::plan::{
     DesiredCopy, HelmOpKey, HoldReason, Holds, ObservedCopy, OwnerRef, Scope, parse_owners,
 };
 use helmop_core::resource::ResourceRef;
+use helmop_core::sharding::Shard;
 use helmop_core::targeting::{
     Matcher, NamespaceMetadata, TargetMatch, cluster_helm, cluster_options,
     combine_namespace_metadata, helm_values, namespace_metadata, never_deployed_to, partitions,
@@ -87,6 +88,8 @@ pub struct Problem {
 #[derive(Debug)]
 pub struct Inventory {
     pub selection: Selection,
+    /// Which of the selected HelmOps this run handles; the others are in [`Inventory::elsewhere`].
+    pub shard: Shard,
     pub helmops: Vec<HelmOp>,
     pub downstreams: Vec<Downstream>,
     pub desired: Vec<DesiredCopy>,
@@ -105,6 +108,9 @@ pub struct Inventory {
     pub unserved: Vec<DesiredCopy>,
     /// `--target-context` (empty: the downstreams are Fleet Clusters).
     pub target_contexts: Vec<String>,
+    /// The HelmOps listed for the selection that another shard handles ([`Shard`]): never
+    /// spoken for here, so their ownership of a copy is left as it is.
+    pub elsewhere: BTreeSet<HelmOpKey>,
     /// `(namespace, resource)` of every source any HelmOp names, whatever the selection and the
     /// targets: never adopted on the management cluster (set by `propagate --adopt`, see
     /// [`named_sources`]).
@@ -176,32 +182,54 @@ impl Inventory {
 
     /// Whose ownership a run may release on a cluster where `observed` was found. For one
     /// namespace this includes owners in that namespace whose HelmOp no longer exists (every
-    /// HelmOp there was listed, so they are known to be gone).
+    /// HelmOp there was listed, so they are known to be gone). A shard speaks for its own
+    /// HelmOps and for the owners whose HelmOp no longer exists in its selection (any shard may
+    /// let go of those: nobody wants them, and the shard that had them may be down), never for
+    /// a HelmOp another shard handles (the HelmOp may have moved there a moment ago).
     pub fn scope(&self, upstream_id: &str, observed: &[ObservedCopy]) -> Scope {
         let listed = || -> BTreeSet<HelmOpKey> { self.helmops.iter().filter_map(key_of).collect() };
-        match &self.selection {
-            Selection::All => Scope::All,
-            Selection::One { namespace, name } => {
-                Scope::HelmOps(BTreeSet::from([HelmOpKey::new(namespace, name)]))
-            }
-            Selection::Namespace(ns) => {
-                let mut keys = listed();
-                for o in observed {
-                    let Some(owners) = o.annotations.get(names::ANN_OWNERS) else {
-                        continue;
-                    };
-                    for entry in parse_owners(owners) {
-                        if let Some(owner) = OwnerRef::parse(&entry)
-                            && owner.upstream_id == upstream_id
-                            && &owner.namespace == ns
-                        {
-                            keys.insert(HelmOpKey::new(&owner.namespace, &owner.name));
+        let gone_owners = |namespace: Option<&str>| -> BTreeSet<HelmOpKey> {
+            let mut keys = BTreeSet::new();
+            for o in observed {
+                let Some(owners) = o.annotations.get(names::ANN_OWNERS) else {
+                    continue;
+                };
+                for entry in parse_owners(owners) {
+                    if let Some(owner) = OwnerRef::parse(&entry)
+                        && owner.upstream_id == upstream_id
+                        && namespace.is_none_or(|ns| owner.namespace == ns)
+                    {
+                        let key = HelmOpKey::new(&owner.namespace, &owner.name);
+                        if !self.elsewhere.contains(&key) {
+                            keys.insert(key);
                         }
                     }
                 }
-                Scope::HelmOps(keys)
+            }
+            keys
+        };
+        match (&self.selection, self.shard_is_every()) {
+            (Selection::All, true) => Scope::All,
+            (Selection::All, false) => {
+                Scope::HelmOps(listed().into_iter().chain(gone_owners(None)).collect())
+            }
+            (Selection::One { namespace, name }, _) => {
+                let key = HelmOpKey::new(namespace, name);
+                Scope::HelmOps(if self.elsewhere.contains(&key) {
+                    BTreeSet::new()
+                } else {
+                    BTreeSet::from([key])
+                })
+            }
+            (Selection::Namespace(ns), _) => {
+                Scope::HelmOps(listed().into_iter().chain(gone_owners(Some(ns))).collect())
             }
         }
+    }
+
+    /// Whether this run handles every HelmOp it lists (no shard filtered any out).
+    fn shard_is_every(&self) -> bool {
+        self.shard == Shard::Every
     }
 }
 
@@ -220,6 +248,7 @@ pub fn key_of(h: &HelmOp) -> Option<HelmOpKey> {
 pub async fn enumerate(
     ctx: &Ctx,
     selection: &Selection,
+    shard: &Shard,
     target_contexts: &[String],
     for_prune: bool,
     limits: Limits,
@@ -227,6 +256,7 @@ pub async fn enumerate(
     // Clients of clusters this enumeration no longer reaches go with their connections.
     ctx.clients.sweep();
     let mut helmops = list_helmops(ctx, &listing(selection, for_prune), for_prune).await?;
+    let elsewhere = other_shards(&mut helmops, shard);
     let (mut holds, rejected) = helmop_holds(ctx, &mut helmops).await?;
     let fleet = if target_contexts.is_empty() {
         Some(list_fleet(ctx, selection.namespace(), &helmops, false).await?)
@@ -276,6 +306,7 @@ pub async fn enumerate(
     };
     Ok(Inventory {
         selection: selection.clone(),
+        shard: shard.clone(),
         helmops,
         downstreams,
         desired,
@@ -286,7 +317,23 @@ pub async fn enumerate(
         unserved,
         target_contexts: target_contexts.to_vec(),
         named_sources: Vec::new(),
+        elsewhere,
     })
+}
+
+/// Keeps the HelmOps `shard` handles in `helmops`; returns the keys of the others. Listing
+/// every HelmOp of the selection and filtering here (rather than with a label selector) is what
+/// tells a HelmOp of another shard from one that is gone ([`Inventory::scope`]).
+fn other_shards(helmops: &mut Vec<HelmOp>, shard: &Shard) -> BTreeSet<HelmOpKey> {
+    let mut elsewhere = BTreeSet::new();
+    helmops.retain(|h| {
+        let handled = shard.handles(h.metadata.labels.as_ref());
+        if !handled && let Some(key) = key_of(h) {
+            elsewhere.insert(key);
+        }
+        handled
+    });
+    elsewhere
 }
 
 /// Every source every HelmOp of the upstream cluster names (all namespaces, every entry of the
@@ -796,6 +843,7 @@ mod tests {
 
     use helmop_core::model::{BundleTarget, ClusterStatus, DownstreamResource, HelmOpSpec};
     use helmop_core::resource::ResourceRef;
+    use helmop_core::sharding::Shard;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
     use super::*;
@@ -1066,6 +1114,8 @@ mod tests {
             unserved: Vec::new(),
             target_contexts: Vec::new(),
             named_sources: Vec::new(),
+            shard: Shard::Every,
+            elsewhere: BTreeSet::new(),
         };
         let copy = ObservedCopy {
             cluster: "c".into(),
@@ -1091,6 +1141,105 @@ mod tests {
             ..inv
         };
         assert_eq!(all.scope("up-1", &[]), Scope::All);
+    }
+
+    /// A shard speaks for its own HelmOps and for owners that are gone, never for a HelmOp
+    /// another shard handles (it may have moved there a moment ago), in every selection.
+    #[test]
+    fn shards_never_speak_for_another_shards_helmops() {
+        let labelled = |ns: &str, name: &str, shard: &str| {
+            let mut h = helmop(ns, name, HelmOpSpec::default());
+            h.metadata.labels = Some(BTreeMap::from([(
+                names::FLEET_SHARD_REF_LABEL.to_string(),
+                shard.to_string(),
+            )]));
+            h
+        };
+        let mut listed = vec![
+            labelled("team", "mine", "a"),
+            labelled("team", "theirs", "b"),
+            helmop("team", "unsharded", HelmOpSpec::default()),
+        ];
+        let shard = Shard::Id("a".into());
+        let elsewhere = other_shards(&mut listed, &shard);
+        assert_eq!(
+            elsewhere,
+            BTreeSet::from([
+                HelmOpKey::new("team", "theirs"),
+                HelmOpKey::new("team", "unsharded"),
+            ])
+        );
+        let copy = ObservedCopy {
+            cluster: "c".into(),
+            namespace: "apps".into(),
+            resource: ResourceRef::secret("db"),
+            uid: "u".into(),
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::from([(
+                names::ANN_OWNERS.to_string(),
+                "up-1/team/mine,up-1/team/theirs,up-1/team/unsharded,up-1/team/gone,up-1/other/gone,up-2/team/x"
+                    .to_string(),
+            )]),
+            data_hash: None,
+        };
+        let inv = Inventory {
+            selection: Selection::All,
+            shard,
+            helmops: listed,
+            downstreams: Vec::new(),
+            desired: Vec::new(),
+            problems: Vec::new(),
+            holds: Holds::default(),
+            rejected: Vec::new(),
+            identities: BTreeMap::new(),
+            unserved: Vec::new(),
+            target_contexts: Vec::new(),
+            named_sources: Vec::new(),
+            elsewhere,
+        };
+        let keys = |pairs: &[(&str, &str)]| -> Scope {
+            Scope::HelmOps(pairs.iter().map(|(n, h)| HelmOpKey::new(n, h)).collect())
+        };
+        assert_eq!(
+            inv.scope("up-1", std::slice::from_ref(&copy)),
+            keys(&[("team", "mine"), ("team", "gone"), ("other", "gone")])
+        );
+        let ns = Inventory {
+            selection: Selection::Namespace("team".into()),
+            ..inv
+        };
+        assert_eq!(
+            ns.scope("up-1", std::slice::from_ref(&copy)),
+            keys(&[("team", "mine"), ("team", "gone")])
+        );
+        let one = |name: &str| Inventory {
+            selection: Selection::One {
+                namespace: "team".into(),
+                name: name.into(),
+            },
+            helmops: Vec::new(),
+            shard: ns.shard.clone(),
+            elsewhere: ns.elsewhere.clone(),
+            downstreams: Vec::new(),
+            desired: Vec::new(),
+            problems: Vec::new(),
+            holds: Holds::default(),
+            rejected: Vec::new(),
+            identities: BTreeMap::new(),
+            unserved: Vec::new(),
+            target_contexts: Vec::new(),
+            named_sources: Vec::new(),
+        };
+        assert_eq!(one("theirs").scope("up-1", &[]), keys(&[]));
+        assert_eq!(one("gone").scope("up-1", &[]), keys(&[("team", "gone")]));
+        // Without a shard filter -A speaks for everyone, as before.
+        let every = Inventory {
+            shard: Shard::Every,
+            elsewhere: BTreeSet::new(),
+            selection: Selection::All,
+            ..ns
+        };
+        assert_eq!(every.scope("up-1", &[copy]), Scope::All);
     }
 
     #[test]
@@ -1173,6 +1322,8 @@ mod tests {
             unserved: Vec::new(),
             target_contexts: Vec::new(),
             named_sources: Vec::new(),
+            shard: Shard::Every,
+            elsewhere: BTreeSet::new(),
         };
         let (meta, disputed) = inv.namespace_metadata("k1", "apps");
         assert_eq!(

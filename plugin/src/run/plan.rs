@@ -382,6 +382,8 @@ mod tests {
             unserved: Vec::new(),
             target_contexts: Vec::new(),
             named_sources: Vec::new(),
+            shard: Default::default(),
+            elsewhere: Default::default(),
         };
         let d1 = Downstream {
             key: "https://d1".into(),

@@ -772,6 +772,8 @@ mod tests {
             unserved: vec![want("cluster:team/new", "n")],
             target_contexts: Vec::new(),
             named_sources: Vec::new(),
+            shard: Default::default(),
+            elsewhere: Default::default(),
         };
         let protected = |key: &str| -> Vec<(String, String)> {
             inv.protected(key)

@@ -5,6 +5,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use helmop_core::sharding::Shard;
+
 use crate::args::TargetArgs;
 use crate::cluster::clusters::{Downstream, Limits};
 use crate::cluster::context::Ctx;
@@ -15,6 +17,9 @@ use crate::run::runner::{self, Progress};
 #[derive(Clone, Debug)]
 pub struct Scope {
     pub selection: Selection,
+    /// Of the selected HelmOps, those this process handles (`propagate --shard-id`, or the
+    /// unsharded ones for `propagate --watch`); every one for the other commands.
+    pub shard: Shard,
     /// `--target-context`: these contexts instead of Fleet Clusters.
     pub target_contexts: Vec<String>,
     pub concurrency: usize,
@@ -33,6 +38,7 @@ impl Scope {
     ) -> Scope {
         Scope {
             selection: Selection::new(helmop, all_namespaces, &ctx.namespace),
+            shard: Shard::Every,
             target_contexts: targets.target_contexts.clone(),
             concurrency: targets.concurrency as usize,
             cluster_timeout: targets.cluster_timeout,
@@ -50,6 +56,7 @@ impl Scope {
         inventory::enumerate(
             ctx,
             &self.selection,
+            &self.shard,
             &self.target_contexts,
             for_prune,
             limits,

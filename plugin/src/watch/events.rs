@@ -75,6 +75,7 @@ impl Events {
         identity: Option<&str>,
         lease: Option<&str>,
         scope: &str,
+        shard: Option<&str>,
         metrics_addr: Option<std::net::SocketAddr>,
     ) {
         let mut text = match (identity, lease) {
@@ -92,6 +93,7 @@ impl Events {
                 "identity": identity,
                 "lease": lease,
                 "scope": scope,
+                "shard": shard,
                 "metricsAddr": metrics_addr.map(|a| a.to_string()),
             }),
             text,

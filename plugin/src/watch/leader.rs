@@ -46,6 +46,23 @@ pub fn scoped_lease_name(base: &str, namespace: Option<&str>, within: Option<&st
     name
 }
 
+/// The Lease of one shard of a scope whose Lease is `scoped`: `-shard-ID` when the shard ID is
+/// fit for an object name (lower case, no `_`), else `-shard-` and a hash of the ID (an ID is a
+/// label value, which may have capitals and `_`). Each shard elects its own leader, so losing one
+/// shard's leader leaves the others' work alone.
+pub fn shard_lease_name(scoped: &str, id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    if helmop_core::name_rules::is_dns1123_label(id) {
+        format!("{scoped}{SHARD_INFIX}{id}")
+    } else {
+        let digest = Sha256::digest(id.as_bytes());
+        format!("{scoped}{SHARD_INFIX}{}", hex::encode(&digest[..6]))
+    }
+}
+
+/// What [`shard_lease_name`] puts between a scope's Lease name and the shard.
+pub const SHARD_INFIX: &str = "-shard-";
+
 /// How long the holder's claim lasts, and the two periods derived from it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseTimings {
@@ -599,6 +616,33 @@ mod tests {
         assert!(a.starts_with("kubectl-helmop-propagate-ns-team-") && a != b);
         assert!(
             scoped_lease_name(DEFAULT_LEASE_NAME, Some(&"n".repeat(63)), Some("x")).len() <= 253
+        );
+    }
+
+    #[test]
+    fn each_shard_has_its_own_lease() {
+        let base = scoped_lease_name(DEFAULT_LEASE_NAME, None, None);
+        assert_eq!(
+            shard_lease_name(&base, "shard0"),
+            "kubectl-helmop-propagate-shard-shard0"
+        );
+        // Label values that are no object names are hashed, and stay apart.
+        let upper = shard_lease_name(&base, "Shard_0");
+        let lower = shard_lease_name(&base, "shard_0");
+        assert!(upper.starts_with("kubectl-helmop-propagate-shard-") && upper != lower);
+        for name in [&upper, &lower] {
+            assert!(
+                helmop_core::name_rules::is_dns1123_subdomain(name),
+                "{name}"
+            );
+        }
+        let longest = shard_lease_name(
+            &scoped_lease_name(DEFAULT_LEASE_NAME, Some(&"n".repeat(63)), Some("x")),
+            &"s".repeat(63),
+        );
+        assert!(
+            helmop_core::name_rules::is_dns1123_subdomain(&longest),
+            "{longest}"
         );
     }
 }

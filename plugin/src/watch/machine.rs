@@ -104,7 +104,7 @@ impl<'a> Machine<'a> {
         let ctx = Ctx::connect_identified(kube).await?;
         let opts = opts(&ctx);
         let events = Events::new(output);
-        let lease = || lease_name(&opts.scope.selection);
+        let lease = || lease_name(&opts.scope.selection, &opts.scope.shard);
         let joined = args.service.join(
             &ctx.upstream,
             lease,
@@ -354,11 +354,12 @@ fn announce(
     leading: &mut watch::Receiver<bool>,
     listener: &Option<Listener>,
 ) -> Option<Notices> {
-    let scope = scope_text(&opts.scope.selection);
+    let scope = scope_text(&opts.scope.selection, &opts.scope.shard);
     events.started(
         election.as_ref().map(LeaderHandle::identity),
         election.as_ref().map(LeaderHandle::lease),
         &scope,
+        opts.scope.shard.id(),
         listener.as_ref().map(|l| l.addr),
     );
     let was_leading = *leading.borrow_and_update();
@@ -392,6 +393,7 @@ fn spawn_watches(
     let watches = triggers::spawn(
         &ctx.upstream,
         &opts.scope.selection,
+        &opts.scope.shard,
         opts.scope.target_contexts.is_empty(),
         triggers::OwnIds(own_ids),
         tx,

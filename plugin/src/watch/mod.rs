@@ -24,6 +24,7 @@ pub mod triggers;
 use std::time::Duration;
 
 use clap::Args;
+use helmop_core::sharding::Shard;
 use helmop_core::state::Problem;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -139,23 +140,34 @@ fn resync_after(every: Duration) -> Option<Instant> {
     (!every.is_zero()).then(|| Instant::now() + every)
 }
 
-/// The default Lease of a scope ([`leader::scoped_lease_name`]).
-fn lease_name(selection: &Selection) -> String {
+/// The default Lease of a scope ([`leader::scoped_lease_name`]) and shard
+/// ([`leader::shard_lease_name`]).
+fn lease_name(selection: &Selection, shard: &Shard) -> String {
     let base = leader::DEFAULT_LEASE_NAME;
-    match selection {
+    let scoped = match selection {
         Selection::All => leader::scoped_lease_name(base, None, None),
         Selection::Namespace(ns) => leader::scoped_lease_name(base, Some(ns), None),
         Selection::One { namespace, name } => {
             leader::scoped_lease_name(base, Some(namespace), Some(name))
         }
+    };
+    match shard.id() {
+        Some(id) => leader::shard_lease_name(&scoped, id),
+        None => scoped,
     }
 }
 
-fn scope_text(selection: &Selection) -> String {
-    match selection {
+fn scope_text(selection: &Selection, shard: &Shard) -> String {
+    let helmops = match selection {
         Selection::One { namespace, name } => format!("HelmOp {namespace}/{name}"),
         Selection::Namespace(ns) => format!("the HelmOps of namespace {ns}"),
         Selection::All => "the HelmOps of all namespaces".to_owned(),
+    };
+    let label = helmop_core::names::FLEET_SHARD_REF_LABEL;
+    match shard {
+        Shard::Every => helmops,
+        Shard::Unlabelled => format!("{helmops} without the label {label} (the unsharded ones)"),
+        Shard::Id(id) => format!("{helmops} labelled {label}={id} (shard {id})"),
     }
 }
 

@@ -47,6 +47,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::run::inventory::Selection;
+use helmop_core::sharding::Shard;
 
 /// Why a run is wanted, in words (`Secret team/db changed`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,6 +126,7 @@ impl Synced {
 pub fn spawn(
     client: &Client,
     selection: &Selection,
+    shard: &Shard,
     fleet: bool,
     ours: OwnIds,
     tx: mpsc::Sender<Trigger>,
@@ -138,6 +140,11 @@ pub fn spawn(
         ),
         Selection::Namespace(ns) => (Some(ns.clone()), watcher::Config::default()),
         Selection::All => (None, watcher::Config::default()),
+    };
+    // A shard watches its own HelmOps only: one relabelled away is gone from its watch.
+    let helmop_config = match shard.label_selector() {
+        Some(selector) => helmop_config.labels(&selector),
+        None => helmop_config,
     };
     let all = namespace.is_none();
     let mut tasks = vec![watch_kind::<PartialObjectMeta<HelmOp>>(

@@ -164,6 +164,25 @@ async fn check_reports_a_working_install_then_a_missing_hash_key_and_a_foreign_c
         )
         .await?;
 
+    // A shard of the propagator, held and renewed just now: `check` finds it by listing.
+    Api::<Lease>::namespaced(client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &Lease {
+                metadata: ObjectMeta {
+                    name: Some("kubectl-helmop-propagate-shard-shard0".into()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some("check-test_2".into()),
+                    lease_duration_seconds: Some(3600),
+                    renew_time: Some(MicroTime(Timestamp::now())),
+                    ..LeaseSpec::default()
+                }),
+            },
+        )
+        .await?;
+
     let key_ref = format!("{ns}/hash-key");
     let args = [
         "check",
@@ -196,6 +215,10 @@ async fn check_reports_a_working_install_then_a_missing_hash_key_and_a_foreign_c
         ("hash-key", &format!("secret/{key_ref}")),
         ("lease", &format!("lease/{ns}/kubectl-helmop-rollout")),
         ("lease", &format!("lease/{ns}/kubectl-helmop-propagate")),
+        (
+            "lease",
+            &format!("lease/{ns}/kubectl-helmop-propagate-shard-shard0"),
+        ),
         ("access", &format!("propagate (namespace {ns})")),
         ("access", &format!("rollout (namespace {ns})")),
     ] {

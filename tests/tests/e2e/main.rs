@@ -28,6 +28,7 @@ mod recreate;
 mod rollout_watch;
 mod safety;
 mod security;
+mod shards;
 mod stamping;
 mod tenants;
 mod validate;

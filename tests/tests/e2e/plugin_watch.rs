@@ -617,23 +617,28 @@ async fn two_watchers_never_both_write() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn repo_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap_or_else(|| Path::new(".."))
-}
-
 #[tokio::test]
 async fn propagator_manifests_grant_enough_and_no_more() -> anyhow::Result<()> {
     let cp = control_plane();
     let up = cp.upstream();
     let client = up.client().await;
     ensure_hash_key(&client).await?;
-    // Install the manifests as a user would (server-side validated); the pods stay Pending on a
-    // control plane without nodes, which is fine: the watcher runs here, as its ServiceAccount.
+    // Install the manifests as a user would (server-side validated), with the shards component;
+    // the pods stay Pending on a control plane without nodes, which is fine: the watchers run
+    // here, as their ServiceAccount.
+    let overlay = tempfile::tempdir()?;
+    let manifests = manifests_dir();
+    std::fs::write(
+        overlay.path().join("kustomization.yaml"),
+        format!(
+            "resources:\n  - {}\ncomponents:\n  - {}\n",
+            relative_path(overlay.path(), &manifests.join("propagator"))?.display(),
+            relative_path(overlay.path(), &manifests.join("propagator-shards"))?.display(),
+        ),
+    )?;
     let rendered = std::process::Command::new("kubectl")
         .arg("kustomize")
-        .arg(repo_root().join("manifests/propagator"))
+        .arg(overlay.path())
         .output()?;
     assert!(
         rendered.status.success(),
@@ -691,6 +696,18 @@ async fn propagator_manifests_grant_enough_and_no_more() -> anyhow::Result<()> {
             "helmop-system",
         ],
         &["create", "events.events.k8s.io", "-n", "fleet-default"],
+        &[
+            "update",
+            "leases.coordination.k8s.io/kubectl-helmop-propagate-shard-shard0",
+            "-n",
+            "helmop-system",
+        ],
+        &[
+            "get",
+            "leases.coordination.k8s.io/kubectl-helmop-propagate-shard-shard1",
+            "-n",
+            "helmop-system",
+        ],
     ] {
         assert!(
             can(allowed)?,
@@ -709,6 +726,12 @@ async fn propagator_manifests_grant_enough_and_no_more() -> anyhow::Result<()> {
             "helmop-system",
         ],
         &["create", "leases.coordination.k8s.io", "-n", "default"],
+        &[
+            "update",
+            "leases.coordination.k8s.io/kubectl-helmop-propagate-shard-shard2",
+            "-n",
+            "helmop-system",
+        ],
         &["create", "namespaces"],
         &["update", "namespaces/default"],
         &["patch", "events.events.k8s.io", "-n", "fleet-default"],
@@ -775,7 +798,87 @@ async fn propagator_manifests_grant_enough_and_no_more() -> anyhow::Result<()> {
     assert!(w.events_named("failed").is_empty(), "{}", w.context());
     w.signal(libc::SIGTERM)?;
     assert_eq!(w.wait_exit(Duration::from_secs(15)).await?.code(), Some(0));
+
+    // A shard's Deployment runs `-A --watch --shard-id=shard0` as the same ServiceAccount: the
+    // Lease it derives is the one its Role grants, and it takes over the HelmOp once labelled for
+    // it (only HelmOps labelled shard0 anywhere, so -A touches no other test's).
+    let shard_args = shard_deployment_args(&rendered.stdout, "helmop-propagator-shard0")?;
+    assert!(
+        shard_args.iter().any(|a| a == "--shard-id=shard0"),
+        "{shard_args:?}"
+    );
+    assert!(
+        shard_args.iter().any(|a| a == "--all-namespaces"),
+        "{shard_args:?}"
+    );
+    Api::<kube::core::DynamicObject>::namespaced_with(
+        client.clone(),
+        &f.ns,
+        &helmop_resource(),
+    )
+    .patch(
+        "app",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {helmop_core::names::FLEET_SHARD_REF_LABEL: "shard0"}}})),
+    )
+    .await?;
+    let mut shard = PluginProcess::spawn(
+        &[
+            "propagate",
+            "--all-namespaces",
+            "--watch",
+            "--shard-id=shard0",
+            "--kubeconfig",
+            &kubeconfig,
+            "--lease-duration",
+            LEASE_FLAG,
+            "--debounce",
+            "200ms",
+            "-o",
+            "json",
+        ],
+        &[("POD_NAMESPACE", "helmop-system")],
+    )?;
+    let leads = shard
+        .wait_event("shard0 to lead", PROPAGATION_BOUND, 0, |e| {
+            e["event"] == "leader" && e["leading"] == true
+        })
+        .await?;
+    assert_eq!(
+        leads["lease"],
+        "helmop-system/kubectl-helmop-propagate-shard-shard0"
+    );
+    f.set_source("three").await?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "three", PROPAGATION_BOUND).await?;
+    assert!(
+        shard.events_named("failed").is_empty(),
+        "{}",
+        shard.context()
+    );
+    shard.signal(libc::SIGTERM)?;
+    assert_eq!(
+        shard.wait_exit(Duration::from_secs(15)).await?.code(),
+        Some(0)
+    );
     Ok(())
+}
+
+/// The container args of the Deployment `name` in rendered manifests.
+fn shard_deployment_args(rendered: &[u8], name: &str) -> anyhow::Result<Vec<String>> {
+    let text = String::from_utf8_lossy(rendered);
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).context("rendered YAML")?;
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == name)
+        .with_context(|| format!("no Deployment {name}"))?;
+    Ok(
+        deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str().map(str::to_owned))
+            .collect(),
+    )
 }
 
 /// Whether `user` may `verb` BundleNamespaceMappings in every namespace (a SubjectAccessReview).

@@ -1,6 +1,7 @@
 //! `kubectl helmop propagate [HELMOP] [-A]`: the command line of [`crate::run::propagate`].
 
 use clap::Args;
+use helmop_core::sharding::{Shard, parse_shard_id};
 
 use crate::args::{KubeArgs, ReportFormat, TargetArgs};
 use crate::cluster::context::Ctx;
@@ -33,6 +34,13 @@ pub struct PropagateArgs {
     #[arg(long)]
     pub new_hash_key: bool,
 
+    /// Handle only the HelmOps labelled fleet.cattle.io/shard-ref=ID, as Fleet's controllers of
+    /// that shard do. Without it, --watch handles only the HelmOps without that label (Fleet's
+    /// unsharded controller) and a one-shot run every HelmOp. With --watch, each shard elects its
+    /// own leader
+    #[arg(long, value_name = "ID", value_parser = parse_shard_id)]
+    pub shard_id: Option<String>,
+
     /// Output format
     #[arg(short = 'o', long, value_enum, default_value_t = ReportFormat::Table)]
     pub output: ReportFormat,
@@ -50,17 +58,29 @@ pub struct PropagateArgs {
 impl PropagateArgs {
     /// The library options these flags stand for.
     pub fn opts(&self, ctx: &Ctx, progress: Progress) -> PropagateOpts {
+        let mut scope = Scope::from_args(
+            ctx,
+            self.helmop.as_deref(),
+            self.all_namespaces,
+            &self.targets,
+            progress,
+        );
+        scope.shard = self.shard();
         PropagateOpts {
-            scope: Scope::from_args(
-                ctx,
-                self.helmop.as_deref(),
-                self.all_namespaces,
-                &self.targets,
-                progress,
-            ),
+            scope,
             adopt: self.adopt,
             dry_run: self.dry_run,
             new_hash_key: self.new_hash_key,
+        }
+    }
+
+    /// Which HelmOps these flags handle: `--shard-id`'s; without it, a watcher is Fleet's
+    /// unsharded controller and a one-shot run speaks for every HelmOp it lists.
+    pub fn shard(&self) -> Shard {
+        match (&self.shard_id, self.watch.watch) {
+            (Some(id), _) => Shard::Id(id.clone()),
+            (None, true) => Shard::Unlabelled,
+            (None, false) => Shard::Every,
         }
     }
 }

@@ -148,23 +148,35 @@ pub async fn read_meta(
     })
 }
 
-/// The finalizers holding the object at a place, when it is this upstream's copy (its source
-/// marker names `upstream_id`) being deleted: a create there is answered 409 until it is gone.
-pub async fn own_terminating(
+/// The metadata of the object at a place when it is this upstream's copy (its source marker names
+/// `upstream_id`), live or being deleted; `None` for anything else, or when it cannot be read.
+pub async fn own_copy(
     client: &Client,
     upstream_id: &str,
     namespace: &str,
     resource: &ResourceRef,
-) -> Option<Vec<String>> {
+) -> Option<ObjectMeta> {
     let meta = read_meta(client, namespace, resource).await.ok()??;
-    meta.deletion_timestamp.as_ref()?;
     let ours = meta
         .annotations
         .as_ref()
         .and_then(|a| a.get(helmop_core::names::ANN_SOURCE))
         .and_then(|s| helmop_core::plan::SourceRef::parse(s))
         .is_some_and(|s| s.upstream_id == upstream_id);
-    ours.then(|| meta.finalizers.unwrap_or_default())
+    ours.then_some(meta)
+}
+
+/// The finalizers holding the object at a place, when it is this upstream's copy being deleted:
+/// a create there is answered 409 until it is gone.
+pub async fn own_terminating(
+    client: &Client,
+    upstream_id: &str,
+    namespace: &str,
+    resource: &ResourceRef,
+) -> Option<Vec<String>> {
+    let meta = own_copy(client, upstream_id, namespace, resource).await?;
+    meta.deletion_timestamp.as_ref()?;
+    Some(meta.finalizers.unwrap_or_default())
 }
 
 /// Applies the copy to the existing object (ours, or adopted) with force, guarded by uid and

@@ -718,26 +718,25 @@ impl ClusterRun<'_> {
     ) -> Outcome {
         match apply::create_copy(self.ctx, &self.client, data, &action.namespace, meta).await {
             Ok(()) => Outcome::new(RowState::Created, reason, hash),
-            Err(e)
-                if api_error::is_conflict(&e)
-                    && apply::own_terminating(
-                        &self.client,
-                        &self.ctx.upstream_id,
-                        &action.namespace,
-                        &action.resource,
-                    )
-                    .await
-                    .is_some() =>
-            {
-                Outcome::failed(
-                    "helmop's earlier copy of this name is still being deleted (a finalizer holds it); tried again on the next run".into(),
-                )
+            Err(e) if api_error::is_conflict(&e) => {
+                let (client, upstream) = (&self.client, &self.ctx.upstream_id);
+                match apply::own_copy(client, upstream, &action.namespace, &action.resource).await {
+                    Some(meta) if meta.deletion_timestamp.is_some() => Outcome::failed(
+                        "helmop's earlier copy of this name is still being deleted (a finalizer holds it); tried again on the next run".into(),
+                    ),
+                    // Another writer for this upstream (another shard's leader wanting the same
+                    // copy for its HelmOp, a one-shot propagate) created it first: the next
+                    // run plans against it and adds this run's owners.
+                    Some(_) => Outcome::failed(
+                        "another run of this upstream (another shard, or a one-shot propagate) created this copy meanwhile; tried again on the next run".into(),
+                    ),
+                    None => Outcome::new(
+                        RowState::Conflict,
+                        "an object of this name appeared after the cluster was read; it was left untouched, run again to see whose it is".into(),
+                        None,
+                    ),
+                }
             }
-            Err(e) if api_error::is_conflict(&e) => Outcome::new(
-                RowState::Conflict,
-                "an object of this name appeared after the cluster was read; it was left untouched, run again to see whose it is".into(),
-                None,
-            ),
             Err(e) => Outcome::failed(write_error("creating the copy", &e).to_string()),
         }
     }
@@ -975,6 +974,8 @@ mod tests {
             unserved: Vec::new(),
             target_contexts: Vec::new(),
             named_sources: Vec::new(),
+            shard: Default::default(),
+            elsewhere: Default::default(),
         };
         let rows = uncopyable_rows(&inv);
         let got: Vec<(&str, &str, &str)> = rows
