@@ -24,6 +24,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use crate::cluster::api_error;
 use crate::cluster::client_cache::ClientKey;
 use crate::cluster::context::{Ctx, kubeconfig_error};
+use crate::cluster::read_cache::ReadCache;
 use crate::error::PluginError;
 use crate::identity::{identity_key, kube_system_uid};
 
@@ -115,14 +116,23 @@ async fn identify(client: &kube::Client, timeout: Duration) -> Identified {
     }
 }
 
-/// A registration with its client: its name, its plan key, its client.
-type Entry = (String, String, Result<kube::Client, PluginError>);
+/// A registration with its client: its name, its plan key, its client and what the client was
+/// built from.
+type Entry = (
+    String,
+    String,
+    Result<(kube::Client, ClientKey), PluginError>,
+);
 
 /// Reads every entry's identity (bounded, each within its deadline) and makes it a
 /// [`Downstream`], in the order given, each key once. An entry whose endpoint cannot be reached
 /// is unreachable with the reason; one that answers without saying who it is is served with an
 /// unknown identity.
-async fn identify_all(entries: Vec<Entry>, limits: Limits) -> Vec<Downstream> {
+async fn identify_all(
+    reads: Option<&ReadCache>,
+    entries: Vec<Entry>,
+    limits: Limits,
+) -> Vec<Downstream> {
     let mut seen = BTreeSet::new();
     let entries: Vec<Entry> = entries
         .into_iter()
@@ -132,7 +142,7 @@ async fn identify_all(entries: Vec<Entry>, limits: Limits) -> Vec<Downstream> {
         .map(|(name, key, client)| async move {
             let (identity, client) = match client {
                 Err(e) => (None, Err(e)),
-                Ok(client) => match identify(&client, limits.timeout).await {
+                Ok((client, built_from)) => match identify_kept(reads, &client, built_from, limits).await {
                     Identified::Claimed(id) => (Some(id), Ok(client)),
                     Identified::Unknown(why) => {
                         tracing::info!(cluster = %name, reason = %why, "identity unknown: served through its own credentials, its wants protect every cluster's copies");
@@ -155,6 +165,28 @@ async fn identify_all(entries: Vec<Entry>, limits: Limits) -> Vec<Downstream> {
     out
 }
 
+/// [`identify`], or the identity this client claimed in an earlier run of a watcher
+/// ([`ReadCache`]); a claimed one is kept for the next.
+async fn identify_kept(
+    reads: Option<&ReadCache>,
+    client: &kube::Client,
+    built_from: ClientKey,
+    limits: Limits,
+) -> Identified {
+    let Some(reads) = reads else {
+        return identify(client, limits.timeout).await;
+    };
+    if let Some(id) = reads.identity(&built_from) {
+        return Identified::Claimed(id);
+    }
+    let epoch = reads.epoch();
+    let identified = identify(client, limits.timeout).await;
+    if let Identified::Claimed(id) = &identified {
+        reads.store_identity(built_from, id.clone(), epoch);
+    }
+    identified
+}
+
 /// Registrations claiming one identity are reported: an alias of one cluster (two URLs, two
 /// Fleet Clusters), a restored clone, or an endpoint impersonating another cluster. Each is
 /// still served through its own credentials only.
@@ -173,17 +205,17 @@ fn report_aliases(downstreams: &[Downstream]) {
     }
 }
 
-/// A client for `config`, kept under `key` for the next runs.
+/// A client for `config`, kept under `key` for the next runs (and returned with it).
 fn build_client(
     ctx: &Ctx,
     key: ClientKey,
     config: kube::Config,
-) -> Result<kube::Client, PluginError> {
+) -> Result<(kube::Client, ClientKey), PluginError> {
     let client = kube::Client::try_from(config).map_err(|e| PluginError::BuildClient {
         reason: e.to_string(),
     })?;
-    ctx.clients.insert(key, client.clone());
-    Ok(client)
+    ctx.clients.insert(key.clone(), client.clone());
+    Ok((client, key))
 }
 
 /// `NS/NAME` of a Fleet Cluster.
@@ -220,14 +252,7 @@ pub async fn resolve_fleet(ctx: &Ctx, clusters: &[Cluster], limits: Limits) -> V
     let secrets: BTreeMap<(String, String), Result<Option<Secret>, PluginError>> =
         futures::stream::iter(wanted)
             .map(|(ns, secret_name)| async move {
-                let api: Api<Secret> = Api::namespaced(ctx.upstream.clone(), &ns);
-                let got = api.get_opt(&secret_name).await.map_err(|e| {
-                    PluginError::ReadKubeconfigSecret {
-                        namespace: ns.clone(),
-                        name: secret_name.clone(),
-                        reason: api_error::describe(&e),
-                    }
-                });
+                let got = kubeconfig_secret(ctx, &ns, &secret_name).await;
                 ((ns, secret_name), got)
             })
             .buffer_unordered(limits.concurrency.max(1))
@@ -262,7 +287,32 @@ pub async fn resolve_fleet(ctx: &Ctx, clusters: &[Cluster], limits: Limits) -> V
         let key = fleet_key(&name);
         entries.push((name, key, client));
     }
-    identify_all(entries, limits).await
+    identify_all(ctx.reads.as_deref(), entries, limits).await
+}
+
+/// The kubeconfig Secret `namespace/name` upstream (`None`: absent), or the one a watcher kept.
+async fn kubeconfig_secret(
+    ctx: &Ctx,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Secret>, PluginError> {
+    if let Some(kept) = ctx.reads.as_ref().and_then(|r| r.secret(namespace, name)) {
+        return Ok(kept);
+    }
+    let epoch = ctx.reads.as_ref().map(|r| r.epoch());
+    let api: Api<Secret> = Api::namespaced(ctx.upstream.clone(), namespace);
+    let got = api
+        .get_opt(name)
+        .await
+        .map_err(|e| PluginError::ReadKubeconfigSecret {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            reason: api_error::describe(&e),
+        })?;
+    if let (Some(reads), Some(epoch)) = (&ctx.reads, epoch) {
+        reads.store_secret(namespace, name, got.clone(), epoch);
+    }
+    Ok(got)
 }
 
 /// Resolves `--target-context` names to downstreams (in the order given, each name once).
@@ -271,7 +321,7 @@ pub async fn resolve_contexts(ctx: &Ctx, contexts: &[String], limits: Limits) ->
     for name in contexts {
         let key = ClientKey::Context(name.clone());
         let client = match ctx.clients.get(&key) {
-            Some(client) => Ok(client),
+            Some(client) => Ok((client, key)),
             None => match ctx.context_config(name).await {
                 Ok(config) => build_client(ctx, key, config),
                 Err(e) => Err(e),
@@ -279,12 +329,15 @@ pub async fn resolve_contexts(ctx: &Ctx, contexts: &[String], limits: Limits) ->
         };
         entries.push((name.clone(), format!("context:{name}"), client));
     }
-    identify_all(entries, limits).await
+    identify_all(ctx.reads.as_deref(), entries, limits).await
 }
 
 /// A client from a Fleet kubeconfig Secret (data key `value`): the one kept from an earlier run
-/// for the same bytes, else a new one.
-async fn client_from_secret(ctx: &Ctx, secret: &Secret) -> Result<kube::Client, PluginError> {
+/// for the same bytes, else a new one; with the key it is kept under.
+async fn client_from_secret(
+    ctx: &Ctx,
+    secret: &Secret,
+) -> Result<(kube::Client, ClientKey), PluginError> {
     let bytes = secret
         .data
         .as_ref()
@@ -294,7 +347,7 @@ async fn client_from_secret(ctx: &Ctx, secret: &Secret) -> Result<kube::Client, 
         })?;
     let key = ClientKey::Kubeconfig(bytes.0.clone());
     if let Some(client) = ctx.clients.get(&key) {
-        return Ok(client);
+        return Ok((client, key));
     }
     let text = std::str::from_utf8(&bytes.0).map_err(|_| PluginError::KubeconfigNotText {
         key: KUBECONFIG_DATA_KEY,
@@ -428,7 +481,10 @@ current-context: x
             (
                 "ns/down".to_string(),
                 "cluster:ns/down".to_string(),
-                Ok(client("https://127.0.0.1:1")),
+                Ok((
+                    client("https://127.0.0.1:1"),
+                    ClientKey::Context("down".into()),
+                )),
             ),
             (
                 "ns/nocreds".to_string(),
@@ -440,7 +496,7 @@ current-context: x
                 }),
             ),
         ];
-        let out = identify_all(entries, limits).await;
+        let out = identify_all(None, entries, limits).await;
         assert_eq!(out[0].key, "cluster:ns/down");
         let why = out[0]
             .client

@@ -16,6 +16,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::args::KubeArgs;
 use crate::cluster::client_cache::ClientCache;
+use crate::cluster::read_cache::ReadCache;
 use crate::cluster::{api_error, upstream_id};
 use crate::error::PluginError;
 use crate::identity;
@@ -46,6 +47,9 @@ pub struct Ctx {
     pub kubeconfig_namespaces: Vec<String>,
     /// Downstream clients kept between runs ([`crate::cluster::client_cache`]).
     pub clients: Arc<ClientCache>,
+    /// Kubeconfig Secrets and identities kept between runs, for a caller whose watches invalidate
+    /// them (`propagate --watch`, [`crate::cluster::read_cache`]); `None`: read every time.
+    pub reads: Option<Arc<ReadCache>>,
     writes: Arc<AtomicU64>,
 }
 
@@ -115,6 +119,7 @@ impl Ctx {
             request_timeout: args.request_timeout,
             kubeconfig_namespaces: args.kubeconfig_namespaces.clone(),
             clients: Arc::new(ClientCache::default()),
+            reads: None,
             writes: Arc::new(AtomicU64::new(0)),
         })
     }

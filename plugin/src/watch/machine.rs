@@ -23,9 +23,14 @@ use super::{
 };
 use crate::args::{KubeArgs, ReportFormat};
 use crate::cluster::context::Ctx;
+use crate::cluster::read_cache::ReadCache;
 use crate::error::PluginError;
 use crate::humanize::humanize;
+use crate::run::inventory::Selection;
 use crate::run::propagate::{PropagateOpts, Report, propagate_once};
+
+/// Reasons for a run that reads every kubeconfig and identity afresh ([`ReadCache`]).
+const FRESH_READS: [&str; 3] = ["start", "resync", "became leader"];
 
 /// What the watcher waits for.
 pub(super) enum Event {
@@ -101,8 +106,14 @@ impl<'a> Machine<'a> {
         health.beat();
         // Bound before connecting, so probes answer (not ready) while start-up is slow.
         let listener = args.service.listen(metrics.clone(), health.clone()).await?;
-        let ctx = Ctx::connect_identified(kube).await?;
+        let mut ctx = Ctx::connect_identified(kube).await?;
         let opts = opts(&ctx);
+        // Kept between runs, invalidated by the Secret watch this watcher starts below.
+        let namespace = match &opts.scope.selection {
+            Selection::All => None,
+            Selection::Namespace(ns) | Selection::One { namespace: ns, .. } => Some(ns.clone()),
+        };
+        ctx.reads = Some(Arc::new(ReadCache::new(namespace)));
         let events = Events::new(output);
         let lease = || lease_name(&opts.scope.selection, &opts.scope.shard);
         let joined = args.service.join(
@@ -244,12 +255,24 @@ impl<'a> Machine<'a> {
     /// interrupted it.
     async fn due(&mut self) -> Option<&'static str> {
         let reasons = self.pending.take();
+        // The periodic resync and a new leader read everything afresh, so nothing kept from
+        // earlier runs outlives one resync period.
+        if reasons.iter().any(|r| FRESH_READS.contains(&r.as_str()))
+            && let Some(reads) = &self.ctx.reads
+        {
+            reads.clear();
+        }
         self.run_number += 1;
         let outcome = self.propagate().await;
         self.pending.ran(Instant::now());
         match outcome {
             Outcome::Done(Ok(report)) => return self.report(&report, &reasons).await,
-            Outcome::Done(Err(e)) => self.failed(&e, &reasons),
+            Outcome::Done(Err(e)) => {
+                if let Some(reads) = &self.ctx.reads {
+                    reads.clear();
+                }
+                self.failed(&e, &reasons)
+            }
             Outcome::LostLease => self.aborted(),
             Outcome::Signal(signal) => {
                 self.metrics.run_aborted();
@@ -392,10 +415,9 @@ fn spawn_watches(
     own_ids.extend(ctx.upstream_aliases.iter().cloned());
     let watches = triggers::spawn(
         &ctx.upstream,
-        &opts.scope.selection,
-        &opts.scope.shard,
-        opts.scope.target_contexts.is_empty(),
+        &opts.scope,
         triggers::OwnIds(own_ids),
+        ctx.reads.clone(),
         tx,
         synced,
     );

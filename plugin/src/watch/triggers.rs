@@ -46,8 +46,9 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::cluster::read_cache::ReadCache;
 use crate::run::inventory::Selection;
-use helmop_core::sharding::Shard;
+use crate::run::scope::Scope;
 
 /// Why a run is wanted, in words (`Secret team/db changed`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,17 +122,19 @@ impl Synced {
     }
 }
 
-/// Starts the watches for `selection`. `fleet`: whether downstream clusters come from Fleet
-/// Clusters (not `--target-context`), so Clusters and ClusterGroups matter.
+/// Starts the watches for the HelmOps of `scope` (its selection and shard). Clusters and
+/// ClusterGroups matter when the downstream clusters come from Fleet Clusters (not
+/// `--target-context`).
 pub fn spawn(
     client: &Client,
-    selection: &Selection,
-    shard: &Shard,
-    fleet: bool,
+    scope: &Scope,
     ours: OwnIds,
+    reads: Option<Arc<ReadCache>>,
     tx: mpsc::Sender<Trigger>,
     synced: &Arc<Synced>,
 ) -> Watches {
+    let (selection, shard) = (&scope.selection, &scope.shard);
+    let fleet = scope.target_contexts.is_empty();
     let interesting = Interesting::default();
     let (namespace, helmop_config) = match selection {
         Selection::One { namespace, name } => (
@@ -199,6 +202,7 @@ pub fn spawn(
         filter.clone(),
         ours.clone(),
         synced.clone(),
+        reads,
     ));
     tasks.push(watch_sources::<ConfigMap>(
         api(client, namespace.as_deref()),
@@ -208,6 +212,7 @@ pub fn spawn(
         filter,
         ours,
         synced.clone(),
+        None,
     ));
     synced.expect(tasks.len());
     if fleet {
@@ -509,6 +514,8 @@ fn watch_sources<K>(
     filter: Option<Interesting>,
     ours: Arc<OwnIds>,
     synced: Arc<Synced>,
+    // The Secret watch keeps the watcher's kept kubeconfig Secrets honest (see `ReadCache`).
+    reads: Option<Arc<ReadCache>>,
 ) -> JoinHandle<()>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -525,17 +532,32 @@ where
             match event {
                 Ok(Event::Apply(obj)) => {
                     let (ns, name) = key(&obj);
+                    if let Some(reads) = &reads {
+                        reads.invalidate_secret(&ns, &name);
+                    }
                     if wanted(&obj, &ns) {
                         send(&tx, format!("{label} {ns}/{name} changed"));
                     }
                 }
                 Ok(Event::Delete(obj)) => {
                     let (ns, name) = key(&obj);
+                    if let Some(reads) = &reads {
+                        reads.invalidate_secret(&ns, &name);
+                    }
                     if wanted(&obj, &ns) {
                         send(&tx, format!("{label} {ns}/{name} deleted"));
                     }
                 }
+                // A (re-)list starts: what changed while disconnected is unknown until it is done.
+                Ok(Event::Init) => {
+                    if let Some(reads) = &reads {
+                        reads.set_live(false);
+                    }
+                }
                 Ok(Event::InitDone) => {
+                    if let Some(reads) = &reads {
+                        reads.set_live(true);
+                    }
                     if listed {
                         send(&tx, format!("{label} watch re-listed"));
                     } else {
@@ -549,6 +571,9 @@ where
                 }
                 Ok(_) => {}
                 Err(e) => {
+                    if let Some(reads) = &reads {
+                        reads.set_live(false);
+                    }
                     if !failing {
                         tracing::warn!(kind = label, error = %e, "watch failed; retrying with back-off");
                     }

@@ -257,6 +257,54 @@ async fn watch_propagates_changes_within_seconds_without_a_rerun() -> anyhow::Re
     Ok(())
 }
 
+/// The watcher keeps the kubeconfig Secrets it read between runs; a change to one is seen by its
+/// Secret watch, so the very next run reaches the cluster the Secret now names, not the one it
+/// named before (and the cluster it no longer names gets nothing new).
+#[tokio::test]
+async fn a_rotated_kubeconfig_secret_is_used_by_the_next_run() -> anyhow::Result<()> {
+    let f = Fixture::new("rotate").await?;
+    let mut w = f.spawn_watcher(&[])?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "one", PROPAGATION_BOUND).await?;
+    // A second run, from what it kept.
+    f.set_source("two").await?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "two", PROPAGATION_BOUND).await?;
+
+    // The Cluster's kubeconfig Secret now names down2.
+    let seen = w.events().len();
+    let down2 = control_plane().cluster(DOWNSTREAM_2).kubeconfig_yaml();
+    Api::<Secret>::namespaced(f.upstream.clone(), &f.ns)
+        .patch(
+            &format!("{DOWNSTREAM_1}-kubeconfig"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"value": down2}})),
+        )
+        .await
+        .context("rotating the kubeconfig Secret")?;
+    w.wait_event(
+        "a run for the kubeconfig change",
+        PROPAGATION_BOUND,
+        seen,
+        |e| {
+            is_run_for(
+                e,
+                &format!("Secret {}/{DOWNSTREAM_1}-kubeconfig changed", f.ns),
+            )
+        },
+    )
+    .await?;
+    wait_copy(DOWNSTREAM_2, &f.ns, "two", PROPAGATION_BOUND).await?;
+    f.set_source("three").await?;
+    wait_copy(DOWNSTREAM_2, &f.ns, "three", PROPAGATION_BOUND).await?;
+    assert_eq!(
+        copy_value(DOWNSTREAM_1, &f.ns).await?.as_deref(),
+        Some("two"),
+        "the cluster the Secret no longer names was written"
+    );
+    w.signal(libc::SIGTERM)?;
+    assert_eq!(w.wait_exit(Duration::from_secs(15)).await?.code(), Some(0));
+    Ok(())
+}
+
 /// A copy whose write the downstream API server refused (a validating webhook that nothing answers,
 /// `failurePolicy: Fail`) is written once the refusal is gone, with nothing changed upstream: a
 /// run's failed writes are tried again with back-off, not left for the next change or the resync
