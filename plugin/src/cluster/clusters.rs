@@ -228,7 +228,7 @@ pub fn cluster_name(c: &Cluster) -> String {
 }
 
 /// The kubeconfig Secret `(namespace, name)` of a Cluster, or why it is not read.
-fn kubeconfig_secret_of(ctx: &Ctx, cluster: &Cluster) -> Result<(String, String), PluginError> {
+pub fn kubeconfig_secret_of(ctx: &Ctx, cluster: &Cluster) -> Result<(String, String), PluginError> {
     match cluster.kubeconfig_secret() {
         None => Err(PluginError::NoKubeconfigSecret),
         Some((namespace, name))

@@ -111,6 +111,9 @@ pub struct Inventory {
     /// The HelmOps listed for the selection that another shard handles ([`Shard`]): never
     /// spoken for here, so their ownership of a copy is left as it is.
     pub elsewhere: BTreeSet<HelmOpKey>,
+    /// `(namespace, name)` of every Fleet Cluster's kubeconfig Secret the run read (a change to
+    /// one is never a mere source edit: [`crate::run::focus`]).
+    pub kubeconfig_secrets: BTreeSet<(String, String)>,
     /// `(namespace, resource)` of every source any HelmOp names, whatever the selection and the
     /// targets: never adopted on the management cluster (set by `propagate --adopt`, see
     /// [`named_sources`]).
@@ -274,6 +277,11 @@ pub async fn enumerate(
         Some(fleet) => clusters::resolve_fleet(ctx, &fleet.clusters, limits).await,
         None => Vec::new(),
     };
+    let kubeconfig_secrets = fleet
+        .iter()
+        .flat_map(|f| &f.clusters)
+        .filter_map(|c| clusters::kubeconfig_secret_of(ctx, c).ok())
+        .collect();
     let mut identities: BTreeMap<String, Option<String>> = registered
         .iter()
         .map(|d| (d.key.clone(), d.identity.clone()))
@@ -318,6 +326,7 @@ pub async fn enumerate(
         target_contexts: target_contexts.to_vec(),
         named_sources: Vec::new(),
         elsewhere,
+        kubeconfig_secrets,
     })
 }
 
@@ -1116,6 +1125,7 @@ mod tests {
             named_sources: Vec::new(),
             shard: Shard::Every,
             elsewhere: BTreeSet::new(),
+            kubeconfig_secrets: Default::default(),
         };
         let copy = ObservedCopy {
             cluster: "c".into(),
@@ -1196,6 +1206,7 @@ mod tests {
             target_contexts: Vec::new(),
             named_sources: Vec::new(),
             elsewhere,
+            kubeconfig_secrets: BTreeSet::new(),
         };
         let keys = |pairs: &[(&str, &str)]| -> Scope {
             Scope::HelmOps(pairs.iter().map(|(n, h)| HelmOpKey::new(n, h)).collect())
@@ -1220,6 +1231,7 @@ mod tests {
             helmops: Vec::new(),
             shard: ns.shard.clone(),
             elsewhere: ns.elsewhere.clone(),
+            kubeconfig_secrets: Default::default(),
             downstreams: Vec::new(),
             desired: Vec::new(),
             problems: Vec::new(),
@@ -1236,6 +1248,7 @@ mod tests {
         let every = Inventory {
             shard: Shard::Every,
             elsewhere: BTreeSet::new(),
+            kubeconfig_secrets: Default::default(),
             selection: Selection::All,
             ..ns
         };
@@ -1324,6 +1337,7 @@ mod tests {
             named_sources: Vec::new(),
             shard: Shard::Every,
             elsewhere: BTreeSet::new(),
+            kubeconfig_secrets: Default::default(),
         };
         let (meta, disputed) = inv.namespace_metadata("k1", "apps");
         assert_eq!(

@@ -384,6 +384,7 @@ mod tests {
             named_sources: Vec::new(),
             shard: Default::default(),
             elsewhere: Default::default(),
+            kubeconfig_secrets: Default::default(),
         };
         let d1 = Downstream {
             key: "https://d1".into(),

@@ -162,7 +162,7 @@ pub async fn prune(ctx: &Ctx, opts: &PruneOpts) -> Result<PruneReport, PluginErr
         dry_run: opts.dry_run,
         summary: report::counts(&rows),
         rows,
-        unreachable_clusters: unreachable,
+        unreachable_clusters: unreachable.len(),
         writes: ctx.writes() - writes_before,
     })
 }
@@ -774,6 +774,7 @@ mod tests {
             named_sources: Vec::new(),
             shard: Default::default(),
             elsewhere: Default::default(),
+            kubeconfig_secrets: Default::default(),
         };
         let protected = |key: &str| -> Vec<(String, String)> {
             inv.protected(key)

@@ -66,14 +66,14 @@ impl Scope {
 
     /// Runs `work` on every downstream cluster of `inv` (bounded, each under its deadline) and
     /// gathers its rows; a cluster that could not be worked on gets `unreachable`'s rows instead.
-    /// Returns the rows and how many clusters were unreachable.
+    /// Returns the rows and the clusters that were unreachable (as rows name them).
     pub async fn rows_per_cluster<'a, T, F, Fut, U>(
         &self,
         inv: &'a Inventory,
         what: &str,
         work: F,
         unreachable: U,
-    ) -> (Vec<T>, usize)
+    ) -> (Vec<T>, Vec<String>)
     where
         F: Fn(&'a Downstream, kube::Client) -> Fut,
         Fut: Future<Output = Result<Vec<T>, PluginError>>,
@@ -89,16 +89,14 @@ impl Scope {
         )
         .await;
         let mut rows = Vec::new();
-        let mut unreachable_clusters = 0;
+        let mut unreachable_clusters = Vec::new();
         for result in results {
+            let downstream = &inv.downstreams[result.index];
             match result.outcome {
                 Ok(mut r) => rows.append(&mut r),
                 Err(reason) => {
-                    unreachable_clusters += 1;
-                    rows.extend(unreachable(
-                        &inv.downstreams[result.index],
-                        &reason.to_string(),
-                    ));
+                    unreachable_clusters.push(downstream.display());
+                    rows.extend(unreachable(downstream, &reason.to_string()));
                 }
             }
         }

@@ -97,7 +97,7 @@ pub async fn status(ctx: &Ctx, opts: &StatusOpts) -> Result<StatusReport, Plugin
         rows,
         problems: inv.problems.clone(),
         rejected: inv.rejected.clone(),
-        unreachable_clusters: unreachable,
+        unreachable_clusters: unreachable.len(),
     })
 }
 

@@ -9,9 +9,12 @@
 //! period (1 s by default) before its run, most of the edit-to-copy latency on a small fleet
 //! (docs/performance.md, "Watching a fleet"). A burst now costs at most one run more than before.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use crate::run::focus::{Focus, MAX_FOCUSED_SOURCES, SourceKey};
 
 /// How long the leading edge waits for the rest of one apply (at most the debounce period).
 pub const GATHER: Duration = Duration::from_millis(100);
@@ -27,6 +30,10 @@ pub struct Pending {
     leading: bool,
     /// When the last run ended (kept across [`Pending::take`]).
     last_run: Option<Instant>,
+    /// The sources changed since the last run, while nothing else changed ([`Pending::take_focus`]).
+    sources: BTreeSet<SourceKey>,
+    /// Something other than a source changed (or too many sources did): the run covers everything.
+    widened: bool,
 }
 
 /// At most this many distinct reasons are kept for the report of one run.
@@ -44,6 +51,22 @@ impl Pending {
 
     /// Something changed at `now`.
     pub fn mark(&mut self, now: Instant, reason: impl Into<String>) {
+        self.widened = true;
+        self.note(now, reason);
+    }
+
+    /// Secret or ConfigMap `source` changed at `now`: unless something else changes before the
+    /// run, it covers only the clusters copying the changed sources.
+    pub fn mark_source(&mut self, now: Instant, reason: impl Into<String>, source: SourceKey) {
+        if self.sources.len() < MAX_FOCUSED_SOURCES || self.sources.contains(&source) {
+            self.sources.insert(source);
+        } else {
+            self.widened = true;
+        }
+        self.note(now, reason);
+    }
+
+    fn note(&mut self, now: Instant, reason: impl Into<String>) {
         self.first.get_or_insert(now);
         self.last = Some(now);
         let reason = reason.into();
@@ -78,6 +101,17 @@ impl Pending {
         })
     }
 
+    /// [`Pending::take`], with what the run covers: only the changed sources' clusters when
+    /// nothing but sources changed.
+    pub fn take_focus(&mut self) -> (Vec<String>, Focus) {
+        let focus = if self.widened || self.sources.is_empty() {
+            Focus::Everything
+        } else {
+            Focus::Sources(std::mem::take(&mut self.sources))
+        };
+        (self.take(), focus)
+    }
+
     /// Takes the reasons and clears the pending state (the run is starting).
     pub fn take(&mut self) -> Vec<String> {
         let reasons = std::mem::take(&mut self.reasons);
@@ -102,6 +136,45 @@ mod tests {
 
     const D: Duration = Duration::from_millis(500);
     const MAX: Duration = Duration::from_secs(5);
+
+    fn source(name: &str) -> SourceKey {
+        SourceKey {
+            namespace: "team".into(),
+            resource: helmop_core::resource::ResourceRef::secret(name),
+        }
+    }
+
+    #[test]
+    fn only_source_edits_focus_a_run() {
+        let t = Instant::now();
+        let mut p = Pending::leading_edge();
+        p.mark_source(t, "Secret team/a changed", source("a"));
+        p.mark_source(t, "Secret team/b changed", source("b"));
+        let (reasons, focus) = p.take_focus();
+        assert_eq!(reasons.len(), 2);
+        assert_eq!(
+            focus,
+            Focus::Sources([source("a"), source("b")].into_iter().collect())
+        );
+        // Anything else pending widens the run to everything, before or after the sources.
+        p.mark_source(t, "Secret team/a changed", source("a"));
+        p.mark(t, "HelmOp team/app changed");
+        assert_eq!(p.take_focus().1, Focus::Everything);
+        p.mark(t, "resync");
+        p.mark_source(t, "Secret team/a changed", source("a"));
+        assert_eq!(p.take_focus().1, Focus::Everything);
+        // Nothing pending: a run (if one is made) covers everything.
+        assert_eq!(p.take_focus().1, Focus::Everything);
+        // Too many sources at once: everything.
+        for i in 0..=MAX_FOCUSED_SOURCES {
+            p.mark_source(
+                t,
+                format!("Secret team/s{i} changed"),
+                source(&format!("s{i}")),
+            );
+        }
+        assert_eq!(p.take_focus().1, Focus::Everything);
+    }
 
     #[test]
     fn nothing_pending_nothing_due() {

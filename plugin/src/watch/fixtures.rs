@@ -41,5 +41,7 @@ pub fn report(rows: Vec<Row>, unreachable: usize) -> Report {
         namespaces: BTreeSet::new(),
         helmop_refs: Default::default(),
         clusters: vec!["team/d1".into(), "team/d2".into()],
+        unreachable: Vec::new(),
+        focus: None,
     }
 }

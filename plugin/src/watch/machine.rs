@@ -16,6 +16,7 @@ use super::leader::{self, LeaderHandle};
 use super::metrics::{ErrorKind, Metrics};
 use super::notices::Notices;
 use super::service::Joined;
+use super::standing;
 use super::triggers::{self, Trigger, Watches};
 use super::{
     MAX_BACKOFF, Signals, WatchArgs, leader_note, lease_name, lost, resync_after, retry_after,
@@ -26,8 +27,9 @@ use crate::cluster::context::Ctx;
 use crate::cluster::read_cache::ReadCache;
 use crate::error::PluginError;
 use crate::humanize::humanize;
+use crate::run::focus::Focus;
 use crate::run::inventory::Selection;
-use crate::run::propagate::{PropagateOpts, Report, propagate_once};
+use crate::run::propagate::{PropagateOpts, Report, propagate_focused};
 
 /// Reasons for a run that reads every kubeconfig and identity afresh ([`ReadCache`]).
 const FRESH_READS: [&str; 3] = ["start", "resync", "became leader"];
@@ -38,7 +40,7 @@ pub(super) enum Event {
     Shutdown(&'static str),
     Heartbeat,
     /// A watched object changed.
-    Trigger(String),
+    Trigger(Trigger),
     /// The elector is gone (it only ends on shutdown).
     ElectorGone,
     LeadershipGained,
@@ -81,6 +83,8 @@ pub(super) struct Machine<'a> {
     next_retry: Option<Instant>,
     run_number: u64,
     failures: u32,
+    /// Where the fleet stands after the runs so far ([`standing`]); `None` before the first.
+    standing: Option<Report>,
     election_alive: bool,
     /// Keeps `leading` open without an election.
     _keep: watch::Sender<bool>,
@@ -168,6 +172,7 @@ impl<'a> Machine<'a> {
             next_retry: None,
             run_number: 0,
             failures: 0,
+            standing: None,
             _keep: keep,
             _listener: listener,
         }))
@@ -194,7 +199,7 @@ impl<'a> Machine<'a> {
         tokio::select! {
             signal = self.signals.recv() => Event::Shutdown(signal),
             _ = self.heartbeat.tick() => Event::Heartbeat,
-            Some(trigger) = self.triggers.recv() => Event::Trigger(trigger.0),
+            Some(trigger) = self.triggers.recv() => Event::Trigger(trigger),
             changed = self.leading.changed(), if self.election_alive => match changed {
                 Err(_) => Event::ElectorGone,
                 Ok(()) if *self.leading.borrow_and_update() => Event::LeadershipGained,
@@ -211,7 +216,10 @@ impl<'a> Machine<'a> {
         match event {
             Event::Shutdown(signal) => return Some(signal),
             Event::Heartbeat => self.health.beat(),
-            Event::Trigger(why) => self.pending.mark(Instant::now(), why),
+            Event::Trigger(Trigger { why, source }) => match source {
+                Some(source) => self.pending.mark_source(Instant::now(), why, source),
+                None => self.pending.mark(Instant::now(), why),
+            },
             // Stop acting on the elector.
             Event::ElectorGone => self.election_alive = false,
             Event::LeadershipGained => self.leadership_gained(),
@@ -254,7 +262,7 @@ impl<'a> Machine<'a> {
     /// Due: runs once for the pending changes and reports; `Some(signal)` when a signal
     /// interrupted it.
     async fn due(&mut self) -> Option<&'static str> {
-        let reasons = self.pending.take();
+        let (reasons, focus) = self.pending.take_focus();
         // The periodic resync and a new leader read everything afresh, so nothing kept from
         // earlier runs outlives one resync period.
         if reasons.iter().any(|r| FRESH_READS.contains(&r.as_str()))
@@ -263,7 +271,7 @@ impl<'a> Machine<'a> {
             reads.clear();
         }
         self.run_number += 1;
-        let outcome = self.propagate().await;
+        let outcome = self.propagate(&focus).await;
         self.pending.ran(Instant::now());
         match outcome {
             Outcome::Done(Ok(report)) => return self.report(&report, &reasons).await,
@@ -284,8 +292,8 @@ impl<'a> Machine<'a> {
     }
 
     /// One run, cut short by losing the Lease or a signal.
-    async fn propagate(&mut self) -> Outcome {
-        let run = propagate_once(&self.ctx, &self.opts);
+    async fn propagate(&mut self, focus: &Focus) -> Outcome {
+        let run = propagate_focused(&self.ctx, &self.opts, focus);
         let mut run = std::pin::pin!(run);
         // The heartbeat goes on during a run: a long run is not a dead process.
         loop {
@@ -300,7 +308,13 @@ impl<'a> Machine<'a> {
 
     /// Report: a run completed; `Some(signal)` when a signal came while telling it.
     async fn report(&mut self, report: &Report, reasons: &[String]) -> Option<&'static str> {
-        let retry = retry_after(report, self.failures + 1);
+        // Retries, the copy counts and the Events go by the whole fleet, not by what a focused
+        // run covered.
+        let standing = match &self.standing {
+            Some(standing) => standing::merge(standing, report),
+            None => report.clone(),
+        };
+        let retry = retry_after(&standing, self.failures + 1);
         self.failures = if retry.is_some() {
             self.failures + 1
         } else {
@@ -309,7 +323,7 @@ impl<'a> Machine<'a> {
         self.next_retry = retry.map(|wait| Instant::now() + wait);
         self.watches.note_namespaces(&report.namespaces);
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
-        self.metrics.run_done(report, now);
+        self.metrics.run_done(report, &standing, now);
         self.metrics.set_clients(self.ctx.clients.len());
         let retry_in = retry.map(humanize);
         self.events
@@ -319,13 +333,14 @@ impl<'a> Machine<'a> {
             && let Some(n) = self.notices.as_mut()
         {
             let failed = tokio::select! {
-                failed = n.publish(report) => failed,
+                failed = n.publish(&standing) => failed,
                 signal = self.signals.recv() => return Some(signal),
             };
             for _ in 0..failed {
                 self.metrics.error(ErrorKind::Event);
             }
         }
+        self.standing = Some(standing);
         None
     }
 

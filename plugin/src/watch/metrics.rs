@@ -185,16 +185,17 @@ impl Metrics {
         self.count_run("aborted");
     }
 
-    /// A completed run; `now` is the Unix time it ended.
-    pub fn run_done(&self, report: &Report, now: i64) {
+    /// A completed run; `standing` is where the fleet stands after it (the run itself for a full
+    /// run, [`crate::watch::standing`] for a focused one); `now` is the Unix time it ended.
+    pub fn run_done(&self, report: &Report, standing: &Report, now: i64) {
         self.count_run(match report.exit_status() {
             ExitStatus::Ok => "ok",
             ExitStatus::Partial => "partial",
             _ => "invalid",
         });
-        // States absent from this run must read 0, not their old value.
+        // States absent from the fleet now must read 0, not their old value.
         self.copies.clear();
-        for (state, n) in &report.summary.states {
+        for (state, n) in &standing.summary.states {
             self.copies
                 .get_or_create(&StateLabel {
                     state: state.as_str(),
@@ -246,26 +247,22 @@ mod tests {
     fn a_run_sets_states_errors_and_per_cluster_success() {
         let m = Metrics::new();
         m.set_leader(true);
-        m.run_done(
-            &report(
-                vec![
-                    row("team/d1", RowState::Created),
-                    row("team/d2", RowState::Unreachable),
-                ],
-                1,
-            ),
-            1_700_000_000,
+        let first = report(
+            vec![
+                row("team/d1", RowState::Created),
+                row("team/d2", RowState::Unreachable),
+            ],
+            1,
         );
-        m.run_done(
-            &report(
-                vec![
-                    row("team/d1", RowState::Unchanged),
-                    row("team/d2", RowState::Conflict),
-                ],
-                0,
-            ),
-            1_700_000_100,
+        m.run_done(&first, &first, 1_700_000_000);
+        let second = report(
+            vec![
+                row("team/d1", RowState::Unchanged),
+                row("team/d2", RowState::Conflict),
+            ],
+            0,
         );
+        m.run_done(&second, &second, 1_700_000_100);
         let text = m.encode().unwrap();
         for want in [
             r#"helmop_propagator_copies{state="Unchanged"} 1"#,

@@ -19,6 +19,7 @@ mod machine;
 pub mod metrics;
 pub mod notices;
 pub mod service;
+pub mod standing;
 pub mod triggers;
 
 use std::time::Duration;

@@ -239,6 +239,8 @@ mod tests {
             namespaces: Default::default(),
             helmop_refs: Default::default(),
             clusters: Vec::new(),
+            unreachable: Vec::new(),
+            focus: None,
         };
         let found = problems(&r);
         let keys: Vec<(&str, &str, &str)> = found

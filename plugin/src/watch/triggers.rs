@@ -36,6 +36,7 @@ use std::sync::{Arc, RwLock};
 use futures::StreamExt;
 use helmop_core::model::{BundleNamespaceMapping, Cluster, ClusterGroup, HelmOp};
 use helmop_core::names;
+use helmop_core::resource::{ResourceKind, ResourceRef};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Client;
 use kube::core::PartialObjectMeta;
@@ -47,12 +48,18 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::cluster::read_cache::ReadCache;
+use crate::run::focus::SourceKey;
 use crate::run::inventory::Selection;
 use crate::run::scope::Scope;
 
-/// Why a run is wanted, in words (`Secret team/db changed`).
+/// Why a run is wanted, in words (`Secret team/db changed`), and, for a change of a Secret or
+/// ConfigMap that may be a source, which one (a run may then cover only the clusters copying it,
+/// [`crate::run::focus`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Trigger(pub String);
+pub struct Trigger {
+    pub why: String,
+    pub source: Option<SourceKey>,
+}
 
 /// The running watches; dropping this stops them.
 pub struct Watches {
@@ -197,7 +204,7 @@ pub fn spawn(
     tasks.push(watch_sources::<Secret>(
         api(client, namespace.as_deref()),
         sources.clone(),
-        "Secret",
+        ResourceKind::Secret,
         tx.clone(),
         filter.clone(),
         ours.clone(),
@@ -207,7 +214,7 @@ pub fn spawn(
     tasks.push(watch_sources::<ConfigMap>(
         api(client, namespace.as_deref()),
         sources,
-        "ConfigMap",
+        ResourceKind::ConfigMap,
         tx.clone(),
         filter,
         ours,
@@ -250,7 +257,10 @@ fn key<K: Resource>(obj: &K) -> (String, String) {
 /// Sends without waiting: a full queue already holds triggers that will cause a run, and that run
 /// reads the current state, this change included.
 fn send(tx: &mpsc::Sender<Trigger>, reason: String) {
-    let _ = tx.try_send(Trigger(reason));
+    let _ = tx.try_send(Trigger {
+        why: reason,
+        source: None,
+    });
 }
 
 /// How a watched kind is treated.
@@ -509,7 +519,7 @@ pub fn own_copy(meta: &kube::api::ObjectMeta, ours: &OwnIds) -> bool {
 fn watch_sources<K>(
     api: Api<PartialObjectMeta<K>>,
     config: watcher::Config,
-    label: &'static str,
+    kind: ResourceKind,
     tx: mpsc::Sender<Trigger>,
     filter: Option<Interesting>,
     ours: Arc<OwnIds>,
@@ -521,6 +531,7 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     tokio::spawn(async move {
+        let label = kind.as_str();
         let stream = watcher::watcher(api, config).default_backoff();
         let mut stream = std::pin::pin!(stream);
         let mut listed = false;
@@ -536,7 +547,13 @@ where
                         reads.invalidate_secret(&ns, &name);
                     }
                     if wanted(&obj, &ns) {
-                        send(&tx, format!("{label} {ns}/{name} changed"));
+                        let _ = tx.try_send(Trigger {
+                            why: format!("{label} {ns}/{name} changed"),
+                            source: Some(SourceKey {
+                                resource: ResourceRef::new(kind, name),
+                                namespace: ns,
+                            }),
+                        });
                     }
                 }
                 Ok(Event::Delete(obj)) => {

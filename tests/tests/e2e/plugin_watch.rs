@@ -5,6 +5,7 @@
 //! with nothing changed upstream, and (on a private control plane) the watcher survives an upstream
 //! API server restart.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -300,6 +301,107 @@ async fn a_rotated_kubeconfig_secret_is_used_by_the_next_run() -> anyhow::Result
         Some("two"),
         "the cluster the Secret no longer names was written"
     );
+    w.signal(libc::SIGTERM)?;
+    assert_eq!(w.wait_exit(Duration::from_secs(15)).await?.code(), Some(0));
+    Ok(())
+}
+
+/// After an edit of nothing but one source, the watcher's run covers only the clusters copying it
+/// (its report says which source, and names no other cluster); the metrics still count every
+/// cluster's copies (the other clusters' rows stand from the runs before); and a change to a Secret
+/// no HelmOp names makes a run over every cluster again.
+#[tokio::test]
+async fn a_source_edit_runs_over_the_clusters_copying_it() -> anyhow::Result<()> {
+    use crate::propagator_service::{addr_of, metric, scrape};
+
+    // `app` copies `db` to down1 (the fixture); `other` copies `other-src` to down2 only.
+    let f = Fixture::new("focus").await?;
+    let cp = control_plane();
+    register_fleet_cluster(
+        &f.upstream,
+        &f.ns,
+        DOWNSTREAM_2,
+        &[("focus-other", &f.ns)],
+        cp.cluster(DOWNSTREAM_2),
+    )
+    .await?;
+    create_secret(&f.upstream, &f.ns, "other-src", &[("password", b"x1")]).await?;
+    let other = json!({
+        "metadata": {"name": "other"},
+        "spec": {
+            "helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.0.0"},
+            "defaultNamespace": f.ns,
+            "downstreamResources": [{"kind": "Secret", "name": "other-src"}],
+            "targets": [{"clusterSelector": {"matchLabels": {"focus-other": f.ns}}}],
+        },
+    });
+    apply_helmop(&f.upstream, &f.ns, &other.to_string()).await?;
+    let mut w = f.spawn_watcher(&["--metrics-addr", "127.0.0.1:0"])?;
+    let started = w
+        .wait_event("the started event", PROPAGATION_BOUND, 0, |e| {
+            e["event"] == "started"
+        })
+        .await?;
+    let addr = addr_of(&started)?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "one", PROPAGATION_BOUND).await?;
+    let down2 = control_plane().cluster(DOWNSTREAM_2).client().await;
+    wait_until("other-src on down2", PROPAGATION_BOUND, || async {
+        Ok(Api::<Secret>::namespaced(down2.clone(), &f.ns)
+            .get_opt("other-src")
+            .await?
+            .is_some())
+    })
+    .await?;
+
+    let seen = w.events().len();
+    f.set_source("two").await?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "two", PROPAGATION_BOUND).await?;
+    let source = format!("Secret {}/db", f.ns);
+    let run = w
+        .wait_event("the run for the edit", PROPAGATION_BOUND, seen, |e| {
+            is_run_for(e, &format!("{source} changed"))
+        })
+        .await?;
+    assert_eq!(run["report"]["focus"], json!([source]), "{run}");
+    assert_eq!(run["report"]["summary"]["clusters"], 1, "{run}");
+    let clusters: BTreeSet<&str> = run["report"]["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["cluster"].as_str())
+        .collect();
+    assert_eq!(
+        clusters,
+        BTreeSet::from([format!("{}/{DOWNSTREAM_1}", f.ns).as_str()]),
+        "{run}"
+    );
+    // The copy counts are the fleet's: down2's row stands from the run before.
+    let m = scrape(&reqwest::Client::new(), &addr).await?;
+    let copies: f64 = m
+        .iter()
+        .filter(|(k, _)| k.starts_with("helmop_propagator_copies{"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(copies, 2.0, "{m:?}");
+    assert_eq!(
+        metric(&m, r#"helmop_propagator_copies{state="Updated"}"#),
+        1.0,
+        "{m:?}"
+    );
+
+    // A Secret no HelmOp names: a run over every cluster.
+    let seen = w.events().len();
+    create_secret(&f.upstream, &f.ns, "unrelated", &[("k", b"v")]).await?;
+    let full = w
+        .wait_event(
+            "the run for the unrelated Secret",
+            PROPAGATION_BOUND,
+            seen,
+            |e| is_run_for(e, &format!("Secret {}/unrelated changed", f.ns)),
+        )
+        .await?;
+    assert!(full["report"].get("focus").is_none(), "{full}");
+    assert_eq!(full["report"]["summary"]["clusters"], 2, "{full}");
     w.signal(libc::SIGTERM)?;
     assert_eq!(w.wait_exit(Duration::from_secs(15)).await?.code(), Some(0));
     Ok(())

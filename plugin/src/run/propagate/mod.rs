@@ -35,6 +35,7 @@ use crate::cluster::clusters::Downstream;
 use crate::cluster::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
 use crate::output::report::{self, Row};
+use crate::run::focus::{self, Focus};
 use crate::run::hash_key::KeyOrigin;
 use crate::run::inventory::{Inventory, Problem};
 use crate::run::observe::{self, NamespaceState, Observation};
@@ -84,6 +85,13 @@ pub struct Report {
     /// Every downstream cluster of the run, as rows name them.
     #[serde(skip)]
     pub clusters: Vec<String>,
+    /// The clusters of the run that could not be reached, as rows name them.
+    #[serde(skip)]
+    pub unreachable: Vec<String>,
+    /// A watcher's run after source edits only: those sources (it covered the clusters copying
+    /// them, [`crate::run::focus`]); absent for a run over every cluster.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub focus: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -139,10 +147,24 @@ impl Report {
     }
 }
 
-/// One propagation run; see the module documentation.
+/// One propagation run over every cluster; see the module documentation.
 pub async fn propagate_once(ctx: &Ctx, opts: &PropagateOpts) -> Result<Report, PluginError> {
+    propagate_focused(ctx, opts, &Focus::Everything).await
+}
+
+/// One propagation run over the clusters `focus` covers ([`crate::run::focus::covered`]): there
+/// it does all a full run does; the other clusters are not contacted.
+pub async fn propagate_focused(
+    ctx: &Ctx,
+    opts: &PropagateOpts,
+    focus: &Focus,
+) -> Result<Report, PluginError> {
     let writes_before = ctx.writes();
     let mut inv = opts.scope.inventory(ctx, false).await?;
+    let covered = focus::covered(&inv, focus);
+    if let Some(covered) = &covered {
+        inv.downstreams.retain(|d| covered.contains(&d.key));
+    }
     if opts.adopt {
         inv.named_sources = never_adopted(ctx, &inv).await?;
     }
@@ -192,7 +214,7 @@ pub async fn propagate_once(ctx: &Ctx, opts: &PropagateOpts) -> Result<Report, P
         summary: Summary {
             helmops: inv.helmops.len(),
             clusters: inv.downstreams.len(),
-            unreachable_clusters: unreachable,
+            unreachable_clusters: unreachable.len(),
             states: report::counts(&rows),
             writes: ctx.writes() - writes_before,
         },
@@ -211,6 +233,8 @@ pub async fn propagate_once(ctx: &Ctx, opts: &PropagateOpts) -> Result<Report, P
             })
             .collect(),
         clusters: inv.downstreams.iter().map(Downstream::display).collect(),
+        unreachable,
+        focus: covered.and_then(|_| focus.describe()),
     })
 }
 
@@ -904,6 +928,8 @@ mod tests {
             namespaces: BTreeSet::new(),
             helmop_refs: BTreeMap::new(),
             clusters: Vec::new(),
+            unreachable: Vec::new(),
+            focus: None,
         }
     }
 
@@ -976,6 +1002,7 @@ mod tests {
             named_sources: Vec::new(),
             shard: Default::default(),
             elsewhere: Default::default(),
+            kubeconfig_secrets: Default::default(),
         };
         let rows = uncopyable_rows(&inv);
         let got: Vec<(&str, &str, &str)> = rows
