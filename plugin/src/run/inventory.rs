@@ -261,7 +261,7 @@ pub async fn enumerate(
     let mut helmops = list_helmops(ctx, &listing(selection, for_prune), for_prune).await?;
     let elsewhere = other_shards(&mut helmops, shard);
     let (mut holds, rejected) = helmop_holds(ctx, &mut helmops).await?;
-    let fleet = if target_contexts.is_empty() {
+    let mut fleet = if target_contexts.is_empty() {
         Some(list_fleet(ctx, selection.namespace(), &helmops, false).await?)
     } else {
         match list_fleet(ctx, selection.namespace(), &helmops, true).await {
@@ -273,6 +273,11 @@ pub async fn enumerate(
             Err(e) => return Err(e),
         }
     };
+    if *shard != Shard::Every
+        && let Some(fleet) = fleet.as_mut()
+    {
+        within_reach(fleet, &helmops);
+    }
     let registered = match &fleet {
         Some(fleet) => clusters::resolve_fleet(ctx, &fleet.clusters, limits).await,
         None => Vec::new(),
@@ -328,6 +333,25 @@ pub async fn enumerate(
         elsewhere,
         kubeconfig_secrets,
     })
+}
+
+/// Keeps only the Clusters some of `helmops` can target: those of their namespaces and of the
+/// namespaces their BundleNamespaceMappings add. A shard handles a few HelmOps of a large fleet;
+/// reading every Cluster's kubeconfig and asking every cluster who it is would cost each shard
+/// the whole fleet. (An unsharded `-A` run still visits every Cluster, to report the copies of
+/// HelmOps deleted from a namespace as orphans.)
+fn within_reach(fleet: &mut FleetObjects, helmops: &[HelmOp]) {
+    let mappings = Mappings::new(&fleet.mappings);
+    let reach: BTreeSet<String> = helmops
+        .iter()
+        .flat_map(|h| mappings.candidate_namespaces(h, &fleet.namespaces))
+        .collect();
+    fleet.clusters.retain(|c| {
+        c.metadata
+            .namespace
+            .as_ref()
+            .is_some_and(|ns| reach.contains(ns))
+    });
 }
 
 /// Keeps the HelmOps `shard` handles in `helmops`; returns the keys of the others. Listing
@@ -1151,6 +1175,23 @@ mod tests {
             ..inv
         };
         assert_eq!(all.scope("up-1", &[]), Scope::All);
+    }
+
+    #[test]
+    fn a_shard_resolves_only_the_clusters_its_helmops_can_target() {
+        let mut fleet = FleetObjects {
+            clusters: vec![
+                Cluster::new("team", "c1", &[]),
+                Cluster::new("other", "c2", &[]),
+                Cluster::new("team", "c3", &[]),
+            ],
+            ..FleetObjects::default()
+        };
+        within_reach(&mut fleet, &[helmop("team", "app", HelmOpSpec::default())]);
+        let names: Vec<String> = fleet.clusters.iter().map(clusters::cluster_name).collect();
+        assert_eq!(names, ["team/c1", "team/c3"]);
+        within_reach(&mut fleet, &[]);
+        assert!(fleet.clusters.is_empty());
     }
 
     /// A shard speaks for its own HelmOps and for owners that are gone, never for a HelmOp
