@@ -298,8 +298,29 @@ pub async fn apply_app_helmop(
     entries: &[serde_json::Value],
     targets: &[serde_json::Value],
 ) -> anyhow::Result<()> {
+    apply_chart_helmop(upstream, namespace, APP_HELMOP, &[], entries, targets).await
+}
+
+/// HelmOp `name` with `labels` in `namespace` upstream, otherwise as [`apply_app_helmop`] writes it
+/// (e.g. one shard's HelmOp, labelled `fleet.cattle.io/shard-ref`).
+pub async fn apply_chart_helmop(
+    upstream: &Client,
+    namespace: &str,
+    name: &str,
+    labels: &[(&str, &str)],
+    entries: &[serde_json::Value],
+    targets: &[serde_json::Value],
+) -> anyhow::Result<()> {
+    let mut metadata = serde_json::json!({"name": name});
+    if !labels.is_empty() {
+        let labels: serde_json::Map<String, serde_json::Value> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v)))
+            .collect();
+        metadata["labels"] = serde_json::Value::Object(labels);
+    }
     let helmop = serde_json::json!({
-        "metadata": {"name": APP_HELMOP},
+        "metadata": metadata,
         "spec": {
             "helm": {"repo": "https://charts.example.com/stable", "chart": "app", "version": "1.2.3"},
             "downstreamResources": entries,

@@ -92,6 +92,11 @@ enum Command {
         /// `--debounce` values for the watcher (comma separated).
         #[arg(long, value_delimiter = ',', default_value = "1s")]
         debounce: Vec<String>,
+        /// Shard counts K (comma separated), each a separate row: K > 1 splits the Clusters over K
+        /// HelmOps labelled fleet.cattle.io/shard-ref=shardI (cluster c to shard c % K), one watcher per
+        /// shard (`--shard-id shardI`); 1 is one unlabelled HelmOp and one watcher without `--shard-id`.
+        #[arg(long, value_delimiter = ',', default_value = "1")]
+        shards: Vec<usize>,
         /// Seconds of each idle CPU measurement.
         #[arg(long, default_value_t = 20)]
         idle_seconds: u64,
@@ -309,6 +314,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             resources,
             edits,
             debounce,
+            shards,
             idle_seconds,
             gap_ms,
             watcher_args,
@@ -322,6 +328,7 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 resources,
                 edits,
                 debounces: debounce,
+                shards,
                 idle: Duration::from_secs(idle_seconds),
                 gap: Duration::from_millis(gap_ms),
                 extra_args: watcher_args,

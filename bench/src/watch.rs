@@ -65,6 +65,9 @@ pub struct WatchSettings {
     pub edits: usize,
     /// `--debounce` values, each a separate watcher.
     pub debounces: Vec<String>,
+    /// Shard counts K, each a separate row: K = 1 is one unlabelled HelmOp and one watcher without
+    /// `--shard-id`; K > 1 splits the clusters over K labelled HelmOps, one watcher per shard.
+    pub shards: Vec<usize>,
     /// Length of each idle CPU measurement.
     pub idle: Duration,
     /// Pause between the end of one edit's rollout and the next edit.
@@ -84,9 +87,23 @@ pub struct ProcSample {
     pub sockets: u64,
 }
 
+/// One shard's watcher process over a row.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ShardStats {
+    pub rss_settled_kib: u64,
+    pub rss_after_kib: u64,
+    /// Share of one CPU used while idle, before and after the edits.
+    pub idle_cpu_before: f64,
+    pub idle_cpu_after: f64,
+    /// Runs the watcher reported.
+    pub runs: usize,
+}
+
 #[derive(Debug, Clone)]
 pub struct Row {
     pub clusters: usize,
+    /// Shards K (watcher processes).
+    pub shards: usize,
     pub debounce: String,
     /// Downstream clusters and rows of the watcher's first run (`summary.clusters`, `summary.states`).
     pub first_run: String,
@@ -94,20 +111,23 @@ pub struct Row {
     pub copies: Latencies,
     /// Per edit: until every reader had a new ReplicaSet (fleetsim: a new restamp).
     pub rollouts: Latencies,
+    /// The watcher processes, summed over the shards (RSS, threads, sockets).
     pub settled: ProcSample,
     pub after_edits: ProcSample,
-    /// RSS after each edit, KiB.
+    /// RSS after each edit, KiB, summed over the shards.
     pub rss_per_edit: Vec<u64>,
-    /// Share of one CPU used while idle, before and after the edits.
+    /// Share of one CPU used while idle, before and after the edits, summed over the shards.
     pub idle_cpu_before: f64,
     pub idle_cpu_after: f64,
-    /// Runs the watcher reported.
+    /// Runs the watchers reported, summed over the shards.
     pub runs: usize,
-    /// Runs started during the idle windows before / after the edits (with churn on: runs status
-    /// writes started, the goal is none).
+    /// Runs started during the idle windows before / after the edits, summed over the shards (with
+    /// churn on: runs status writes started, the goal is none).
     pub idle_runs: (usize, usize),
-    /// Status writes the churn made while the watcher ran.
+    /// Status writes the churn made while the watchers ran.
     pub churn_writes: u64,
+    /// Each shard's watcher, in shard order (one entry when K = 1).
+    pub per_shard: Vec<ShardStats>,
 }
 
 /// `/proc/PID/stat` utime + stime, in clock ticks (USER_HZ, 100 on Linux).
@@ -154,11 +174,37 @@ pub fn sample(pid: u32) -> ProcSample {
 
 /// CPU used by `pid` over `window`, as a share of one CPU.
 pub async fn idle_cpu(pid: u32, window: Duration) -> anyhow::Result<f64> {
-    let before = cpu_ticks(pid)?;
+    Ok(idle_cpu_of(&[pid], window).await?.into_iter().sum())
+}
+
+/// CPU used by each of `pids` over the same `window`, as shares of one CPU (in the order of `pids`).
+pub async fn idle_cpu_of(pids: &[u32], window: Duration) -> anyhow::Result<Vec<f64>> {
+    let ticks = || {
+        pids.iter()
+            .map(|pid| cpu_ticks(*pid))
+            .collect::<anyhow::Result<Vec<u64>>>()
+    };
+    let before = ticks()?;
     let started = Instant::now();
     tokio::time::sleep(window).await;
-    let used = cpu_ticks(pid)?.saturating_sub(before) as f64 / USER_HZ;
-    Ok(used / started.elapsed().as_secs_f64())
+    let after = ticks()?;
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(before
+        .iter()
+        .zip(&after)
+        .map(|(b, a)| a.saturating_sub(*b) as f64 / USER_HZ / seconds)
+        .collect())
+}
+
+/// Several processes' samples added up (RSS, threads, sockets).
+fn sum_samples(samples: &[ProcSample]) -> ProcSample {
+    samples
+        .iter()
+        .fold(ProcSample::default(), |sum, s| ProcSample {
+            rss_kib: sum.rss_kib + s.rss_kib,
+            threads: sum.threads + s.threads,
+            sockets: sum.sockets + s.sockets,
+        })
 }
 
 /// One reader slot: a destination namespace on a downstream cluster (a real API server, or the
@@ -506,14 +552,43 @@ impl Side<'_> {
     }
 }
 
-/// Upstream namespace, sources, N Clusters and the HelmOp; downstream the destination namespaces.
+/// The HelmOp of shard `i` of `k`: `app` unsharded (k = 1), else `app-s{i}`.
+fn shard_helmop(k: usize, i: usize) -> String {
+    if k <= 1 {
+        fixtures::APP_HELMOP.to_owned()
+    } else {
+        format!("{}-s{i}", fixtures::APP_HELMOP)
+    }
+}
+
+/// The `--shard-id` of shard `i` of `k` (its HelmOp's `fleet.cattle.io/shard-ref`); none unsharded.
+fn shard_id(k: usize, i: usize) -> Option<String> {
+    (k > 1).then(|| format!("shard{i}"))
+}
+
+/// The targets (one per cluster, in cluster order) split over `k` shards: cluster `c` goes to shard
+/// `c % k`.
+fn split_targets(targets: Vec<Value>, k: usize) -> Vec<Vec<Value>> {
+    let k = k.max(1);
+    let mut shards = vec![Vec::new(); k];
+    for (c, target) in targets.into_iter().enumerate() {
+        if let Some(shard) = shards.get_mut(c % k) {
+            shard.push(target);
+        }
+    }
+    shards
+}
+
+/// Upstream namespace, sources, N Clusters and the HelmOps (one per shard, see [`split_targets`]);
+/// downstream the destination namespaces. Returns the slots and the HelmOps' names.
 async fn prepare(
     upstream: &Client,
     side: &Side<'_>,
     namespace: &str,
     clusters: usize,
+    shards: usize,
     resources: usize,
-) -> anyhow::Result<Vec<Slot>> {
+) -> anyhow::Result<(Vec<Slot>, Vec<String>)> {
     fixtures::create_namespace(upstream, namespace, &[]).await?;
     let entries =
         fixtures::create_sources(upstream, namespace, resources.max(2), "initial").await?;
@@ -535,8 +610,171 @@ async fn prepare(
         .buffer_unordered(16)
         .try_collect::<Vec<_>>()
         .await?;
-    fixtures::apply_app_helmop(upstream, namespace, &entries, &targets).await?;
-    Ok(slots)
+    let mut helmops = Vec::new();
+    for (i, targets) in split_targets(targets, shards).iter().enumerate() {
+        let name = shard_helmop(shards, i);
+        match shard_id(shards, i) {
+            None => fixtures::apply_app_helmop(upstream, namespace, &entries, targets).await?,
+            Some(id) => {
+                let labels = [(names::FLEET_SHARD_REF_LABEL, id.as_str())];
+                fixtures::apply_chart_helmop(
+                    upstream, namespace, &name, &labels, &entries, targets,
+                )
+                .await?;
+            }
+        }
+        helmops.push(name);
+    }
+    Ok((slots, helmops))
+}
+
+/// The watcher processes of a row, one per shard (in shard order).
+struct Watchers {
+    procs: Vec<PluginProcess>,
+}
+
+impl Watchers {
+    /// `shards` watchers with `args`, each shard's with its `--shard-id` (none unsharded).
+    fn spawn(binary: &std::path::Path, args: &[&str], shards: usize) -> anyhow::Result<Watchers> {
+        let procs = (0..shards.max(1))
+            .map(|i| {
+                let mut args = args.to_vec();
+                let id = shard_id(shards, i);
+                if let Some(id) = &id {
+                    args.extend(["--shard-id", id.as_str()]);
+                }
+                PluginProcess::spawn_binary(binary, &args, &[])
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Watchers { procs })
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        self.procs.iter().map(PluginProcess::pid).collect()
+    }
+
+    fn samples(&self) -> Vec<ProcSample> {
+        self.procs.iter().map(|p| sample(p.pid())).collect()
+    }
+
+    /// Events each watcher has printed so far.
+    fn event_counts(&self) -> Vec<usize> {
+        self.procs.iter().map(|p| p.events().len()).collect()
+    }
+
+    /// Runs each watcher has reported so far.
+    fn runs(&self) -> Vec<usize> {
+        self.procs
+            .iter()
+            .map(|p| p.events_named("run").len())
+            .collect()
+    }
+
+    /// Waits, within `timeout` in all, for a run event of every watcher after its first `skip[i]`
+    /// events; returns those events.
+    async fn wait_runs(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        skip: &[usize],
+    ) -> anyhow::Result<Vec<Value>> {
+        let deadline = Instant::now() + timeout;
+        let several = self.procs.len() > 1;
+        let mut runs = Vec::new();
+        for (i, (watcher, skip)) in self.procs.iter_mut().zip(skip).enumerate() {
+            let what = if several {
+                format!("{what} (shard {i})")
+            } else {
+                what.to_owned()
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            runs.push(
+                watcher
+                    .wait_event(&what, left, *skip, |e| e["event"] == "run")
+                    .await?,
+            );
+        }
+        Ok(runs)
+    }
+
+    /// SIGTERM to every watcher, then waits for each to exit.
+    async fn stop(mut self) -> anyhow::Result<()> {
+        for watcher in &self.procs {
+            watcher.signal(15)?;
+        }
+        for watcher in &mut self.procs {
+            watcher.wait_exit(Duration::from_secs(30)).await?;
+        }
+        Ok(())
+    }
+}
+
+/// `N clusters: {states}` of the watchers' first runs: the states added up over the shards, the
+/// clusters (`summary.clusters`, the downstreams a run visits) per shard, since every shard visits
+/// every registered Cluster.
+fn first_run_summary(firsts: &[Value]) -> String {
+    let field = |e: &Value, name: &str| {
+        e.pointer(&format!("/report/summary/{name}"))
+            .or_else(|| e.pointer(&format!("/summary/{name}")))
+            .cloned()
+    };
+    let clusters: Vec<String> = firsts
+        .iter()
+        .map(|e| field(e, "clusters").map_or("?".to_owned(), |c| c.to_string()))
+        .collect();
+    let clusters = match clusters.as_slice() {
+        [first, rest @ ..] if rest.iter().all(|c| c == first) => first.clone(),
+        several => several.join(" / "),
+    };
+    let per_shard = if firsts.len() > 1 { " per shard" } else { "" };
+    let states = firsts
+        .iter()
+        .map(|e| match field(e, "states") {
+            Some(Value::Object(states)) => Some(states),
+            _ => None,
+        })
+        .try_fold(serde_json::Map::new(), |mut sum, states| {
+            for (state, count) in states? {
+                let total = sum.get(&state).and_then(Value::as_u64).unwrap_or(0);
+                sum.insert(state, Value::from(total + count.as_u64()?));
+            }
+            Some(sum)
+        });
+    format!(
+        "{clusters} clusters{per_shard}: {}",
+        states.map_or("?".to_owned(), |s| Value::Object(s).to_string()),
+    )
+}
+
+/// Total of per-watcher counts.
+fn total(counts: &[usize]) -> usize {
+    counts.iter().sum()
+}
+
+/// Each shard's numbers, from the per-watcher measurements (all in shard order).
+fn per_shard(
+    settled: &[ProcSample],
+    after: &[ProcSample],
+    cpu_before: &[f64],
+    cpu_after: &[f64],
+    runs: &[usize],
+) -> Vec<ShardStats> {
+    settled
+        .iter()
+        .zip(after)
+        .zip(cpu_before)
+        .zip(cpu_after)
+        .zip(runs)
+        .map(
+            |((((settled, after), before), cpu_after), runs)| ShardStats {
+                rss_settled_kib: settled.rss_kib,
+                rss_after_kib: after.rss_kib,
+                idle_cpu_before: *before,
+                idle_cpu_after: *cpu_after,
+                runs: *runs,
+            },
+        )
+        .collect()
 }
 
 /// Receives downstream changes until `done` gives the instant its condition came to hold, or `timeout`
@@ -567,18 +805,39 @@ async fn until(
     }
 }
 
+/// What one row measures: N clusters split over K shards, the watchers' `--debounce`, and the row's
+/// number (its upstream namespace).
+struct RowConfig<'a> {
+    clusters: usize,
+    shards: usize,
+    debounce: &'a str,
+    index: usize,
+}
+
 async fn one(
     settings: &WatchSettings,
     upstream: &ClusterInfo,
     upstream_client: &Client,
     side: &Side<'_>,
-    n: usize,
-    debounce: &str,
-    index: usize,
+    config: RowConfig<'_>,
 ) -> anyhow::Result<Row> {
+    let RowConfig {
+        clusters: n,
+        shards,
+        debounce,
+        index,
+    } = config;
     let namespace = format!("watch-{index}-n{n}");
-    eprintln!("watch: {n} clusters: preparing ...");
-    let slots = prepare(upstream_client, side, &namespace, n, settings.resources).await?;
+    eprintln!("watch: {n} clusters, {shards} shard(s): preparing ...");
+    let (slots, helmops) = prepare(
+        upstream_client,
+        side,
+        &namespace,
+        n,
+        shards,
+        settings.resources,
+    )
+    .await?;
     let mut rx = side.observe(&slots);
     let kubeconfig = upstream.kubeconfig.display().to_string();
     let mut args = vec![
@@ -595,24 +854,13 @@ async fn one(
         &kubeconfig,
     ];
     args.extend(settings.extra_args.iter().map(String::as_str));
-    eprintln!("watch: {n} clusters, --debounce {debounce}: starting the watcher ...");
-    let mut watcher = PluginProcess::spawn_binary(&settings.plugin_bin, &args, &[])?;
-    let first = watcher
-        .wait_event("the first run", Duration::from_secs(600), 0, |e| {
-            e["event"] == "run"
-        })
+    eprintln!("watch: {n} clusters, --debounce {debounce}: starting {shards} watcher(s) ...");
+    let mut watchers = Watchers::spawn(&settings.plugin_bin, &args, shards)?;
+    let none_seen = vec![0; shards.max(1)];
+    let firsts = watchers
+        .wait_runs("the first run", Duration::from_secs(600), &none_seen)
         .await?;
-    let first_run = format!(
-        "{} clusters: {}",
-        first
-            .pointer("/report/summary/clusters")
-            .or_else(|| first.pointer("/summary/clusters"))
-            .map_or("?".to_owned(), Value::to_string),
-        first
-            .pointer("/report/summary/states")
-            .or_else(|| first.pointer("/summary/states"))
-            .map_or("?".to_owned(), Value::to_string),
-    );
+    let first_run = first_run_summary(&firsts);
 
     let mut state = State::default();
     let all = slots.len();
@@ -634,7 +882,7 @@ async fn one(
         |s| s.new_marks(all, &none),
     )
     .await?;
-    let pid = watcher.pid();
+    let pids = watchers.pids();
     // Let the start-up work (watches listing, the first run's allocations) settle.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let churn = settings.churn.map(|interval| {
@@ -643,16 +891,16 @@ async fn one(
             ChurnSettings {
                 namespace: namespace.clone(),
                 clusters: (0..n).map(|c| format!("c{c}")).collect(),
-                helmops: vec![fixtures::APP_HELMOP.to_owned()],
+                helmops: helmops.clone(),
                 interval,
             },
         )
     });
-    let settled = sample(pid);
+    let settled = watchers.samples();
     eprintln!("watch: idle CPU for {:?} ...", settings.idle);
-    let runs_before_idle = watcher.events_named("run").len();
-    let idle_cpu_before = idle_cpu(pid, settings.idle).await?;
-    let idle_runs_before = watcher.events_named("run").len() - runs_before_idle;
+    let runs_before_idle = total(&watchers.runs());
+    let idle_cpu_before = idle_cpu_of(&pids, settings.idle).await?;
+    let idle_runs_before = total(&watchers.runs()) - runs_before_idle;
 
     let cms: Api<ConfigMap> = Api::namespaced(upstream_client.clone(), &namespace);
     let mut copies = Vec::new();
@@ -664,7 +912,7 @@ async fn one(
         }
         let known = state.known_marks();
         let value = format!("edit-{edit}");
-        let events_before = watcher.events().len();
+        let events_before = watchers.event_counts();
         let started = Instant::now();
         cms.patch(
             EDITED,
@@ -691,16 +939,15 @@ async fn one(
         .await?;
         copies.push(copied.saturating_duration_since(started).as_nanos() as u64);
         rollouts.push(rolled.saturating_duration_since(started).as_nanos() as u64);
-        // The next edit must not fall into this edit's run.
-        watcher
-            .wait_event(
+        // The next edit must not fall into this edit's run, on any shard.
+        watchers
+            .wait_runs(
                 "the run of this edit",
                 Duration::from_secs(300),
-                events_before,
-                |e| e["event"] == "run",
+                &events_before,
             )
             .await?;
-        rss_per_edit.push(sample(pid).rss_kib);
+        rss_per_edit.push(sum_samples(&watchers.samples()).rss_kib);
         eprintln!(
             "watch: edit {}/{}: copies {}, readers {} ms",
             edit + 1,
@@ -711,36 +958,46 @@ async fn one(
         tokio::time::sleep(settings.gap).await;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let after_edits = sample(pid);
-    let runs_before_idle = watcher.events_named("run").len();
-    let idle_cpu_after = idle_cpu(pid, settings.idle).await?;
-    let runs = watcher.events_named("run").len();
-    let idle_runs_after = runs - runs_before_idle;
+    let after_edits = watchers.samples();
+    let runs_before_idle = total(&watchers.runs());
+    let idle_cpu_after = idle_cpu_of(&pids, settings.idle).await?;
+    let runs = watchers.runs();
+    let idle_runs_after = total(&runs) - runs_before_idle;
     let churn_writes = match churn {
         Some(churn) => churn.stop().await?,
         None => 0,
     };
-    watcher.signal(15)?;
-    watcher.wait_exit(Duration::from_secs(30)).await?;
+    watchers.stop().await?;
     Ok(Row {
         clusters: n,
+        shards,
         debounce: debounce.to_owned(),
         first_run,
         copies: Latencies::from_samples(copies),
         rollouts: Latencies::from_samples(rollouts),
-        settled,
-        after_edits,
+        settled: sum_samples(&settled),
+        after_edits: sum_samples(&after_edits),
         rss_per_edit,
-        idle_cpu_before,
-        idle_cpu_after,
-        runs,
+        idle_cpu_before: idle_cpu_before.iter().sum(),
+        idle_cpu_after: idle_cpu_after.iter().sum(),
+        runs: total(&runs),
         idle_runs: (idle_runs_before, idle_runs_after),
         churn_writes,
+        per_shard: per_shard(
+            &settled,
+            &after_edits,
+            &idle_cpu_before,
+            &idle_cpu_after,
+            &runs,
+        ),
     })
 }
 
 pub async fn run(settings: &WatchSettings) -> anyhow::Result<Vec<Row>> {
     fixtures::require_plugin(&settings.plugin_bin)?;
+    if settings.shards.contains(&0) {
+        bail!("--shards: every value must be at least 1");
+    }
     let cluster = match settings.downstream {
         Downstream::Apiservers => fixtures::start_with_downstreams(settings.apiservers).await?,
         Downstream::Fleetsim => fixtures::start(&["upstream"]).await?,
@@ -763,33 +1020,38 @@ pub async fn run(settings: &WatchSettings) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
     let mut index = 0;
     for &n in &settings.clusters {
-        for debounce in &settings.debounces {
-            index += 1;
-            let fleet;
-            let side = match settings.downstream {
-                Downstream::Apiservers => Side::Real {
-                    downstream: &downstream,
-                    clients: &clients,
-                    webhooks: &webhooks,
-                },
-                Downstream::Fleetsim => {
-                    // A fleet per configuration: each starts without copies.
-                    fleet = sim::Fleet::start(n).await?;
-                    Side::Sim(&fleet)
-                }
-            };
-            rows.push(
-                one(
-                    settings,
-                    &upstream,
-                    &cluster.client,
-                    &side,
-                    n,
-                    debounce,
-                    index,
-                )
-                .await?,
-            );
+        for &shards in &settings.shards {
+            for debounce in &settings.debounces {
+                index += 1;
+                let fleet;
+                let side = match settings.downstream {
+                    Downstream::Apiservers => Side::Real {
+                        downstream: &downstream,
+                        clients: &clients,
+                        webhooks: &webhooks,
+                    },
+                    Downstream::Fleetsim => {
+                        // A fleet per configuration: each starts without copies.
+                        fleet = sim::Fleet::start(n).await?;
+                        Side::Sim(&fleet)
+                    }
+                };
+                rows.push(
+                    one(
+                        settings,
+                        &upstream,
+                        &cluster.client,
+                        &side,
+                        RowConfig {
+                            clusters: n,
+                            shards,
+                            debounce,
+                            index,
+                        },
+                    )
+                    .await?,
+                );
+            }
         }
     }
     Ok(rows)
@@ -834,11 +1096,24 @@ pub fn table(rows: &[Row], settings: &WatchSettings) -> String {
         ),
         None => "No status churn (a quiet fleet)".to_owned(),
     };
+    let sharded = rows.iter().any(|r| r.shards > 1);
+    let shards = if sharded {
+        format!(
+            " With K shards, K HelmOps `app-s0` .. each labelled `{label}: shardI` and targeting the Clusters \
+             c with c % K = I, one watcher per shard (`--shard-id shardI`); 1 shard is one unlabelled HelmOp and \
+             one watcher without `--shard-id`. RSS, threads, sockets, idle CPU and runs are summed over the K \
+             watcher processes (each shard's in the last table); an edit is done when every copy on all N \
+             clusters holds it, and the next waits for a run of every watcher.",
+            label = names::FLEET_SHARD_REF_LABEL
+        )
+    } else {
+        String::new()
+    };
     let mut out = format!(
         "`propagate --watch` over N Fleet Clusters {setup}. {} sources per HelmOp, {} edits per row \
-         (nearest-rank percentiles over edits, each edit the slowest cluster). {churn}.\n\n\
-         | clusters | --debounce | first run | edit -> every copy p50 / p99 / max ms | edit -> every reader {} p50 / p99 / max ms | runs |\n\
-         |---:|---|---|---|---|---:|\n",
+         (nearest-rank percentiles over edits, each edit the slowest cluster). {churn}.{shards}\n\n\
+         | clusters | shards | --debounce | first run | edit -> every copy p50 / p99 / max ms | edit -> every reader {} p50 / p99 / max ms | runs |\n\
+         |---:|---:|---|---|---|---|---:|\n",
         settings.resources,
         settings.edits,
         match settings.downstream {
@@ -856,8 +1131,9 @@ pub fn table(rows: &[Row], settings: &WatchSettings) -> String {
     };
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
             r.clusters,
+            r.shards,
             r.debounce,
             r.first_run,
             pct(&r.copies),
@@ -866,13 +1142,14 @@ pub fn table(rows: &[Row], settings: &WatchSettings) -> String {
         ));
     }
     out.push_str(
-        "\n| clusters | --debounce | RSS MiB settled | RSS MiB after edit 1 / 5 / 10 | RSS MiB after the edits | threads | open sockets settled / after | idle CPU before / after the edits | runs started while idle before / after | status writes |\n\
-         |---:|---|---:|---|---:|---:|---|---|---|---:|\n",
+        "\n| clusters | shards | --debounce | RSS MiB settled | RSS MiB after edit 1 / 5 / 10 | RSS MiB after the edits | threads | open sockets settled / after | idle CPU before / after the edits | runs started while idle before / after | status writes |\n\
+         |---:|---:|---|---:|---|---:|---:|---|---|---|---:|\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | {} / {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | {} / {} | {} |\n",
             r.clusters,
+            r.shards,
             r.debounce,
             mib(r.settled.rss_kib),
             rss_series(&r.rss_per_edit),
@@ -885,6 +1162,51 @@ pub fn table(rows: &[Row], settings: &WatchSettings) -> String {
             r.idle_runs.0,
             r.idle_runs.1,
             r.churn_writes,
+        ));
+    }
+    if sharded {
+        out.push('\n');
+        out.push_str(&shard_table(rows));
+    }
+    out
+}
+
+/// The largest and smallest of `values`, `None` when there are none.
+fn max_min<T: Copy + PartialOrd>(values: impl IntoIterator<Item = T>) -> Option<(T, T)> {
+    values.into_iter().fold(None, |acc, v| match acc {
+        None => Some((v, v)),
+        Some((max, min)) => Some((if v > max { v } else { max }, if v < min { v } else { min })),
+    })
+}
+
+/// `max / min` of one number over a row's shards, each formatted by `show`.
+fn over_shards<T: Copy + PartialOrd>(
+    row: &Row,
+    value: impl Fn(&ShardStats) -> T,
+    show: impl Fn(T) -> String,
+) -> String {
+    max_min(row.per_shard.iter().map(value)).map_or("-".to_owned(), |(max, min)| {
+        format!("{} / {}", show(max), show(min))
+    })
+}
+
+/// Per-shard numbers of every row: max and min over the shards, and each shard's runs.
+fn shard_table(rows: &[Row]) -> String {
+    let mut out = "| clusters | shards | --debounce | RSS MiB settled, per shard max / min | RSS MiB after the edits, per shard max / min | idle CPU before the edits, per shard max / min | idle CPU after the edits, per shard max / min | runs per shard |\n\
+         |---:|---:|---|---|---|---|---|---|\n"
+        .to_owned();
+    for r in rows {
+        let runs: Vec<String> = r.per_shard.iter().map(|s| s.runs.to_string()).collect();
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r.clusters,
+            r.shards,
+            r.debounce,
+            over_shards(r, |s| s.rss_settled_kib, mib),
+            over_shards(r, |s| s.rss_after_kib, mib),
+            over_shards(r, |s| s.idle_cpu_before, percent),
+            over_shards(r, |s| s.idle_cpu_after, percent),
+            runs.join(" / "),
         ));
     }
     out
@@ -995,6 +1317,117 @@ mod tests {
             .await
             .expect_err("lost notifications");
         assert!(err.to_string().contains("dropped 3"), "{err}");
+    }
+
+    #[test]
+    fn clusters_are_split_over_the_shards_by_c_mod_k() {
+        let targets: Vec<Value> = (0..10).map(|c| json!(format!("c{c}"))).collect();
+        let one = split_targets(targets.clone(), 1);
+        assert_eq!(one, vec![targets.clone()]);
+        let four = split_targets(targets, 4);
+        let names: Vec<Vec<&str>> = four
+            .iter()
+            .map(|s| s.iter().filter_map(Value::as_str).collect())
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                vec!["c0", "c4", "c8"],
+                vec!["c1", "c5", "c9"],
+                vec!["c2", "c6"],
+                vec!["c3", "c7"],
+            ]
+        );
+        // Unsharded: the HelmOp as before shards, no --shard-id; sharded: labelled, one id each.
+        assert_eq!(
+            (shard_helmop(1, 0), shard_id(1, 0)),
+            ("app".to_owned(), None)
+        );
+        assert_eq!(
+            (shard_helmop(4, 3), shard_id(4, 3)),
+            ("app-s3".to_owned(), Some("shard3".to_owned()))
+        );
+    }
+
+    #[test]
+    fn first_runs_add_up_over_the_shards() {
+        let run = |clusters: u64, created: u64| {
+            json!({"event": "run", "report": {"summary": {
+                "clusters": clusters, "states": {"Created": created, "Restamped": clusters},
+            }}})
+        };
+        assert_eq!(
+            first_run_summary(&[run(3, 12)]),
+            r#"3 clusters: {"Created":12,"Restamped":3}"#
+        );
+        assert_eq!(
+            first_run_summary(&[run(3, 12), run(3, 8)]),
+            r#"3 clusters per shard: {"Created":20,"Restamped":6}"#
+        );
+        assert_eq!(
+            first_run_summary(&[run(3, 12), run(2, 8)]),
+            r#"3 / 2 clusters per shard: {"Created":20,"Restamped":5}"#
+        );
+        assert_eq!(first_run_summary(&[json!({})]), "? clusters: ?");
+    }
+
+    fn row(shards: Vec<ShardStats>) -> Row {
+        Row {
+            clusters: 8,
+            shards: shards.len(),
+            debounce: "1s".to_owned(),
+            first_run: String::new(),
+            copies: Latencies::from_samples(vec![1_000_000]),
+            rollouts: Latencies::from_samples(vec![2_000_000]),
+            settled: ProcSample::default(),
+            after_edits: ProcSample::default(),
+            rss_per_edit: Vec::new(),
+            idle_cpu_before: 0.0,
+            idle_cpu_after: 0.0,
+            runs: shards.iter().map(|s| s.runs).sum(),
+            idle_runs: (0, 0),
+            churn_writes: 0,
+            per_shard: shards,
+        }
+    }
+
+    #[test]
+    fn the_shard_table_shows_max_and_min_over_shards() {
+        let shard = |mib: u64, cpu: f64, runs| ShardStats {
+            rss_settled_kib: mib * 1024,
+            rss_after_kib: (mib + 1) * 1024,
+            idle_cpu_before: cpu,
+            idle_cpu_after: cpu / 2.0,
+            runs,
+        };
+        let settings = WatchSettings {
+            plugin_bin: PathBuf::from("kubectl-helmop"),
+            downstream: Downstream::Fleetsim,
+            apiservers: 0,
+            clusters: vec![8],
+            resources: 4,
+            edits: 1,
+            debounces: vec!["1s".to_owned()],
+            shards: vec![1, 2],
+            idle: Duration::from_secs(1),
+            gap: Duration::from_secs(1),
+            extra_args: Vec::new(),
+            churn: None,
+        };
+        let unsharded = row(vec![shard(30, 0.01, 2)]);
+        assert!(!table(std::slice::from_ref(&unsharded), &settings).contains("per shard"));
+        let rows = [
+            unsharded,
+            row(vec![shard(20, 0.004, 2), shard(12, 0.02, 3)]),
+        ];
+        let out = table(&rows, &settings);
+        assert!(out.contains(
+            "| 8 | 2 | 1s | 20.0 / 12.0 | 21.0 / 13.0 | 2.00% / 0.40% | 1.00% / 0.20% | 2 / 3 |"
+        ));
+        assert!(out.contains(
+            "| 8 | 1 | 1s | 30.0 / 30.0 | 31.0 / 31.0 | 1.00% / 1.00% | 0.50% / 0.50% | 2 |"
+        ));
+        assert_eq!(max_min(Vec::<u64>::new()), None);
     }
 
     #[test]
