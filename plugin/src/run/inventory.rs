@@ -273,7 +273,7 @@ pub async fn enumerate(
             Err(e) => return Err(e),
         }
     };
-    if *shard != Shard::Every
+    if let Shard::Id(_) = shard
         && let Some(fleet) = fleet.as_mut()
     {
         within_reach(fleet, &helmops);
@@ -335,23 +335,23 @@ pub async fn enumerate(
     })
 }
 
-/// Keeps only the Clusters some of `helmops` can target: those of their namespaces and of the
-/// namespaces their BundleNamespaceMappings add. A shard handles a few HelmOps of a large fleet;
-/// reading every Cluster's kubeconfig and asking every cluster who it is would cost each shard
-/// the whole fleet. (An unsharded `-A` run still visits every Cluster, to report the copies of
-/// HelmOps deleted from a namespace as orphans.)
+/// Keeps only the Clusters where some of `helmops` want a copy now. A shard handles a share of a
+/// large fleet's HelmOps; reading every Cluster's kubeconfig, asking every cluster who it is and
+/// looking at every cluster's copies would cost each shard the whole fleet. What it gives up: the
+/// `Orphaned` rows of its HelmOps' copies on clusters they no longer target (`propagate` only
+/// reports those; `status` and `prune`, which see every HelmOp, still find them). The unsharded
+/// watcher keeps visiting every Cluster.
 fn within_reach(fleet: &mut FleetObjects, helmops: &[HelmOp]) {
-    let mappings = Mappings::new(&fleet.mappings);
-    let reach: BTreeSet<String> = helmops
+    let keys: Vec<String> = fleet
+        .clusters
         .iter()
-        .flat_map(|h| mappings.candidate_namespaces(h, &fleet.namespaces))
+        .map(|c| clusters::fleet_key(&clusters::cluster_name(c)))
         .collect();
-    fleet.clusters.retain(|c| {
-        c.metadata
-            .namespace
-            .as_ref()
-            .is_some_and(|ns| reach.contains(ns))
-    });
+    let (wanted, _) = desired_fleet(helmops, fleet, &keys);
+    let wanted: BTreeSet<&str> = wanted.iter().map(|d| d.cluster.as_str()).collect();
+    let keep: Vec<bool> = keys.iter().map(|k| wanted.contains(k.as_str())).collect();
+    let mut keep = keep.into_iter();
+    fleet.clusters.retain(|_| keep.next().unwrap_or(false));
 }
 
 /// Keeps the HelmOps `shard` handles in `helmops`; returns the keys of the others. Listing
@@ -1178,18 +1178,24 @@ mod tests {
     }
 
     #[test]
-    fn a_shard_resolves_only_the_clusters_its_helmops_can_target() {
+    fn a_shard_resolves_only_the_clusters_its_helmops_want_copies_on() {
+        let spec: HelmOpSpec = serde_json::from_value(serde_json::json!({
+            "downstreamResources": [{"kind": "Secret", "name": "db"}],
+            "targets": [{"clusterSelector": {"matchLabels": {"env": "prod"}}}],
+        }))
+        .expect("a valid spec");
         let mut fleet = FleetObjects {
             clusters: vec![
-                Cluster::new("team", "c1", &[]),
-                Cluster::new("other", "c2", &[]),
-                Cluster::new("team", "c3", &[]),
+                Cluster::new("team", "c1", &[("env", "prod")]),
+                Cluster::new("other", "c2", &[("env", "prod")]),
+                Cluster::new("team", "c3", &[("env", "dev")]),
+                Cluster::new("team", "c4", &[("env", "prod")]),
             ],
             ..FleetObjects::default()
         };
-        within_reach(&mut fleet, &[helmop("team", "app", HelmOpSpec::default())]);
+        within_reach(&mut fleet, &[helmop("team", "app", spec)]);
         let names: Vec<String> = fleet.clusters.iter().map(clusters::cluster_name).collect();
-        assert_eq!(names, ["team/c1", "team/c3"]);
+        assert_eq!(names, ["team/c1", "team/c4"]);
         within_reach(&mut fleet, &[]);
         assert!(fleet.clusters.is_empty());
     }
