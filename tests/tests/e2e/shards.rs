@@ -323,6 +323,11 @@ async fn shards_split_the_helmops_and_hand_them_over_without_a_gap() -> anyhow::
     f.wait_copy("only-a", "a1", &["app-a"]).await?;
     f.wait_copy("only-b", "b1", &["app-b"]).await?;
     f.wait_copy("plain", "p1", &["app-plain"]).await?;
+    // A run's event comes when the run has ended, which may be after its copies landed.
+    for p in [&mut a, &mut b, &mut plain] {
+        p.wait_event("a first run", BOUND, 0, |e| e["event"] == "run")
+            .await?;
+    }
     for (p, own) in [(&a, "app-a"), (&b, "app-b"), (&plain, "app-plain")] {
         assert_eq!(
             helmops_run(p),
@@ -421,11 +426,15 @@ async fn shards_split_the_helmops_and_hand_them_over_without_a_gap() -> anyhow::
     f.set_source("only-b", "b3").await?;
     f.wait_copy("only-b", "b3", &["app-b"]).await?;
     f.wait_copy("db", "two", &["app-b"]).await?;
-    assert!(
-        helmops_run(&a2).contains(&format!("{ns}/app-b")),
-        "shard a never ran app-b: {}",
-        a2.context()
-    );
+    let moved = json!(format!("{ns}/app-b"));
+    a2.wait_event("shard a to run app-b", BOUND, 0, |e| {
+        e["event"] == "run"
+            && e["report"]["rows"].as_array().is_some_and(|rows| {
+                rows.iter()
+                    .any(|r| r["helmops"].as_array().is_some_and(|h| h.contains(&moved)))
+            })
+    })
+    .await?;
     let runs_b = b.events_named("run");
     let since = runs_b
         .iter()
