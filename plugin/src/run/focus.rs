@@ -101,8 +101,6 @@ fn plain_source(inv: &Inventory, source: &SourceKey) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use helmop_core::model::{DownstreamResource, HelmOp, HelmOpSpec};
     use helmop_core::plan::{DesiredCopy, HelmOpKey};
 
@@ -128,8 +126,6 @@ mod tests {
             keep: false,
         };
         Inventory {
-            selection: Selection::All,
-            shard: Default::default(),
             helmops: vec![
                 HelmOp::new("team", "a", spec(&["db", "shared"], None)),
                 HelmOp::new(
@@ -138,7 +134,6 @@ mod tests {
                     spec(&["api", "shared", "creds"], Some("creds")),
                 ),
             ],
-            downstreams: Vec::new(),
             desired: vec![
                 want("c1", "a", "db"),
                 want("c1", "a", "shared"),
@@ -146,15 +141,8 @@ mod tests {
                 want("c2", "b", "shared"),
                 want("c3", "b", "api"),
             ],
-            problems: Vec::new(),
-            holds: Default::default(),
-            rejected: Vec::new(),
-            identities: BTreeMap::new(),
-            unserved: Vec::new(),
-            target_contexts: Vec::new(),
-            named_sources: Vec::new(),
-            elsewhere: Default::default(),
             kubeconfig_secrets: BTreeSet::from([("team".to_owned(), "c1-kubeconfig".to_owned())]),
+            ..Inventory::empty(Selection::All)
         }
     }
 

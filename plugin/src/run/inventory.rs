@@ -236,6 +236,29 @@ impl Inventory {
     }
 }
 
+#[cfg(test)]
+impl Inventory {
+    /// An inventory of nothing for `selection`; tests set what they need on top.
+    pub fn empty(selection: Selection) -> Inventory {
+        Inventory {
+            selection,
+            shard: Shard::Every,
+            helmops: Vec::new(),
+            downstreams: Vec::new(),
+            desired: Vec::new(),
+            problems: Vec::new(),
+            holds: Holds::default(),
+            rejected: Vec::new(),
+            identities: BTreeMap::new(),
+            unserved: Vec::new(),
+            target_contexts: Vec::new(),
+            named_sources: Vec::new(),
+            elsewhere: BTreeSet::new(),
+            kubeconfig_secrets: BTreeSet::new(),
+        }
+    }
+}
+
 /// `namespace/name` of a HelmOp.
 pub fn key_of(h: &HelmOp) -> Option<HelmOpKey> {
     Some(HelmOpKey::new(
@@ -273,10 +296,21 @@ pub async fn enumerate(
             Err(e) => return Err(e),
         }
     };
+    // A registration's plan key is its Cluster's name: known before anything is resolved, so the
+    // wants are computed once, and a shard resolves only the Clusters they name.
+    let mut keys: Vec<String> = fleet
+        .iter()
+        .flat_map(|f| &f.clusters)
+        .map(|c| clusters::fleet_key(&clusters::cluster_name(c)))
+        .collect();
+    let (fleet_desired, mut problems) = fleet
+        .as_ref()
+        .map(|fleet| desired_fleet(&helmops, fleet, &keys))
+        .unwrap_or_default();
     if let Shard::Id(_) = shard
         && let Some(fleet) = fleet.as_mut()
     {
-        within_reach(fleet, &helmops);
+        keys = within_reach(fleet, keys, &fleet_desired);
     }
     let registered = match &fleet {
         Some(fleet) => clusters::resolve_fleet(ctx, &fleet.clusters, limits).await,
@@ -291,7 +325,6 @@ pub async fn enumerate(
         .iter()
         .map(|d| (d.key.clone(), d.identity.clone()))
         .collect();
-    let keys: Vec<String> = registered.iter().map(|d| d.key.clone()).collect();
     if let Some(fleet) = &fleet {
         hold_clusters(&mut holds, &helmops, fleet, &keys);
         for cluster in &fleet.clusters {
@@ -300,10 +333,6 @@ pub async fn enumerate(
             }
         }
     }
-    let (fleet_desired, mut problems) = fleet
-        .as_ref()
-        .map(|fleet| desired_fleet(&helmops, fleet, &keys))
-        .unwrap_or_default();
     let (downstreams, desired, unserved) = if target_contexts.is_empty() {
         (registered, fleet_desired, Vec::new())
     } else {
@@ -341,17 +370,20 @@ pub async fn enumerate(
 /// `Orphaned` rows of its HelmOps' copies on clusters they no longer target (`propagate` only
 /// reports those; `status` and `prune`, which see every HelmOp, still find them). The unsharded
 /// watcher keeps visiting every Cluster.
-fn within_reach(fleet: &mut FleetObjects, helmops: &[HelmOp]) {
-    let keys: Vec<String> = fleet
-        .clusters
-        .iter()
-        .map(|c| clusters::fleet_key(&clusters::cluster_name(c)))
-        .collect();
-    let (wanted, _) = desired_fleet(helmops, fleet, &keys);
+/// `keys[i]` is the plan key of `fleet.clusters[i]`; returns the keys of the Clusters kept.
+fn within_reach(
+    fleet: &mut FleetObjects,
+    keys: Vec<String>,
+    wanted: &[DesiredCopy],
+) -> Vec<String> {
     let wanted: BTreeSet<&str> = wanted.iter().map(|d| d.cluster.as_str()).collect();
-    let keep: Vec<bool> = keys.iter().map(|k| wanted.contains(k.as_str())).collect();
-    let mut keep = keep.into_iter();
-    fleet.clusters.retain(|_| keep.next().unwrap_or(false));
+    let (clusters, keys): (Vec<Cluster>, Vec<String>) = std::mem::take(&mut fleet.clusters)
+        .into_iter()
+        .zip(keys)
+        .filter(|(_, key)| wanted.contains(key.as_str()))
+        .unzip();
+    fleet.clusters = clusters;
+    keys
 }
 
 /// Keeps the HelmOps `shard` handles in `helmops`; returns the keys of the others. Listing
@@ -1136,20 +1168,8 @@ mod tests {
     #[test]
     fn namespace_scope_adds_owners_of_deleted_helmops() {
         let inv = Inventory {
-            selection: Selection::Namespace("team".into()),
             helmops: vec![helmop("team", "live", HelmOpSpec::default())],
-            downstreams: Vec::new(),
-            desired: Vec::new(),
-            problems: Vec::new(),
-            holds: Holds::default(),
-            rejected: Vec::new(),
-            identities: BTreeMap::new(),
-            unserved: Vec::new(),
-            target_contexts: Vec::new(),
-            named_sources: Vec::new(),
-            shard: Shard::Every,
-            elsewhere: BTreeSet::new(),
-            kubeconfig_secrets: Default::default(),
+            ..Inventory::empty(Selection::Namespace("team".into()))
         };
         let copy = ObservedCopy {
             cluster: "c".into(),
@@ -1193,10 +1213,20 @@ mod tests {
             ],
             ..FleetObjects::default()
         };
-        within_reach(&mut fleet, &[helmop("team", "app", spec)]);
+        let keys: Vec<String> = fleet
+            .clusters
+            .iter()
+            .map(|c| clusters::fleet_key(&clusters::cluster_name(c)))
+            .collect();
+        let (wanted, _) = desired_fleet(&[helmop("team", "app", spec)], &fleet, &keys);
+        let kept = within_reach(&mut fleet, keys, &wanted);
         let names: Vec<String> = fleet.clusters.iter().map(clusters::cluster_name).collect();
         assert_eq!(names, ["team/c1", "team/c4"]);
-        within_reach(&mut fleet, &[]);
+        assert_eq!(
+            kept,
+            ["team/c1", "team/c4"].map(clusters::fleet_key).to_vec()
+        );
+        within_reach(&mut fleet, kept, &[]);
         assert!(fleet.clusters.is_empty());
     }
 
@@ -1240,20 +1270,10 @@ mod tests {
             data_hash: None,
         };
         let inv = Inventory {
-            selection: Selection::All,
             shard,
             helmops: listed,
-            downstreams: Vec::new(),
-            desired: Vec::new(),
-            problems: Vec::new(),
-            holds: Holds::default(),
-            rejected: Vec::new(),
-            identities: BTreeMap::new(),
-            unserved: Vec::new(),
-            target_contexts: Vec::new(),
-            named_sources: Vec::new(),
             elsewhere,
-            kubeconfig_secrets: BTreeSet::new(),
+            ..Inventory::empty(Selection::All)
         };
         let keys = |pairs: &[(&str, &str)]| -> Scope {
             Scope::HelmOps(pairs.iter().map(|(n, h)| HelmOpKey::new(n, h)).collect())
@@ -1271,23 +1291,12 @@ mod tests {
             keys(&[("team", "mine"), ("team", "gone")])
         );
         let one = |name: &str| Inventory {
-            selection: Selection::One {
-                namespace: "team".into(),
-                name: name.into(),
-            },
-            helmops: Vec::new(),
             shard: ns.shard.clone(),
             elsewhere: ns.elsewhere.clone(),
-            kubeconfig_secrets: Default::default(),
-            downstreams: Vec::new(),
-            desired: Vec::new(),
-            problems: Vec::new(),
-            holds: Holds::default(),
-            rejected: Vec::new(),
-            identities: BTreeMap::new(),
-            unserved: Vec::new(),
-            target_contexts: Vec::new(),
-            named_sources: Vec::new(),
+            ..Inventory::empty(Selection::One {
+                namespace: "team".into(),
+                name: name.into(),
+            })
         };
         assert_eq!(one("theirs").scope("up-1", &[]), keys(&[]));
         assert_eq!(one("gone").scope("up-1", &[]), keys(&[("team", "gone")]));
@@ -1371,20 +1380,9 @@ mod tests {
         ops_[2].spec.downstream_resources = None;
         let (desired, _) = desired_fleet(&ops_, &fleet, &["k1".into()]);
         let inv = Inventory {
-            selection: Selection::Namespace("team".into()),
             helmops: ops_,
-            downstreams: Vec::new(),
             desired,
-            problems: Vec::new(),
-            holds: Holds::default(),
-            rejected: Vec::new(),
-            identities: BTreeMap::new(),
-            unserved: Vec::new(),
-            target_contexts: Vec::new(),
-            named_sources: Vec::new(),
-            shard: Shard::Every,
-            elsewhere: BTreeSet::new(),
-            kubeconfig_secrets: Default::default(),
+            ..Inventory::empty(Selection::Namespace("team".into()))
         };
         let (meta, disputed) = inv.namespace_metadata("k1", "apps");
         assert_eq!(

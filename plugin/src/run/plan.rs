@@ -356,9 +356,6 @@ mod tests {
     #[test]
     fn unreachable_clusters_keep_their_rows() {
         let inv = Inventory {
-            selection: Selection::All,
-            helmops: Vec::new(),
-            downstreams: Vec::new(),
             desired: vec![
                 helmop_core::plan::DesiredCopy {
                     cluster: "https://d1".into(),
@@ -375,16 +372,7 @@ mod tests {
                     keep: false,
                 },
             ],
-            problems: Vec::new(),
-            holds: Default::default(),
-            rejected: Vec::new(),
-            identities: BTreeMap::new(),
-            unserved: Vec::new(),
-            target_contexts: Vec::new(),
-            named_sources: Vec::new(),
-            shard: Default::default(),
-            elsewhere: Default::default(),
-            kubeconfig_secrets: Default::default(),
+            ..Inventory::empty(Selection::All)
         };
         let d1 = Downstream {
             key: "https://d1".into(),

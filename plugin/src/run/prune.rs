@@ -756,13 +756,7 @@ mod tests {
         );
         let id = |uid: &str| Some(crate::identity::identity_key(uid));
         let inv = Inventory {
-            selection: Selection::All,
-            helmops: Vec::new(),
-            downstreams: Vec::new(),
             desired: vec![want(a, "x"), want(a2, "x2"), want(b, "z"), want(down, "y")],
-            problems: Vec::new(),
-            holds: Default::default(),
-            rejected: Vec::new(),
             identities: BTreeMap::from([
                 (a.to_string(), id("uid-a")),
                 (a2.to_string(), id("uid-a")),
@@ -770,11 +764,7 @@ mod tests {
                 (down.to_string(), None),
             ]),
             unserved: vec![want("cluster:team/new", "n")],
-            target_contexts: Vec::new(),
-            named_sources: Vec::new(),
-            shard: Default::default(),
-            elsewhere: Default::default(),
-            kubeconfig_secrets: Default::default(),
+            ..Inventory::empty(Selection::All)
         };
         let protected = |key: &str| -> Vec<(String, String)> {
             inv.protected(key)

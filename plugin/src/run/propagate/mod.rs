@@ -989,20 +989,8 @@ mod tests {
             ..HelmOpSpec::default()
         };
         let inv = Inventory {
-            selection: Selection::All,
             helmops: vec![HelmOp::new("team", "app", spec)],
-            downstreams: Vec::new(),
-            desired: Vec::new(),
-            problems: Vec::new(),
-            holds: Default::default(),
-            rejected: Vec::new(),
-            identities: BTreeMap::new(),
-            unserved: Vec::new(),
-            target_contexts: Vec::new(),
-            named_sources: Vec::new(),
-            shard: Default::default(),
-            elsewhere: Default::default(),
-            kubeconfig_secrets: Default::default(),
+            ..Inventory::empty(Selection::All)
         };
         let rows = uncopyable_rows(&inv);
         let got: Vec<(&str, &str, &str)> = rows
