@@ -22,3 +22,17 @@ pub mod text;
 pub mod validate;
 pub mod workload;
 pub mod yaml;
+
+/// What several modules' unit tests build their inputs with.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::collections::BTreeMap;
+
+    /// A label (or annotation) map from pairs.
+    pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+}

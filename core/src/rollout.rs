@@ -133,13 +133,7 @@ mod tests {
     use super::*;
     use crate::hash::{ObjectData, config_stamp, config_stamp_v2};
     use crate::podrefs::Keys;
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::test_support::labels;
 
     #[test]
     fn opt_in_rules() {

@@ -80,13 +80,7 @@ pub fn parse_shard_id(s: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::test_support::labels;
 
     /// The cases of Fleet's `ShouldProcess` (pkg/sharding/sharding.go, v0.16.1): no labels at all,
     /// labels without the key, the key with the shard's value, another value, an empty value.

@@ -8,13 +8,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::model::HelmOpSpec;
-
-fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
+use crate::test_support::labels;
 
 fn sel(pairs: &[(&str, &str)]) -> Option<LabelSelector> {
     Some(LabelSelector {

@@ -4,13 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use proptest::prelude::*;
 
 use super::*;
-
-fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
+use crate::test_support::labels;
 
 fn ml(pairs: &[(&str, &str)]) -> LabelSelector {
     LabelSelector {
