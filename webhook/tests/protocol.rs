@@ -360,6 +360,16 @@ async fn past_the_in_flight_limits_requests_get_a_fast_429() {
         .await
         .expect("the refused body was read, so its 429 arrives");
     assert_eq!(reply.status, 429, "{}", reply.text());
+    // A body declared at the limit would cost three times its length to decide, which the budget cannot hold
+    // now: it is refused at its head, before a byte of it is sent (it would time out waiting for the body if
+    // it were let in to be read and refused afterwards).
+    let head = format!(
+        "POST /validate/helmops HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n",
+        helmop_webhook::admission::MAX_BODY_BYTES
+    );
+    let reply = raw_exchange(s.server.webhook, &s.pki, head, Vec::new(), false).await;
+    assert_eq!(reply.status, 429, "refused at its head: {}", reply.text());
     gate.add_permits(1_000);
     assert_eq!(first.await.unwrap().unwrap().status, 200);
     let reply = conn
@@ -376,7 +386,7 @@ async fn past_the_in_flight_limits_requests_get_a_fast_429() {
         "the budget was returned: {}",
         reply.text()
     );
-    assert_eq!(s.server.metrics.requests("helmops", Outcome::Busy), 2);
+    assert_eq!(s.server.metrics.requests("helmops", Outcome::Busy), 3);
 }
 
 /// A review of more JSON values than one admission decodes (dense lists: 2 bytes each, tens of bytes

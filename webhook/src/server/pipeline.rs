@@ -27,8 +27,10 @@ pub(super) struct Shared {
     pub(super) request_timeout: Duration,
     pub(super) in_flight: Arc<Semaphore>,
     pub(super) body_bytes: Arc<Semaphore>,
-    /// Turns on the blocking pool for decoding ([`MAX_DECODES`]).
+    /// Turns at a decoding thread ([`MAX_DECODES`]).
     pub(super) decoders: Arc<Semaphore>,
+    /// Turns at draining a refused body ([`super::body::MAX_DRAINS`]).
+    pub(super) drains: Arc<Semaphore>,
 }
 
 /// Why a request is answered without a decision.
@@ -157,6 +159,7 @@ async fn read(
     if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
         if declared.is_some_and(|len| len <= MAX_BODY_BYTES as u64 + MAX_DRAIN_BYTES) {
             drain(
+                &shared.drains,
                 request.into_body().into_data_stream(),
                 MAX_DRAIN_BYTES,
                 deadline,
@@ -167,14 +170,21 @@ async fn read(
     }
     // The declared length (at most the limit here) sizes the one allocation, charged to the budget up front:
     // a client that declares 7 MiB and sends nothing holds 7 MiB of the budget until the deadline, never
-    // more than it is charged; a body of unknown length grows by doubling, charged by capacity.
+    // more than it is charged; a body of unknown length grows by doubling, charged by capacity. What
+    // decoding a body of that length costs at least (its text, TEXT_COPIES times) is charged with it, before
+    // a byte is read: a review the budget cannot decide now is refused before it is received and decrypted,
+    // not after (a flood of 7 MiB bodies otherwise had every one read, then most refused).
     let size_hint = declared.map_or(16 * 1024, |len| len as usize);
+    let prepaid = declared.map_or(0, |len| {
+        (len as usize).saturating_mul(admission::TEXT_COPIES)
+    });
     let body = match tokio::time::timeout_at(
         deadline,
         read_body(
             request.into_body(),
             MAX_BODY_BYTES,
             size_hint,
+            prepaid,
             &shared.body_bytes,
         ),
     )
@@ -183,13 +193,13 @@ async fn read(
         Ok(Ok(body)) => body,
         Ok(Err((BodyError::TooLarge, rest))) => {
             if let Some(rest) = rest {
-                drain(rest, MAX_DRAIN_BYTES, deadline).await;
+                drain(&shared.drains, rest, MAX_DRAIN_BYTES, deadline).await;
             }
             return Err(Early::Rejected(Rejection::TooLarge));
         }
         Ok(Err((BodyError::Busy, rest))) => {
             if let Some(rest) = rest {
-                drain(rest, MAX_BODY_BYTES as u64, deadline).await;
+                drain(&shared.drains, rest, MAX_BODY_BYTES as u64, deadline).await;
             }
             return Err(Early::Rejected(Rejection::Busy));
         }
@@ -206,12 +216,14 @@ async fn read(
     // The body's share of the budget stays taken until the answer, with what decoding it costs on top.
     let ReadBody {
         bytes: body,
+        prepaid,
         _share: body_share,
     } = body;
-    let decoded = match tokio::time::timeout_at(deadline, decode_off_workers(shared, body)).await {
-        Ok(decoded) => decoded,
-        Err(_) => return Err(Early::Rejected(Rejection::Late)),
-    };
+    let decoded =
+        match tokio::time::timeout_at(deadline, decode_off_workers(shared, body, prepaid)).await {
+            Ok(decoded) => decoded,
+            Err(_) => return Err(Early::Rejected(Rejection::Late)),
+        };
     match decoded {
         Decoded::Review(request, decoded_share) => Ok(Review {
             request,
@@ -281,10 +293,16 @@ fn respond(
         .into_response()
 }
 
-/// Decodes run on the blocking pool, at most this many at once: a large review takes tens of
+/// Decodes run on threads of their own, at most this many at once: a large review takes tens of
 /// milliseconds to count and parse, which on an async worker (one, under `limits.cpu: "1"`) would hold
 /// up `/healthz` and every other admission meanwhile.
 pub(super) const MAX_DECODES: usize = 2;
+
+/// The nice value a decoding thread runs at (0 is the process's own; 19 the lowest priority). The kernel
+/// then gives the async workers, which answer `/healthz` and the small reviews of ordinary admissions, about
+/// nine times a decoder's share of the CPU while both want it, and the decoders all of it when nothing else
+/// runs: a flood of large reviews slows down itself, not the API server's other calls.
+pub(super) const DECODE_NICE: i32 = 10;
 
 enum Decoded {
     /// The request, and the budget its decoded form holds until the answer.
@@ -300,28 +318,51 @@ enum Decoded {
 }
 
 /// Reviews up to this size are decoded on the async worker that read them: counting and parsing
-/// 16 KiB takes tens of microseconds, less than the hop to the blocking pool and back costs (two
+/// 16 KiB takes tens of microseconds, less than the hop to another thread and back costs (two
 /// thread wake-ups per admission, most of what separated the webhook from a webhook that only
 /// decodes). Real reviews of a HelmOp or a workload are a few KiB.
 pub(super) const INLINE_DECODE_BYTES: usize = 16 * 1024;
 
 /// Counts the body's values, takes what decoding them costs from the in-flight budget (or answers
-/// busy), then decodes: small bodies in place ([`INLINE_DECODE_BYTES`]), larger ones on the blocking
-/// pool, bounded by [`MAX_DECODES`].
-async fn decode_off_workers(shared: &Shared, body: Vec<u8>) -> Decoded {
+/// busy), then decodes: small bodies in place ([`INLINE_DECODE_BYTES`]), larger ones on a thread of
+/// their own at [`DECODE_NICE`], bounded by [`MAX_DECODES`].
+async fn decode_off_workers(shared: &Shared, body: Vec<u8>, prepaid: usize) -> Decoded {
     if body.len() <= INLINE_DECODE_BYTES {
-        return count_and_decode(&shared.body_bytes, &body);
+        return count_and_decode(&shared.body_bytes, &body, prepaid);
     }
     let Ok(_turn) = shared.decoders.clone().acquire_owned().await else {
         return Decoded::Busy;
     };
     let budget = shared.body_bytes.clone();
-    let job = tokio::task::spawn_blocking(move || count_and_decode(&budget, &body));
-    job.await
-        .unwrap_or_else(|_| Decoded::Undecodable("the review could not be decoded".to_owned()))
+    match on_decode_thread(move || count_and_decode(&budget, &body, prepaid)).await {
+        Some(decoded) => decoded,
+        None => Decoded::Busy,
+    }
 }
 
-fn count_and_decode(budget: &Arc<Semaphore>, body: &[u8]) -> Decoded {
+/// Runs `work` on a thread of its own at [`DECODE_NICE`]; `None` when no thread could be started, or `work`
+/// panicked.
+///
+/// A thread per large review, not the blocking pool: a thread's priority can be lowered but never raised
+/// again without privileges, and the pool's threads serve other work afterwards. A spawn costs tens of
+/// microseconds, next to the milliseconds such a decode takes.
+async fn on_decode_thread<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("helmop-decode".to_owned())
+        .spawn(move || {
+            // Linux: the calling thread only. Failing leaves it at the process's priority, as before.
+            let _ = rustix::process::nice(DECODE_NICE);
+            let _ = tx.send(work());
+        })
+        .ok()?;
+    rx.await.ok()
+}
+
+/// `prepaid`: what the body's share of the budget already holds for decoding it.
+fn count_and_decode(budget: &Arc<Semaphore>, body: &[u8], prepaid: usize) -> Decoded {
     let values = match admission::count_values(body, admission::MAX_VALUES) {
         admission::Counted::TooMany => return Decoded::TooMany(admission::review_uid(body)),
         admission::Counted::Values(n) => n,
@@ -331,7 +372,8 @@ fn count_and_decode(budget: &Arc<Semaphore>, body: &[u8]) -> Decoded {
     let cost = body
         .len()
         .saturating_mul(admission::TEXT_COPIES)
-        .saturating_add(values.saturating_mul(admission::VALUE_COST));
+        .saturating_add(values.saturating_mul(admission::VALUE_COST))
+        .saturating_sub(prepaid);
     let Ok(share) = super::body::take(budget, cost) else {
         return Decoded::Busy;
     };
@@ -429,5 +471,25 @@ fn log_request(
         Outcome::Panic | Outcome::Timeout | Outcome::Error => line!(warn),
         Outcome::Allowed if warnings == 0 => line!(debug),
         _ => line!(info),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn large_decodes_run_below_the_workers_priority() {
+        let ours = rustix::process::getpriority_process(None).unwrap();
+        let theirs = on_decode_thread(|| rustix::process::getpriority_process(None).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(theirs, (ours + DECODE_NICE).min(19));
+        assert_eq!(
+            rustix::process::getpriority_process(None).unwrap(),
+            ours,
+            "the worker's own priority is untouched"
+        );
+        assert!(on_decode_thread(|| panic!("boom")).await.is_none());
     }
 }

@@ -68,6 +68,7 @@ pub fn router(
                 .clamp(MAX_REVIEW_COST, Semaphore::MAX_PERMITS),
         )),
         decoders: Arc::new(Semaphore::new(super::pipeline::MAX_DECODES)),
+        drains: Arc::new(Semaphore::new(super::body::MAX_DRAINS)),
     };
     let mut router = Router::new();
     for webhook in Webhook::ALL {
