@@ -63,6 +63,30 @@ pub fn helmop_object(
     })
 }
 
+/// A HelmOp document for [`apply_helmop`]: `name` copies `resources` (kind, name) into `default_namespace`
+/// on every Cluster labelled `selector` (one label, key and value).
+pub fn copying_helmop(
+    name: &str,
+    default_namespace: &str,
+    resources: &[(&str, &str)],
+    selector: (&str, &str),
+) -> Value {
+    let resources: Vec<Value> = resources
+        .iter()
+        .map(|(kind, name)| json!({"kind": kind, "name": name}))
+        .collect();
+    let (key, value) = selector;
+    json!({
+        "metadata": {"name": name},
+        "spec": {
+            "helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.0.0"},
+            "defaultNamespace": default_namespace,
+            "downstreamResources": resources,
+            "targets": [{"clusterSelector": {"matchLabels": {key: value}}}],
+        },
+    })
+}
+
 /// A namespaced API for one of the Fleet kinds above.
 pub fn fleet_api(client: &Client, namespace: &str, resource: &ApiResource) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), namespace, resource)

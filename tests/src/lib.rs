@@ -48,7 +48,7 @@ pub use endpoints::{
 };
 pub use fleet::{
     FLEET_API_VERSION, apply_helmop, bundle_deployment_resource, bundle_namespace_mapping_resource,
-    bundle_resource, cluster_group_resource, cluster_resource, controller_events,
+    bundle_resource, cluster_group_resource, cluster_resource, controller_events, copying_helmop,
     create_cluster_group, create_fleet_object, fleet_api, fleet_crds_dir, helmop_object,
     helmop_resource, install_fleet_crd, policy_resource, propagator_events, register_fleet_cluster,
 };

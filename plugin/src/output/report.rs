@@ -41,6 +41,30 @@ pub struct Row {
 }
 
 impl Row {
+    /// A row about `workload` reading the copy of `resource` on `cluster` in `namespace`.
+    pub fn workload(
+        helmops: Vec<String>,
+        cluster: String,
+        namespace: &str,
+        resource: &helmop_core::resource::ResourceRef,
+        workload: String,
+        state: RowState,
+        reason: String,
+    ) -> Row {
+        Row {
+            helmops,
+            cluster,
+            namespace: namespace.to_owned(),
+            kind: resource.kind.as_str().to_owned(),
+            name: resource.name.clone(),
+            workload: Some(workload),
+            state,
+            reason,
+            in_sync: None,
+            fleet_copy: None,
+        }
+    }
+
     /// `secret/db`, or `-` for rows about no particular resource.
     pub fn resource(&self) -> String {
         if self.kind.is_empty() {

@@ -200,22 +200,20 @@ async fn cluster_status(
                     continue;
                 };
                 let (pending, reason) = workloads::stamp_pending(&w, resource, hash);
-                rows.push(Row {
-                    helmops: helmops.clone(),
-                    cluster: downstream.display(),
-                    namespace: namespace.clone(),
-                    kind: resource.kind.as_str().into(),
-                    name: resource.name.clone(),
-                    workload: Some(w.display()),
-                    state: if pending {
-                        RowState::RolloutPending
-                    } else {
-                        RowState::Current
-                    },
+                let state = if pending {
+                    RowState::RolloutPending
+                } else {
+                    RowState::Current
+                };
+                rows.push(Row::workload(
+                    helmops.clone(),
+                    downstream.display(),
+                    namespace,
+                    resource,
+                    w.display(),
+                    state,
                     reason,
-                    in_sync: None,
-                    fleet_copy: None,
-                });
+                ));
             }
         }
     }
@@ -282,18 +280,15 @@ async fn fleet_readers(
                 }
             };
             for resource in read {
-                rows.push(Row {
-                    helmops: resources.get(resource).cloned().unwrap_or_default(),
-                    cluster: downstream.display(),
-                    namespace: namespace.clone(),
-                    kind: resource.kind.as_str().into(),
-                    name: resource.name.clone(),
-                    workload: Some(w.display()),
+                rows.push(Row::workload(
+                    resources.get(resource).cloned().unwrap_or_default(),
+                    downstream.display(),
+                    namespace,
+                    resource,
+                    w.display(),
                     state,
-                    reason: reason.clone(),
-                    in_sync: None,
-                    fleet_copy: None,
-                });
+                    reason.clone(),
+                ));
             }
         }
     }

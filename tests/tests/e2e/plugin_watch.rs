@@ -63,19 +63,7 @@ impl Fixture {
     }
 
     async fn apply_helmop(&self, resources: &[(&str, &str)]) -> anyhow::Result<()> {
-        let resources: Vec<Value> = resources
-            .iter()
-            .map(|(kind, name)| json!({"kind": kind, "name": name}))
-            .collect();
-        let doc = json!({
-            "metadata": {"name": "app"},
-            "spec": {
-                "helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.0.0"},
-                "defaultNamespace": self.ns,
-                "downstreamResources": resources,
-                "targets": [{"clusterSelector": {"matchLabels": {"helmop-test": self.ns}}}],
-            },
-        });
+        let doc = copying_helmop("app", &self.ns, resources, ("helmop-test", &self.ns));
         apply_helmop(&self.upstream, &self.ns, &doc.to_string()).await?;
         Ok(())
     }
@@ -326,15 +314,12 @@ async fn a_source_edit_runs_over_the_clusters_copying_it() -> anyhow::Result<()>
     )
     .await?;
     create_secret(&f.upstream, &f.ns, "other-src", &[("password", b"x1")]).await?;
-    let other = json!({
-        "metadata": {"name": "other"},
-        "spec": {
-            "helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.0.0"},
-            "defaultNamespace": f.ns,
-            "downstreamResources": [{"kind": "Secret", "name": "other-src"}],
-            "targets": [{"clusterSelector": {"matchLabels": {"focus-other": f.ns}}}],
-        },
-    });
+    let other = copying_helmop(
+        "other",
+        &f.ns,
+        &[("Secret", "other-src")],
+        ("focus-other", &f.ns),
+    );
     apply_helmop(&f.upstream, &f.ns, &other.to_string()).await?;
     let mut w = f.spawn_watcher(&["--metrics-addr", "127.0.0.1:0"])?;
     let started = w
@@ -1107,15 +1092,7 @@ async fn watch_survives_an_upstream_api_server_restart() -> anyhow::Result<()> {
         cp.cluster("wdown"),
     )
     .await?;
-    let doc = json!({
-        "metadata": {"name": "app"},
-        "spec": {
-            "helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.0.0"},
-            "defaultNamespace": ns,
-            "downstreamResources": [{"kind": "Secret", "name": "db"}],
-            "targets": [{"clusterSelector": {"matchLabels": {"env": "x"}}}],
-        },
-    });
+    let doc = copying_helmop("app", &ns, &[("Secret", "db")], ("env", "x"));
     apply_helmop(&upstream, &ns, &doc.to_string()).await?;
     let kubeconfig = up.kubeconfig.display().to_string();
     let mut w = PluginProcess::spawn(

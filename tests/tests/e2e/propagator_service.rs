@@ -138,19 +138,12 @@ async fn watch_serves_metrics_probes_and_events() -> anyhow::Result<()> {
         json!({"metadata": {"name": "gone", "labels": {"helmop-test": ns}}, "spec": {"kubeConfigSecret": "gone-kubeconfig"}}),
     )
     .await?;
-    let doc = json!({
-        "metadata": {"name": "app"},
-        "spec": {
-            "helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.0.0"},
-            "defaultNamespace": ns,
-            "downstreamResources": [
-                {"kind": "Secret", "name": "db"},
-                {"kind": "Secret", "name": "taken"},
-                {"kind": "Secret", "name": "absent"},
-            ],
-            "targets": [{"clusterSelector": {"matchLabels": {"helmop-test": ns}}}],
-        },
-    });
+    let doc = copying_helmop(
+        "app",
+        &ns,
+        &[("Secret", "db"), ("Secret", "taken"), ("Secret", "absent")],
+        ("helmop-test", &ns),
+    );
     apply_helmop(&upstream, &ns, &doc.to_string()).await?;
 
     let dir = tempfile::tempdir()?;

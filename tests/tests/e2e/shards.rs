@@ -135,19 +135,9 @@ impl Fixture {
             .map(|s| (FLEET_SHARD_REF_LABEL, s))
             .into_iter()
             .collect();
-        let resources: Vec<Value> = resources
-            .iter()
-            .map(|name| json!({"kind": "Secret", "name": name}))
-            .collect();
-        let doc = json!({
-            "metadata": {"name": name, "labels": labels},
-            "spec": {
-                "helm": {"repo": "https://charts.example.com", "chart": "app", "version": "1.0.0"},
-                "defaultNamespace": self.ns,
-                "downstreamResources": resources,
-                "targets": [{"clusterSelector": {"matchLabels": {"helmop-test": self.ns}}}],
-            },
-        });
+        let resources: Vec<(&str, &str)> = resources.iter().map(|r| ("Secret", *r)).collect();
+        let mut doc = copying_helmop(name, &self.ns, &resources, ("helmop-test", &self.ns));
+        doc["metadata"]["labels"] = json!(labels);
         apply_helmop(&self.upstream, &self.ns, &doc.to_string()).await?;
         Ok(())
     }

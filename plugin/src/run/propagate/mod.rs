@@ -542,18 +542,15 @@ impl ClusterRun<'_> {
                 }
             };
             for resource in read {
-                rows.push(Row {
-                    helmops: resources.get(resource).cloned().unwrap_or_default(),
-                    cluster: self.downstream.display(),
-                    namespace: namespace.to_owned(),
-                    kind: resource.kind.as_str().to_owned(),
-                    name: resource.name.clone(),
-                    workload: Some(w.display()),
+                rows.push(Row::workload(
+                    resources.get(resource).cloned().unwrap_or_default(),
+                    self.downstream.display(),
+                    namespace,
+                    resource,
+                    w.display(),
                     state,
-                    reason: reason.clone(),
-                    in_sync: None,
-                    fleet_copy: None,
-                });
+                    reason.clone(),
+                ));
             }
         }
         rows
