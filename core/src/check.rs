@@ -44,6 +44,7 @@ pub enum Check {
     OptIn,
     Access,
     Lease,
+    AdmissionPort,
 }
 
 impl Check {
@@ -56,6 +57,7 @@ impl Check {
             Check::OptIn => "opt-in",
             Check::Access => "access",
             Check::Lease => "lease",
+            Check::AdmissionPort => "admission-port",
         }
     }
 }
@@ -727,6 +729,111 @@ fn span(seconds: i64) -> String {
         s if s < 2 * 3600 => format!("{}m", s / 60),
         s if s < 2 * 86_400 => format!("{}h", s / 3600),
         s => format!("{}d", s / 86_400),
+    }
+}
+
+/// Who besides the API server can reach the webhook's admission port, as far as the cluster says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PortFact {
+    /// The webhook's pods could not be read (or none run): nothing to judge.
+    Unknown(String),
+    Known {
+        /// Every webhook pod runs with `--client-ca`: only certified clients complete a handshake.
+        client_auth: bool,
+        /// Names of the NetworkPolicies selecting the webhook's pods for ingress; empty: none, so every
+        /// pod may connect.
+        policies: Vec<String>,
+        /// What those policies let in on the admission port.
+        admits: PortAdmits,
+    },
+}
+
+/// What the NetworkPolicies selecting the webhook's pods admit on its admission port.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PortAdmits {
+    /// A rule admitting every source (no `from`), by policy name.
+    pub everyone: Vec<String>,
+    /// Rules admitting pods by `podSelector`/`namespaceSelector` (policy name).
+    pub selected_pods: Vec<String>,
+    /// Pod ranges of nodes (`node (cidr)`) inside an `ipBlock` and outside its `except`.
+    pub pod_ranges: Vec<String>,
+    /// The nodes' pod ranges (`spec.podCIDRs`); `None` when the nodes cannot be read or none has one
+    /// (a CNI that assigns addresses itself), so whether pods are kept off is not known.
+    pub known_ranges: Option<usize>,
+}
+
+/// The verdict on who may call the admission port (`subject`: the webhook's Service).
+pub fn admission_port(subject: &str, fact: &PortFact) -> Finding {
+    let subject = format!("service/{subject}");
+    let f =
+        |verdict, message: String| Finding::new(Check::AdmissionPort, &subject, verdict, message);
+    const SAFETY: &str = "see \"Only the API server may call it\" in docs/webhook-safety.md: the client-auth overlay where the API server can present a certificate, else the network-policy component with your pod CIDR";
+    let (client_auth, policies, admits) = match fact {
+        PortFact::Unknown(why) => {
+            return f(
+                Verdict::Warning,
+                format!("cannot tell who may call it: {why}"),
+            )
+            .fix(
+                "needs list on pods and networkpolicies in the webhook's namespace, and on nodes",
+            );
+        }
+        PortFact::Known {
+            client_auth,
+            policies,
+            admits,
+        } => (*client_auth, policies, admits),
+    };
+    if client_auth {
+        return f(
+            Verdict::Ok,
+            "only clients with a certificate of the webhook's CA (the API server) get an answer (--client-ca)".into(),
+        );
+    }
+    if policies.is_empty() {
+        return f(
+            Verdict::Warning,
+            "no client certificate is required and no NetworkPolicy selects the webhook's pods: any pod can post a review and learn which Secrets exist in any namespace".into(),
+        )
+        .fix(SAFETY);
+    }
+    let names = policies.join(", ");
+    if let Some(open) = admits.everyone.first() {
+        return f(
+            Verdict::Problem,
+            format!("NetworkPolicy {open} admits every source on the admission port, so it keeps no pod off"),
+        )
+        .fix(format!("give the rule of {open} for the admission port an ipBlock that excepts the pod ranges ({SAFETY})"));
+    }
+    if !admits.pod_ranges.is_empty() {
+        return f(
+            Verdict::Problem,
+            format!(
+                "NetworkPolicy {names} admits pods on the admission port: the pod ranges of {} are inside its ipBlock and outside its except list",
+                admits.pod_ranges.join(", ")
+            ),
+        )
+        .fix("add the cluster's pod CIDR (kubectl get nodes -o jsonpath='{.items[*].spec.podCIDRs}') to the ipBlock's except list");
+    }
+    if !admits.selected_pods.is_empty() {
+        return f(
+            Verdict::Warning,
+            format!(
+                "NetworkPolicy {} admits pods chosen by selectors on the admission port: make sure only the control plane's own agents (konnectivity) match",
+                admits.selected_pods.join(", ")
+            ),
+        );
+    }
+    match admits.known_ranges {
+        None => f(
+            Verdict::Warning,
+            format!("NetworkPolicy {names} admits the admission port from ipBlocks, but the nodes name no pod ranges (spec.podCIDRs), so whether pods are kept off is not known"),
+        )
+        .fix("compare the ipBlock's except list with your CNI's pod CIDR"),
+        Some(n) => f(
+            Verdict::Ok,
+            format!("NetworkPolicy {names} keeps the pod ranges of all {} off the admission port", plural(n, "node")),
+        ),
     }
 }
 

@@ -150,6 +150,18 @@ fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
 }
 
 impl Cidr {
+    /// Whether every address of `other` is in this range (same family only).
+    pub fn covers(&self, other: &Cidr) -> bool {
+        self.network.is_ipv4() == other.network.is_ipv4()
+            && self.prefix <= other.prefix
+            && mask(other.network, self.prefix) == self.network
+    }
+
+    /// Whether the two ranges share an address (ranges are nested or apart).
+    pub fn overlaps(&self, other: &Cidr) -> bool {
+        self.covers(other) || other.covers(self)
+    }
+
     /// Whether `ip` is in the range; an IPv6 address standing for an IPv4 one is matched by that too.
     pub fn contains(&self, ip: IpAddr) -> bool {
         let direct = match (self.network, ip) {
@@ -345,6 +357,20 @@ mod tests {
 
     fn cidr(s: &str) -> Cidr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn ranges_cover_and_overlap_within_their_family() {
+        assert!(cidr("10.0.0.0/8").covers(&cidr("10.244.1.0/24")));
+        assert!(!cidr("10.244.1.0/24").covers(&cidr("10.0.0.0/8")));
+        assert!(cidr("10.244.1.0/24").overlaps(&cidr("10.0.0.0/8")));
+        assert!(!cidr("10.42.0.0/16").overlaps(&cidr("10.244.0.0/16")));
+        assert!(cidr("0.0.0.0/0").covers(&cidr("192.168.3.0/24")));
+        assert!(
+            !cidr("::/0").overlaps(&cidr("10.0.0.0/8")),
+            "families never overlap"
+        );
+        assert!(cidr("fd00::/8").covers(&cidr("fd00:10:244::/64")));
     }
 
     #[test]

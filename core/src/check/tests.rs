@@ -307,3 +307,91 @@ fn report_result_is_the_worst_verdict() {
     assert_eq!(json["findings"][1]["check"], "lease");
     assert!(json["findings"][1]["fix"].is_string());
 }
+
+fn port(client_auth: bool, policies: &[&str], admits: PortAdmits) -> PortFact {
+    PortFact::Known {
+        client_auth,
+        policies: policies.iter().map(|p| p.to_string()).collect(),
+        admits,
+    }
+}
+
+#[test]
+fn the_admission_port_is_judged_by_who_can_reach_it() {
+    let kept_off = PortAdmits {
+        known_ranges: Some(3),
+        ..PortAdmits::default()
+    };
+    let cases = [
+        (
+            port(true, &[], PortAdmits::default()),
+            Verdict::Ok,
+            "--client-ca",
+        ),
+        (
+            port(false, &[], PortAdmits::default()),
+            Verdict::Warning,
+            "any pod can post",
+        ),
+        (
+            port(false, &["np"], kept_off.clone()),
+            Verdict::Ok,
+            "all 3 nodes",
+        ),
+        (
+            port(
+                false,
+                &["np"],
+                PortAdmits {
+                    pod_ranges: vec!["n1 (10.244.1.0/24)".into()],
+                    ..kept_off.clone()
+                },
+            ),
+            Verdict::Problem,
+            "pod ranges of n1 (10.244.1.0/24)",
+        ),
+        (
+            port(
+                false,
+                &["np"],
+                PortAdmits {
+                    everyone: vec!["np".into()],
+                    ..kept_off.clone()
+                },
+            ),
+            Verdict::Problem,
+            "admits every source",
+        ),
+        (
+            port(
+                false,
+                &["np"],
+                PortAdmits {
+                    selected_pods: vec!["np".into()],
+                    ..kept_off.clone()
+                },
+            ),
+            Verdict::Warning,
+            "chosen by selectors",
+        ),
+        (
+            port(false, &["np"], PortAdmits::default()),
+            Verdict::Warning,
+            "is not known",
+        ),
+        (
+            PortFact::Unknown("forbidden".into()),
+            Verdict::Warning,
+            "forbidden",
+        ),
+    ];
+    for (fact, verdict, says) in cases {
+        let found = admission_port("helmop-system/helmop-webhook", &fact);
+        assert_eq!(found.verdict, verdict, "{fact:?}: {}", found.message);
+        assert!(found.message.contains(says), "{fact:?}: {}", found.message);
+        assert_eq!(found.subject, "service/helmop-system/helmop-webhook");
+        if verdict == Verdict::Problem {
+            assert!(found.fix.is_some(), "{fact:?}");
+        }
+    }
+}

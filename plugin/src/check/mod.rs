@@ -3,6 +3,7 @@
 //! tested there). Nothing is written: the two webhook probes are server-side dry runs, Secrets
 //! are read as metadata only except the webhook's TLS Secret, whose `tls.crt` alone is looked at.
 
+pub mod port;
 pub mod rights;
 pub mod tls;
 
@@ -12,7 +13,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use helmop_core::check::{
     self as verdicts, AccessFact, CertFact, ConfigFact, ConfigKind, Finding, LeaseFact, LeaseRole,
-    MutatingProbe, OptIn, Presence, Report, ValidatingProbe, WebhookFact,
+    MutatingProbe, OptIn, PortFact, Presence, Report, ValidatingProbe, WebhookFact,
 };
 use helmop_core::names;
 use helmop_core::workload::WorkloadKind;
@@ -25,7 +26,9 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
 use kube::{Api, Client};
@@ -111,6 +114,25 @@ pub async fn check(client: &Client, opts: &CheckOpts) -> Result<Report, PluginEr
     ));
 
     findings.extend(certificates(client, opts, &validating, &mutating, now).await);
+    // Who else may call it: judged for the Service the configurations name (a webhook registered by
+    // URL runs outside the cluster's network rules).
+    let service = [&validating, &mutating]
+        .into_iter()
+        .find_map(|read| match read {
+            Read::Hooks(hooks) => hooks.iter().find_map(|h| match &h.target {
+                Some(tls::Target::Service { namespace, name }) => {
+                    Some((namespace.clone(), name.clone()))
+                }
+                _ => None,
+            }),
+            _ => None,
+        });
+    if let Some((namespace, name)) = service {
+        findings.push(verdicts::admission_port(
+            &format!("{namespace}/{name}"),
+            &admission_port(client, &namespace, &name).await,
+        ));
+    }
 
     let (key_ns, key_name) = &opts.hash_key;
     findings.push(verdicts::hash_key(
@@ -601,5 +623,141 @@ async fn lease(client: &Client, namespace: &str, name: &str) -> LeaseFact {
         Ok(None) => LeaseFact::Absent,
         Ok(Some(lease)) => lease_fact(lease),
         Err(e) => LeaseFact::Unreadable(api_error::describe(&e)),
+    }
+}
+
+/// The facts behind the admission-port finding: the Service's pods (their `--client-ca` and the
+/// port), the NetworkPolicies selecting them, and the nodes' pod ranges.
+async fn admission_port(client: &Client, namespace: &str, name: &str) -> PortFact {
+    let unknown = |what: &str, e: &kube::Error| {
+        PortFact::Unknown(format!("cannot read {what}: {}", api_error::describe(e)))
+    };
+    let service = match Api::<Service>::namespaced(client.clone(), namespace)
+        .get(name)
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => return unknown(&format!("service {namespace}/{name}"), &e),
+    };
+    let spec = service.spec.unwrap_or_default();
+    let selector = spec.selector.unwrap_or_default();
+    if selector.is_empty() {
+        return PortFact::Unknown(format!("service {namespace}/{name} selects no pods"));
+    }
+    let labels = selector
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let pods = match Api::<Pod>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().labels(&labels))
+        .await
+    {
+        // Pods on their way out (a rollout adding `--client-ca`) no longer serve.
+        Ok(list) => list
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect::<Vec<_>>(),
+        Err(e) => return unknown(&format!("the pods of service {namespace}/{name}"), &e),
+    };
+    let Some(first) = pods.first() else {
+        return PortFact::Unknown(format!("no pod of service {namespace}/{name} exists"));
+    };
+    let containers = |p: &Pod| {
+        p.spec
+            .as_ref()
+            .map(|s| s.containers.clone())
+            .unwrap_or_default()
+    };
+    let client_auth = pods.iter().all(|p| {
+        containers(p).iter().any(|c| {
+            c.args
+                .iter()
+                .chain(c.command.iter())
+                .flatten()
+                .any(|a| a.starts_with("--client-ca"))
+        })
+    });
+    // The port the Service sends to, as a number and, where a container names it, a name.
+    let target = spec
+        .ports
+        .unwrap_or_default()
+        .first()
+        .map(|p| p.target_port.clone().unwrap_or(IntOrString::Int(p.port)));
+    let container_ports: Vec<(i32, Option<String>)> = containers(first)
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .map(|p| (p.container_port, p.name.clone()))
+        .collect();
+    let admission = match target {
+        Some(IntOrString::Int(n)) => port::AdmissionPort {
+            number: n,
+            name: container_ports
+                .iter()
+                .find(|(p, _)| *p == n)
+                .and_then(|(_, name)| name.clone()),
+        },
+        Some(IntOrString::String(name)) => match container_ports
+            .iter()
+            .find(|(_, n)| n.as_deref() == Some(name.as_str()))
+        {
+            Some((number, _)) => port::AdmissionPort {
+                number: *number,
+                name: Some(name),
+            },
+            None => {
+                return PortFact::Unknown(format!(
+                    "service {namespace}/{name} sends to a port no container names"
+                ));
+            }
+        },
+        None => return PortFact::Unknown(format!("service {namespace}/{name} has no port")),
+    };
+    let pod_labels = first.metadata.labels.clone().unwrap_or_default();
+    let policies: Vec<NetworkPolicy> =
+        match Api::<NetworkPolicy>::namespaced(client.clone(), namespace)
+            .list(&ListParams::default())
+            .await
+        {
+            Ok(list) => list
+                .items
+                .into_iter()
+                .filter(|p| port::selects(p, &pod_labels))
+                .collect(),
+            Err(e) => return unknown(&format!("the NetworkPolicies in {namespace}"), &e),
+        };
+    // Unreadable nodes leave the ranges unknown, which the verdict says; the rest still counts.
+    let ranges: Option<Vec<(String, helmop_images::policy::Cidr)>> =
+        Api::<Node>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+            .ok()
+            .map(|nodes| {
+                nodes
+                    .items
+                    .iter()
+                    .flat_map(|n| {
+                        let node = n.metadata.name.clone().unwrap_or_default();
+                        let spec = n.spec.clone().unwrap_or_default();
+                        let cidrs = spec
+                            .pod_cidrs
+                            .filter(|c| !c.is_empty())
+                            .or(spec.pod_cidr.map(|c| vec![c]))
+                            .unwrap_or_default();
+                        cidrs
+                            .into_iter()
+                            .filter_map(move |c| c.parse().ok().map(|c| (node.clone(), c)))
+                            .collect::<Vec<_>>()
+                    })
+                    .collect()
+            });
+    PortFact::Known {
+        client_auth,
+        policies: policies
+            .iter()
+            .filter_map(|p| p.metadata.name.clone())
+            .collect(),
+        admits: port::admits(&policies, &admission, ranges.as_deref()),
     }
 }

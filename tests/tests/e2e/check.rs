@@ -546,6 +546,120 @@ async fn check_reads_a_service_webhooks_certificate_from_its_deployments_secret(
     // Warnings alone (no validating configuration, the certificate, no rollout watcher) exit 0.
     assert_ne!(report["result"], "problem", "{report:#}");
     assert_eq!(out.code, 0);
+
+    admission_port_is_judged_against_the_pod_ranges(&client, &ns, &name, &key_ref).await?;
     unregister_webhook(&client, WebhookKind::Mutating, &name).await?;
+    Ok(())
+}
+
+/// The admission-port finding for the Service `webhook` the configuration `name` calls: no
+/// NetworkPolicy (any pod may call it), the shipped `network-policy` component whose `except` misses
+/// a node's pod range (a problem naming the node), then with that range excepted (ok).
+async fn admission_port_is_judged_against_the_pod_ranges(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    key_ref: &str,
+) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::{Node, Pod, Service};
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use kube::api::{Patch, PatchParams};
+
+    let labels =
+        serde_json::json!({"app.kubernetes.io/name": "helmop-webhook", "role": "port-test"});
+    let service: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "webhook"},
+        "spec": {"selector": labels, "ports": [{"port": 443, "targetPort": "https"}]},
+    }))?;
+    Api::<Service>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &service)
+        .await?;
+    // Never scheduled: only its labels, arguments and ports matter to check.
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "webhook-port", "labels": labels},
+        "spec": {"containers": [{
+            "name": "webhook", "image": "example.invalid/webhook:1",
+            "args": ["--listen=0.0.0.0:8443"],
+            "ports": [{"name": "https", "containerPort": 8443}],
+        }]},
+    }))?;
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await?;
+    // A node whose pods live in 10.244.77.0/24 (no kubelet: only its spec matters).
+    let node_name = format!("{ns}-node");
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": node_name},
+        "spec": {"podCIDR": "10.244.77.0/24", "podCIDRs": ["10.244.77.0/24"]},
+    }))?;
+    let nodes = Api::<Node>::all(client.clone());
+    nodes.create(&PostParams::default(), &node).await?;
+
+    let subject = format!("service/{ns}/webhook");
+    let run = || async {
+        helmop(&[
+            "check",
+            "--webhook-configuration",
+            name,
+            "--hash-key-secret",
+            key_ref,
+            "--lease-namespace",
+            ns,
+            "-o",
+            "json",
+        ])
+        .await
+    };
+    let out = run().await?;
+    let report = out.json();
+    let port = finding(&report, "admission-port", &subject);
+    assert_eq!(port["verdict"], "warning", "{port:#}");
+    assert!(
+        port["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("any pod can post a review")),
+        "{port:#}"
+    );
+
+    // The shipped component as a user adds it, with its RKE2/k3s default pod CIDR.
+    let text = std::fs::read_to_string(manifests_dir().join("network-policy/networkpolicy.yaml"))?;
+    let mut policy: NetworkPolicy = serde_saphyr::from_str(&text)?;
+    policy.metadata.namespace = Some(ns.to_owned());
+    let policies = Api::<NetworkPolicy>::namespaced(client.clone(), ns);
+    policies.create(&PostParams::default(), &policy).await?;
+    let out = run().await?;
+    let report = out.json();
+    let port = finding(&report, "admission-port", &subject);
+    assert_eq!(port["verdict"], "problem", "{port:#}");
+    assert!(
+        port["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&format!("{node_name} (10.244.77.0/24)"))),
+        "{port:#}"
+    );
+    assert_eq!(out.code, 1, "a problem exits 1");
+
+    policies
+        .patch(
+            "helmop-webhook",
+            &PatchParams::default(),
+            &Patch::Json::<()>(serde_json::from_value(serde_json::json!([{
+                "op": "add",
+                "path": "/spec/ingress/0/from/0/ipBlock/except/-",
+                "value": "10.244.0.0/16",
+            }]))?),
+        )
+        .await?;
+    let out = run().await?;
+    let report = out.json();
+    let port = finding(&report, "admission-port", &subject);
+    assert_eq!(port["verdict"], "ok", "{port:#}");
+    assert!(
+        port["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("keeps the pod ranges")),
+        "{port:#}"
+    );
+    nodes.delete(&node_name, &DeleteParams::default()).await?;
     Ok(())
 }

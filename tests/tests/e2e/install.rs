@@ -362,6 +362,20 @@ async fn doctor_finds_no_problem(cluster: &ClusterInfo, install: &str) -> anyhow
             "{check} {subject} in the {install} install: {v}: {message}"
         );
     }
+    // Who may call the webhook: with client-auth only the API server; without it and with no
+    // NetworkPolicy any pod, which is said as a warning.
+    let port = "service/helmop-system/helmop-webhook";
+    let (v, message) = verdict("admission-port", port)
+        .with_context(|| format!("no admission-port finding: {report:#}"))?;
+    let (want, says) = if install == "client-auth" {
+        ("ok", "--client-ca")
+    } else {
+        ("warning", "any pod can post a review")
+    };
+    ensure!(
+        v == want && message.contains(says),
+        "admission-port in the {install} install: {v}: {message}"
+    );
     Ok(())
 }
 
