@@ -596,30 +596,33 @@ async fn admission_port_is_judged_against_the_pod_ranges(
     nodes.create(&PostParams::default(), &node).await?;
 
     let subject = format!("service/{ns}/webhook");
-    let run = || async {
-        helmop(&[
-            "check",
-            "--webhook-configuration",
-            name,
-            "--hash-key-secret",
-            key_ref,
-            "--lease-namespace",
-            ns,
-            "-o",
-            "json",
-        ])
-        .await
+    // Runs check; its exit code, after the admission-port finding was found with `verdict` and `says`.
+    let expect = |verdict: &'static str, says: String| {
+        let subject = subject.clone();
+        async move {
+            let out = helmop(&[
+                "check",
+                "--webhook-configuration",
+                name,
+                "--hash-key-secret",
+                key_ref,
+                "--lease-namespace",
+                ns,
+                "-o",
+                "json",
+            ])
+            .await?;
+            let report = out.json();
+            let port = finding(&report, "admission-port", &subject);
+            assert_eq!(port["verdict"], verdict, "{port:#}");
+            assert!(
+                port["message"].as_str().is_some_and(|m| m.contains(&says)),
+                "{port:#}"
+            );
+            anyhow::Ok(out.code)
+        }
     };
-    let out = run().await?;
-    let report = out.json();
-    let port = finding(&report, "admission-port", &subject);
-    assert_eq!(port["verdict"], "warning", "{port:#}");
-    assert!(
-        port["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("any pod can post a review")),
-        "{port:#}"
-    );
+    expect("warning", "any pod can post a review".into()).await?;
 
     // The shipped component as a user adds it, with its RKE2/k3s default pod CIDR.
     let text = std::fs::read_to_string(manifests_dir().join("network-policy/networkpolicy.yaml"))?;
@@ -627,17 +630,8 @@ async fn admission_port_is_judged_against_the_pod_ranges(
     policy.metadata.namespace = Some(ns.to_owned());
     let policies = Api::<NetworkPolicy>::namespaced(client.clone(), ns);
     policies.create(&PostParams::default(), &policy).await?;
-    let out = run().await?;
-    let report = out.json();
-    let port = finding(&report, "admission-port", &subject);
-    assert_eq!(port["verdict"], "problem", "{port:#}");
-    assert!(
-        port["message"]
-            .as_str()
-            .is_some_and(|m| m.contains(&format!("{node_name} (10.244.77.0/24)"))),
-        "{port:#}"
-    );
-    assert_eq!(out.code, 1, "a problem exits 1");
+    let code = expect("problem", format!("{node_name} (10.244.77.0/24)")).await?;
+    assert_eq!(code, 1, "a problem exits 1");
 
     policies
         .patch(
@@ -650,16 +644,7 @@ async fn admission_port_is_judged_against_the_pod_ranges(
             }]))?),
         )
         .await?;
-    let out = run().await?;
-    let report = out.json();
-    let port = finding(&report, "admission-port", &subject);
-    assert_eq!(port["verdict"], "ok", "{port:#}");
-    assert!(
-        port["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("keeps the pod ranges")),
-        "{port:#}"
-    );
+    expect("ok", "keeps the pod ranges".into()).await?;
     nodes.delete(&node_name, &DeleteParams::default()).await?;
     Ok(())
 }
