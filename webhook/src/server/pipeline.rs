@@ -335,20 +335,30 @@ async fn decode_off_workers(shared: &Shared, body: Vec<u8>, prepaid: usize) -> D
     };
     let budget = shared.body_bytes.clone();
     match on_decode_thread(move || count_and_decode(&budget, &body, prepaid)).await {
-        Some(decoded) => decoded,
-        None => Decoded::Busy,
+        Ok(decoded) => decoded,
+        Err(ThreadTrouble::NotStarted) => Decoded::Busy,
+        Err(ThreadTrouble::Panicked) => {
+            Decoded::Undecodable("the review could not be decoded".to_owned())
+        }
     }
 }
 
-/// Runs `work` on a thread of its own at [`DECODE_NICE`]; `None` when no thread could be started, or `work`
-/// panicked.
+/// Why [`on_decode_thread`] has no result.
+#[derive(Debug, PartialEq, Eq)]
+enum ThreadTrouble {
+    /// No thread could be started (a resource limit): the request may be retried.
+    NotStarted,
+    Panicked,
+}
+
+/// Runs `work` on a thread of its own at [`DECODE_NICE`].
 ///
 /// A thread per large review, not the blocking pool: a thread's priority can be lowered but never raised
 /// again without privileges, and the pool's threads serve other work afterwards. A spawn costs tens of
 /// microseconds, next to the milliseconds such a decode takes.
 async fn on_decode_thread<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
-) -> Option<T> {
+) -> Result<T, ThreadTrouble> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name("helmop-decode".to_owned())
@@ -357,8 +367,8 @@ async fn on_decode_thread<T: Send + 'static>(
             let _ = rustix::process::nice(DECODE_NICE);
             let _ = tx.send(work());
         })
-        .ok()?;
-    rx.await.ok()
+        .map_err(|_| ThreadTrouble::NotStarted)?;
+    rx.await.map_err(|_| ThreadTrouble::Panicked)
 }
 
 /// `prepaid`: what the body's share of the budget already holds for decoding it.
@@ -490,6 +500,10 @@ mod tests {
             ours,
             "the worker's own priority is untouched"
         );
-        assert!(on_decode_thread(|| panic!("boom")).await.is_none());
+        assert_eq!(
+            on_decode_thread(|| panic!("boom")).await,
+            Err::<(), _>(ThreadTrouble::Panicked),
+            "a panicking decode is undecodable, not busy"
+        );
     }
 }
