@@ -102,7 +102,6 @@ fn plain_source(inv: &Inventory, source: &SourceKey) -> bool {
 #[cfg(test)]
 mod tests {
     use helmop_core::model::{DownstreamResource, HelmOp, HelmOpSpec};
-    use helmop_core::plan::{DesiredCopy, HelmOpKey};
 
     use super::*;
     use crate::run::inventory::Selection;
@@ -118,13 +117,7 @@ mod tests {
             helm_secret_name: helm_secret.map(str::to_owned),
             ..HelmOpSpec::default()
         };
-        let want = |cluster: &str, helmop: &str, name: &str| DesiredCopy {
-            cluster: cluster.into(),
-            namespace: "apps".into(),
-            helmop: HelmOpKey::new("team", helmop),
-            resource: ResourceRef::secret(name),
-            keep: false,
-        };
+        let want = crate::run::inventory::wanted_secret;
         Inventory {
             helmops: vec![
                 HelmOp::new("team", "a", spec(&["db", "shared"], None)),

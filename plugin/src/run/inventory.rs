@@ -259,6 +259,18 @@ impl Inventory {
     }
 }
 
+/// For tests: HelmOp `team/HELMOP` wants its Secret `name` copied to namespace `apps` of `cluster`.
+#[cfg(test)]
+pub fn wanted_secret(cluster: &str, helmop: &str, name: &str) -> DesiredCopy {
+    DesiredCopy {
+        cluster: cluster.into(),
+        namespace: "apps".into(),
+        helmop: HelmOpKey::new("team", helmop),
+        resource: helmop_core::resource::ResourceRef::secret(name),
+        keep: false,
+    }
+}
+
 /// `namespace/name` of a HelmOp.
 pub fn key_of(h: &HelmOp) -> Option<HelmOpKey> {
     Some(HelmOpKey::new(

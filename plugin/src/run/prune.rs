@@ -690,13 +690,7 @@ mod tests {
     fn a_copy_wanted_again_is_only_kept_from_the_helmops_that_want_it_now() {
         use helmop_core::resource::ResourceRef;
         let here = "cluster:team/here".to_string();
-        let want = |cluster: &str, helmop: &str, name: &str| DesiredCopy {
-            cluster: cluster.into(),
-            namespace: "apps".into(),
-            helmop: HelmOpKey::new("team", helmop),
-            resource: ResourceRef::secret(name),
-            keep: false,
-        };
+        let want = crate::run::inventory::wanted_secret;
         let action = |kind: ActionKind, helmops: &[&str]| Action {
             cluster: here.clone(),
             namespace: "apps".into(),
