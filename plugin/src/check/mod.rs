@@ -664,12 +664,12 @@ async fn admission_port(client: &Client, namespace: &str, name: &str) -> PortFac
     let Some(first) = pods.first() else {
         return PortFact::Unknown(format!("no pod of service {namespace}/{name} exists"));
     };
-    let containers = |p: &Pod| {
+    fn containers(p: &Pod) -> &[k8s_openapi::api::core::v1::Container] {
         p.spec
             .as_ref()
-            .map(|s| s.containers.clone())
+            .map(|s| s.containers.as_slice())
             .unwrap_or_default()
-    };
+    }
     let client_auth = pods.iter().all(|p| {
         containers(p).iter().any(|c| {
             c.args
