@@ -104,6 +104,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     duration: Family<WebhookLabel, Histogram, fn() -> Histogram>,
     cache_objects: Family<CacheLabel, Gauge>,
+    cache_bytes: Family<CacheLabel, Gauge>,
     live_gets: Family<KindLabel, Counter>,
     live_lists: Family<KindLabel, Counter>,
     cert_reloads: Counter,
@@ -145,6 +146,12 @@ impl Metrics {
             "Objects held in each watch-backed cache",
             cache_objects.clone(),
         );
+        let cache_bytes = Family::<CacheLabel, Gauge>::default();
+        registry.register(
+            "helmop_webhook_cache_bytes",
+            "Bytes held by each cache bounded in bytes, as weighed against its bound",
+            cache_bytes.clone(),
+        );
         let live_gets = Family::<KindLabel, Counter>::default();
         registry.register(
             "helmop_webhook_live_gets",
@@ -182,6 +189,7 @@ impl Metrics {
             requests,
             duration,
             cache_objects,
+            cache_bytes,
             live_gets,
             live_lists,
             cert_reloads,
@@ -244,6 +252,13 @@ impl Metrics {
         self.cache_objects
             .get_or_create(&CacheLabel { cache })
             .set(objects);
+    }
+
+    /// Sets the weight of one cache bounded in bytes (the config stamp's `digests`).
+    pub fn set_cache_bytes(&self, cache: &'static str, bytes: i64) {
+        self.cache_bytes
+            .get_or_create(&CacheLabel { cache })
+            .set(bytes);
     }
 
     pub(crate) fn live_get_sent(&self, kind: &'static str) {
@@ -317,6 +332,7 @@ mod tests {
         let m = Metrics::new();
         m.observe_request("helmops", "CREATE", Outcome::Denied, 0.0002);
         m.set_cache_objects("secrets", 7);
+        m.set_cache_bytes("digests", 4096);
         m.cert_reloaded();
         let text = m.encode().unwrap();
         assert!(
@@ -329,6 +345,10 @@ mod tests {
         );
         assert!(
             text.contains(r#"helmop_webhook_cache_objects{cache="secrets"} 7"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"helmop_webhook_cache_bytes{cache="digests"} 4096"#),
             "{text}"
         );
         assert!(

@@ -10,9 +10,12 @@
 //! one after the other, and the half-written moment in between is not an error worth an alert.
 //!
 //! With a client CA (`--client-ca`), every connection must present a certificate that CA signed, checked in
-//! the handshake: a caller without one never gets to send a request. The CA is read once at start.
+//! the handshake: a caller without one never gets to send a request. The file is polled like the serving
+//! pair; a connection made before a change is judged again under the new CAs before its next request
+//! is served (`server::client_auth`), so a removed CA loses its kept-alive connections too.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -111,16 +114,39 @@ pub fn load_client_ca(pem: &[u8]) -> Result<RootCertStore, Error> {
 /// A client-certificate verifier whose CAs can be replaced while serving: `--client-ca` is re-read
 /// like the serving certificate, so a rotated client CA (the bootstrap writes the new CA next to the
 /// old one first, see `bootstrap::next_bundle`) is accepted without a restart and a removed one stops
-/// being accepted. Each handshake uses the CAs current when it starts.
+/// being accepted. Each handshake uses the CAs current when it starts; a connection's certificate is
+/// judged again ([`ClientCaVerifier::trusts`]) once the [`ClientCaVerifier::generation`] it was accepted
+/// under has passed.
 #[derive(Debug)]
 pub struct ClientCaVerifier {
     current: RwLock<Arc<dyn ClientCertVerifier>>,
+    /// Bumped after every swap of `current` (never before: a handshake that reads the new generation
+    /// must be verified by the new CAs).
+    generation: AtomicU64,
 }
 
 impl ClientCaVerifier {
     pub fn new(roots: RootCertStore) -> Result<Self, Error> {
         Ok(ClientCaVerifier {
             current: RwLock::new(Self::build(roots)?),
+            generation: AtomicU64::new(0),
+        })
+    }
+
+    /// How many times the CAs were replaced.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Whether the CAs in use now still accept `chain` (the end-entity certificate first), as a new
+    /// handshake would.
+    pub fn trusts(&self, chain: &[CertificateDer<'static>]) -> bool {
+        let Some((end_entity, intermediates)) = chain.split_first() else {
+            return false;
+        };
+        self.inner().is_some_and(|v| {
+            v.verify_client_cert(end_entity, intermediates, UnixTime::now())
+                .is_ok()
         })
     }
 
@@ -136,6 +162,7 @@ impl ClientCaVerifier {
         if let Ok(mut current) = self.current.write() {
             *current = next;
         }
+        self.generation.fetch_add(1, Ordering::Release);
         Ok(())
     }
 
@@ -441,6 +468,36 @@ mod tests {
 
     fn served_name(reloader: &CertReloader) -> Vec<u8> {
         reloader.resolver().current().cert[0].to_vec()
+    }
+
+    fn der(pem: &str) -> CertificateDer<'static> {
+        CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_replaced_ca_is_a_new_generation_that_judges_chains_again() {
+        use crate::bootstrap::{generate_ca, issue_client_cert};
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let (old, new) = (generate_ca(now).unwrap(), generate_ca(now).unwrap());
+        let client = issue_client_cert(&old, "kube-apiserver", now, 30).unwrap();
+        let chain = vec![der(&client.cert)];
+        let verifier = ClientCaVerifier::new(load_client_ca(old.cert.as_bytes()).unwrap()).unwrap();
+        assert_eq!(verifier.generation(), 0);
+        assert!(verifier.trusts(&chain));
+        assert!(!verifier.trusts(&[]), "no certificate is trusted");
+
+        let both = format!("{}{}", new.cert, old.cert);
+        verifier
+            .store(load_client_ca(both.as_bytes()).unwrap())
+            .unwrap();
+        assert_eq!(verifier.generation(), 1);
+        assert!(verifier.trusts(&chain), "added before removed");
+
+        verifier
+            .store(load_client_ca(new.cert.as_bytes()).unwrap())
+            .unwrap();
+        assert_eq!(verifier.generation(), 2);
+        assert!(!verifier.trusts(&chain), "a removed CA still trusted");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 mod admin;
 mod body;
+mod client_auth;
 mod endpoints;
 mod pipeline;
 mod router;

@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::admin::admin_router;
+use super::client_auth::{PeerAcceptor, refuse_untrusted_peers};
 use super::endpoints::Handlers;
 use super::router::{Limits, router};
 use crate::error::{Error, Result};
@@ -141,6 +142,7 @@ impl Server {
         };
 
         let reload_task = tokio::spawn(self.reloader.run(options.cert_poll_interval, stopped()));
+        let verifier = self.client_ca.as_ref().map(|c| c.verifier());
         if let Some(client_ca) = self.client_ca {
             tokio::spawn(client_ca.run(options.cert_poll_interval, stopped()));
         }
@@ -158,10 +160,13 @@ impl Server {
         );
 
         let handle = axum_server::Handle::<SocketAddr>::new();
-        let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(
-            axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(tls_config)),
-        )
-        .handshake_timeout(options.handshake_timeout);
+        let acceptor = PeerAcceptor::new(
+            axum_server::tls_rustls::RustlsAcceptor::new(
+                axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(tls_config)),
+            )
+            .handshake_timeout(options.handshake_timeout),
+            verifier.clone(),
+        );
         let mut server = axum_server::Server::from_listener(self.webhook_listener)
             .acceptor(acceptor)
             .handle(handle.clone());
@@ -188,6 +193,13 @@ impl Server {
             shutting_down.clone(),
             close_when_shutting_down,
         ));
+        let app = match verifier {
+            Some(verifier) => app.layer(axum::middleware::from_fn_with_state(
+                verifier,
+                refuse_untrusted_peers,
+            )),
+            None => app,
+        };
         let mut webhook_task = tokio::spawn(server.serve(app.into_make_service()));
         tracing::info!(listen = %self.webhook_addr, admin_listen = %self.admin_addr, client_auth, "serving");
 

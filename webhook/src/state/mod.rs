@@ -139,6 +139,7 @@ impl AppState {
             observation_weight,
         );
         metrics.set_cache_objects(CACHE_DIGESTS, 0);
+        metrics.set_cache_bytes(CACHE_DIGESTS, 0);
         let hash_key = KeyStore::default();
         let state = AppState {
             inner: Arc::new(Inner {
@@ -290,7 +291,9 @@ impl AppState {
 
     fn report_digests(&self) {
         let len = i64::try_from(self.inner.digests.len()).unwrap_or(i64::MAX);
+        let bytes = i64::try_from(self.inner.digests.bytes()).unwrap_or(i64::MAX);
         self.inner.metrics.set_cache_objects(CACHE_DIGESTS, len);
+        self.inner.metrics.set_cache_bytes(CACHE_DIGESTS, bytes);
     }
 }
 
