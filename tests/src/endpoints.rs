@@ -12,7 +12,8 @@ use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 
 use crate::{
-    ClusterInfo, LocalWebhook, WebhookKind, WebhookRegistration, WebhookRule, unregister_webhook,
+    ClusterInfo, LocalWebhook, WebhookBinary, WebhookKind, WebhookRegistration, WebhookRule,
+    unregister_webhook,
 };
 
 /// The webhook configurations of one test; removed by [`Registered::remove`] at the end of a test.
@@ -42,76 +43,92 @@ impl LocalWebhook {
     /// Registers the three endpoints for `namespace` only, with the rules of
     /// `manifests/base/webhooks.yaml` (plus HelmOp DELETE, to show it is never denied).
     pub async fn register(&self, client: &Client, namespace: &str) -> anyhow::Result<Registered> {
-        let names = Registered::names(namespace);
-        WebhookRegistration::new(
-            WebhookKind::Validating,
-            &names[0].1,
-            &format!("{}/validate/helmops", self.url),
-            &self.ca_pem,
-        )
-        .rule(WebhookRule::new(
-            &["CREATE", "UPDATE", "DELETE"],
-            "fleet.cattle.io",
-            "v1alpha1",
-            &["helmops"],
-        ))
-        .only_namespace(namespace)
-        .register(client)
-        .await?;
-        WebhookRegistration::new(
-            WebhookKind::Validating,
-            &names[1].1,
-            &format!("{}/validate/references", self.url),
-            &self.ca_pem,
-        )
-        .rule(WebhookRule::new(
-            &["DELETE"],
-            "",
-            "v1",
-            &["secrets", "configmaps"],
-        ))
-        .only_namespace(namespace)
-        .register(client)
-        .await?;
-        WebhookRegistration::new(
-            WebhookKind::Mutating,
-            &names[2].1,
-            &format!("{}/mutate/workloads", self.url),
-            &self.ca_pem,
-        )
-        .rule(WebhookRule::new(
-            &["CREATE", "UPDATE"],
-            "apps",
-            "v1",
-            &["deployments", "statefulsets", "daemonsets", "replicasets"],
-        ))
-        .rule(WebhookRule::new(
-            &["CREATE", "UPDATE"],
-            "batch",
-            "v1",
-            &["jobs"],
-        ))
-        // Kubernetes 1.20 serves CronJobs as batch/v1beta1 only.
-        .rule(WebhookRule::new(
-            &["CREATE", "UPDATE"],
-            "batch",
-            "v1",
-            &["cronjobs"],
-        ))
-        .rule(WebhookRule::new(
-            &["CREATE", "UPDATE"],
-            "batch",
-            "v1beta1",
-            &["cronjobs"],
-        ))
-        .only_namespace(namespace)
-        .register(client)
-        .await?;
-        Ok(Registered {
-            client: client.clone(),
-            names,
-        })
+        register_endpoints(client, namespace, &self.url, &self.ca_pem).await
     }
+}
+
+impl WebhookBinary {
+    /// [`LocalWebhook::register`] for the binary.
+    pub async fn register(&self, client: &Client, namespace: &str) -> anyhow::Result<Registered> {
+        register_endpoints(client, namespace, &self.url, &self.ca_pem).await
+    }
+}
+
+async fn register_endpoints(
+    client: &Client,
+    namespace: &str,
+    url: &str,
+    ca_pem: &str,
+) -> anyhow::Result<Registered> {
+    let names = Registered::names(namespace);
+    WebhookRegistration::new(
+        WebhookKind::Validating,
+        &names[0].1,
+        &format!("{url}/validate/helmops"),
+        ca_pem,
+    )
+    .rule(WebhookRule::new(
+        &["CREATE", "UPDATE", "DELETE"],
+        "fleet.cattle.io",
+        "v1alpha1",
+        &["helmops"],
+    ))
+    .only_namespace(namespace)
+    .register(client)
+    .await?;
+    WebhookRegistration::new(
+        WebhookKind::Validating,
+        &names[1].1,
+        &format!("{url}/validate/references"),
+        ca_pem,
+    )
+    .rule(WebhookRule::new(
+        &["DELETE"],
+        "",
+        "v1",
+        &["secrets", "configmaps"],
+    ))
+    .only_namespace(namespace)
+    .register(client)
+    .await?;
+    WebhookRegistration::new(
+        WebhookKind::Mutating,
+        &names[2].1,
+        &format!("{url}/mutate/workloads"),
+        ca_pem,
+    )
+    .rule(WebhookRule::new(
+        &["CREATE", "UPDATE"],
+        "apps",
+        "v1",
+        &["deployments", "statefulsets", "daemonsets", "replicasets"],
+    ))
+    .rule(WebhookRule::new(
+        &["CREATE", "UPDATE"],
+        "batch",
+        "v1",
+        &["jobs"],
+    ))
+    // Kubernetes 1.20 serves CronJobs as batch/v1beta1 only.
+    .rule(WebhookRule::new(
+        &["CREATE", "UPDATE"],
+        "batch",
+        "v1",
+        &["cronjobs"],
+    ))
+    .rule(WebhookRule::new(
+        &["CREATE", "UPDATE"],
+        "batch",
+        "v1beta1",
+        &["cronjobs"],
+    ))
+    .only_namespace(namespace)
+    .register(client)
+    .await?;
+    Ok(Registered {
+        client: client.clone(),
+        names,
+    })
 }
 
 /// A one-replica Deployment `name` (pods labelled `app=name`) whose container `app` gets the fields

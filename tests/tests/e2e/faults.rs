@@ -4,146 +4,14 @@
 //! `a_hanging_or_credential_less_cluster_costs_only_its_own_rows`.)
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use helmop_tests::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::ListParams;
 use kube::{Api, Client};
 use serde_json::{Value, json};
-
-/// The `helmop-webhook` binary on loopback ports, with its stderr (the logs) in a file; killed when dropped.
-pub struct WebhookBinary {
-    child: tokio::process::Child,
-    pub url: String,
-    pub admin_url: String,
-    /// The CA of the serving certificate, for a webhook configuration's `caBundle`.
-    pub ca_pem: String,
-    log: PathBuf,
-    http: reqwest::Client,
-    _dir: tempfile::TempDir,
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    // Bound and released at once: another process could take it meanwhile, which only fails the test loudly.
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-impl WebhookBinary {
-    /// Starts `helmop-webhook` against the cluster of `kubeconfig` with `RUST_LOG=rust_log` and waits until
-    /// `/readyz` answers 200.
-    pub async fn start(
-        kubeconfig: &Path,
-        rust_log: &str,
-        extra: &[&str],
-    ) -> anyhow::Result<WebhookBinary> {
-        let certs = test_certs();
-        let dir = tempfile::tempdir()?;
-        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-        std::fs::write(&cert, &certs.cert_pem)?;
-        std::fs::write(&key, &certs.key_pem)?;
-        let log = dir.path().join("webhook.log");
-        let (port, admin_port) = (free_port()?, free_port()?);
-        let child = tokio::process::Command::new(workspace_binary("helmop-webhook")?)
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--admin-listen")
-            .arg(format!("127.0.0.1:{admin_port}"))
-            .arg("--tls-cert")
-            .arg(&cert)
-            .arg("--tls-key")
-            .arg(&key)
-            .args(extra)
-            .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", rust_log)
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(dir.path().join("stdout.log"))?)
-            .stderr(std::fs::File::create(&log)?)
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting helmop-webhook")?;
-        let http = reqwest::Client::builder()
-            .add_root_certificate(reqwest::Certificate::from_pem(certs.ca_pem.as_bytes())?)
-            .timeout(Duration::from_secs(20))
-            .build()?;
-        let mut webhook = WebhookBinary {
-            child,
-            url: format!("https://127.0.0.1:{port}"),
-            admin_url: format!("http://127.0.0.1:{admin_port}"),
-            ca_pem: certs.ca_pem.clone(),
-            log,
-            http,
-            _dir: dir,
-        };
-        let ready = wait_until("helmop-webhook to be ready", DEFAULT_TIMEOUT, || async {
-            Ok(webhook.readyz().await? == 200)
-        })
-        .await;
-        if let Err(e) = ready {
-            let exited = webhook.child.try_wait()?;
-            bail!("{e:#} (exited: {exited:?}); logs:\n{}", webhook.logs());
-        }
-        Ok(webhook)
-    }
-
-    /// Status of `GET /readyz` on the admin port.
-    pub async fn readyz(&self) -> anyhow::Result<u16> {
-        let response = self
-            .http
-            .get(format!("{}/readyz", self.admin_url))
-            .send()
-            .await?;
-        Ok(response.status().as_u16())
-    }
-
-    /// The `/metrics` text.
-    pub async fn metrics(&self) -> anyhow::Result<String> {
-        Ok(self
-            .http
-            .get(format!("{}/metrics", self.admin_url))
-            .send()
-            .await?
-            .error_for_status()?
-            .text()
-            .await?)
-    }
-
-    /// `helmop_webhook_cache_objects{cache="..."}`.
-    pub async fn cache_objects(&self, cache: &str) -> anyhow::Result<i64> {
-        let text = self.metrics().await?;
-        let prefix = format!("helmop_webhook_cache_objects{{cache=\"{cache}\"}} ");
-        let line = text
-            .lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .with_context(|| format!("no {prefix} in metrics"))?;
-        Ok(line.trim().parse()?)
-    }
-
-    /// POSTs an AdmissionReview over TLS: the HTTP status and the JSON body (or the text as a JSON string).
-    pub async fn post(&self, path: &str, review: &Value) -> anyhow::Result<(u16, Value)> {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.url))
-            .header("content-type", "application/json")
-            .body(review.to_string())
-            .send()
-            .await?;
-        let status = response.status().as_u16();
-        let text = response.text().await?;
-        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        Ok((status, body))
-    }
-
-    /// Everything the webhook logged so far.
-    pub fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
 
 /// An AdmissionReview v1 as the API server sends it.
 pub fn review(

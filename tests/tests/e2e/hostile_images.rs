@@ -1,7 +1,8 @@
 //! The image resolver under hostile tenants, end to end on the real API
-//! server: the webhook in-process with the real `RegistryResolver`, loopback listeners as registries that
-//! count their connections (and hold the ones asking for a "slow" repository open, unanswered), real
-//! `kubectl apply` (server-side dry-runs for the tenant trying its luck).
+//! server: the release webhook pinned to one CPU (as `limits.cpu: "1"` leaves it) with its production
+//! cache lifetimes, read through its `/metrics`; loopback listeners as registries that count their
+//! connections (and hold the ones asking for a "slow" repository open, unanswered), real `kubectl apply`
+//! (server-side dry-runs for the tenant trying its luck).
 //!
 //! - `--image-mode off` is off: no annotation turns registry traffic on, and annotate is never raised to pin;
 //! - one admission naming many registries resolves a bounded few (connections and DNS lookups counted);
@@ -13,10 +14,8 @@
 use std::process::Output;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use helmop_tests::*;
-use helmop_webhook::state::{Config, ImageMode};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
@@ -24,7 +23,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::images::{Webhook, deployment, image_of, kubectl_apply, stderr, stored};
+use crate::images::{deployment, image_of, kubectl_apply, register_deployments, stderr, stored};
 
 const DIGEST: &str = "sha256:5b6c1e8a5bd4b1a3e2f1f0a8f02f4b0d7e2c6c9a4f1d3b2a1e0f9c8b7a6d5e4f";
 const IMAGE_DIGESTS: &str = "helmop.dev/image-digests";
@@ -113,33 +112,63 @@ impl Drop for FakeRegistry {
     }
 }
 
-/// The webhook on loopback with the registry resolver in `mode`, the production cache lifetimes unless
-/// `fresh` (nothing reused between admissions), and a 2 s image budget.
-async fn resolver(
-    client: Client,
-    mode: ImageMode,
-    registry_config: Value,
-    fresh: bool,
-) -> anyhow::Result<Webhook> {
-    let config = Config {
-        image_mode: mode,
-        ..Config::default()
-    };
-    resolver_with(client, config, registry_config, fresh).await
+/// The release webhook on one CPU (what a tenant meets) with the registry resolver in `mode` and
+/// `registry_config` as its `--registry-config`: the production cache lifetimes and image budget.
+struct Resolver {
+    webhook: WebhookBinary,
+    _registry_config: tempfile::TempDir,
 }
 
-/// [`resolver`] with the rest of `config` (its registry config and budget are set here).
-async fn resolver_with(
-    client: Client,
-    config: Config,
-    registry_config: Value,
-    fresh: bool,
-) -> anyhow::Result<Webhook> {
-    let config = Config {
-        image_budget: Duration::from_secs(2),
-        ..config
-    };
-    Webhook::start_configured(client, config, registry_config, fresh).await
+impl Resolver {
+    async fn start(mode: &str, registry_config: Value, extra: &[&str]) -> anyhow::Result<Resolver> {
+        let dir = tempfile::tempdir()?;
+        let registries = dir.path().join("registries.yaml");
+        std::fs::write(&registries, registry_config.to_string())?;
+        let registries = registries.to_string_lossy().into_owned();
+        let mut args = vec!["--image-mode", mode, "--registry-config", &registries];
+        args.extend_from_slice(extra);
+        let webhook =
+            WebhookBinary::release_one_cpu(&control_plane().upstream().kubeconfig, &args).await?;
+        Ok(Resolver {
+            webhook,
+            _registry_config: dir,
+        })
+    }
+
+    async fn register(&self, client: &Client, namespace: &str) -> anyhow::Result<String> {
+        register_deployments(client, namespace, &self.webhook.url, &self.webhook.ca_pem).await
+    }
+
+    /// A counter of its `/metrics` (0 before its first increment).
+    async fn counter(&self, series: &str) -> anyhow::Result<u64> {
+        Ok(self.webhook.metric(series).await? as u64)
+    }
+
+    /// HTTP requests sent to registries and token endpoints so far.
+    async fn registry_requests(&self) -> anyhow::Result<u64> {
+        self.counter("helmop_webhook_registry_requests_total").await
+    }
+
+    async fn dns_lookups(&self) -> anyhow::Result<u64> {
+        self.counter("helmop_webhook_registry_dns_lookups_total")
+            .await
+    }
+
+    /// Resolutions so far with this outcome.
+    async fn resolutions(&self, outcome: &str) -> anyhow::Result<u64> {
+        self.counter(&format!(
+            "helmop_webhook_image_resolutions_total{{outcome=\"{outcome}\"}}"
+        ))
+        .await
+    }
+
+    /// Live GETs of this kind (`secrets`, `serviceaccounts`) so far.
+    async fn live_gets(&self, kind: &str) -> anyhow::Result<u64> {
+        self.counter(&format!(
+            "helmop_webhook_live_gets_total{{kind=\"{kind}\"}}"
+        ))
+        .await
+    }
 }
 
 /// A Deployment whose containers `c0`, `c1`, ... run `images`.
@@ -206,13 +235,7 @@ async fn image_mode_off_is_off_whatever_the_annotations_say() -> anyhow::Result<
     let image = format!("{}/app:latest", registry.host());
     let asks_pin = json!({IMAGE_MODE: "pin"});
 
-    let off = resolver(
-        client.clone(),
-        ImageMode::Off,
-        json!({"insecure": [registry.host()]}),
-        true,
-    )
-    .await?;
+    let off = Resolver::start("off", json!({"insecure": [registry.host()]}), &[]).await?;
     let registration = off.register(&client, &ns).await?;
     kubectl_apply(&deployment(
         &ns,
@@ -228,18 +251,12 @@ async fn image_mode_off_is_off_whatever_the_annotations_say() -> anyhow::Result<
         0,
         "with --image-mode off a registry was contacted"
     );
-    assert_eq!(off.resolver.registry_requests(), 0);
+    assert_eq!(off.registry_requests().await?, 0);
     unregister_webhook(&client, WebhookKind::Mutating, &registration).await?;
     drop(off);
 
     // `annotate` is a ceiling too: the digest is recorded, the image is not rewritten.
-    let annotate = resolver(
-        client.clone(),
-        ImageMode::Annotate,
-        json!({"insecure": [registry.host()]}),
-        true,
-    )
-    .await?;
+    let annotate = Resolver::start("annotate", json!({"insecure": [registry.host()]}), &[]).await?;
     let registration = annotate.register(&client, &ns).await?;
     kubectl_apply(&deployment(
         &ns,
@@ -277,13 +294,7 @@ async fn a_workload_naming_many_registries_costs_a_bounded_few() -> anyhow::Resu
         registries.push(FakeRegistry::start().await?);
     }
     let hosts: Vec<String> = registries.iter().map(FakeRegistry::host).collect();
-    let webhook = resolver(
-        client.clone(),
-        ImageMode::Pin,
-        json!({"insecure": hosts}),
-        true,
-    )
-    .await?;
+    let webhook = Resolver::start("pin", json!({"insecure": hosts}), &[]).await?;
     let registration = webhook.register(&client, &ns).await?;
 
     let images: Vec<String> = hosts.iter().map(|h| format!("{h}/app:latest")).collect();
@@ -312,12 +323,12 @@ async fn a_workload_naming_many_registries_costs_a_bounded_few() -> anyhow::Resu
 
     // Forty unlisted names (which never resolve): a few DNS lookups, not forty (nor forty times the
     // search list).
-    let before = webhook.resolver.dns_lookups();
+    let before = webhook.dns_lookups().await?;
     let names: Vec<String> = (0..40)
         .map(|i| format!("r{i}.{ns}.hostile.invalid/app:latest"))
         .collect();
     dry_run(&deployment_of(&ns, "names", &names, json!({}))).await?;
-    let lookups = webhook.resolver.dns_lookups() - before;
+    let lookups = webhook.dns_lookups().await? - before;
     assert!(
         (1..=MAX_REGISTRIES_PER_ADMISSION as u64).contains(&lookups),
         "{lookups} DNS lookups for one admission"
@@ -328,9 +339,9 @@ async fn a_workload_naming_many_registries_costs_a_bounded_few() -> anyhow::Resu
     let repositories: Vec<String> = (0..40)
         .map(|i| format!("{}/app{i}:latest", one.host()))
         .collect();
-    let before = webhook.resolver.registry_requests();
+    let before = webhook.registry_requests().await?;
     dry_run(&deployment_of(&ns, "repos", &repositories, json!({}))).await?;
-    let requests = webhook.resolver.registry_requests() - before;
+    let requests = webhook.registry_requests().await? - before;
     assert!(
         (1..=MAX_IMAGES_PER_ADMISSION as u64).contains(&requests),
         "{requests} registry requests for one admission"
@@ -348,13 +359,7 @@ async fn one_tenant_cannot_unpin_another() -> anyhow::Result<()> {
     let victim = fresh_namespace(&client, "hostile-victim").await?;
     let registry = FakeRegistry::start().await?;
     // The production cache lifetimes: a cached timeout would outlive the attacker's dry-run.
-    let webhook = resolver(
-        client.clone(),
-        ImageMode::Pin,
-        json!({"insecure": [registry.host()]}),
-        false,
-    )
-    .await?;
+    let webhook = Resolver::start("pin", json!({"insecure": [registry.host()]}), &[]).await?;
     let registrations = [
         webhook.register(&client, &attacker).await?,
         webhook.register(&client, &victim).await?,
@@ -431,7 +436,7 @@ async fn denied_ranges_are_refused_unless_the_registry_is_listed() -> anyhow::Re
     let ns = fresh_namespace(&client, "hostile-deny").await?;
 
     // The default deny-list: a global IPv6 address in k3s's documented pod range.
-    let defaults = resolver(client.clone(), ImageMode::Pin, json!({}), true).await?;
+    let defaults = Resolver::start("pin", json!({}), &[]).await?;
     let registration = defaults.register(&client, &ns).await?;
     let pod_address = "[2001:cafe:42::17]:5000/app:latest".to_owned();
     let out = kubectl_apply(&deployment(
@@ -452,20 +457,19 @@ async fn denied_ranges_are_refused_unless_the_registry_is_listed() -> anyhow::Re
         !warnings.contains("2001:cafe:42::17]:5000 is"),
         "{warnings}"
     );
-    assert_eq!(defaults.resolver.resolutions("refused"), 1);
-    assert_eq!(defaults.resolver.resolutions("unreachable"), 0);
-    assert_eq!(defaults.resolver.registry_requests(), 0);
+    assert_eq!(defaults.resolutions("refused").await?, 1);
+    assert_eq!(defaults.resolutions("unreachable").await?, 0);
+    assert_eq!(defaults.registry_requests().await?, 0);
     unregister_webhook(&client, WebhookKind::Mutating, &registration).await?;
     drop(defaults);
 
     // The operator's own ranges: a privately used public IPv4 range, and loopback where a listed registry
     // lives.
     let listed = FakeRegistry::start().await?;
-    let custom = resolver(
-        client.clone(),
-        ImageMode::Pin,
+    let custom = Resolver::start(
+        "pin",
         json!({"insecure": [listed.host()], "deny": ["11.0.0.0/8", "127.0.0.0/8"]}),
-        true,
+        &[],
     )
     .await?;
     let registration = custom.register(&client, &ns).await?;
@@ -482,8 +486,8 @@ async fn denied_ranges_are_refused_unless_the_registry_is_listed() -> anyhow::Re
         image_of(&stored(&client, &ns, "v4-private").await?),
         private_public
     );
-    assert_eq!(custom.resolver.resolutions("refused"), 1);
-    assert_eq!(custom.resolver.registry_requests(), 0);
+    assert_eq!(custom.resolutions("refused").await?, 1);
+    assert_eq!(custom.registry_requests().await?, 0);
     let image = format!("{}/app:latest", listed.host());
     kubectl_apply(&deployment(&ns, "listed", &image, json!({}), json!({}))).await?;
     assert_eq!(
@@ -496,16 +500,7 @@ async fn denied_ranges_are_refused_unless_the_registry_is_listed() -> anyhow::Re
     drop(custom);
 
     // `--registry-deny` adds to the default deny-list (or the config's).
-    let flagged = resolver_with(
-        client.clone(),
-        Config {
-            registry_deny: vec!["12.0.0.0/8".parse()?],
-            ..Config::default()
-        },
-        json!({}),
-        true,
-    )
-    .await?;
+    let flagged = Resolver::start("pin", json!({}), &["--registry-deny", "12.0.0.0/8"]).await?;
     let registration = flagged.register(&client, &ns).await?;
     for (name, image) in [
         ("flag-v4", "12.1.1.1:5000/app:latest"),
@@ -514,8 +509,8 @@ async fn denied_ranges_are_refused_unless_the_registry_is_listed() -> anyhow::Re
         kubectl_apply(&deployment(&ns, name, image, json!({}), json!({}))).await?;
         assert_eq!(image_of(&stored(&client, &ns, name).await?), image);
     }
-    assert_eq!(flagged.resolver.resolutions("refused"), 2);
-    assert_eq!(flagged.resolver.registry_requests(), 0);
+    assert_eq!(flagged.resolutions("refused").await?, 2);
+    assert_eq!(flagged.registry_requests().await?, 0);
     unregister_webhook(&client, WebhookKind::Mutating, &registration).await?;
     Ok(())
 }
@@ -530,26 +525,20 @@ async fn thousands_of_pull_secrets_cost_a_bounded_few_counted_reads() -> anyhow:
     let ns = fresh_namespace(&client, "hostile-pull").await?;
     let registry = FakeRegistry::start().await?;
     let image = format!("{}/app:latest", registry.host());
-    let webhook = resolver(
-        client.clone(),
-        ImageMode::Pin,
-        json!({"insecure": [registry.host()]}),
-        true,
-    )
-    .await?;
+    let webhook = Resolver::start("pin", json!({"insecure": [registry.host()]}), &[]).await?;
     let registration = webhook.register(&client, &ns).await?;
     let mut d = deployment(&ns, "many-secrets", &image, json!({}), json!({}));
     d["spec"]["template"]["spec"]["imagePullSecrets"] = (0..3_000)
         .map(|i| json!({"name": format!("pull-{i}")}))
         .collect();
-    let before = webhook.server.metrics.live_gets("secrets");
-    let accounts_before = webhook.server.metrics.live_gets("serviceaccounts");
+    let before = webhook.live_gets("secrets").await?;
+    let accounts_before = webhook.live_gets("serviceaccounts").await?;
     let out = dry_run(&d).await?;
     let warnings = String::from_utf8_lossy(&out.stderr).into_owned();
-    let gets = webhook.server.metrics.live_gets("secrets") - before;
+    let gets = webhook.live_gets("secrets").await? - before;
     // The ServiceAccount naming more pull secrets is read on the same counted road: once per call
     // of the webhook (the API server may call a mutating webhook a second time).
-    let accounts = webhook.server.metrics.live_gets("serviceaccounts") - accounts_before;
+    let accounts = webhook.live_gets("serviceaccounts").await? - accounts_before;
     assert!(
         (1..=2).contains(&accounts),
         "{accounts} counted ServiceAccount GETs for one admission"

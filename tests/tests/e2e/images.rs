@@ -90,20 +90,30 @@ impl Webhook {
         client: &Client,
         namespace: &str,
     ) -> anyhow::Result<String> {
-        let name = format!("{namespace}-images");
-        let url = format!("{}/mutate/workloads", self.server.url);
-        WebhookRegistration::new(WebhookKind::Mutating, &name, &url, &self.server.ca_pem)
-            .rule(WebhookRule::new(
-                &["CREATE", "UPDATE"],
-                "apps",
-                "v1",
-                &["deployments"],
-            ))
-            .only_namespace(namespace)
-            .register(client)
-            .await?;
-        Ok(name)
+        register_deployments(client, namespace, &self.server.url, &self.server.ca_pem).await
     }
+}
+
+/// Registers the mutating endpoint at `url` for Deployments in `namespace` only; the registration's name.
+pub(crate) async fn register_deployments(
+    client: &Client,
+    namespace: &str,
+    url: &str,
+    ca_pem: &str,
+) -> anyhow::Result<String> {
+    let name = format!("{namespace}-images");
+    let url = format!("{url}/mutate/workloads");
+    WebhookRegistration::new(WebhookKind::Mutating, &name, &url, ca_pem)
+        .rule(WebhookRule::new(
+            &["CREATE", "UPDATE"],
+            "apps",
+            "v1",
+            &["deployments"],
+        ))
+        .only_namespace(namespace)
+        .register(client)
+        .await?;
+    Ok(name)
 }
 
 pub(crate) async fn kubectl_apply(object: &Value) -> anyhow::Result<Output> {

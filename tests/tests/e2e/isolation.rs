@@ -9,7 +9,6 @@ use anyhow::{Context, bail};
 use helmop_core::hash::{HashKey, ObjectData, Observed, config_stamp};
 use helmop_core::podrefs::pod_refs_from_value;
 use helmop_tests::*;
-use helmop_webhook::state::Config;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::PostParams;
@@ -144,7 +143,8 @@ async fn stamps_bind_the_namespace_and_a_stored_v1_stamp_is_never_kept() -> anyh
     let key = HashKey::new(&ensure_hash_key(&client).await?).map_err(anyhow::Error::msg)?;
     let ns_a = fresh_namespace_with_labels(&client, "iso-v2a", &[OPT_IN]).await?;
     let ns_b = fresh_namespace_with_labels(&client, "iso-v2b", &[OPT_IN]).await?;
-    let webhook = LocalWebhook::start(client.clone(), Config::default()).await?;
+    // The release webhook on one CPU: what a tenant probing with dry-runs meets.
+    let webhook = WebhookBinary::release_one_cpu(&cluster().kubeconfig, &[]).await?;
     let registered_a = webhook.register(&client, &ns_a).await?;
     let registered_b = webhook.register(&client, &ns_b).await?;
     for ns in [&ns_a, &ns_b] {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use anyhow::Context;
 use base64::Engine;
 use helmop_tests::*;
 use helmop_webhook::metrics::{Metrics, Outcome};
@@ -289,12 +290,20 @@ fn direct_client(
     Ok(builder.build()?)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_the_api_server_may_call_the_webhook() -> anyhow::Result<()> {
-    let client = control_plane().upstream().client().await;
-    let ns = fresh_namespace(&client, "safe-mtls").await?;
-    let webhook = LocalWebhook::start(client.clone(), Config::default()).await?;
-    let name = format!("{ns}-references");
+/// The API server's reviews of ConfigMap deletes in `namespace` that the release webhook answered so far.
+async fn answered_deletes(webhook: &WebhookBinary) -> anyhow::Result<f64> {
+    webhook
+        .metric(r#"helmop_webhook_requests_total{webhook="references",operation="DELETE",outcome="allowed"}"#)
+        .await
+}
+
+/// Registers the reference guard of `webhook` for ConfigMap deletes in `namespace`; the registration's name.
+async fn register_configmap_deletes(
+    client: &kube::Client,
+    namespace: &str,
+    webhook: &WebhookBinary,
+) -> anyhow::Result<String> {
+    let name = format!("{namespace}-references");
     WebhookRegistration::new(
         WebhookKind::Validating,
         &name,
@@ -302,25 +311,40 @@ async fn only_the_api_server_may_call_the_webhook() -> anyhow::Result<()> {
         &webhook.ca_pem,
     )
     .rule(WebhookRule::new(&["DELETE"], "", "v1", &["configmaps"]))
-    .only_namespace(&ns)
-    .register(&client)
+    .only_namespace(namespace)
+    .register(client)
     .await?;
+    Ok(name)
+}
+
+/// Creates and deletes a ConfigMap of a new name in `namespace`: whether the delete went through.
+async fn delete_goes_through(client: &kube::Client, namespace: &str) -> anyhow::Result<bool> {
+    static PROBES: AtomicUsize = AtomicUsize::new(0);
+    let name = format!("probe-{}", PROBES.fetch_add(1, Ordering::Relaxed));
+    let configmaps =
+        kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), namespace);
+    create_config_map(client, namespace, &name, &[]).await?;
+    Ok(configmaps.delete(&name, &Default::default()).await.is_ok())
+}
+
+/// The release webhook on one CPU with `--client-ca` (the `client-auth` install): the API server's
+/// reviews are answered, anyone else's, without a certificate or with another CA's, get no HTTP answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_api_server_may_call_the_webhook() -> anyhow::Result<()> {
+    let client = control_plane().upstream().client().await;
+    let ns = fresh_namespace(&client, "safe-mtls").await?;
+    let webhook =
+        WebhookBinary::release_one_cpu(&control_plane().upstream().kubeconfig, &[]).await?;
+    let name = register_configmap_deletes(&client, &ns, &webhook).await?;
 
     // The API server presents its client certificate: its reviews are answered (registration is picked up
     // asynchronously, hence the retries).
-    let configmaps =
-        kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), &ns);
     wait_until(
         "the API server to call the webhook",
         DEFAULT_TIMEOUT,
-        || {
-            let (client, ns, configmaps) = (client.clone(), ns.clone(), configmaps.clone());
-            let metrics = webhook.metrics.clone();
-            async move {
-                create_config_map(&client, &ns, "probe", &[]).await?;
-                configmaps.delete("probe", &Default::default()).await?;
-                Ok(metrics.requests("references", Outcome::Allowed) > 0)
-            }
+        || async {
+            delete_goes_through(&client, &ns).await?;
+            Ok(answered_deletes(&webhook).await? > 0.0)
         },
     )
     .await?;
@@ -342,7 +366,9 @@ async fn only_the_api_server_may_call_the_webhook() -> anyhow::Result<()> {
     let other = test_certs();
     let stranger =
         reqwest::Identity::from_pem(format!("{}{}", other.cert_pem, other.key_pem).as_bytes())?;
-    let answered_before = webhook.metrics.requests("references", Outcome::Allowed);
+    let requests = r#"helmop_webhook_requests_total{webhook="references",operation="DELETE""#;
+    let answered_before = webhook.metrics().await?.matches(requests).count();
+    let allowed_before = answered_deletes(&webhook).await?;
     for (who, identity) in [
         ("no certificate", None),
         ("another CA's certificate", Some(stranger)),
@@ -360,10 +386,67 @@ async fn only_the_api_server_may_call_the_webhook() -> anyhow::Result<()> {
         );
     }
     assert_eq!(
-        webhook.metrics.requests("references", Outcome::Allowed),
-        answered_before,
+        (
+            webhook.metrics().await?.matches(requests).count(),
+            answered_deletes(&webhook).await?
+        ),
+        (answered_before, allowed_before),
         "a forged review reached the handler"
     );
+    unregister_webhook(&client, WebhookKind::Validating, &name).await?;
+    Ok(())
+}
+
+/// A client CA rotation without a restart and without a lock-out, through the real API server: the
+/// release webhook first trusts only a CA the API server's certificate is not from (its reviews fail, the
+/// delete is refused by the fail-closed guard); `--client-ca` rewritten as that CA plus the API
+/// server's (added before the other is removed, as the bootstrap writes it) lets them through; rewritten
+/// as the other CA alone, they fail again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_client_ca_is_taken_into_use_without_a_restart() -> anyhow::Result<()> {
+    let client = control_plane().upstream().client().await;
+    let ns = fresh_namespace(&client, "safe-rotate").await?;
+    let apiserver_ca = webhook_client_pki().ca_pem.clone();
+    let other_ca = test_certs().ca_pem;
+    let webhook = WebhookBinary::release_one_cpu_trusting(
+        &control_plane().upstream().kubeconfig,
+        &["--cert-poll-ms", "200"],
+        &other_ca,
+    )
+    .await?;
+    let ca_file = webhook
+        .client_ca_file()
+        .context("the webhook was started without --client-ca")?
+        .to_path_buf();
+    let name = register_configmap_deletes(&client, &ns, &webhook).await?;
+    // Fail closed: until the API server is trusted, its calls fail and the delete is refused. (A
+    // registration not yet in force would let it through, hence the wait.)
+    wait_until(
+        "the API server's calls to be refused",
+        DEFAULT_TIMEOUT,
+        || async { Ok(!delete_goes_through(&client, &ns).await?) },
+    )
+    .await?;
+    assert_eq!(answered_deletes(&webhook).await?, 0.0);
+
+    // Added: both are trusted.
+    std::fs::write(&ca_file, format!("{other_ca}{apiserver_ca}"))?;
+    wait_until(
+        "the added client CA to be trusted",
+        DEFAULT_TIMEOUT,
+        || async { delete_goes_through(&client, &ns).await },
+    )
+    .await?;
+    assert!(answered_deletes(&webhook).await? > 0.0);
+
+    // Removed: refused again, without a restart in between.
+    std::fs::write(&ca_file, &other_ca)?;
+    wait_until(
+        "the removed client CA to be refused",
+        DEFAULT_TIMEOUT,
+        || async { Ok(!delete_goes_through(&client, &ns).await?) },
+    )
+    .await?;
     unregister_webhook(&client, WebhookKind::Validating, &name).await?;
     Ok(())
 }

@@ -17,8 +17,6 @@ use kube::api::{ListParams, ObjectMeta, Patch, PatchParams};
 use kube::{Api, Client, Resource};
 use serde_json::json;
 
-use crate::faults::WebhookBinary;
-
 fn random_hex(bytes: usize) -> anyhow::Result<String> {
     let mut buf = vec![0u8; bytes];
     std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut buf)?;

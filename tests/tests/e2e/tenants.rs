@@ -1,20 +1,23 @@
 //! The webhook under hostile tenants (docs/webhook-safety.md): what a tenant with one namespace can make
 //! it do is bounded, answers no guess about another namespace, and vetoes nobody else's work. The
-//! webhook runs in-process on loopback against the real upstream kube-apiserver, registered for the
-//! test's namespace only; objects are written with real `kubectl`.
+//! webhook is the release binary the images ship, pinned to one CPU as `limits.cpu: "1"` leaves it and
+//! requiring the API server's client certificate, on loopback against the real upstream kube-apiserver,
+//! registered for the test's namespace only; objects are written with real `kubectl`.
 
 use std::net::SocketAddr;
 use std::process::Output;
 
 use anyhow::Context;
-use helmop_tests::proxy::{StallingProxy, client_through};
+use helmop_tests::proxy::StallingProxy;
 use helmop_tests::*;
-use helmop_webhook::state::Config;
 use serde_json::{Value, json};
 
-use crate::stamping::{
-    CONFIG_HASH, annotation, apply_ok, cluster, kubectl, setup, text, wait_for_key,
-};
+use crate::stamping::{CONFIG_HASH, OPT_IN, annotation, apply_ok, cluster, kubectl, text};
+
+/// The release webhook on one CPU against the upstream cluster: what a tenant meets.
+async fn release_webhook(extra: &[&str]) -> anyhow::Result<WebhookBinary> {
+    WebhookBinary::release_one_cpu(&cluster().kubeconfig, extra).await
+}
 
 fn server_addr(info: &ClusterInfo) -> anyhow::Result<SocketAddr> {
     let hostport = info
@@ -45,11 +48,17 @@ async fn a_slow_api_server_never_denies_a_spec_unchanged_helmop_update() -> anyh
     );
     apply_ok(&helmop).await?;
     let proxy = StallingProxy::start(server_addr(cluster())?).await?;
-    let webhook = LocalWebhook::start(
-        client_through(&cluster().kubeconfig, &proxy).await?,
-        Config::default(),
-    )
-    .await?;
+    // The webhook reaches the API server through the proxy: its kubeconfig names the proxy's address
+    // (the same IP, so the serving certificate still matches).
+    let dir = tempfile::tempdir()?;
+    let through = dir.path().join("kubeconfig");
+    std::fs::write(
+        &through,
+        cluster()
+            .kubeconfig_yaml()
+            .replace(&cluster().server, &proxy.url()),
+    )?;
+    let webhook = WebhookBinary::release_one_cpu(&through, &[]).await?;
     let registered = webhook.register(&client, &ns).await?;
     proxy.stall(true);
 
@@ -120,7 +129,7 @@ async fn the_guard_never_blocks_the_garbage_collector_or_an_optional_name() -> a
 
     let client = cluster().client().await;
     let ns = fresh_namespace(&client, "tn-guard").await?;
-    let webhook = LocalWebhook::start(client.clone(), Config::default()).await?;
+    let webhook = release_webhook(&[]).await?;
     let registered = webhook.register(&client, &ns).await?;
     let owner = create_config_map(&client, &ns, "owner", &[("k", "v")]).await?;
     create_secret(&client, &ns, "owned", &[("k", b"v")]).await?;
@@ -225,7 +234,7 @@ async fn dry_run_create(object: &Value) -> anyhow::Result<Output> {
 async fn dense_values_and_huge_versions_are_refused_with_a_reason() -> anyhow::Result<()> {
     let client = cluster().client().await;
     let ns = fresh_namespace(&client, "tn-dense").await?;
-    let webhook = LocalWebhook::start(client.clone(), Config::default()).await?;
+    let mut webhook = release_webhook(&[]).await?;
     let registered = webhook.register(&client, &ns).await?;
     create_secret(&client, &ns, "db", &[("k", b"v")]).await?;
     let refs = json!([{"kind": "Secret", "name": "db"}]);
@@ -255,6 +264,7 @@ async fn dense_values_and_huge_versions_are_refused_with_a_reason() -> anyhow::R
 
     let out = dry_run_create(&helmop_object(&ns, "fine", base, refs)).await?;
     assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(webhook.running()?, "the webhook exited: {}", webhook.logs());
     registered.remove().await?;
     Ok(())
 }
@@ -280,7 +290,7 @@ async fn stored_dense_helmops_are_cached_without_their_values_and_still_guard() 
         let out = kubectl(&["create", "-f", "-"], Some(&helmop.to_string())).await?;
         assert!(out.status.success(), "{}", text(&out.stderr));
     }
-    let webhook = LocalWebhook::start(client.clone(), Config::default()).await?;
+    let webhook = release_webhook(&[]).await?;
     let registered = webhook.register(&client, &ns).await?;
     let out = kubectl(&["delete", "secret", "-n", &ns, "db", "--wait=false"], None).await?;
     let stderr = text(&out.stderr);
@@ -321,19 +331,15 @@ async fn dry_run_stamp(deployment: &Value) -> anyhow::Result<Option<String>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_env_from_prefixes_over_a_wide_config_map_cost_one_read() -> anyhow::Result<()> {
     let client = cluster().client().await;
-    let (ns, webhook) = setup(&client, "tn-prefixes", |ns| Config {
-        hash_key_secret: hash_key_in(ns),
-        ..Config::default()
-    })
-    .await?;
+    let ns = fresh_namespace_with_labels(&client, "tn-prefixes", &[OPT_IN]).await?;
     create_secret(&client, &ns, "hash-key", &[("key", &random_key()?)]).await?;
+    let webhook = release_webhook(&["--hash-key-secret", &format!("{ns}/hash-key")]).await?;
     let keys: Vec<(String, String)> = (0..20_000)
         .map(|i| (format!("k{i}"), "v".to_owned()))
         .collect();
     let keys: Vec<(&str, &str)> = keys.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     create_config_map(&client, &ns, "wide", &keys).await?;
     create_config_map(&client, &ns, "small", &[("greeting", "hello")]).await?;
-    wait_for_key(&webhook, true).await?;
     let registered = webhook.register(&client, &ns).await?;
 
     let ordinary = |name: &str| {
@@ -344,7 +350,7 @@ async fn many_env_from_prefixes_over_a_wide_config_map_cost_one_read() -> anyhow
             json!({"envFrom": [{"configMapRef": {"name": "small"}}]}),
         )
     };
-    // The API server picks a new registration up asynchronously.
+    // The API server picks a new registration up asynchronously, the webhook its hash key too.
     wait_for(
         "the webhook to stamp an ordinary Deployment",
         DEFAULT_TIMEOUT,
@@ -380,7 +386,8 @@ async fn many_env_from_prefixes_over_a_wide_config_map_cost_one_read() -> anyhow
     // An entry of the stamp's digest cache keeps a fingerprint of what the pod reads, never
     // the caller's lists: ten dry-runs with 2,000 fresh prefixes each (about 20 KB of text apiece;
     // 240 such dry-runs held 490 MiB before) add at most an entry each, of a few hundred bytes.
-    let before = webhook.state.cached_digests();
+    let digests = "helmop_webhook_cache_objects{cache=\"digests\"}";
+    let before = webhook.metric(digests).await?;
     for round in 0..10 {
         let env_from: Vec<Value> = (0..2_000)
             .map(|i| json!({"prefix": format!("r{round}p{i}_"), "configMapRef": {"name": "wide"}}))
@@ -396,16 +403,16 @@ async fn many_env_from_prefixes_over_a_wide_config_map_cost_one_read() -> anyhow
             "round {round} was not stamped"
         );
     }
-    let (entries, bytes) = (
-        webhook.state.cached_digests(),
-        webhook.state.cached_digest_bytes(),
-    );
+    let entries = webhook.metric(digests).await?;
+    let bytes = webhook
+        .metric("helmop_webhook_cache_bytes{cache=\"digests\"}")
+        .await?;
     assert!(
-        entries <= before + 10,
+        entries <= before + 10.0,
         "{entries} entries after {before} + 10 dry-runs"
     );
     assert!(
-        bytes <= entries * 1024,
+        bytes <= entries * 1024.0,
         "the digest cache holds {bytes} bytes in {entries} entries: more than a fingerprint each"
     );
     registered.remove().await?;
