@@ -745,6 +745,10 @@ pub enum PortFact {
         policies: Vec<String>,
         /// What those policies let in on the admission port.
         admits: PortAdmits,
+        /// The API server's own addresses (the `default/kubernetes` Endpoints); empty when unreadable.
+        /// Where it calls webhooks directly, these are what a NetworkPolicy admitting the control plane
+        /// alone names.
+        apiserver: Vec<String>,
     },
 }
 
@@ -768,7 +772,7 @@ pub fn admission_port(subject: &str, fact: &PortFact) -> Finding {
     let f =
         |verdict, message: String| Finding::new(Check::AdmissionPort, &subject, verdict, message);
     const SAFETY: &str = "see \"Only the API server may call it\" in docs/webhook-safety.md: the client-auth overlay where the API server can present a certificate, else the network-policy component with your pod CIDR";
-    let (client_auth, policies, admits) = match fact {
+    let (client_auth, policies, admits, apiserver) = match fact {
         PortFact::Unknown(why) => {
             return f(
                 Verdict::Warning,
@@ -782,7 +786,25 @@ pub fn admission_port(subject: &str, fact: &PortFact) -> Finding {
             client_auth,
             policies,
             admits,
-        } => (*client_auth, policies, admits),
+            apiserver,
+        } => (*client_auth, policies, admits, apiserver),
+    };
+    // As far as the cluster lets it be known: the addresses the API server advertises. A control plane
+    // calling through a tunnel (konnectivity) arrives from its agents' pods instead, hence "directly".
+    let control_plane_only = if apiserver.is_empty() {
+        String::new()
+    } else {
+        let blocks: Vec<String> = apiserver
+            .iter()
+            .map(|ip| {
+                let bits = if ip.contains(':') { 128 } else { 32 };
+                format!("{ip}/{bits}")
+            })
+            .collect();
+        format!(
+            "; where the API server calls webhooks directly (no konnectivity tunnel), an ipBlock of only {} (its addresses: kubectl get endpoints kubernetes -n default) admits the control plane alone",
+            blocks.join(", ")
+        )
     };
     if client_auth {
         return f(
@@ -795,7 +817,7 @@ pub fn admission_port(subject: &str, fact: &PortFact) -> Finding {
             Verdict::Warning,
             "no client certificate is required and no NetworkPolicy selects the webhook's pods: any pod can post a review and learn which Secrets exist in any namespace".into(),
         )
-        .fix(SAFETY);
+        .fix(format!("{SAFETY}{control_plane_only}"));
     }
     let names = policies.join(", ");
     if let Some(open) = admits.everyone.first() {
@@ -803,7 +825,7 @@ pub fn admission_port(subject: &str, fact: &PortFact) -> Finding {
             Verdict::Problem,
             format!("NetworkPolicy {open} admits every source on the admission port, so it keeps no pod off"),
         )
-        .fix(format!("give the rule of {open} for the admission port an ipBlock that excepts the pod ranges ({SAFETY})"));
+        .fix(format!("give the rule of {open} for the admission port an ipBlock that excepts the pod ranges ({SAFETY}){control_plane_only}"));
     }
     if !admits.pod_ranges.is_empty() {
         return f(
@@ -813,7 +835,7 @@ pub fn admission_port(subject: &str, fact: &PortFact) -> Finding {
                 admits.pod_ranges.join(", ")
             ),
         )
-        .fix("add the cluster's pod CIDR (kubectl get nodes -o jsonpath='{.items[*].spec.podCIDRs}') to the ipBlock's except list");
+        .fix(format!("add the cluster's pod CIDR (kubectl get nodes -o jsonpath='{{.items[*].spec.podCIDRs}}') to the ipBlock's except list{control_plane_only}"));
     }
     if !admits.selected_pods.is_empty() {
         return f(

@@ -313,7 +313,44 @@ fn port(client_auth: bool, policies: &[&str], admits: PortAdmits) -> PortFact {
         client_auth,
         policies: policies.iter().map(|p| p.to_string()).collect(),
         admits,
+        apiserver: Vec::new(),
     }
+}
+
+#[test]
+fn the_fix_names_the_api_servers_addresses_when_the_cluster_tells_them() {
+    let open = |apiserver: &[&str]| PortFact::Known {
+        client_auth: false,
+        policies: Vec::new(),
+        admits: PortAdmits::default(),
+        apiserver: apiserver.iter().map(|a| a.to_string()).collect(),
+    };
+    let found = admission_port("ns/svc", &open(&["10.0.0.5", "fd00::5"]));
+    let fix = found.fix.unwrap_or_default();
+    assert!(
+        fix.contains("an ipBlock of only 10.0.0.5/32, fd00::5/128"),
+        "{fix}"
+    );
+    let found = admission_port("ns/svc", &open(&[]));
+    assert!(
+        !found.fix.unwrap_or_default().contains("ipBlock of only"),
+        "no addresses, no suggestion"
+    );
+    let leaky = PortFact::Known {
+        client_auth: false,
+        policies: vec!["np".into()],
+        admits: PortAdmits {
+            pod_ranges: vec!["n1 (10.244.1.0/24)".into()],
+            known_ranges: Some(1),
+            ..PortAdmits::default()
+        },
+        apiserver: vec!["10.0.0.5".into()],
+    };
+    let fix = admission_port("ns/svc", &leaky).fix.unwrap_or_default();
+    assert!(
+        fix.contains("{.items[*].spec.podCIDRs}") && fix.contains("10.0.0.5/32"),
+        "{fix}"
+    );
 }
 
 #[test]

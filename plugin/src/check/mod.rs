@@ -26,7 +26,7 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
@@ -752,6 +752,21 @@ async fn admission_port(client: &Client, namespace: &str, name: &str) -> PortFac
                     })
                     .collect()
             });
+    // The API server's advertised addresses, for the fix; unreadable leaves the fix without them.
+    let apiserver: Vec<String> = Api::<Endpoints>::namespaced(client.clone(), "default")
+        .get_opt("kubernetes")
+        .await
+        .ok()
+        .flatten()
+        .map(|e| {
+            e.subsets
+                .iter()
+                .flatten()
+                .flat_map(|s| s.addresses.iter().flatten())
+                .map(|a| a.ip.clone())
+                .collect()
+        })
+        .unwrap_or_default();
     PortFact::Known {
         client_auth,
         policies: policies
@@ -759,5 +774,6 @@ async fn admission_port(client: &Client, namespace: &str, name: &str) -> PortFac
             .filter_map(|p| p.metadata.name.clone())
             .collect(),
         admits: port::admits(&policies, &admission, ranges.as_deref()),
+        apiserver,
     }
 }

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeSet;
 
+use anyhow::Context;
 use helmop_tests::*;
 use helmop_webhook::state::Config;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -613,16 +614,35 @@ async fn admission_port_is_judged_against_the_pod_ranges(
             ])
             .await?;
             let report = out.json();
-            let port = finding(&report, "admission-port", &subject);
+            let port = finding(&report, "admission-port", &subject).clone();
             assert_eq!(port["verdict"], verdict, "{port:#}");
             assert!(
                 port["message"].as_str().is_some_and(|m| m.contains(&says)),
                 "{port:#}"
             );
-            anyhow::Ok(out.code)
+            anyhow::Ok((out.code, port))
         }
     };
-    expect("warning", "any pod can post a review".into()).await?;
+    let (_, open) = expect("warning", "any pod can post a review".into()).await?;
+    // The fix names what the cluster tells of the control plane: the API server's own addresses.
+    let endpoints =
+        Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(client.clone(), "default")
+            .get("kubernetes")
+            .await?;
+    let address = endpoints
+        .subsets
+        .iter()
+        .flatten()
+        .flat_map(|s| s.addresses.iter().flatten())
+        .map(|a| a.ip.clone())
+        .next()
+        .context("the kubernetes Endpoints list no address")?;
+    assert!(
+        open["fix"]
+            .as_str()
+            .is_some_and(|f| f.contains(&format!("an ipBlock of only {address}/32"))),
+        "{open:#}"
+    );
 
     // The shipped component as a user adds it, with its RKE2/k3s default pod CIDR.
     let text = std::fs::read_to_string(manifests_dir().join("network-policy/networkpolicy.yaml"))?;
@@ -630,7 +650,7 @@ async fn admission_port_is_judged_against_the_pod_ranges(
     policy.metadata.namespace = Some(ns.to_owned());
     let policies = Api::<NetworkPolicy>::namespaced(client.clone(), ns);
     policies.create(&PostParams::default(), &policy).await?;
-    let code = expect("problem", format!("{node_name} (10.244.77.0/24)")).await?;
+    let (code, _) = expect("problem", format!("{node_name} (10.244.77.0/24)")).await?;
     assert_eq!(code, 1, "a problem exits 1");
 
     policies
