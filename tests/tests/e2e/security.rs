@@ -95,66 +95,6 @@ async fn kubectl(
     cluster.run_kubectl(args, stdin).await
 }
 
-/// Registers the webhook binary's three endpoints for `ns` only; returns the configuration names.
-async fn register(
-    client: &Client,
-    webhook: &WebhookBinary,
-    ca_pem: &str,
-    ns: &str,
-) -> anyhow::Result<Vec<(WebhookKind, String)>> {
-    let names = vec![
-        (WebhookKind::Validating, format!("{ns}-helmops")),
-        (WebhookKind::Validating, format!("{ns}-references")),
-        (WebhookKind::Mutating, format!("{ns}-workloads")),
-    ];
-    WebhookRegistration::new(
-        names[0].0,
-        &names[0].1,
-        &format!("{}/validate/helmops", webhook.url),
-        ca_pem,
-    )
-    .rule(WebhookRule::new(
-        &["CREATE", "UPDATE"],
-        "fleet.cattle.io",
-        "v1alpha1",
-        &["helmops"],
-    ))
-    .only_namespace(ns)
-    .register(client)
-    .await?;
-    WebhookRegistration::new(
-        names[1].0,
-        &names[1].1,
-        &format!("{}/validate/references", webhook.url),
-        ca_pem,
-    )
-    .rule(WebhookRule::new(
-        &["DELETE"],
-        "",
-        "v1",
-        &["secrets", "configmaps"],
-    ))
-    .only_namespace(ns)
-    .register(client)
-    .await?;
-    WebhookRegistration::new(
-        names[2].0,
-        &names[2].1,
-        &format!("{}/mutate/workloads", webhook.url),
-        ca_pem,
-    )
-    .rule(WebhookRule::new(
-        &["CREATE", "UPDATE"],
-        "apps",
-        "v1",
-        &["deployments", "replicasets"],
-    ))
-    .only_namespace(ns)
-    .register(client)
-    .await?;
-    Ok(names)
-}
-
 fn helmop_yaml(name: &str, dest: &str, secrets: &[&str]) -> String {
     let resources: String = secrets
         .iter()
@@ -311,7 +251,7 @@ async fn planted_secret_values_appear_in_no_log_output_event_annotation_or_metri
         &["--log-format", "json"],
     )
     .await?;
-    let registered = register(&upstream, &webhook, &webhook.ca_pem, &ns).await?;
+    let registered = webhook.register(&upstream, &ns).await?;
 
     // Denial naming a missing Secret next to the planted one, then admission.
     let out = kubectl(
@@ -482,9 +422,7 @@ async fn planted_secret_values_appear_in_no_log_output_event_annotation_or_metri
         let client = cp.cluster(name).client().await;
         collect_objects(&mut hay, name, &client, &dest).await?;
     }
-    for (kind, name) in registered {
-        unregister_webhook(&upstream, kind, &name).await?;
-    }
+    registered.remove().await?;
     let logs = webhook.logs();
     assert!(
         logs.lines().count() > 20,
