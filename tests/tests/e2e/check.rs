@@ -623,12 +623,26 @@ async fn admission_port_is_judged_against_the_pod_ranges(
             anyhow::Ok((out.code, port))
         }
     };
-    let (_, open) = expect("warning", "any pod can post a review".into()).await?;
-    // The fix names what the cluster tells of the control plane: the API server's own addresses.
-    let endpoints =
-        Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(client.clone(), "default")
-            .get("kubernetes")
+    // The fix names what the cluster tells of the control plane: the API server's own addresses, in
+    // the `default/kubernetes` Endpoints. The harness's API servers advertise loopback addresses, which
+    // Endpoints may not hold, so they run with `--endpoint-reconciler-type=none`; the test writes what a
+    // real one keeps there, with a documentation address (TEST-NET-1) for the API server's.
+    let endpoints_api =
+        Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(client.clone(), "default");
+    let wrote_endpoints = endpoints_api.get_opt("kubernetes").await?.is_none();
+    if wrote_endpoints {
+        let endpoints: k8s_openapi::api::core::v1::Endpoints =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "kubernetes"},
+                "subsets": [{"addresses": [{"ip": "192.0.2.10"}],
+                             "ports": [{"name": "https", "port": 443}]}],
+            }))?;
+        endpoints_api
+            .create(&PostParams::default(), &endpoints)
             .await?;
+    }
+    let endpoints = endpoints_api.get("kubernetes").await?;
+    let (_, open) = expect("warning", "any pod can post a review".into()).await?;
     let address = endpoints
         .subsets
         .iter()
@@ -638,9 +652,10 @@ async fn admission_port_is_judged_against_the_pod_ranges(
         .next()
         .context("the kubernetes Endpoints list no address")?;
     assert!(
-        open["fix"]
-            .as_str()
-            .is_some_and(|f| f.contains(&format!("an ipBlock of only {address}/32"))),
+        open["fix"].as_str().is_some_and(|f| f.contains(&format!(
+            "an ipBlock of only {address}/{}",
+            if address.contains(':') { 128 } else { 32 }
+        ))),
         "{open:#}"
     );
 
@@ -666,5 +681,10 @@ async fn admission_port_is_judged_against_the_pod_ranges(
         .await?;
     expect("ok", "keeps the pod ranges".into()).await?;
     nodes.delete(&node_name, &DeleteParams::default()).await?;
+    if wrote_endpoints {
+        endpoints_api
+            .delete("kubernetes", &DeleteParams::default())
+            .await?;
+    }
     Ok(())
 }
