@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Extension;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::StatusCode;
 use axum::middleware::{AddExtension, Next};
 use axum::response::Response;
 use axum_server::accept::Accept;
@@ -119,7 +119,6 @@ pub(crate) async fn refuse_untrusted_peers(
         .and_then(|p| p.0.clone());
     match peer {
         Some(peer) if !peer.trusted(&verifier) => {
-            let http1 = request.version() <= axum::http::Version::HTTP_11;
             tracing::warn!(
                 "refused a request: its connection's client certificate is not signed by the client CA any more"
             );
@@ -128,11 +127,7 @@ pub(crate) async fn refuse_untrusted_peers(
                 "client certificate no longer trusted: --client-ca changed since this connection was made"
                     .to_owned(),
             );
-            if http1 {
-                response
-                    .headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            }
+            super::close_after(&mut response, request.version());
             response
         }
         _ => next.run(request).await,

@@ -20,6 +20,16 @@ pub use endpoints::{Handlers, Webhook, request_deadline};
 pub use router::{DEFAULT_MAX_IN_FLIGHT_BYTES, Limits, router};
 pub use serve::{ServeOptions, Server, shutdown_signal};
 
+/// Asks an HTTP/1.x client to close the connection after `response`. HTTP/2 has no such header (a
+/// connection-specific header is malformed there); its connections end by GOAWAY.
+fn close_after(response: &mut Response, version: axum::http::Version) {
+    if version <= axum::http::Version::HTTP_11 {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+}
+
 fn plain(status: StatusCode, body: String) -> Response {
     (
         status,

@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, header};
 use axum::response::Response;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -276,12 +275,10 @@ async fn close_when_shutting_down(
     request: Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let http1 = request.version() <= axum::http::Version::HTTP_11;
+    let version = request.version();
     let mut response = next.run(request).await;
-    if http1 && shutting_down.load(Ordering::Relaxed) {
-        response
-            .headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    if shutting_down.load(Ordering::Relaxed) {
+        super::close_after(&mut response, version);
     }
     response
 }
