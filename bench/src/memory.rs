@@ -62,12 +62,12 @@ pub async fn admin_get(port: u16, path: &str) -> anyhow::Result<(String, String)
     ))
 }
 
+/// `helmop_webhook_cache_objects{cache="CACHE"}` in the `/metrics` text (0 before it is reported).
 pub fn cache_objects(metrics: &str, cache: &str) -> Option<u64> {
-    let prefix = format!("helmop_webhook_cache_objects{{cache=\"{cache}\"}} ");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|v| v.trim().parse().ok())
+    let series = format!("helmop_webhook_cache_objects{{cache=\"{cache}\"}}");
+    helmop_tests::metric_value(metrics, &series)
+        .ok()
+        .map(|v| v as u64)
 }
 
 /// The real `helmop-webhook` against `cluster`, serving the certificate of `volume` on loopback, ready.

@@ -58,7 +58,7 @@ pub use namespaces::{TEST_NAMESPACE_LABEL, fresh_namespace, fresh_namespace_with
 pub use node::{BusyboxImage, NODE_CLUSTER, build_busybox_image, node_control_plane};
 pub use objects::{create_config_map, create_secret, ensure_hash_key, template_annotation};
 pub use wait::{DEFAULT_TIMEOUT, wait_for, wait_until};
-pub use webhook_binary::{WebhookBinary, WebhookBuild};
+pub use webhook_binary::{WebhookBinary, metric_value};
 pub use webhook_server::LocalWebhook;
 pub use webhooks::{
     WebhookKind, WebhookRegistration, WebhookRule, register_webhook, unregister_webhook,

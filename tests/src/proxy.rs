@@ -85,17 +85,18 @@ async fn forward(client: TcpStream, server: TcpStream, mut stalled: watch::Recei
     }
 }
 
-/// A client for `kubeconfig`'s cluster that talks through `proxy`.
-pub async fn client_through(
-    kubeconfig: &std::path::Path,
+/// A kubeconfig file for `cluster` that talks through `proxy` (the same IP, so the API server's
+/// certificate still matches); removed when dropped.
+pub fn kubeconfig_through(
+    cluster: &crate::ClusterInfo,
     proxy: &StallingProxy,
-) -> anyhow::Result<kube::Client> {
-    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig)?;
-    let mut config = kube::Config::from_custom_kubeconfig(
-        kubeconfig,
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await?;
-    config.cluster_url = proxy.url().parse()?;
-    Ok(kube::Client::try_from(config)?)
+) -> anyhow::Result<tempfile::NamedTempFile> {
+    let file = tempfile::NamedTempFile::new()?;
+    std::fs::write(
+        file.path(),
+        cluster
+            .kubeconfig_yaml()
+            .replace(&cluster.server, &proxy.url()),
+    )?;
+    Ok(file)
 }

@@ -17,7 +17,7 @@ use crate::{DEFAULT_TIMEOUT, test_certs, wait_until};
 
 /// Which build of `helmop-webhook` runs, and on how many CPUs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WebhookBuild {
+enum WebhookBuild {
     /// `target/debug/helmop-webhook`, on every CPU.
     Debug,
     /// `target/release/helmop-webhook` (what the images ship), pinned to one CPU with `taskset`.
@@ -93,7 +93,7 @@ impl WebhookBinary {
         rust_log: &str,
         extra: &[&str],
     ) -> anyhow::Result<WebhookBinary> {
-        Self::start_build(WebhookBuild::Debug, kubeconfig, rust_log, extra).await
+        Self::launch(WebhookBuild::Debug, kubeconfig, rust_log, extra, None).await
     }
 
     /// The release `helmop-webhook` on one CPU, requiring the client certificate the harness's API
@@ -121,16 +121,6 @@ impl WebhookBinary {
             Some(client_ca_pem),
         )
         .await
-    }
-
-    /// [`WebhookBinary::start`] of a given build.
-    pub async fn start_build(
-        build: WebhookBuild,
-        kubeconfig: &Path,
-        rust_log: &str,
-        extra: &[&str],
-    ) -> anyhow::Result<WebhookBinary> {
-        Self::launch(build, kubeconfig, rust_log, extra, None).await
     }
 
     async fn launch(
@@ -242,7 +232,7 @@ impl WebhookBinary {
     /// proves the name.
     pub async fn metric(&self, series: &str) -> anyhow::Result<f64> {
         let text = self.metrics().await?;
-        series_value(&text, series)
+        metric_value(&text, series)
     }
 
     /// `helmop_webhook_cache_objects{cache="..."}`.
@@ -286,8 +276,9 @@ impl WebhookBinary {
     }
 }
 
-/// The value of `series` in the Prometheus text `text` (see [`WebhookBinary::metric`]).
-fn series_value(text: &str, series: &str) -> anyhow::Result<f64> {
+/// The value of `series` in the Prometheus text `text` (e.g. `/metrics` of a webhook), 0 when the text
+/// does not hold it (see [`WebhookBinary::metric`]).
+pub fn metric_value(text: &str, series: &str) -> anyhow::Result<f64> {
     let prefix = format!("{series} ");
     match text.lines().find_map(|l| l.strip_prefix(&prefix)) {
         Some(value) => value
@@ -300,7 +291,7 @@ fn series_value(text: &str, series: &str) -> anyhow::Result<f64> {
 
 #[cfg(test)]
 mod tests {
-    use super::series_value;
+    use super::metric_value;
 
     const TEXT: &str = "# TYPE helmop_webhook_live_gets counter\n\
                         helmop_webhook_live_gets_total{kind=\"secrets\"} 3\n\
@@ -310,17 +301,17 @@ mod tests {
     #[test]
     fn reads_a_series_and_zero_for_one_not_reported() {
         assert_eq!(
-            series_value(TEXT, "helmop_webhook_live_gets_total{kind=\"secrets\"}").unwrap(),
+            metric_value(TEXT, "helmop_webhook_live_gets_total{kind=\"secrets\"}").unwrap(),
             3.0
         );
         assert_eq!(
-            series_value(TEXT, "helmop_webhook_cache_bytes{cache=\"digests\"}").unwrap(),
+            metric_value(TEXT, "helmop_webhook_cache_bytes{cache=\"digests\"}").unwrap(),
             4096.0
         );
         assert_eq!(
-            series_value(TEXT, "helmop_webhook_live_gets_total{kind=\"configmaps\"}").unwrap(),
+            metric_value(TEXT, "helmop_webhook_live_gets_total{kind=\"configmaps\"}").unwrap(),
             0.0
         );
-        assert!(series_value("x_total{} many\n", "x_total{}").is_err());
+        assert!(metric_value("x_total{} many\n", "x_total{}").is_err());
     }
 }

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::process::Output;
 
 use anyhow::Context;
-use helmop_tests::proxy::StallingProxy;
+use helmop_tests::proxy::{StallingProxy, kubeconfig_through};
 use helmop_tests::*;
 use serde_json::{Value, json};
 
@@ -48,17 +48,8 @@ async fn a_slow_api_server_never_denies_a_spec_unchanged_helmop_update() -> anyh
     );
     apply_ok(&helmop).await?;
     let proxy = StallingProxy::start(server_addr(cluster())?).await?;
-    // The webhook reaches the API server through the proxy: its kubeconfig names the proxy's address
-    // (the same IP, so the serving certificate still matches).
-    let dir = tempfile::tempdir()?;
-    let through = dir.path().join("kubeconfig");
-    std::fs::write(
-        &through,
-        cluster()
-            .kubeconfig_yaml()
-            .replace(&cluster().server, &proxy.url()),
-    )?;
-    let webhook = WebhookBinary::release_one_cpu(&through, &[]).await?;
+    let through = kubeconfig_through(cluster(), &proxy)?;
+    let webhook = WebhookBinary::release_one_cpu(through.path(), &[]).await?;
     let registered = webhook.register(&client, &ns).await?;
     proxy.stall(true);
 

@@ -36,12 +36,8 @@ impl Webhook {
     /// `helmop_webhook_cache_objects{cache="..."}` as exported on /metrics.
     fn cache_objects(&self, cache: &str) -> anyhow::Result<i64> {
         let text = self.metrics.encode()?;
-        let prefix = format!("helmop_webhook_cache_objects{{cache=\"{cache}\"}} ");
-        let line = text
-            .lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .with_context(|| format!("no {prefix} in metrics"))?;
-        Ok(line.trim().parse()?)
+        let series = format!("helmop_webhook_cache_objects{{cache=\"{cache}\"}}");
+        Ok(metric_value(&text, &series)? as i64)
     }
 }
 
