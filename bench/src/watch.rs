@@ -128,6 +128,8 @@ pub struct Row {
     pub churn_writes: u64,
     /// Each shard's watcher, in shard order (one entry when K = 1).
     pub per_shard: Vec<ShardStats>,
+    /// fleetsim only: downstream requests per cluster and edit, in all and by (verb, resource).
+    pub requests_per_edit: Option<RequestMix>,
 }
 
 /// `/proc/PID/stat` utime + stime, in clock ticks (USER_HZ, 100 on Linux).
@@ -433,6 +435,20 @@ enum Side<'a> {
 }
 
 impl Side<'_> {
+    /// Requests the simulated clusters served so far, summed over them; `None` on real API servers.
+    fn request_counts(&self) -> Option<sim::Counts> {
+        let Side::Sim(fleet) = self else {
+            return None;
+        };
+        let mut sum = sim::Counts::new();
+        for counts in fleet.counts() {
+            for (key, n) in counts {
+                *sum.entry(key).or_insert(0) += n;
+            }
+        }
+        Some(sum)
+    }
+
     /// Destination namespace `slot` (opted in to rolling on change; with real API servers, the webhook
     /// registered for it; with fleetsim, its reader created too: nothing would restamp a reader created
     /// after the first run) and the endpoint its Fleet Cluster points at.
@@ -906,6 +922,7 @@ async fn one(
     let mut copies = Vec::new();
     let mut rollouts = Vec::new();
     let mut rss_per_edit = Vec::new();
+    let requests_before = side.request_counts();
     for edit in 0..settings.edits {
         while let Ok(seen) = rx.try_recv() {
             state.absorb(seen);
@@ -957,6 +974,9 @@ async fn one(
         );
         tokio::time::sleep(settings.gap).await;
     }
+    let requests_per_edit = requests_before
+        .zip(side.request_counts())
+        .map(|(before, after)| RequestMix::between(&before, &after, settings.edits * n));
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after_edits = watchers.samples();
     let runs_before_idle = total(&watchers.runs());
@@ -990,7 +1010,52 @@ async fn one(
             &idle_cpu_after,
             &runs,
         ),
+        requests_per_edit,
     })
+}
+
+/// Downstream requests per cluster and edit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestMix {
+    pub total: f64,
+    /// (verb, resource, requests per cluster and edit), most first.
+    pub by_kind: Vec<(String, String, f64)>,
+}
+
+impl RequestMix {
+    /// The requests served between `before` and `after`, over `per` (clusters x edits).
+    fn between(before: &sim::Counts, after: &sim::Counts, per: usize) -> RequestMix {
+        let per = per.max(1) as f64;
+        let mut by_kind: Vec<(String, String, f64)> = after
+            .iter()
+            .map(|(key, n)| (key, n.saturating_sub(before.get(key).copied().unwrap_or(0))))
+            .filter(|(_, n)| *n > 0)
+            .map(|((verb, resource), n)| (verb.clone(), resource.clone(), n as f64 / per))
+            .collect();
+        by_kind.sort_by(|a, b| {
+            b.2.total_cmp(&a.2)
+                .then_with(|| (&a.0, &a.1).cmp(&(&b.0, &b.1)))
+        });
+        RequestMix {
+            total: by_kind.iter().map(|k| k.2).sum(),
+            by_kind,
+        }
+    }
+}
+
+impl std::fmt::Display for RequestMix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.2}", self.total)?;
+        let kinds: Vec<String> = self
+            .by_kind
+            .iter()
+            .map(|(verb, resource, n)| format!("{verb} {resource} {n:.2}"))
+            .collect();
+        if !kinds.is_empty() {
+            write!(f, " ({})", kinds.join(", "))?;
+        }
+        Ok(())
+    }
 }
 
 pub async fn run(settings: &WatchSettings) -> anyhow::Result<Vec<Row>> {
@@ -1163,6 +1228,14 @@ pub fn table(rows: &[Row], settings: &WatchSettings) -> String {
             r.idle_runs.1,
             r.churn_writes,
         ));
+    }
+    for r in rows {
+        if let Some(mix) = &r.requests_per_edit {
+            out.push_str(&format!(
+                "\nDownstream requests per cluster and edit, N = {} ({} shard(s)): {mix}\n",
+                r.clusters, r.shards
+            ));
+        }
     }
     if sharded {
         out.push('\n');
@@ -1388,6 +1461,7 @@ mod tests {
             idle_runs: (0, 0),
             churn_writes: 0,
             per_shard: shards,
+            requests_per_edit: None,
         }
     }
 
@@ -1436,5 +1510,22 @@ mod tests {
         assert_eq!(rss_series(&kib), "1.0 / 5.0 / 10.0 / (12: 12.0)");
         assert_eq!(rss_series(&kib[..3]), "1.0");
         assert_eq!(rss_series(&[]), "-");
+    }
+
+    #[test]
+    fn request_mix_is_per_cluster_and_edit_most_first() {
+        let key = |v: &str, r: &str| (v.to_owned(), r.to_owned());
+        let before = sim::Counts::from([(key("GET", "secrets"), 10), (key("LIST", "pods"), 4)]);
+        let after = sim::Counts::from([
+            (key("GET", "secrets"), 30),
+            (key("LIST", "pods"), 4),
+            (key("PATCH", "deployments"), 10),
+        ]);
+        let mix = RequestMix::between(&before, &after, 10);
+        assert_eq!(mix.total, 3.0);
+        assert_eq!(
+            mix.to_string(),
+            "3.00 (GET secrets 2.00, PATCH deployments 1.00)"
+        );
     }
 }

@@ -19,6 +19,7 @@
 //! copies from being released, never makes a write.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::OnceLock;
 
 use helmop_core::mapping::Mappings;
 use helmop_core::model::{BundleNamespaceMapping, Cluster, ClusterGroup, HelmOp, Policy};
@@ -44,6 +45,7 @@ use crate::cluster::api_error;
 use crate::cluster::clusters::{self, Downstream, Limits, may_be_same};
 use crate::cluster::context::Ctx;
 use crate::error::PluginError;
+use crate::run::by_cluster::ByCluster;
 
 /// Which HelmOps a command works on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,6 +120,9 @@ pub struct Inventory {
     /// targets: never adopted on the management cluster (set by `propagate --adopt`, see
     /// [`named_sources`]).
     pub named_sources: Vec<(String, ResourceRef)>,
+    /// `desired` and `unserved` by cluster, built on first use: both are set by the enumeration
+    /// and never changed after it.
+    pub(crate) by_cluster: OnceLock<ByCluster>,
 }
 
 impl Inventory {
@@ -136,15 +141,43 @@ impl Inventory {
     /// released there, never written through `key`'s credentials (core `PlanInput::protected`).
     pub fn protected(&self, key: &str) -> Vec<DesiredCopy> {
         let own = self.identity_of(key);
-        self.desired
+        let as_own = |d: &DesiredCopy| DesiredCopy {
+            cluster: key.to_string(),
+            ..d.clone()
+        };
+        let index = self.by_cluster();
+        match index.may_reach(key, own) {
+            None => self
+                .desired
+                .iter()
+                .chain(&self.unserved)
+                .filter(|d| d.cluster != key && may_be_same(own, self.identity_of(&d.cluster)))
+                .map(as_own)
+                .collect(),
+            Some(keys) => {
+                let (desired, unserved) = index.positions(&keys);
+                desired
+                    .iter()
+                    .filter_map(|&i| self.desired.get(i))
+                    .chain(unserved.iter().filter_map(|&i| self.unserved.get(i)))
+                    .map(as_own)
+                    .collect()
+            }
+        }
+    }
+
+    /// The wants on `cluster` (plan key), in enumeration order.
+    pub fn desired_on<'a>(&'a self, cluster: &'a str) -> impl Iterator<Item = &'a DesiredCopy> {
+        self.by_cluster()
+            .desired(cluster)
             .iter()
-            .chain(&self.unserved)
-            .filter(|d| d.cluster != key && may_be_same(own, self.identity_of(&d.cluster)))
-            .map(|d| DesiredCopy {
-                cluster: key.to_string(),
-                ..d.clone()
-            })
-            .collect()
+            .filter_map(|&i| self.desired.get(i))
+            .filter(move |d| d.cluster == cluster)
+    }
+
+    fn by_cluster(&self) -> &ByCluster {
+        self.by_cluster
+            .get_or_init(|| ByCluster::new(&self.desired, &self.unserved, |k| self.identity_of(k)))
     }
 
     /// HelmOps, Clusters, ClusterGroups and every HelmOp's targets were all enumerated.
@@ -170,9 +203,8 @@ impl Inventory {
         namespace: &str,
     ) -> (NamespaceMetadata, Vec<String>) {
         let wanting: BTreeSet<&HelmOpKey> = self
-            .desired
-            .iter()
-            .filter(|d| d.cluster == cluster && d.namespace == namespace)
+            .desired_on(cluster)
+            .filter(|d| d.namespace == namespace)
             .map(|d| &d.helmop)
             .collect();
         let metas: Vec<NamespaceMetadata> = wanting
@@ -255,6 +287,7 @@ impl Inventory {
             named_sources: Vec::new(),
             elsewhere: BTreeSet::new(),
             kubeconfig_secrets: BTreeSet::new(),
+            by_cluster: OnceLock::new(),
         }
     }
 }
@@ -373,6 +406,7 @@ pub async fn enumerate(
         named_sources: Vec::new(),
         elsewhere,
         kubeconfig_secrets,
+        by_cluster: OnceLock::new(),
     })
 }
 

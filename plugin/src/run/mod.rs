@@ -5,6 +5,7 @@
 //! [`prune`]. The workloads reading helmop's copies ([`workloads`], [`live_stamp`],
 //! [`workload_ref`]) are read by these runs and by the watchers alike.
 
+pub mod by_cluster;
 pub mod focus;
 pub mod hash_key;
 pub mod inventory;

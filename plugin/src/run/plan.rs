@@ -30,7 +30,7 @@ use crate::run::sources::Sources;
 /// cluster when none are wanted there, so it is never silently skipped).
 pub fn unreachable_rows(inv: &Inventory, downstream: &Downstream, reason: &str) -> Vec<Row> {
     let mut by_place: BTreeMap<(String, ResourceRef), BTreeSet<String>> = BTreeMap::new();
-    for d in inv.desired.iter().filter(|d| d.cluster == downstream.key) {
+    for d in inv.desired_on(&downstream.key) {
         by_place
             .entry((d.namespace.clone(), d.resource.clone()))
             .or_default()
@@ -69,9 +69,7 @@ pub fn unreachable_rows(inv: &Inventory, downstream: &Downstream, reason: &str) 
 
 /// The places (namespace, resource) where copies are wanted on a cluster.
 pub fn wanted_places(inv: &Inventory, cluster: &str) -> BTreeSet<(String, ResourceRef)> {
-    inv.desired
-        .iter()
-        .filter(|d| d.cluster == cluster)
+    inv.desired_on(cluster)
         .map(|d| (d.namespace.clone(), d.resource.clone()))
         .collect()
 }
@@ -157,9 +155,8 @@ fn namespace_selectors(inv: &Inventory) -> BTreeMap<HelmOpKey, &LabelSelector> {
 /// `allowedTargetNamespaceSelector` (at most one per HelmOp and cluster).
 fn gated_namespaces(inv: &Inventory, cluster: &str) -> BTreeSet<String> {
     let selectors = namespace_selectors(inv);
-    inv.desired
-        .iter()
-        .filter(|d| d.cluster == cluster && selectors.contains_key(&d.helmop))
+    inv.desired_on(cluster)
+        .filter(|d| selectors.contains_key(&d.helmop))
         .map(|d| d.namespace.clone())
         .collect()
 }
@@ -169,7 +166,7 @@ fn gated_namespaces(inv: &Inventory, cluster: &str) -> BTreeSet<String> {
 fn namespace_holds(inv: &Inventory, cluster: &str, obs: &Observation) -> Holds {
     let mut holds = inv.holds.clone();
     let selectors = namespace_selectors(inv);
-    for d in inv.desired.iter().filter(|d| d.cluster == cluster) {
+    for d in inv.desired_on(cluster) {
         let Some(selector) = selectors.get(&d.helmop) else {
             continue;
         };
@@ -203,12 +200,7 @@ pub fn plan_observed(
     let cluster = downstream.key.as_str();
     let mut input = PlanInput {
         upstream_id: ctx.upstream_id.clone(),
-        desired: inv
-            .desired
-            .iter()
-            .filter(|d| d.cluster == cluster)
-            .cloned()
-            .collect(),
+        desired: inv.desired_on(cluster).cloned().collect(),
         sources: sources.plan.clone(),
         observed: obs.copies.clone(),
         scope: inv.scope(&ctx.upstream_id, &obs.copies),
