@@ -9,12 +9,13 @@
 //! period (1 s by default) before its run, most of the edit-to-copy latency on a small fleet
 //! (docs/performance.md, "Watching a fleet"). A burst now costs at most one run more than before.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::run::focus::{Focus, MAX_FOCUSED_SOURCES, SourceKey};
+use helmop_core::plan::HelmOpKey;
+
+use crate::run::focus::{Changes, Focus, MAX_FOCUSED_CHANGES, SourceKey};
 
 /// How long the leading edge waits for the rest of one apply (at most the debounce period).
 pub const GATHER: Duration = Duration::from_millis(100);
@@ -30,9 +31,11 @@ pub struct Pending {
     leading: bool,
     /// When the last run ended (kept across [`Pending::take`]).
     last_run: Option<Instant>,
-    /// The sources changed since the last run, while nothing else changed ([`Pending::take_focus`]).
-    sources: BTreeSet<SourceKey>,
-    /// Something other than a source changed (or too many sources did): the run covers everything.
+    /// The sources and HelmOps changed since the last run, while nothing else changed
+    /// ([`Pending::take_focus`]).
+    changes: Changes,
+    /// Something other than a source or a HelmOp changed (or too many did): the run covers
+    /// everything.
     widened: bool,
 }
 
@@ -58,8 +61,19 @@ impl Pending {
     /// Secret or ConfigMap `source` changed at `now`: unless something else changes before the
     /// run, it covers only the clusters copying the changed sources.
     pub fn mark_source(&mut self, now: Instant, reason: impl Into<String>, source: SourceKey) {
-        if self.sources.len() < MAX_FOCUSED_SOURCES || self.sources.contains(&source) {
-            self.sources.insert(source);
+        if self.changes.len() < MAX_FOCUSED_CHANGES || self.changes.sources.contains(&source) {
+            self.changes.sources.insert(source);
+        } else {
+            self.widened = true;
+        }
+        self.note(now, reason);
+    }
+
+    /// HelmOp `helmop` changed (or appeared) at `now`: unless something else changes before the
+    /// run, it covers only the clusters that HelmOp concerns ([`crate::run::focus`]).
+    pub fn mark_helmop(&mut self, now: Instant, reason: impl Into<String>, helmop: HelmOpKey) {
+        if self.changes.len() < MAX_FOCUSED_CHANGES || self.changes.helmops.contains(&helmop) {
+            self.changes.helmops.insert(helmop);
         } else {
             self.widened = true;
         }
@@ -101,13 +115,13 @@ impl Pending {
         })
     }
 
-    /// [`Pending::take`], with what the run covers: only the changed sources' clusters when
-    /// nothing but sources changed.
+    /// [`Pending::take`], with what the run covers: only the clusters of the changed sources
+    /// and HelmOps when nothing else changed.
     pub fn take_focus(&mut self) -> (Vec<String>, Focus) {
-        let focus = if self.widened || self.sources.is_empty() {
+        let focus = if self.widened || self.changes.is_empty() {
             Focus::Everything
         } else {
-            Focus::Sources(std::mem::take(&mut self.sources))
+            Focus::Changes(std::mem::take(&mut self.changes))
         };
         (self.take(), focus)
     }
@@ -154,11 +168,29 @@ mod tests {
         assert_eq!(reasons.len(), 2);
         assert_eq!(
             focus,
-            Focus::Sources([source("a"), source("b")].into_iter().collect())
+            Focus::Changes(Changes {
+                sources: [source("a"), source("b")].into_iter().collect(),
+                ..Changes::default()
+            })
         );
-        // Anything else pending widens the run to everything, before or after the sources.
+        // HelmOp edits focus too, with sources or alone.
+        let app = HelmOpKey::new("team", "app");
         p.mark_source(t, "Secret team/a changed", source("a"));
-        p.mark(t, "HelmOp team/app changed");
+        p.mark_helmop(t, "HelmOp team/app changed", app.clone());
+        assert_eq!(
+            p.take_focus().1,
+            Focus::Changes(Changes {
+                sources: [source("a")].into_iter().collect(),
+                helmops: [app.clone()].into_iter().collect(),
+                ..Changes::default()
+            })
+        );
+        // Anything else pending widens the run to everything, before or after the changes.
+        p.mark_source(t, "Secret team/a changed", source("a"));
+        p.mark(t, "Cluster team/c1 changed");
+        assert_eq!(p.take_focus().1, Focus::Everything);
+        p.mark(t, "HelmOp team/app deleted");
+        p.mark_helmop(t, "HelmOp team/app changed", app);
         assert_eq!(p.take_focus().1, Focus::Everything);
         p.mark(t, "resync");
         p.mark_source(t, "Secret team/a changed", source("a"));
@@ -166,7 +198,7 @@ mod tests {
         // Nothing pending: a run (if one is made) covers everything.
         assert_eq!(p.take_focus().1, Focus::Everything);
         // Too many sources at once: everything.
-        for i in 0..=MAX_FOCUSED_SOURCES {
+        for i in 0..=MAX_FOCUSED_CHANGES {
             p.mark_source(
                 t,
                 format!("Secret team/s{i} changed"),

@@ -216,9 +216,14 @@ impl<'a> Machine<'a> {
         match event {
             Event::Shutdown(signal) => return Some(signal),
             Event::Heartbeat => self.health.beat(),
-            Event::Trigger(Trigger { why, source }) => match source {
-                Some(source) => self.pending.mark_source(Instant::now(), why, source),
-                None => self.pending.mark(Instant::now(), why),
+            Event::Trigger(Trigger {
+                why,
+                source,
+                helmop,
+            }) => match (source, helmop) {
+                (Some(source), _) => self.pending.mark_source(Instant::now(), why, source),
+                (None, Some(helmop)) => self.pending.mark_helmop(Instant::now(), why, helmop),
+                (None, None) => self.pending.mark(Instant::now(), why),
             },
             // Stop acting on the elector.
             Event::ElectorGone => self.election_alive = false,
@@ -263,6 +268,7 @@ impl<'a> Machine<'a> {
     /// interrupted it.
     async fn due(&mut self) -> Option<&'static str> {
         let (reasons, focus) = self.pending.take_focus();
+        let focus = focus.placed(self.standing.as_ref());
         // The periodic resync and a new leader read everything afresh, so nothing kept from
         // earlier runs outlives one resync period.
         if reasons.iter().any(|r| FRESH_READS.contains(&r.as_str()))

@@ -12,7 +12,7 @@
 pub mod debounce;
 pub mod events;
 #[cfg(test)]
-mod fixtures;
+pub(crate) mod fixtures;
 pub mod health;
 pub mod leader;
 mod machine;

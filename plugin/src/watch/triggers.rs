@@ -36,6 +36,7 @@ use std::sync::{Arc, RwLock};
 use futures::StreamExt;
 use helmop_core::model::{BundleNamespaceMapping, Cluster, ClusterGroup, HelmOp};
 use helmop_core::names;
+use helmop_core::plan::HelmOpKey;
 use helmop_core::resource::{ResourceKind, ResourceRef};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Client;
@@ -53,12 +54,13 @@ use crate::run::inventory::Selection;
 use crate::run::scope::Scope;
 
 /// Why a run is wanted, in words (`Secret team/db changed`), and, for a change of a Secret or
-/// ConfigMap that may be a source, which one (a run may then cover only the clusters copying it,
-/// [`crate::run::focus`]).
+/// ConfigMap that may be a source, which one, or for a changed or new HelmOp, which one (a run
+/// may then cover only the clusters they concern, [`crate::run::focus`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Trigger {
     pub why: String,
     pub source: Option<SourceKey>,
+    pub helmop: Option<HelmOpKey>,
 }
 
 /// The running watches; dropping this stops them.
@@ -164,6 +166,7 @@ pub fn spawn(
             label: "HelmOp",
             marks: Marks::Namespace,
             plan_view: meta_view,
+            focuses: true,
         },
         tx.clone(),
         interesting.clone(),
@@ -177,6 +180,7 @@ pub fn spawn(
                 label: "Cluster",
                 marks: Marks::Namespace,
                 plan_view: cluster_view,
+                focuses: false,
             },
             tx.clone(),
             interesting.clone(),
@@ -189,6 +193,7 @@ pub fn spawn(
                 label: "ClusterGroup",
                 marks: Marks::Nothing,
                 plan_view: meta_view,
+                focuses: false,
             },
             tx.clone(),
             interesting.clone(),
@@ -231,6 +236,7 @@ pub fn spawn(
                 label: "BundleNamespaceMapping",
                 marks: Marks::NothingAndMayBeUnserved,
                 plan_view: meta_view,
+                focuses: false,
             },
             tx,
             interesting.clone(),
@@ -260,6 +266,7 @@ fn send(tx: &mpsc::Sender<Trigger>, reason: String) {
     let _ = tx.try_send(Trigger {
         why: reason,
         source: None,
+        helmop: None,
     });
 }
 
@@ -270,6 +277,8 @@ struct Kind<K> {
     /// What a plan can read of an object, hashed: an update that leaves it alone (a status
     /// write) starts no run.
     plan_view: fn(&K) -> u64,
+    /// A change or creation names the object (a HelmOp): the run may cover only its clusters.
+    focuses: bool,
 }
 
 fn watch_kind<K>(
@@ -287,6 +296,7 @@ where
         label,
         marks,
         plan_view,
+        focuses,
     } = kind;
     tokio::spawn(async move {
         let stream = watcher::watcher(api, config).default_backoff();
@@ -317,7 +327,11 @@ where
                     if marks == Marks::Namespace {
                         interesting.add(&ns);
                     }
-                    send(&tx, format!("{label} {ns}/{name} changed"));
+                    let _ = tx.try_send(Trigger {
+                        why: format!("{label} {ns}/{name} changed"),
+                        source: None,
+                        helmop: focuses.then(|| HelmOpKey::new(&ns, &name)),
+                    });
                 }
                 Ok(Event::Delete(obj)) => {
                     let (ns, name) = key(&obj);
@@ -553,6 +567,7 @@ where
                                 resource: ResourceRef::new(kind, name),
                                 namespace: ns,
                             }),
+                            helmop: None,
                         });
                     }
                 }

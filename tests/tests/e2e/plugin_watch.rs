@@ -14,7 +14,7 @@ use helmop_tests::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
@@ -349,15 +349,10 @@ async fn a_source_edit_runs_over_the_clusters_copying_it() -> anyhow::Result<()>
         .await?;
     assert_eq!(run["report"]["focus"], json!([source]), "{run}");
     assert_eq!(run["report"]["summary"]["clusters"], 1, "{run}");
-    let clusters: BTreeSet<&str> = run["report"]["rows"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|r| r["cluster"].as_str())
-        .collect();
+    let down1_name = format!("{}/{DOWNSTREAM_1}", f.ns);
     assert_eq!(
-        clusters,
-        BTreeSet::from([format!("{}/{DOWNSTREAM_1}", f.ns).as_str()]),
+        clusters_of(&run),
+        BTreeSet::from([down1_name.clone()]),
         "{run}"
     );
     // The copy counts are the fleet's: down2's row stands from the run before.
@@ -387,9 +382,105 @@ async fn a_source_edit_runs_over_the_clusters_copying_it() -> anyhow::Result<()>
         .await?;
     assert!(full["report"].get("focus").is_none(), "{full}");
     assert_eq!(full["report"]["summary"]["clusters"], 2, "{full}");
+
+    // An edit of `app` alone (a second source): a run over down1 only, which copies it there.
+    let seen = w.events().len();
+    f.apply_helmop(&[("Secret", "db"), ("Secret", "other-src")])
+        .await?;
+    let app = format!("HelmOp {}/app", f.ns);
+    let run = w
+        .wait_event(
+            "the run for the HelmOp edit",
+            PROPAGATION_BOUND,
+            seen,
+            |e| is_run_for(e, &format!("{app} changed")),
+        )
+        .await?;
+    assert_eq!(run["report"]["focus"], json!([app]), "{run}");
+    assert_eq!(run["report"]["summary"]["clusters"], 1, "{run}");
+    assert_eq!(
+        clusters_of(&run),
+        BTreeSet::from([down1_name.clone()]),
+        "{run}"
+    );
+    let down1 = control_plane().cluster(DOWNSTREAM_1).client().await;
+    assert!(
+        Api::<Secret>::namespaced(down1.clone(), &f.ns)
+            .get_opt("other-src")
+            .await?
+            .is_some(),
+        "the HelmOp's new source was not copied by its focused run: {run}"
+    );
+
+    // `other` moves from down2 to down1: its run covers where it stood (down2) and where it
+    // wants copies now (down1), and its copy on down2 is no longer its own.
+    let seen = w.events().len();
+    let moved = copying_helmop(
+        "other",
+        &f.ns,
+        &[("Secret", "other-src")],
+        ("helmop-test", &f.ns),
+    );
+    apply_helmop(&f.upstream, &f.ns, &moved.to_string()).await?;
+    let other = format!("HelmOp {}/other", f.ns);
+    let run = w
+        .wait_event(
+            "the run for the moved HelmOp",
+            PROPAGATION_BOUND,
+            seen,
+            |e| is_run_for(e, &format!("{other} changed")),
+        )
+        .await?;
+    assert_eq!(run["report"]["focus"], json!([other]), "{run}");
+    assert_eq!(run["report"]["summary"]["clusters"], 2, "{run}");
+    let on_down2: Vec<&Value> = rows_on(&run, &format!("{}/{DOWNSTREAM_2}", f.ns));
+    assert!(
+        on_down2
+            .iter()
+            .any(|r| r["name"] == "other-src" && r["state"] == "Orphaned"),
+        "the copy `other` left on down2 is not reported: {run}"
+    );
+
+    // A deleted HelmOp: a run over every cluster.
+    let seen = w.events().len();
+    Api::<DynamicObject>::namespaced_with(f.upstream.clone(), &f.ns, &helmop_resource())
+        .delete("other", &Default::default())
+        .await
+        .context("deleting HelmOp other")?;
+    let full = w
+        .wait_event(
+            "the run for the deleted HelmOp",
+            PROPAGATION_BOUND,
+            seen,
+            |e| is_run_for(e, &format!("{other} deleted")),
+        )
+        .await?;
+    assert!(full["report"].get("focus").is_none(), "{full}");
+    assert_eq!(full["report"]["summary"]["clusters"], 2, "{full}");
     w.signal(libc::SIGTERM)?;
     assert_eq!(w.wait_exit(Duration::from_secs(15)).await?.code(), Some(0));
     Ok(())
+}
+
+/// The clusters a run's rows name.
+fn clusters_of(run: &Value) -> BTreeSet<String> {
+    run["report"]["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["cluster"].as_str())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A run's rows on `cluster`.
+fn rows_on<'a>(run: &'a Value, cluster: &str) -> Vec<&'a Value> {
+    run["report"]["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["cluster"] == cluster)
+        .collect()
 }
 
 /// A copy whose write the downstream API server refused (a validating webhook that nothing answers,
