@@ -24,12 +24,16 @@ use std::sync::Mutex;
 use k8s_openapi::api::core::v1::Secret;
 
 use crate::cluster::client_cache::ClientKey;
+use crate::run::kept_hashes::KeptHashes;
 
 /// See the module documentation. Holds credentials: never logged, never printed.
 pub struct ReadCache {
     /// The namespace whose Secrets are watched; `None`: every namespace.
     scope: Option<String>,
     inner: Mutex<Inner>,
+    /// Hashes of the live copies downstream, exact by `resourceVersion`
+    /// ([`crate::run::kept_hashes`]).
+    hashes: KeptHashes,
 }
 
 #[derive(Default)]
@@ -64,6 +68,7 @@ impl ReadCache {
         ReadCache {
             scope,
             inner: Mutex::new(Inner::default()),
+            hashes: KeptHashes::default(),
         }
     }
 
@@ -131,6 +136,12 @@ impl ReadCache {
             inner.secrets.clear();
             inner.identities.clear();
         }
+        self.hashes.clear();
+    }
+
+    /// The hashes of live copies kept between runs.
+    pub fn hashes(&self) -> &KeptHashes {
+        &self.hashes
     }
 
     /// The Secret watch listed (`true`) or failed (`false`, which drops everything).

@@ -9,6 +9,7 @@ pub mod by_cluster;
 pub mod focus;
 pub mod hash_key;
 pub mod inventory;
+pub mod kept_hashes;
 pub mod live_stamp;
 pub mod observe;
 pub mod plan;

@@ -23,6 +23,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{ListParams, ObjectMeta};
 use kube::{Api, Client};
 
+use crate::run::kept_hashes::{Hashed, KeptHashes, LiveHash, Place, Taken};
+
 /// Objects per list page: metadata only, but annotations may hold up to 256 KiB per object, so
 /// a page is bounded at a few MiB whatever others store.
 pub const PAGE: u32 = 50;
@@ -155,11 +157,7 @@ impl Observation {
 }
 
 /// What is kept of a live object read whole: never its data.
-struct Live {
-    hash: String,
-    type_: Option<String>,
-    immutable: bool,
-}
+type Live = LiveHash;
 
 fn secret_live(key: &HashKey, s: Secret) -> (ObjectMeta, Live) {
     let live = Live {
@@ -192,6 +190,8 @@ pub struct Looking<'a> {
     /// `--adopt`: objects at wanted places that are not this upstream's are read whole too (the
     /// write must know their `type` and `immutable`).
     pub adopt: bool,
+    /// Hashes taken by earlier runs of a watcher: a copy unchanged since is not read again.
+    pub kept: Option<&'a KeptHashes>,
 }
 
 impl Looking<'_> {
@@ -260,12 +260,27 @@ pub async fn observe(
     }
     // Whole reads, each hashed and dropped: this upstream's copies at wanted places, and with
     // --adopt what stands there; everything else stays metadata.
+    // A copy whose hash an earlier run took at this very resourceVersion is not read again.
+    let tag = looking.key.map(key_tag);
+    let kept = looking.kept.zip(tag.as_deref());
+    let mut hashed = Hashed::new();
     let mut whole: Vec<(ResourceKind, ObjectMeta)> = Vec::new();
     for (kind, meta, read) in listed {
-        if read {
-            whole.push((kind, meta));
-        } else {
+        if !read {
             obs.add(cluster, kind, meta, None);
+            continue;
+        }
+        let found = kept.and_then(|(kept, tag)| {
+            let (place, taken) = taken_of(kind, &meta, tag)?;
+            let live = kept.get(cluster, &place, &taken)?;
+            Some((place, taken, live))
+        });
+        match found {
+            Some((place, taken, live)) => {
+                hashed.insert(place, (taken, live.clone()));
+                obs.add(cluster, kind, meta, Some(live));
+            }
+            None => whole.push((kind, meta)),
         }
     }
     let seen: BTreeSet<(String, ResourceRef)> = obs
@@ -324,7 +339,15 @@ pub async fn observe(
         .try_collect()
         .await?;
     for (kind, meta, live) in found.into_iter().flatten() {
+        if let (Some(live), Some(tag)) = (&live, tag.as_deref())
+            && let Some((place, taken)) = taken_of(kind, &meta, tag)
+        {
+            hashed.insert(place, (taken, live.clone()));
+        }
         obs.add(cluster, kind, meta, live);
+    }
+    if let Some((kept, _)) = kept {
+        kept.keep(cluster, hashed);
     }
     obs.copies.sort_by(|a, b| {
         (&a.namespace, a.resource.kind.lower(), &a.resource.name).cmp(&(
@@ -334,6 +357,25 @@ pub async fn observe(
         ))
     });
     Ok(obs)
+}
+
+/// Tells upstream keys apart without revealing one: the key's hash of an empty ConfigMap.
+fn key_tag(key: &HashKey) -> String {
+    content_hash(key, ResourceKind::ConfigMap, &ObjectData::default())
+}
+
+/// The place of an object, and which version of it a hash is taken of (with the key `tag`).
+fn taken_of(kind: ResourceKind, meta: &ObjectMeta, tag: &str) -> Option<(Place, Taken)> {
+    let place = (
+        meta.namespace.clone()?,
+        ResourceRef::new(kind, meta.name.clone()?),
+    );
+    let taken = Taken {
+        uid: meta.uid.clone()?,
+        resource_version: meta.resource_version.clone()?,
+        key: tag.to_owned(),
+    };
+    Some((place, taken))
 }
 
 /// One object at a place: whole and hashed with `key`, or its metadata only.

@@ -118,6 +118,7 @@ pub async fn observe_cluster(
         upstream_ids: &upstream_ids,
         key,
         adopt,
+        kept: ctx.reads.as_deref().map(|r| r.hashes()),
     };
     let mut obs = observe::observe(client, cluster, &looking)
         .await

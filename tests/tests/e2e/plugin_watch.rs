@@ -382,6 +382,21 @@ async fn a_source_edit_runs_over_the_clusters_copying_it() -> anyhow::Result<()>
         .await?;
     assert!(full["report"].get("focus").is_none(), "{full}");
     assert_eq!(full["report"]["summary"]["clusters"], 2, "{full}");
+    // Every copy is current: nothing is written (a kept hash of an older version of a copy
+    // would make it look changed).
+    assert_eq!(full["report"]["summary"]["writes"], 0, "{full}");
+
+    // Someone edits down1's copy by hand. The watcher kept its hash from the runs before, but
+    // the copy's resourceVersion changed: the next run over down1 reads it again and repairs it.
+    let down1 = control_plane().cluster(DOWNSTREAM_1).client().await;
+    Api::<Secret>::namespaced(down1.clone(), &f.ns)
+        .patch(
+            "db",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"password": "tampered"}})),
+        )
+        .await
+        .context("editing the copy downstream")?;
 
     // An edit of `app` alone (a second source): a run over down1 only, which copies it there.
     let seen = w.events().len();
@@ -403,7 +418,16 @@ async fn a_source_edit_runs_over_the_clusters_copying_it() -> anyhow::Result<()>
         BTreeSet::from([down1_name.clone()]),
         "{run}"
     );
-    let down1 = control_plane().cluster(DOWNSTREAM_1).client().await;
+    assert!(
+        rows_on(&run, &down1_name)
+            .iter()
+            .any(|r| r["name"] == "db" && r["state"] == "Updated"),
+        "the copy edited downstream was not repaired: {run}"
+    );
+    assert_eq!(
+        copy_value(DOWNSTREAM_1, &f.ns).await?.as_deref(),
+        Some("two")
+    );
     assert!(
         Api::<Secret>::namespaced(down1.clone(), &f.ns)
             .get_opt("other-src")

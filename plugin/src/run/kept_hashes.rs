@@ -1,0 +1,145 @@
+//! The content hashes of live copies a watcher (`propagate --watch`) read whole in one run and
+//! need not read again in the next: an object whose `uid` and `resourceVersion` are those it had
+//! when it was hashed holds the same content, since any change to it takes a new
+//! `resourceVersion`. So an entry is used only when the run's listing shows the object at exactly
+//! that `uid` and `resourceVersion`, hashed with the same upstream key; anything else is read
+//! whole again, as without it.
+//!
+//! Why: a run reads each of its copies on a cluster whole to find drift, although all but the
+//! edited one are unchanged; at 1,000 clusters with 4 copies each that was 4 of the 13 requests
+//! per cluster an edit costs (docs/performance.md, "Watching a fleet").
+//!
+//! Bounded by the fleet: each observation of a cluster replaces that cluster's entries with the
+//! ones it saw (one per copy of this upstream at a wanted place), and the watcher drops all of
+//! them with its other kept reads (resync, new leadership, a failed run:
+//! [`crate::cluster::read_cache::ReadCache::clear`]). Holds hashes only, never content.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use helmop_core::resource::ResourceRef;
+
+/// What a whole read of a copy found: what the plan needs of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LiveHash {
+    pub hash: String,
+    pub type_: Option<String>,
+    pub immutable: bool,
+}
+
+/// The object a hash was taken of, and with which key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Taken {
+    pub uid: String,
+    pub resource_version: String,
+    /// Tells the upstream key apart (a keyed hash of nothing): a new key hashes differently.
+    pub key: String,
+}
+
+/// A place on a cluster: (namespace, resource).
+pub type Place = (String, ResourceRef);
+
+/// The hashes taken on one cluster, by place.
+pub type Hashed = HashMap<Place, (Taken, LiveHash)>;
+
+/// See the module documentation.
+#[derive(Debug, Default)]
+pub struct KeptHashes {
+    clusters: Mutex<HashMap<String, Hashed>>,
+}
+
+impl KeptHashes {
+    /// The hash kept for `place` on `cluster`, if it was taken of exactly `taken`.
+    pub fn get(&self, cluster: &str, place: &Place, taken: &Taken) -> Option<LiveHash> {
+        let clusters = self.clusters.lock().ok()?;
+        let (kept, live) = clusters.get(cluster)?.get(place)?;
+        (kept == taken && !taken.resource_version.is_empty()).then(|| live.clone())
+    }
+
+    /// What an observation of `cluster` hashed (read now or kept): replaces what was kept for it.
+    pub fn keep(&self, cluster: &str, seen: Hashed) {
+        if let Ok(mut clusters) = self.clusters.lock() {
+            if seen.is_empty() {
+                clusters.remove(cluster);
+            } else {
+                clusters.insert(cluster.to_owned(), seen);
+            }
+        }
+    }
+
+    pub fn clear(&self) {
+        if let Ok(mut clusters) = self.clusters.lock() {
+            clusters.clear();
+        }
+    }
+
+    /// Hashes kept, over every cluster.
+    pub fn len(&self) -> usize {
+        self.clusters
+            .lock()
+            .map_or(0, |c| c.values().map(HashMap::len).sum())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn taken(version: &str, key: &str) -> Taken {
+        Taken {
+            uid: "u1".into(),
+            resource_version: version.into(),
+            key: key.into(),
+        }
+    }
+
+    fn live(hash: &str) -> LiveHash {
+        LiveHash {
+            hash: hash.into(),
+            type_: None,
+            immutable: false,
+        }
+    }
+
+    #[test]
+    fn a_hash_is_used_only_for_the_same_object_version_and_key() {
+        let kept = KeptHashes::default();
+        let place: Place = ("apps".into(), ResourceRef::secret("db"));
+        kept.keep(
+            "c1",
+            HashMap::from([(place.clone(), (taken("7", "k1"), live("h")))]),
+        );
+        assert_eq!(kept.get("c1", &place, &taken("7", "k1")), Some(live("h")));
+        // Changed since (a new resourceVersion), recreated (a new uid), another key, another
+        // cluster, another place: read again.
+        assert_eq!(kept.get("c1", &place, &taken("8", "k1")), None);
+        let recreated = Taken {
+            uid: "u2".into(),
+            ..taken("7", "k1")
+        };
+        assert_eq!(kept.get("c1", &place, &recreated), None);
+        assert_eq!(kept.get("c1", &place, &taken("7", "k2")), None);
+        assert_eq!(kept.get("c2", &place, &taken("7", "k1")), None);
+        let other: Place = ("apps".into(), ResourceRef::config_map("db"));
+        assert_eq!(kept.get("c1", &other, &taken("7", "k1")), None);
+        // A version the server did not give is never a match.
+        kept.keep(
+            "c1",
+            HashMap::from([(place.clone(), (taken("", "k1"), live("h")))]),
+        );
+        assert_eq!(kept.get("c1", &place, &taken("", "k1")), None);
+        // The next observation of a cluster replaces its entries: bounded by what it saw.
+        kept.keep("c1", HashMap::new());
+        assert!(kept.is_empty());
+        kept.keep(
+            "c1",
+            HashMap::from([(place.clone(), (taken("7", "k1"), live("h")))]),
+        );
+        kept.clear();
+        assert_eq!(kept.len(), 0);
+    }
+}
