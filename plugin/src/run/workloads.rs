@@ -254,23 +254,12 @@ fn to_workload(kind: WorkloadKind, obj: &DynamicObject) -> Option<Workload> {
 /// The opted-in workloads of `namespace` (none when the namespace does not exist). Kinds the
 /// server does not serve (e.g. batch/v1 CronJob before Kubernetes 1.21) are skipped.
 pub async fn list_opted_in(client: &Client, namespace: &str) -> Result<Vec<Workload>, kube::Error> {
-    // The Namespace and every kind are read at once: one round trip per namespace, not five in
-    // a row (a run restamps on each of its clusters; at 1,000 clusters the round trips in a row
-    // were most of a watcher's edit-to-restamp time).
-    let namespace_labels = async {
-        Api::<Namespace>::all(client.clone())
-            .get_opt(namespace)
-            .await
-    };
-    let lists = futures::future::join_all(KINDS.map(|kind| async move {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), namespace, &api_resource(kind));
-        (kind, api.list(&ListParams::default()).await)
-    }));
-    let (found, lists) = tokio::join!(namespace_labels, lists);
     // Credentials limited to the namespace may not read its Namespace object: then only the
     // workloads' own opt-in labels count (a namespace-wide opt-in cannot be seen).
-    let ns_labels = match found {
+    let ns_labels = match Api::<Namespace>::all(client.clone())
+        .get_opt(namespace)
+        .await
+    {
         Ok(Some(ns)) => ns.metadata.labels.unwrap_or_default(),
         Ok(None) => return Ok(Vec::new()),
         Err(kube::Error::Api(ae)) if ae.code == 403 => {
@@ -283,8 +272,10 @@ pub async fn list_opted_in(client: &Client, namespace: &str) -> Result<Vec<Workl
         Err(e) => return Err(e),
     };
     let mut out = Vec::new();
-    for (kind, list) in lists {
-        let list = match list {
+    for kind in KINDS {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), namespace, &api_resource(kind));
+        let list = match api.list(&ListParams::default()).await {
             Ok(list) => list,
             Err(e) if api_error::is_not_found(&e) => continue,
             Err(e) => return Err(e),
