@@ -1,9 +1,10 @@
 //! A run over the downstream clusters, and what it is made of: which HelmOps and clusters it
-//! covers and how it walks them ([`scope`], [`runner`], [`same_cluster`]), what is upstream
-//! ([`inventory`], [`sources`], [`hash_key`]) and downstream ([`observe`]), how a cluster is
-//! planned and its rows made ([`plan`]), and the three runs: [`propagate`], [`status`],
-//! [`prune`]. The workloads reading helmop's copies ([`workloads`], [`live_stamp`],
-//! [`workload_ref`]) are read by these runs and by the watchers alike.
+//! covers and how it walks them ([`scope`], [`runner`], [`same_cluster`], and for a watcher's
+//! run after edits, [`focus`]), what is upstream ([`inventory`], indexed by cluster in
+//! [`by_cluster`]; [`sources`], [`hash_key`]) and downstream ([`observe`], with a watcher's
+//! [`kept_hashes`]), how a cluster is planned and its rows made ([`plan`]), and the three runs:
+//! [`propagate`], [`status`], [`prune`]. The workloads reading helmop's copies ([`workloads`],
+//! [`live_stamp`], [`workload_ref`]) are read by these runs and by the watchers alike.
 
 pub mod by_cluster;
 pub mod focus;
