@@ -1,11 +1,12 @@
 //! Reaching clusters: the context every cluster-facing command shares ([`context::Ctx`]: the
 //! upstream client and id), the downstream clusters and the clients (and, for a watcher, the
-//! reads) kept for them, the trust roots, and what a `kube::Error` means to a user.
+//! reads and the hashes of unchanged copies) kept for them, the trust roots, and what a `kube::Error` means to a user.
 
 pub mod api_error;
 pub mod client_cache;
 pub mod clusters;
 pub mod context;
+pub mod kept_hashes;
 pub mod kube_api;
 pub mod read_cache;
 pub mod roots;

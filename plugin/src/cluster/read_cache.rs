@@ -24,7 +24,7 @@ use std::sync::Mutex;
 use k8s_openapi::api::core::v1::Secret;
 
 use crate::cluster::client_cache::ClientKey;
-use crate::run::kept_hashes::KeptHashes;
+use crate::cluster::kept_hashes::KeptHashes;
 
 /// See the module documentation. Holds credentials: never logged, never printed.
 pub struct ReadCache {
@@ -32,7 +32,7 @@ pub struct ReadCache {
     scope: Option<String>,
     inner: Mutex<Inner>,
     /// Hashes of the live copies downstream, exact by `resourceVersion`
-    /// ([`crate::run::kept_hashes`]).
+    /// ([`crate::cluster::kept_hashes`]).
     hashes: KeptHashes,
 }
 

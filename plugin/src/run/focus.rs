@@ -29,8 +29,8 @@ use std::collections::BTreeSet;
 use helmop_core::plan::HelmOpKey;
 use helmop_core::resource::ResourceRef;
 
+use crate::output::report::Row;
 use crate::run::inventory::{Inventory, key_of};
-use crate::run::propagate::Report;
 
 /// A source upstream: its namespace and `Kind/name`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -99,9 +99,9 @@ impl Focus {
         }
     }
 
-    /// This focus with where its HelmOps stand in `standing` (the watcher's picture of the whole
-    /// fleet). Without one, a HelmOp edit cannot be placed: everything.
-    pub fn placed(self, standing: Option<&Report>) -> Focus {
+    /// This focus with where its HelmOps stand in `standing` (the rows of the watcher's picture
+    /// of the whole fleet). Without one, a HelmOp edit cannot be placed: everything.
+    pub fn placed(self, standing: Option<&[Row]>) -> Focus {
         let Focus::Changes(mut changes) = self else {
             return self;
         };
@@ -113,7 +113,6 @@ impl Focus {
         };
         let names: BTreeSet<String> = changes.helmops.iter().map(ToString::to_string).collect();
         changes.stood = standing
-            .rows
             .iter()
             .filter(|r| !r.cluster.is_empty() && r.helmops.iter().any(|h| names.contains(h)))
             .map(|r| r.cluster.clone())
@@ -409,7 +408,7 @@ mod tests {
         );
         let edit = helmop_edit(&["app"], &[]);
         assert_eq!(
-            edit.clone().placed(Some(&standing)),
+            edit.clone().placed(Some(&standing.rows)),
             helmop_edit(&["app"], &["team/d1"])
         );
         // No standing report yet: everything. Sources alone need none.

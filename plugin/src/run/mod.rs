@@ -2,7 +2,7 @@
 //! covers and how it walks them ([`scope`], [`runner`], [`same_cluster`], and for a watcher's
 //! run after edits, [`focus`]), what is upstream ([`inventory`], indexed by cluster in
 //! [`by_cluster`]; [`sources`], [`hash_key`]) and downstream ([`observe`], with a watcher's
-//! [`kept_hashes`]), how a cluster is planned and its rows made ([`plan`]), and the three runs:
+//! [`crate::cluster::kept_hashes`]), how a cluster is planned and its rows made ([`plan`]), and the three runs:
 //! [`propagate`], [`status`], [`prune`]. The workloads reading helmop's copies ([`workloads`],
 //! [`live_stamp`], [`workload_ref`]) are read by these runs and by the watchers alike.
 
@@ -10,7 +10,6 @@ pub mod by_cluster;
 pub mod focus;
 pub mod hash_key;
 pub mod inventory;
-pub mod kept_hashes;
 pub mod live_stamp;
 pub mod observe;
 pub mod plan;

@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{ListParams, ObjectMeta};
 use kube::{Api, Client};
 
-use crate::run::kept_hashes::{Hashed, KeptHashes, LiveHash, Place, Taken};
+use crate::cluster::kept_hashes::{Hashed, KeptHashes, LiveHash, Place, Taken};
 
 /// Objects per list page: metadata only, but annotations may hold up to 256 KiB per object, so
 /// a page is bounded at a few MiB whatever others store.

@@ -268,7 +268,7 @@ impl<'a> Machine<'a> {
     /// interrupted it.
     async fn due(&mut self) -> Option<&'static str> {
         let (reasons, focus) = self.pending.take_focus();
-        let focus = focus.placed(self.standing.as_ref());
+        let focus = focus.placed(self.standing.as_ref().map(|s| s.rows.as_slice()));
         // The periodic resync and a new leader read everything afresh, so nothing kept from
         // earlier runs outlives one resync period.
         if reasons.iter().any(|r| FRESH_READS.contains(&r.as_str()))
