@@ -73,6 +73,16 @@ pub struct PluginProcess {
     stderr: Arc<Mutex<String>>,
 }
 
+/// Whether `event` (a line of `propagate --watch -o json`) is a run one of whose reasons
+/// contains `reason`.
+pub fn is_run_for(event: &Value, reason: &str) -> bool {
+    event["event"] == "run"
+        && event["reasons"].as_array().is_some_and(|r| {
+            r.iter()
+                .any(|x| x.as_str().is_some_and(|s| s.contains(reason)))
+        })
+}
+
 impl PluginProcess {
     /// Starts `kubectl-helmop ARGS` with these extra environment variables.
     pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<PluginProcess> {

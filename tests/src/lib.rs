@@ -38,7 +38,7 @@ mod webhooks;
 pub use argo::{
     ARGO_ROLLOUTS_API_VERSION, argo_rollouts_crd_path, install_argo_rollouts_crd, rollout_resource,
 };
-pub use binaries::{PluginProcess, plugin_binary, run_plugin, workspace_binary};
+pub use binaries::{PluginProcess, is_run_for, plugin_binary, run_plugin, workspace_binary};
 pub use certs::{TestCerts, WebhookClientPki, test_certs, test_certs_for, webhook_client_pki};
 pub use controlplane::{
     ClusterInfo, ControlPlane, ControlPlaneOptions, DOWNSTREAM_1, DOWNSTREAM_2, NodeInfo, UPSTREAM,

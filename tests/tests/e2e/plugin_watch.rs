@@ -179,14 +179,6 @@ fn writes(run: &Value) -> u64 {
     run["writes"].as_u64().unwrap_or(0)
 }
 
-fn is_run_for(event: &Value, reason: &str) -> bool {
-    event["event"] == "run"
-        && event["reasons"].as_array().is_some_and(|r| {
-            r.iter()
-                .any(|x| x.as_str().is_some_and(|s| s.contains(reason)))
-        })
-}
-
 #[tokio::test]
 async fn watch_propagates_changes_within_seconds_without_a_rerun() -> anyhow::Result<()> {
     let f = Fixture::new("watch").await?;

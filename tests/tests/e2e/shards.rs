@@ -238,14 +238,6 @@ fn helmops_run(p: &PluginProcess) -> Vec<String> {
     out
 }
 
-fn is_run_for(event: &Value, reason: &str) -> bool {
-    event["event"] == "run"
-        && event["reasons"].as_array().is_some_and(|r| {
-            r.iter()
-                .any(|x| x.as_str().is_some_and(|s| s.contains(reason)))
-        })
-}
-
 /// The Lease a watcher said it elects on, and its identity, once it leads.
 async fn leads(p: &mut PluginProcess, what: &str) -> anyhow::Result<(String, String)> {
     let e = p
