@@ -147,11 +147,12 @@ impl Inventory {
         };
         let index = self.by_cluster();
         match index.may_reach(key, own) {
+            // An unknown identity may be any cluster: every other registration's wants.
             None => self
                 .desired
                 .iter()
                 .chain(&self.unserved)
-                .filter(|d| d.cluster != key && may_be_same(own, self.identity_of(&d.cluster)))
+                .filter(|d| d.cluster != key)
                 .map(as_own)
                 .collect(),
             Some(keys) => {
