@@ -42,7 +42,10 @@ fn check_templates(cx: &mut Ctx, helm: &Map<'_>, base: &Path<'_>, root: Option<&
             "Fleet cannot parse this as a helm values template (${{ }} delimiters), so the Bundle fails on every cluster with labels: {e}"
         )
     };
+    // Rendering the values as YAML is most of what validating a HelmOp costs; without a `$` in any key
+    // or string the text has no `${`, so Go parses it as plain text whatever it holds.
     if let Some(values @ JsonView::Object(_)) = field(helm, "values")
+        && has_dollar(values)
         && let Ok(json) = serde_json::to_value(values)
         && let Some(text) = crate::gotemplate::yaml_out::to_yaml(&json)
         && let Some(e) = crate::gotemplate::parse_error(&text)
@@ -58,6 +61,28 @@ fn check_templates(cx: &mut Ctx, helm: &Map<'_>, base: &Path<'_>, root: Option<&
             }
         }
     }
+}
+
+/// Whether any key or string of `v` holds a `$`: the only way its YAML (which adds no `$` of its own)
+/// can open a `${ }` action. Walked with a stack, not recursion: the depth is the sender's.
+fn has_dollar(v: &JsonView<'_>) -> bool {
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        match v {
+            JsonView::Str(s) if s.contains('$') => return true,
+            JsonView::Array(items) => stack.extend(items.iter()),
+            JsonView::Object(map) => {
+                for (k, v) in map.as_vec() {
+                    if k.contains('$') {
+                        return true;
+                    }
+                    stack.push(v);
+                }
+            }
+            _ => {}
+        }
+    }
+    false
 }
 
 /// Fleet's controller resolves an `oci://` repo's version itself (`bundlereader.ChartVersion`
@@ -259,4 +284,46 @@ fn values_from(helm: &Map<'_>, base: &Path<'_>) -> Vec<ValuesFromRef> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::has_dollar;
+
+    fn arb_json() -> impl Strategy<Value = serde_json::Value> {
+        let text = "[a-z${} :\"'\\-\n]{0,8}";
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::Bool),
+            any::<i64>().prop_map(|n| serde_json::json!(n)),
+            (-1e9f64..1e9).prop_map(|f| serde_json::json!(f)),
+            text.prop_map(serde_json::Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 4, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::Array),
+                prop::collection::btree_map(text, inner, 0..4)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// The skip is sound: values the walk finds no `$` in render to YAML Go always parses, and a
+        /// `$` anywhere is found.
+        #[test]
+        fn values_without_a_dollar_always_parse(v in arb_json()) {
+            let text = v.to_string();
+            let view: serde_json_borrow::Value<'_> = serde_json::from_str(&text).unwrap();
+            prop_assert_eq!(has_dollar(&view), text.contains('$'));
+            if !has_dollar(&view)
+                && let Some(yaml) = crate::gotemplate::yaml_out::to_yaml(&v)
+            {
+                prop_assert!(!yaml.contains('$'), "{}", yaml);
+                prop_assert!(crate::gotemplate::parse_error(&yaml).is_none(), "{}", yaml);
+            }
+        }
+    }
 }

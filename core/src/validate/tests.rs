@@ -503,6 +503,43 @@ fn cases() -> Vec<Case> {
             vec![deny("spec.helm.valuesFrom[0].secretKeyRef")],
             "must be an object",
         ),
+        // --- helm values templates (`${ }`): every place a `$` can reach the YAML text
+        (
+            "values template Go cannot parse, in a nested list",
+            json!({"helm": {"repo": "https://x", "chart": "y", "values": {"a": [{"b": ["ok", "${ toYaml .ClusterLabels }"]}]}}}),
+            vec![deny("spec.helm.values")],
+            "function \"toYaml\" not defined",
+        ),
+        (
+            "values template Go cannot parse, in a key",
+            json!({"helm": {"repo": "https://x", "chart": "y", "values": {"a": {"${ .ClusterLabels.env": 1}}}}),
+            vec![deny("spec.helm.values")],
+            "cannot parse this as a helm values template",
+        ),
+        (
+            "values template split over a key and its value",
+            json!({"helm": {"repo": "https://x", "chart": "y", "values": {"a": {"$": "{ x"}}}}),
+            vec![],
+            "",
+        ),
+        (
+            "values with a $ and no template",
+            json!({"helm": {"repo": "https://x", "chart": "y", "values": {"path": "$HOME/x", "n": 1.5, "t": true, "z": null}}}),
+            vec![],
+            "",
+        ),
+        (
+            "values template Go cannot parse, preprocessing off",
+            json!({"helm": {"repo": "https://x", "chart": "y", "disablePreProcess": true, "values": {"a": "${ toYaml . }"}}}),
+            vec![],
+            "",
+        ),
+        (
+            "templateValues entry Go cannot parse",
+            json!({"helm": {"repo": "https://x", "chart": "y", "templateValues": {"k": "${ nope }"}}}),
+            vec![deny("spec.helm.templateValues.k")],
+            "function \"nope\" not defined",
+        ),
         // --- Fleet's chart/repo/version rules
         (
             "helm missing",
