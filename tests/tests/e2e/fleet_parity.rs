@@ -1856,6 +1856,22 @@ async fn the_webhook_denies_what_fleet_rejects_from_the_spec_and_warns_about_the
         );
     }
 
+    // No Policy in the namespace yet: a helmSecretName Secret that does not exist still warns.
+    let (admitted, stderr) = admit(
+        &op(
+            "no-policy",
+            helm.clone(),
+            json!({"helmSecretName": "repo-creds"}),
+        ),
+        &["--dry-run=server"],
+    )
+    .await?;
+    assert!(admitted, "{stderr}");
+    assert!(
+        stderr.contains("helmSecretName Secret repo-creds does not exist"),
+        "{stderr}"
+    );
+
     // A Policy forbidding the repo: a warning, never a denial (the Policy may well arrive after
     // the HelmOp). The Policy reaches the webhook through its watch: poll with dry runs.
     create_fleet_object(
