@@ -371,6 +371,17 @@ pub struct FleetFacts<'a> {
     pub secret_exists: &'a dyn Fn(&str) -> bool,
 }
 
+/// Whether [`rejection`], with no foreign Bundle, can find more than the spec rules for `helmop`
+/// (the object as admission reads it): only a Policy of its namespace or a `helmSecretName` it
+/// names bring in the rules that depend on other objects ([`authorize`]). Read from the borrowed
+/// tree, so that a caller with neither skips decoding the whole HelmOp.
+pub fn depends_on_objects(helmop: &super::JsonView<'_>, policies: &[Policy]) -> bool {
+    !policies.is_empty()
+        || super::field_of(helmop, "spec")
+            .and_then(|spec| super::field_of(spec, "helmSecretName"))
+            .is_some_and(|name| name.as_str() != Some(""))
+}
+
 /// The first of Fleet's checks the HelmOp fails, in Fleet's order; `None` when Fleet would
 /// produce its Bundle.
 pub fn rejection(op: &HelmOp, facts: &FleetFacts<'_>) -> Option<Rejection> {
@@ -616,6 +627,49 @@ mod tests {
             })
         );
         assert_eq!(verdict(&ok(), &[p], &["repo-auth"]), None);
+    }
+
+    /// Where `depends_on_objects` says no, `rejection` finds nothing but spec rules, whatever
+    /// Secrets exist; where a `helmSecretName` is named it says yes.
+    #[test]
+    fn without_policies_only_a_named_helm_secret_depends_on_objects() {
+        for (spec, depends) in [
+            (
+                serde_json::json!({"helm": {"chart": "https://x/app.tgz"}}),
+                false,
+            ),
+            (
+                serde_json::json!({"helm": {"chart": "https://x/app.tgz"}, "helmSecretName": ""}),
+                false,
+            ),
+            (serde_json::json!({"helmSecretName": ""}), false),
+            (
+                serde_json::json!({"helm": {"chart": "https://x/app.tgz"}, "helmSecretName": "creds"}),
+                true,
+            ),
+            (
+                serde_json::json!({"helm": {"chart": "https://x/app.tgz"}, "helmSecretName": null}),
+                true,
+            ),
+        ] {
+            let text = serde_json::json!({"metadata": {"name": "app"}, "spec": spec}).to_string();
+            let view: crate::validate::JsonView<'_> = serde_json::from_str(&text).unwrap();
+            assert_eq!(depends_on_objects(&view, &[]), depends, "{text}");
+            assert!(depends_on_objects(&view, &[policy("p", |_| {})]), "{text}");
+            let op: HelmOp = serde_json::from_str(&text).unwrap();
+            if !depends {
+                assert!(
+                    verdict(&op, &[], &[]).is_none_or(|r| r.check == RejectionCheck::Spec),
+                    "{text}"
+                );
+            } else if op.spec.helm_secret_name().is_some() {
+                assert_eq!(
+                    verdict(&op, &[], &[]).map(|r| r.check),
+                    Some(RejectionCheck::HelmSecret),
+                    "{text}"
+                );
+            }
+        }
     }
 
     #[test]

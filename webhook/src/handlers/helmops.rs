@@ -8,7 +8,9 @@ use kube::core::admission::Operation;
 
 use helmop_core::model::HelmOp;
 use helmop_core::resource::ResourceRef;
-use helmop_core::validate::fleet::{FleetFacts, helm_secret_to_check, rejection};
+use helmop_core::validate::fleet::{
+    FleetFacts, depends_on_objects, helm_secret_to_check, rejection,
+};
 use helmop_core::validate::{
     Checked, EntryPath, Finding, JsonView, allows_missing, check_helmop, has_denials,
     missing_reference_finding, same_json,
@@ -165,13 +167,9 @@ async fn fleet_warnings(
     view: &JsonView<'_>,
 ) -> Vec<String> {
     let policies = state.caches().policies_in(namespace).unwrap_or_default();
-    // Without a Policy the only rule left to warn about is a named `helmSecretName` Secret; the spec
-    // rules are denied already. Skipping the typed decode then is most of what this costs.
-    let names_helm_secret = spec_of(view)
-        .and_then(|spec| spec.as_object())
-        .and_then(|spec| spec.get("helmSecretName"))
-        .is_some_and(|name| name.as_str() != Some(""));
-    if policies.is_empty() && !names_helm_secret {
+    // The spec rules are denied already; without the rules that depend on other objects nothing is
+    // left to warn about, and the typed decode below is most of what this costs.
+    if !depends_on_objects(view, &policies) {
         return Vec::new();
     }
     // Straight from the borrowed tree: no copy of the object on the admission path.
