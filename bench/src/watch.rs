@@ -1147,7 +1147,7 @@ pub fn table(rows: &[Row], settings: &WatchSettings) -> String {
              watch event downstream",
             settings.apiservers
         ),
-        Downstream::Fleetsim => "each a simulated cluster (fleetsim, one listener each) behind one real upstream \
+        Downstream::Fleetsim => "each a simulated cluster (fleetsim, one listener, a path per cluster) behind one real upstream \
              kube-apiserver; one reader Deployment per cluster (envFrom the edited ConfigMap), no webhook and no \
              controller-manager, so \"reader\" means the plugin's restamp merge patch has landed; latency from the \
              PATCH upstream to the instant fleetsim's store took the write"

@@ -53,7 +53,11 @@ impl Proxy {
                 eprintln!("proxy {addr} stopped: {e}");
             }
         });
-        let info = write_kubeconfig(dir, &format!("proxy-{}", real.name), addr)?;
+        let info = write_kubeconfig(
+            dir,
+            &format!("proxy-{}", real.name),
+            &format!("http://{addr}"),
+        )?;
         Ok(Proxy {
             info,
             counter,

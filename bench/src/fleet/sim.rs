@@ -1,5 +1,6 @@
-//! `fleetsim`: N simulated downstream clusters in one process, one plain-HTTP listener each on 127.0.0.1,
-//! each with its own objects and `kube-system` UID (helmop's cluster identity), serving exactly the calls
+//! `fleetsim`: N simulated downstream clusters in one process behind one plain-HTTP listener on 127.0.0.1,
+//! each at a path of its own (`http://127.0.0.1:PORT/k8s/clusters/simI`, the way Rancher's proxy addresses
+//! downstream clusters), each with its own objects and `kube-system` UID (helmop's cluster identity), serving exactly the calls
 //! `kubectl-helmop` makes downstream (see [`super::store`]) and counting every request by verb and resource
 //! the way kube-apiserver's `apiserver_request_total` does. Anything else (watches, discovery, other kinds,
 //! strategic-merge or JSON patches, subresources) is answered 501 with what was asked, so a new call made by
@@ -9,7 +10,6 @@
 //! benchmark times when an object changed on the server itself instead of polling for it.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -137,7 +137,11 @@ impl Drop for Fleet {
 }
 
 impl Fleet {
-    /// Starts `n` simulated clusters, each on its own port, with a kubeconfig file per cluster.
+    /// Starts `n` simulated clusters behind one listener, with a kubeconfig file per cluster.
+    ///
+    /// One listener rather than one per cluster: a listener per cluster plus the connections to it put a
+    /// fleet of 10,000 past the 20,000 open files a process may hold here. The clients still see N servers
+    /// (N base URLs, N connection pools, N identities); only the port is shared, as behind Rancher's proxy.
     pub async fn start(n: usize) -> anyhow::Result<Fleet> {
         let dir = tempfile::tempdir().context("creating a directory for fleetsim kubeconfigs")?;
         // Distinct per run and per cluster, so two fleets never share a cluster identity.
@@ -155,29 +159,33 @@ impl Fleet {
             _dir: dir,
         };
         for i in 0..n {
-            let cluster = Arc::new(SimCluster {
+            fleet.clusters.push(Arc::new(SimCluster {
                 index: i,
                 store: Mutex::new(Store::new(
                     run.wrapping_add((i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
                 )),
                 counter: Counter::default(),
                 written: fleet.written.clone(),
-            });
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .context("binding a fleetsim listener")?;
-            let addr = listener.local_addr()?;
-            let app = Router::new().fallback(handle).with_state(cluster.clone());
-            fleet.tasks.push(tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, app).await {
-                    eprintln!("fleetsim listener {addr} stopped: {e}");
-                }
             }));
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("binding the fleetsim listener")?;
+        let addr = listener.local_addr()?;
+        let app = Router::new()
+            .fallback(handle)
+            .with_state(Arc::new(fleet.clusters.clone()));
+        fleet.tasks.push(tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                eprintln!("fleetsim listener {addr} stopped: {e}");
+            }
+        }));
+        for i in 0..n {
             let name = format!("sim{i}");
+            let server = format!("http://{addr}{CLUSTERS_PATH}{name}");
             fleet
                 .infos
-                .push(write_kubeconfig(fleet._dir.path(), &name, addr)?);
-            fleet.clusters.push(cluster);
+                .push(write_kubeconfig(fleet._dir.path(), &name, &server)?);
         }
         Ok(fleet)
     }
@@ -193,10 +201,24 @@ impl Fleet {
     }
 }
 
-pub fn write_kubeconfig(dir: &Path, name: &str, addr: SocketAddr) -> anyhow::Result<ClusterInfo> {
+/// Where a simulated cluster's API is, below the listener: `{CLUSTERS_PATH}sim{index}`.
+const CLUSTERS_PATH: &str = "/k8s/clusters/";
+
+/// The cluster a request is for and the API path within it: `/k8s/clusters/sim7/api/v1/...` is cluster 7's
+/// `/api/v1/...`.
+fn cluster_path(path: &str) -> Option<(usize, &str)> {
+    let rest = path.strip_prefix(CLUSTERS_PATH)?.strip_prefix("sim")?;
+    let (index, api) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((index.parse().ok()?, api))
+}
+
+pub fn write_kubeconfig(dir: &Path, name: &str, server: &str) -> anyhow::Result<ClusterInfo> {
     let kubeconfig = dir.join(format!("{name}.kubeconfig"));
     let yaml = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: {name}\n  cluster:\n    server: http://{addr}\n\
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: {name}\n  cluster:\n    server: {server}\n\
          contexts:\n- name: {name}\n  context:\n    cluster: {name}\n    user: {name}\n\
          current-context: {name}\nusers:\n- name: {name}\n  user:\n    token: fleetsim\n"
     );
@@ -204,7 +226,7 @@ pub fn write_kubeconfig(dir: &Path, name: &str, addr: SocketAddr) -> anyhow::Res
         .with_context(|| format!("writing {}", kubeconfig.display()))?;
     Ok(ClusterInfo {
         name: name.to_owned(),
-        server: format!("http://{addr}"),
+        server: server.to_owned(),
         kubeconfig,
         context: name.to_owned(),
         ca_file: PathBuf::new(),
@@ -308,13 +330,21 @@ fn json_body(body: &Bytes) -> Result<Value, ApiError> {
 }
 
 async fn handle(
-    State(cluster): State<Arc<SimCluster>>,
+    State(clusters): State<Arc<Vec<Arc<SimCluster>>>>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let path = uri.path();
+    let Some((cluster, path)) =
+        cluster_path(uri.path()).and_then(|(i, path)| Some((clusters.get(i)?, path)))
+    else {
+        return error(&ApiError::new(
+            404,
+            "NotFound",
+            format!("fleetsim has no cluster at {}", uri.path()),
+        ));
+    };
     if method == Method::GET && path == "/version" {
         cluster.count("GET", "version");
         return answer(
@@ -542,5 +572,55 @@ mod tests {
         );
         // The GET announced nothing.
         assert!(written.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_path_names_its_cluster_and_the_api_path_within() {
+        assert_eq!(
+            cluster_path("/k8s/clusters/sim12/api/v1/namespaces"),
+            Some((12, "/api/v1/namespaces"))
+        );
+        assert_eq!(cluster_path("/k8s/clusters/sim3"), Some((3, "")));
+        assert_eq!(cluster_path("/k8s/clusters/sim/api"), None);
+        assert_eq!(cluster_path("/k8s/clusters/simx1/api"), None);
+        assert_eq!(cluster_path("/api/v1/namespaces"), None);
+    }
+
+    #[tokio::test]
+    async fn clusters_behind_one_listener_keep_their_own_objects() {
+        use k8s_openapi::api::core::v1::Namespace;
+        use kube::api::{Api, PostParams};
+
+        let fleet = Fleet::start(2).await.expect("fleetsim starts");
+        let (zero, one) = (fleet.infos[0].client().await, fleet.infos[1].client().await);
+        let ns: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": "n"}})).expect("a namespace");
+        Api::<Namespace>::all(one.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("namespace created");
+        assert!(
+            Api::<Namespace>::all(one)
+                .get_opt("n")
+                .await
+                .expect("read")
+                .is_some()
+        );
+        assert!(
+            Api::<Namespace>::all(zero)
+                .get_opt("n")
+                .await
+                .expect("read")
+                .is_none()
+        );
+        // A cluster the fleet does not have is not found, not served by another.
+        let beyond = fleet.infos[1].server.replace("/sim1", "/sim2");
+        let client = kube::Client::try_from(kube::Config::new(beyond.parse().expect("a URL")))
+            .expect("a client");
+        let err = client.apiserver_version().await;
+        assert!(
+            matches!(&err, Err(kube::Error::Api(s)) if s.code == 404),
+            "{err:?}"
+        );
     }
 }

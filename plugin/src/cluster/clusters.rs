@@ -24,6 +24,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use crate::cluster::api_error;
 use crate::cluster::client_cache::ClientKey;
 use crate::cluster::context::{Ctx, kubeconfig_error};
+use crate::cluster::http_client;
 use crate::cluster::read_cache::ReadCache;
 use crate::error::PluginError;
 use crate::identity::{identity_key, kube_system_uid};
@@ -211,7 +212,7 @@ fn build_client(
     key: ClientKey,
     config: kube::Config,
 ) -> Result<(kube::Client, ClientKey), PluginError> {
-    let client = kube::Client::try_from(config).map_err(|e| PluginError::BuildClient {
+    let client = http_client::downstream_client(config).map_err(|e| PluginError::BuildClient {
         reason: e.to_string(),
     })?;
     ctx.clients.insert(key.clone(), client.clone());

@@ -6,6 +6,7 @@ pub mod api_error;
 pub mod client_cache;
 pub mod clusters;
 pub mod context;
+pub mod http_client;
 pub mod kept_hashes;
 pub mod kube_api;
 pub mod read_cache;
