@@ -503,20 +503,26 @@ mod tests {
         assert_eq!(decode("a+b%"), "a b%");
     }
 
+    async fn create_namespace(client: &kube::Client, name: &str) {
+        use k8s_openapi::api::core::v1::Namespace;
+        use kube::api::{Api, PostParams};
+        let ns: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": name}})).expect("a namespace");
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("namespace created");
+    }
+
     #[tokio::test]
     async fn announces_each_write_with_the_object_and_nothing_for_reads() {
-        use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+        use k8s_openapi::api::core::v1::ConfigMap;
         use kube::api::{Api, Patch, PatchParams, PostParams};
 
         let fleet = Fleet::start(2).await.expect("fleetsim starts");
         let mut written = fleet.subscribe();
         let client = fleet.infos[1].client().await;
-        let ns: Namespace =
-            serde_json::from_value(json!({"metadata": {"name": "n"}})).expect("a namespace");
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .expect("namespace created");
+        create_namespace(&client, "n").await;
         let cms: Api<ConfigMap> = Api::namespaced(client, "n");
         let cm: ConfigMap =
             serde_json::from_value(json!({"metadata": {"name": "c"}, "data": {"k": "1"}}))
@@ -589,16 +595,11 @@ mod tests {
     #[tokio::test]
     async fn clusters_behind_one_listener_keep_their_own_objects() {
         use k8s_openapi::api::core::v1::Namespace;
-        use kube::api::{Api, PostParams};
+        use kube::api::Api;
 
         let fleet = Fleet::start(2).await.expect("fleetsim starts");
         let (zero, one) = (fleet.infos[0].client().await, fleet.infos[1].client().await);
-        let ns: Namespace =
-            serde_json::from_value(json!({"metadata": {"name": "n"}})).expect("a namespace");
-        Api::<Namespace>::all(one.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .expect("namespace created");
+        create_namespace(&one, "n").await;
         assert!(
             Api::<Namespace>::all(one)
                 .get_opt("n")

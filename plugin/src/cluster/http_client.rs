@@ -10,7 +10,7 @@
 //! to one cluster one request at a time, so one idle connection is all the next run reuses.
 //!
 //! Clients whose TLS inputs are the same (trust roots, no client certificate, no fixed server
-//! name) share one rustls configuration ([`tls_config`]). kube builds one per client, each with
+//! name) share one rustls configuration (`tls_config`). kube builds one per client, each with
 //! its own parsed copy of the roots: behind Rancher's proxy every cluster has the same CA, and a
 //! kubeconfig without a CA gets the system's (about 140 roots, tens of KiB parsed), which over
 //! 10,000 clusters was most of a watcher's memory.
