@@ -67,17 +67,15 @@ pub struct Report {
     pub digest_miss: Duration,
 }
 
-/// Logs like production (`--log-format json`, level info) into a file.
+/// Logs as production does (`--log-format json`, level info, the same subscriber) into a file.
 fn init_logging(path: &std::path::Path) -> anyhow::Result<()> {
     let file =
         std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
-        .json()
-        .flatten_event(true)
-        .with_current_span(false)
-        .with_writer(Mutex::new(file))
-        .try_init();
+    helmop_webhook::app::init_tracing_to(
+        helmop_webhook::cli::LogFormat::Json,
+        Mutex::new(file),
+        false,
+    );
     Ok(())
 }
 

@@ -61,6 +61,7 @@ where
             .flatten_event(true)
             .with_current_span(true)
             .with_span_list(false)
+            .fmt_fields(crate::span_fields::SpanFields)
             .try_init(),
         LogFormat::Text => builder.try_init(),
     };

@@ -13,6 +13,7 @@ pub mod handlers;
 pub mod images;
 pub mod metrics;
 pub mod server;
+pub mod span_fields;
 pub mod state;
 pub mod tls;
 pub mod verdict;

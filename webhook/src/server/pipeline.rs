@@ -112,12 +112,13 @@ pub(super) async fn answer(
     // review's uid and object, so one request's lines can be found among concurrent ones.
     let span = tracing::info_span!(
         "admission",
-        uid = %req.uid,
+        // As strings, not `%` (Display): recorded as they are, with no text formatted per admission.
+        uid = req.uid.as_str(),
         webhook = webhook.name(),
-        kind = %req.kind.kind,
+        kind = req.kind.kind.as_str(),
         namespace = req.namespace.as_deref().unwrap_or(""),
         // Not `name`: a span's JSON already has its own name under that key.
-        object = %req.name,
+        object = req.name.as_str(),
     );
     let (verdict, failure) = decide(&shared, webhook, req, deadline)
         .instrument(span.clone())
@@ -323,6 +324,9 @@ enum Decoded {
 /// decodes). Real reviews of a HelmOp or a workload are a few KiB.
 pub(super) const INLINE_DECODE_BYTES: usize = 16 * 1024;
 
+// values_at_most(body) <= body.len() + 1: no small body is ever too many values to decode.
+const _: () = assert!(INLINE_DECODE_BYTES < admission::MAX_VALUES);
+
 /// Counts the body's values, takes what decoding them costs from the in-flight budget (or answers
 /// busy), then decodes: small bodies in place ([`INLINE_DECODE_BYTES`]), larger ones on a thread of
 /// their own at [`DECODE_NICE`], bounded by [`MAX_DECODES`].
@@ -373,10 +377,16 @@ async fn on_decode_thread<T: Send + 'static>(
 
 /// `prepaid`: what the body's share of the budget already holds for decoding it.
 fn count_and_decode(budget: &Arc<Semaphore>, body: &[u8], prepaid: usize) -> Decoded {
-    let values = match admission::count_values(body, admission::MAX_VALUES) {
-        admission::Counted::TooMany => return Decoded::TooMany(admission::review_uid(body)),
-        admission::Counted::Values(n) => n,
-        admission::Counted::Invalid => 0,
+    // A small body is charged a bound from one byte scan, not counted by a full parse before the parse
+    // that decodes it: it cannot reach MAX_VALUES, and the bound overcharges it by kilobytes at most.
+    let values = if body.len() <= INLINE_DECODE_BYTES {
+        admission::values_at_most(body)
+    } else {
+        match admission::count_values(body, admission::MAX_VALUES) {
+            admission::Counted::TooMany => return Decoded::TooMany(admission::review_uid(body)),
+            admission::Counted::Values(n) => n,
+            admission::Counted::Invalid => 0,
+        }
     };
     // The objects' text is copied for the trees that borrow from it, and strings again by typed decoding.
     let cost = body
