@@ -146,8 +146,8 @@ mod tests {
         }
     }
 
-    /// What the JSON formatter logs for one event inside a span, with `fields` as the span's formatter.
-    fn logged<N>(fields: N) -> Value
+    /// The line the JSON formatter logs for the event `emit` logs, with `fields` as the span formatter.
+    fn logged<N>(fields: N, emit: impl FnOnce()) -> Value
     where
         N: for<'w> FormatFields<'w> + Send + Sync + 'static,
     {
@@ -160,30 +160,33 @@ mod tests {
             .fmt_fields(fields)
             .with_writer(lines.clone())
             .finish();
-        tracing::subscriber::with_default(subscriber, || {
-            let span = tracing::info_span!(
-                "admission",
-                uid = %"7a1\"b\\c",
-                webhook = "helmops",
-                r#type = "a\nb ☃",
-                count = 3u64,
-                delta = -2i64,
-                ratio = 0.5f64,
-                dry_run = true,
-                later = tracing::field::Empty,
-            );
-            span.record("later", "recorded");
-            span.record("count", 4u64);
-            let _in = span.enter();
-            tracing::info!(outcome = "allowed", "admission");
-        });
+        tracing::subscriber::with_default(subscriber, emit);
         let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
         serde_json::from_str(text.trim()).unwrap()
     }
 
+    /// An event inside a span of every kind of field, some recorded later, one twice.
+    fn in_admission_span() {
+        let span = tracing::info_span!(
+            "admission",
+            uid = %"7a1\"b\\c",
+            webhook = "helmops",
+            r#type = "a\nb ☃",
+            count = 3u64,
+            delta = -2i64,
+            ratio = 0.5f64,
+            dry_run = true,
+            later = tracing::field::Empty,
+        );
+        span.record("later", "recorded");
+        span.record("count", 4u64);
+        let _in = span.enter();
+        tracing::info!(outcome = "allowed", "admission");
+    }
+
     #[test]
     fn the_logged_span_is_what_json_fields_logs() {
-        let ours = logged(SpanFields);
+        let ours = logged(SpanFields, in_admission_span);
         assert_eq!(
             ours["span"],
             json!({
@@ -200,29 +203,22 @@ mod tests {
         );
         assert_eq!(
             ours["span"],
-            logged(tracing_subscriber::fmt::format::JsonFields::new())["span"]
+            logged(
+                tracing_subscriber::fmt::format::JsonFields::new(),
+                in_admission_span
+            )["span"]
         );
     }
 
     #[test]
     fn fields_recorded_on_an_empty_span_make_its_object() {
         assert_eq!(Object::default().finish(), "{}");
-        let lines = Lines::default();
-        let subscriber = tracing_subscriber::fmt()
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .fmt_fields(SpanFields)
-            .with_writer(lines.clone())
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        let line = logged(SpanFields, || {
             let span = tracing::info_span!("empty", later = tracing::field::Empty);
             span.record("later", 1u64);
             let _in = span.enter();
             tracing::info!("inside");
         });
-        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-        let line: Value = serde_json::from_str(text.trim()).unwrap();
         assert_eq!(line["span"], json!({"name": "empty", "later": 1}));
     }
 }

@@ -600,20 +600,10 @@ mod tests {
         let fleet = Fleet::start(2).await.expect("fleetsim starts");
         let (zero, one) = (fleet.infos[0].client().await, fleet.infos[1].client().await);
         create_namespace(&one, "n").await;
-        assert!(
-            Api::<Namespace>::all(one)
-                .get_opt("n")
-                .await
-                .expect("read")
-                .is_some()
-        );
-        assert!(
-            Api::<Namespace>::all(zero)
-                .get_opt("n")
-                .await
-                .expect("read")
-                .is_none()
-        );
+        for (client, holds) in [(one, true), (zero, false)] {
+            let found = Api::<Namespace>::all(client).get_opt("n").await;
+            assert_eq!(found.expect("read").is_some(), holds);
+        }
         // A cluster the fleet does not have is not found, not served by another.
         let beyond = fleet.infos[1].server.replace("/sim1", "/sim2");
         let client = kube::Client::try_from(kube::Config::new(beyond.parse().expect("a URL")))
