@@ -1,6 +1,8 @@
 //! One `tracing` span per admission: every line logged while a review is decided, and the
 //! answer's own line, carry the review's uid, kind, namespace and name, so one request's lines can
 //! be found among concurrent ones. Its own test binary: it installs the process-wide subscriber.
+//! The span's fields are written by `span_fields::SpanFields`, checked here against tracing-subscriber's
+//! own `JsonFields` under subscribers of their own (scoped to a thread, beside the process-wide one).
 #![allow(clippy::unwrap_used)] // test code: a panic is a failed test with its message
 
 mod common;
@@ -11,8 +13,11 @@ use std::sync::{Arc, Mutex};
 use common::*;
 use helmop_webhook::app::init_tracing_to;
 use helmop_webhook::cli::LogFormat;
+use helmop_webhook::span_fields::SpanFields;
 use helmop_webhook::{Verdict, Webhook};
-use serde_json::Value;
+use serde_json::{Value, json};
+use tracing_subscriber::fmt::FormatFields;
+use tracing_subscriber::fmt::format::JsonFields;
 
 /// Collects what the JSON formatter writes.
 #[derive(Clone, Default)]
@@ -85,4 +90,77 @@ async fn every_line_of_an_admission_carries_its_uid_and_object() {
         assert_eq!(answer["outcome"], "denied", "{answer}");
         assert_eq!(answer["denial"], "no", "{answer}");
     }
+}
+
+/// The line the JSON formatter logs for the event `emit` logs, with `fields` as the span formatter.
+fn logged<N>(fields: N, emit: impl FnOnce()) -> Value
+where
+    N: for<'w> FormatFields<'w> + Send + Sync + 'static,
+{
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .flatten_event(true)
+        .with_current_span(true)
+        .with_span_list(false)
+        .fmt_fields(fields)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, emit);
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    serde_json::from_str(text.trim()).unwrap()
+}
+
+/// An event inside a span of every kind of field, some recorded later, one twice.
+fn in_admission_span() {
+    let span = tracing::info_span!(
+        "admission",
+        uid = %"7a1\"b\\c",
+        webhook = "helmops",
+        r#type = "a\nb ☃",
+        count = 3u64,
+        delta = -2i64,
+        ratio = 0.5f64,
+        dry_run = true,
+        later = tracing::field::Empty,
+    );
+    span.record("later", "recorded");
+    span.record("count", 4u64);
+    let _in = span.enter();
+    tracing::info!(outcome = "allowed", "admission");
+}
+
+#[test]
+fn the_logged_span_is_what_json_fields_logs() {
+    let ours = logged(SpanFields, in_admission_span);
+    assert_eq!(
+        ours["span"],
+        json!({
+            "name": "admission",
+            "uid": "7a1\"b\\c",
+            "webhook": "helmops",
+            "type": "a\nb ☃",
+            "count": 4,
+            "delta": -2,
+            "ratio": 0.5,
+            "dry_run": true,
+            "later": "recorded",
+        })
+    );
+    assert_eq!(
+        ours["span"],
+        logged(JsonFields::new(), in_admission_span)["span"]
+    );
+}
+
+#[test]
+fn fields_recorded_on_an_empty_span_make_its_object() {
+    let line = logged(SpanFields, || {
+        let span = tracing::info_span!("empty", later = tracing::field::Empty);
+        span.record("later", 1u64);
+        let _in = span.enter();
+        tracing::info!("inside");
+    });
+    assert_eq!(line["span"], json!({"name": "empty", "later": 1}));
 }

@@ -327,12 +327,15 @@ pub(super) const INLINE_DECODE_BYTES: usize = 16 * 1024;
 // values_at_most(body) <= body.len() + 1: no small body is ever too many values to decode.
 const _: () = assert!(INLINE_DECODE_BYTES < admission::MAX_VALUES);
 
-/// Counts the body's values, takes what decoding them costs from the in-flight budget (or answers
-/// busy), then decodes: small bodies in place ([`INLINE_DECODE_BYTES`]), larger ones on a thread of
-/// their own at [`DECODE_NICE`], bounded by [`MAX_DECODES`].
+/// Takes what decoding the body costs from the in-flight budget (or answers busy), then decodes: small
+/// bodies in place ([`INLINE_DECODE_BYTES`]), larger ones counted and decoded on a thread of their own
+/// at [`DECODE_NICE`], bounded by [`MAX_DECODES`].
 async fn decode_off_workers(shared: &Shared, body: Vec<u8>, prepaid: usize) -> Decoded {
     if body.len() <= INLINE_DECODE_BYTES {
-        return count_and_decode(&shared.body_bytes, &body, prepaid);
+        // Charged a bound from one byte scan, not counted by a full parse before the parse that decodes
+        // it: a small body cannot reach MAX_VALUES, and the bound overcharges it by kilobytes at most.
+        let values = admission::values_at_most(&body);
+        return charge_and_decode(&shared.body_bytes, &body, prepaid, values);
     }
     let Ok(_turn) = shared.decoders.clone().acquire_owned().await else {
         return Decoded::Busy;
@@ -375,19 +378,24 @@ async fn on_decode_thread<T: Send + 'static>(
     rx.await.map_err(|_| ThreadTrouble::Panicked)
 }
 
-/// `prepaid`: what the body's share of the budget already holds for decoding it.
+/// Counts the body's values (stopping past [`admission::MAX_VALUES`]), then [`charge_and_decode`].
 fn count_and_decode(budget: &Arc<Semaphore>, body: &[u8], prepaid: usize) -> Decoded {
-    // A small body is charged a bound from one byte scan, not counted by a full parse before the parse
-    // that decodes it: it cannot reach MAX_VALUES, and the bound overcharges it by kilobytes at most.
-    let values = if body.len() <= INLINE_DECODE_BYTES {
-        admission::values_at_most(body)
-    } else {
-        match admission::count_values(body, admission::MAX_VALUES) {
-            admission::Counted::TooMany => return Decoded::TooMany(admission::review_uid(body)),
-            admission::Counted::Values(n) => n,
-            admission::Counted::Invalid => 0,
-        }
+    let values = match admission::count_values(body, admission::MAX_VALUES) {
+        admission::Counted::TooMany => return Decoded::TooMany(admission::review_uid(body)),
+        admission::Counted::Values(n) => n,
+        admission::Counted::Invalid => 0,
     };
+    charge_and_decode(budget, body, prepaid, values)
+}
+
+/// Takes what decoding a body of `values` JSON values costs from the budget, then decodes it. `prepaid`:
+/// what the body's share of the budget already holds for decoding it.
+fn charge_and_decode(
+    budget: &Arc<Semaphore>,
+    body: &[u8],
+    prepaid: usize,
+    values: usize,
+) -> Decoded {
     // The objects' text is copied for the trees that borrow from it, and strings again by typed decoding.
     let cost = body
         .len()
