@@ -74,6 +74,18 @@ pub fn opted_in(
     .stamps()
 }
 
+/// The label selector that lists exactly the workloads [`opt_in`] stamps in a namespace whose
+/// label is `namespace` (`None`: unlabelled, or unreadable), so that lists leave the others on
+/// the server: a workload labelled `"true"`, and in an enabled namespace every one not labelled
+/// `"false"` (`!=` also selects workloads without the label).
+pub fn opt_in_selector(namespace: Option<&str>) -> String {
+    if namespace == Some("enabled") {
+        format!("{LABEL_ROLLOUT_ON_CHANGE}!=false")
+    } else {
+        format!("{LABEL_ROLLOUT_ON_CHANGE}=true")
+    }
+}
+
 /// Whether an opted-in workload must be restamped.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -149,6 +161,32 @@ mod tests {
         assert!(!opted_in(&yes, &off));
         assert_eq!(opt_in(Some("maybe"), Some("enabled")), OptIn::ByNamespace);
         assert_eq!(opt_in(Some("maybe"), None), OptIn::NotOptedIn);
+    }
+
+    /// The selector's meaning as the API server applies it (`k=v`: has the label with that value;
+    /// `k!=v`: has not), against the rule it stands for, over every case the rule tells apart.
+    #[test]
+    fn the_opt_in_selector_lists_exactly_what_the_rule_stamps() {
+        let values = [None, Some("true"), Some("false"), Some("enabled"), Some("")];
+        for namespace in values {
+            let selector = opt_in_selector(namespace);
+            let (key, value, equal) = match selector.split_once("!=") {
+                Some((k, v)) => (k, v, false),
+                None => match selector.split_once('=') {
+                    Some((k, v)) => (k, v, true),
+                    None => panic!("unexpected selector {selector}"),
+                },
+            };
+            assert_eq!(key, LABEL_ROLLOUT_ON_CHANGE);
+            for workload in values {
+                let selected = (workload == Some(value)) == equal;
+                let stamps = opt_in(workload, namespace).stamps();
+                assert_eq!(
+                    selected, stamps,
+                    "namespace {namespace:?}, workload {workload:?}"
+                );
+            }
+        }
     }
 
     fn key() -> HashKey {

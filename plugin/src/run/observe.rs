@@ -364,6 +364,23 @@ fn key_tag(key: &HashKey) -> String {
     content_hash(key, ResourceKind::ConfigMap, &ObjectData::default())
 }
 
+/// A copy whole, as the server answered a write of it (at the resourceVersion the write gave it).
+pub enum Whole {
+    Secret(Secret),
+    ConfigMap(ConfigMap),
+}
+
+/// What a write left, hashed with `key` as a whole read would hash it, for the watcher to keep
+/// ([`KeptHashes::record`]).
+pub fn written_hash(key: &HashKey, written: Whole) -> Option<(Place, Taken, LiveHash)> {
+    let (kind, (meta, live)) = match written {
+        Whole::Secret(s) => (ResourceKind::Secret, secret_live(key, s)),
+        Whole::ConfigMap(c) => (ResourceKind::ConfigMap, config_map_live(key, c)),
+    };
+    let (place, taken) = taken_of(kind, &meta, &key_tag(key))?;
+    Some((place, taken, live))
+}
+
 /// The place of an object, and which version of it a hash is taken of (with the key `tag`).
 fn taken_of(kind: ResourceKind, meta: &ObjectMeta, tag: &str) -> Option<(Place, Taken)> {
     let place = (

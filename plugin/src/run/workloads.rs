@@ -31,12 +31,12 @@ use helmop_core::hash::HashKey;
 use helmop_core::names;
 use helmop_core::podrefs::{PodRef, pod_refs_from_value};
 use helmop_core::resource::ResourceRef;
-use helmop_core::rollout::Decision;
+use helmop_core::rollout::{Decision, opt_in_selector};
 use helmop_core::workload::{WorkloadKind, pod_template};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::cluster::api_error;
 
@@ -229,8 +229,9 @@ pub fn api_resource(kind: WorkloadKind) -> ApiResource {
 }
 
 fn to_workload(kind: WorkloadKind, obj: &DynamicObject) -> Option<Workload> {
-    let value = serde_json::to_value(obj).ok()?;
-    let template = pod_template(kind, &value)?;
+    // `data` holds every field but the metadata (the template is under `spec`): read in place,
+    // not serialized back into one value per workload listed.
+    let template = pod_template(kind, &obj.data)?;
     let refs = pod_refs_from_value(template.spec).ok()?;
     let reads = refs.iter().map(|r| r.resource.clone()).collect();
     Some(Workload {
@@ -252,7 +253,9 @@ fn to_workload(kind: WorkloadKind, obj: &DynamicObject) -> Option<Workload> {
 }
 
 /// The opted-in workloads of `namespace` (none when the namespace does not exist). Kinds the
-/// server does not serve (e.g. batch/v1 CronJob before Kubernetes 1.21) are skipped.
+/// server does not serve (e.g. batch/v1 CronJob before Kubernetes 1.21) are skipped. The lists
+/// select by the opt-in label, so workloads that are not opted in stay on the server (a namespace
+/// of many workloads and few opted in costs what the few do).
 pub async fn list_opted_in(client: &Client, namespace: &str) -> Result<Vec<Workload>, kube::Error> {
     // Credentials limited to the namespace may not read its Namespace object: then only the
     // workloads' own opt-in labels count (a namespace-wide opt-in cannot be seen).
@@ -271,18 +274,26 @@ pub async fn list_opted_in(client: &Client, namespace: &str) -> Result<Vec<Workl
         }
         Err(e) => return Err(e),
     };
+    let selector = opt_in_selector(
+        ns_labels
+            .get(names::LABEL_ROLLOUT_ON_CHANGE)
+            .map(String::as_str),
+    );
+    let params = ListParams::default().labels(&selector);
+    let no_labels = BTreeMap::new();
     let mut out = Vec::new();
     for kind in KINDS {
         let api: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), namespace, &api_resource(kind));
-        let list = match api.list(&ListParams::default()).await {
+        let list = match api.list(&params).await {
             Ok(list) => list,
             Err(e) if api_error::is_not_found(&e) => continue,
             Err(e) => return Err(e),
         };
         for obj in &list.items {
-            let labels = obj.metadata.labels.clone().unwrap_or_default();
-            if !opted_in(&ns_labels, &labels) {
+            // The selector already chose; this keeps the rule where a server applies it loosely.
+            let labels = obj.metadata.labels.as_ref().unwrap_or(&no_labels);
+            if !opted_in(&ns_labels, labels) {
                 continue;
             }
             if let Some(w) = to_workload(kind, obj) {
@@ -309,8 +320,7 @@ pub async fn restamp(
         ..PatchParams::default()
     };
     let obj = api.patch(&w.name, &params, &Patch::Merge(&patch)).await?;
-    let value: Value = serde_json::to_value(&obj).map_err(kube::Error::SerdeError)?;
-    Ok(pod_template(w.kind, &value)
+    Ok(pod_template(w.kind, &obj.data)
         .and_then(|t| t.annotation(names::ANN_CONFIG_HASH))
         .map(str::to_string))
 }

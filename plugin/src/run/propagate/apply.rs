@@ -17,6 +17,7 @@ use serde_json::{Map, Value, json};
 
 use crate::cluster::api_error;
 use crate::cluster::context::Ctx;
+use crate::run::observe::Whole;
 use crate::run::sources::SourceData;
 
 /// Creates `namespace` with the HelmOps' `namespaceLabels`/`namespaceAnnotations`; someone else
@@ -71,28 +72,32 @@ pub async fn create_copy(
     source: &SourceData,
     namespace: &str,
     meta: &CopyMeta,
-) -> Result<(), kube::Error> {
+) -> Result<Whole, kube::Error> {
     let body = source.copy_body(namespace, meta, None);
     let pp = PostParams {
         field_manager: Some(MANAGER.into()),
         ..PostParams::default()
     };
-    match source {
+    let written = match source {
         SourceData::Secret(_) => {
             let obj: Secret = serde_json::from_value(body).map_err(kube::Error::SerdeError)?;
-            Api::<Secret>::namespaced(client.clone(), namespace)
-                .create(&pp, &obj)
-                .await?;
+            Whole::Secret(
+                Api::<Secret>::namespaced(client.clone(), namespace)
+                    .create(&pp, &obj)
+                    .await?,
+            )
         }
         SourceData::ConfigMap(_) => {
             let obj: ConfigMap = serde_json::from_value(body).map_err(kube::Error::SerdeError)?;
-            Api::<ConfigMap>::namespaced(client.clone(), namespace)
-                .create(&pp, &obj)
-                .await?;
+            Whole::ConfigMap(
+                Api::<ConfigMap>::namespaced(client.clone(), namespace)
+                    .create(&pp, &obj)
+                    .await?,
+            )
         }
-    }
+    };
     ctx.record_write();
-    Ok(())
+    Ok(written)
 }
 
 /// Deletes helmop's copy so it can be created again, only if it is still the object planned
@@ -182,7 +187,7 @@ pub async fn own_terminating(
 /// Applies the copy to the existing object (ours, or adopted) with force, guarded by uid and
 /// resourceVersion. Data keys and labels the copy has and the source does not (left by another
 /// field manager, or carried over from a creation) are then removed.
-pub async fn write_copy(ctx: &Ctx, client: &Client, w: &Write<'_>) -> Result<(), kube::Error> {
+pub async fn write_copy(ctx: &Ctx, client: &Client, w: &Write<'_>) -> Result<Whole, kube::Error> {
     let body = w.source.copy_body(w.namespace, w.meta, w.guard);
     let name = w.source.meta().name.clone().unwrap_or_default();
     let mut params = PatchParams::apply(MANAGER);
@@ -190,24 +195,23 @@ pub async fn write_copy(ctx: &Ctx, client: &Client, w: &Write<'_>) -> Result<(),
         params = params.force();
     }
     let (want_data, want_binary) = w.source.keys();
-    let (meta, data, binary) = match w.source {
+    let written = match w.source {
         SourceData::Secret(_) => {
             let api: Api<Secret> = Api::namespaced(client.clone(), w.namespace);
-            let out = api.patch(&name, &params, &Patch::Apply(&body)).await?;
-            ctx.record_write();
-            let keys = out.data.unwrap_or_default().into_keys().collect::<Vec<_>>();
-            (out.metadata, keys, Vec::new())
+            Whole::Secret(api.patch(&name, &params, &Patch::Apply(&body)).await?)
         }
         SourceData::ConfigMap(_) => {
             let api: Api<ConfigMap> = Api::namespaced(client.clone(), w.namespace);
-            let out = api.patch(&name, &params, &Patch::Apply(&body)).await?;
-            ctx.record_write();
-            (
-                out.metadata,
-                out.data.unwrap_or_default().into_keys().collect(),
-                out.binary_data.unwrap_or_default().into_keys().collect(),
-            )
+            Whole::ConfigMap(api.patch(&name, &params, &Patch::Apply(&body)).await?)
         }
+    };
+    ctx.record_write();
+    fn keys<V>(m: &Option<BTreeMap<String, V>>) -> Vec<String> {
+        m.iter().flat_map(|m| m.keys().cloned()).collect()
+    }
+    let (meta, data, binary) = match &written {
+        Whole::Secret(out) => (&out.metadata, keys(&out.data), Vec::new()),
+        Whole::ConfigMap(out) => (&out.metadata, keys(&out.data), keys(&out.binary_data)),
     };
     let extra_data: Vec<String> = data
         .into_iter()
@@ -217,14 +221,15 @@ pub async fn write_copy(ctx: &Ctx, client: &Client, w: &Write<'_>) -> Result<(),
         .into_iter()
         .filter(|k| !want_binary.contains(k))
         .collect();
-    let annotations = stale_annotations(&meta, w.meta);
-    let labels = extra_labels(&meta.labels.unwrap_or_default(), &w.meta.labels);
+    let annotations = stale_annotations(meta, w.meta);
+    let no_labels = BTreeMap::new();
+    let labels = extra_labels(meta.labels.as_ref().unwrap_or(&no_labels), &w.meta.labels);
     if extra_data.is_empty()
         && extra_binary.is_empty()
         && labels.is_empty()
         && annotations.is_empty()
     {
-        return Ok(());
+        return Ok(written);
     }
     let mut patch = remove_keys_patch(
         meta.uid.as_deref().unwrap_or_default(),
@@ -245,20 +250,20 @@ pub async fn write_copy(ctx: &Ctx, client: &Client, w: &Write<'_>) -> Result<(),
         field_manager: Some(MANAGER.into()),
         ..PatchParams::default()
     };
-    match w.source {
-        SourceData::Secret(_) => {
+    let written = match w.source {
+        SourceData::Secret(_) => Whole::Secret(
             Api::<Secret>::namespaced(client.clone(), w.namespace)
                 .patch(&name, &params, &Patch::Merge(&patch))
-                .await?;
-        }
-        SourceData::ConfigMap(_) => {
+                .await?,
+        ),
+        SourceData::ConfigMap(_) => Whole::ConfigMap(
             Api::<ConfigMap>::namespaced(client.clone(), w.namespace)
                 .patch(&name, &params, &Patch::Merge(&patch))
-                .await?;
-        }
-    }
+                .await?,
+        ),
+    };
     ctx.record_write();
-    Ok(())
+    Ok(written)
 }
 
 /// Annotations on the copy that helmop no longer writes: any `helmop.dev/` key not in `want`

@@ -654,7 +654,10 @@ impl ClusterRun<'_> {
                     guard: Some((uid, version)),
                 };
                 match apply::write_copy(self.ctx, &self.client, &w).await {
-                    Ok(()) => Outcome::new(RowState::Updated, action.reason(), hash),
+                    Ok(written) => {
+                        self.keep_written(written);
+                        Outcome::new(RowState::Updated, action.reason(), hash)
+                    }
                     Err(e) => Outcome::failed(write_error("applying the copy", &e).to_string()),
                 }
             }
@@ -728,6 +731,20 @@ impl ClusterRun<'_> {
         }
     }
 
+    /// A watcher keeps the hash of what a write left, so its next run does not read the copy
+    /// back ([`crate::cluster::kept_hashes`]).
+    fn keep_written(&self, written: observe::Whole) {
+        let (Some(reads), Some(key)) = (self.ctx.reads.as_deref(), self.sources.key.as_ref())
+        else {
+            return;
+        };
+        if let Some((place, taken, live)) = observe::written_hash(key, written) {
+            reads
+                .hashes()
+                .record(&self.downstream.key, place, taken, live);
+        }
+    }
+
     /// Creates a copy (POST). An object that appeared since observation is left untouched.
     async fn create(
         &self,
@@ -738,7 +755,10 @@ impl ClusterRun<'_> {
         hash: Option<&String>,
     ) -> Outcome {
         match apply::create_copy(self.ctx, &self.client, data, &action.namespace, meta).await {
-            Ok(()) => Outcome::new(RowState::Created, reason, hash),
+            Ok(written) => {
+                self.keep_written(written);
+                Outcome::new(RowState::Created, reason, hash)
+            }
             Err(e) if api_error::is_conflict(&e) => {
                 let (client, upstream) = (&self.client, &self.ctx.upstream_id);
                 match apply::own_copy(client, upstream, &action.namespace, &action.resource).await {

@@ -124,7 +124,7 @@ async fn recreate(job: &Job) -> Recreated {
         )
         .await
         {
-            Ok(()) => return Recreated::Done,
+            Ok(_) => return Recreated::Done,
             Err(e) => {
                 last = match terminating(job).await {
                     Some(why) => why,
