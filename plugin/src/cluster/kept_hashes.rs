@@ -15,8 +15,9 @@
 //!
 //! Bounded by the fleet: each observation of a cluster replaces that cluster's entries with the
 //! ones it saw (one per copy of this upstream at a wanted place), a write adds at most the one
-//! copy it wrote, and the watcher drops all of them with its other kept reads (resync, new leadership, a failed run:
-//! [`crate::cluster::read_cache::ReadCache::clear`]). Holds hashes only, never content.
+//! copy it wrote, and the watcher drops all of them with its other kept reads (resync, new
+//! leadership, a failed run: [`crate::cluster::read_cache::ReadCache::clear`]). Holds hashes
+//! only, never content.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
 use helmop_core::names::ANN_IMAGE_MODE;
-use helmop_core::workload::{WorkloadKind, pod_template};
+use helmop_core::workload::WorkloadKind;
 use helmop_images::auth::{PullSecret, credential_for};
 use helmop_images::client::{RegistryClient, ResolveError};
 use helmop_images::mode::{ImageMode, effective_mode};
@@ -20,7 +20,7 @@ use serde_json::Value;
 use super::model::{Container, ImageRow, compare};
 use crate::cluster::api_error;
 use crate::run::workload_ref::canonical;
-use crate::run::workloads::{KINDS, opted_in};
+use crate::run::workloads::{KINDS, opted_in, template_of};
 
 /// Registry requests (and pull-secret reads) in flight at once.
 const CONCURRENCY: usize = 8;
@@ -235,8 +235,7 @@ fn target(
         return None;
     }
     let restamp = annotations.get(helmop_core::names::ANN_RESTAMP).cloned();
-    let value = serde_json::to_value(&obj).ok()?;
-    let template = pod_template(kind, &value)?;
+    let template = template_of(kind, &obj)?;
     let containers = super::model::containers(&template, tags);
     if containers.is_empty() {
         return None;

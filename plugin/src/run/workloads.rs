@@ -32,7 +32,7 @@ use helmop_core::names;
 use helmop_core::podrefs::{PodRef, pod_refs_from_value};
 use helmop_core::resource::ResourceRef;
 use helmop_core::rollout::{Decision, opt_in_selector};
-use helmop_core::workload::{WorkloadKind, pod_template};
+use helmop_core::workload::{PodTemplate, WorkloadKind, pod_template};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
@@ -228,10 +228,23 @@ pub fn api_resource(kind: WorkloadKind) -> ApiResource {
     }
 }
 
+/// The pod template of a workload as the API server answered it, read in place rather than
+/// serialized back into one JSON value per workload: `data` holds every field but the metadata,
+/// and every kind listed or restamped here keeps its template under `spec` (a bare Pod, whose
+/// template is the object itself, is never one of them).
+pub fn template_of(kind: WorkloadKind, obj: &DynamicObject) -> Option<PodTemplate<'_>> {
+    pod_template(kind, &obj.data)
+}
+
+/// The `helmop.dev/config-hash` the webhook stamped into a workload's pod template.
+pub fn config_hash_of(kind: WorkloadKind, obj: &DynamicObject) -> Option<String> {
+    template_of(kind, obj)?
+        .annotation(names::ANN_CONFIG_HASH)
+        .map(str::to_owned)
+}
+
 fn to_workload(kind: WorkloadKind, obj: &DynamicObject) -> Option<Workload> {
-    // `data` holds every field but the metadata (the template is under `spec`): read in place,
-    // not serialized back into one value per workload listed.
-    let template = pod_template(kind, &obj.data)?;
+    let template = template_of(kind, obj)?;
     let refs = pod_refs_from_value(template.spec).ok()?;
     let reads = refs.iter().map(|r| r.resource.clone()).collect();
     Some(Workload {
@@ -320,9 +333,7 @@ pub async fn restamp(
         ..PatchParams::default()
     };
     let obj = api.patch(&w.name, &params, &Patch::Merge(&patch)).await?;
-    Ok(pod_template(w.kind, &obj.data)
-        .and_then(|t| t.annotation(names::ANN_CONFIG_HASH))
-        .map(str::to_string))
+    Ok(config_hash_of(w.kind, &obj))
 }
 
 /// `rollout:<RFC 3339 time>`: a value `propagate`'s restamp parser ignores (it lists no copies),

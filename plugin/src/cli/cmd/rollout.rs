@@ -8,13 +8,13 @@
 
 use clap::Args;
 use helmop_core::names;
-use helmop_core::workload::{WorkloadKind, pod_template};
+use helmop_core::workload::WorkloadKind;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, Client};
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::args::{KubeArgs, ReportFormat};
 use crate::cluster::api_error;
@@ -22,7 +22,7 @@ use crate::cluster::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
 use crate::output;
 use crate::run::workload_ref::{self, WorkloadRef};
-use crate::run::workloads::{new_restamp_value, opted_in};
+use crate::run::workloads::{api_resource, config_hash_of, new_restamp_value, opted_in};
 
 #[derive(Debug, Args)]
 pub struct RolloutArgs {
@@ -102,7 +102,7 @@ pub async fn restamp(
         }
         Err(e) => return Err(api_error::upstream(&format!("reading {what}"), &e)),
     };
-    let previous_stamp = stamp_of(target.kind, &before);
+    let previous_stamp = config_hash_of(target.kind, &before);
     let previous_restamp = annotation(&before, names::ANN_RESTAMP);
     let opted_in = opt_in(client, namespace, &before).await;
     let value = new_restamp_value(Timestamp::now(), previous_restamp.as_deref());
@@ -116,7 +116,7 @@ pub async fn restamp(
         .patch(&target.name, &params, &Patch::Merge(&patch))
         .await
         .map_err(|e| api_error::upstream(&format!("restamping {what}"), &e))?;
-    let stamp = stamp_of(target.kind, &after);
+    let stamp = config_hash_of(target.kind, &after);
     let stamp_changed = stamp != previous_stamp;
     let message = message(target.kind, opted_in, &previous_stamp, &stamp, dry_run);
     Ok(RolloutReport {
@@ -202,24 +202,6 @@ async fn opt_in(client: &Client, namespace: &str, obj: &DynamicObject) -> Option
 
 fn annotation(obj: &DynamicObject, key: &str) -> Option<String> {
     obj.metadata.annotations.as_ref()?.get(key).cloned()
-}
-
-fn stamp_of(kind: WorkloadKind, obj: &DynamicObject) -> Option<String> {
-    let value: Value = serde_json::to_value(obj).ok()?;
-    pod_template(kind, &value)?
-        .annotation(names::ANN_CONFIG_HASH)
-        .map(str::to_owned)
-}
-
-fn api_resource(kind: WorkloadKind) -> ApiResource {
-    let (group, version, kind_name) = kind.gvk();
-    ApiResource {
-        group: group.to_owned(),
-        version: version.to_owned(),
-        api_version: kind.api_version(),
-        kind: kind_name.to_owned(),
-        plural: kind.plural().to_owned(),
-    }
 }
 
 #[cfg(test)]
