@@ -39,7 +39,7 @@
 //! - `rolloutStrategy.partitions` narrow the matched clusters to those some partition holds,
 //!   and an unreadable rollout value fails the whole Bundle ([`partitions`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
@@ -278,6 +278,58 @@ pub struct Matcher {
     all_matches: bool,
     /// No `spec.targets`: the single target is Fleet's implicit default.
     implicit_default: bool,
+    /// Which targets a cluster can match by its names ([`ByName`]).
+    by_name: ByName,
+}
+
+/// The targets a cluster can match at all, found without testing every target: a target with a
+/// `clusterName` matches only the cluster of that name or display name. A HelmOp that names
+/// each of its N clusters in a target of its own otherwise cost N x N comparisons per run (at
+/// 10,000 clusters, a tenth of a watcher's CPU; docs/performance.md, "One thread").
+#[derive(Default)]
+struct ByName {
+    /// Targets with a `clusterName`, by that name, each list ascending.
+    named: HashMap<String, Vec<usize>>,
+    /// Every other target, ascending.
+    unnamed: Vec<usize>,
+    /// Test only: hand out every one of this many targets, to check the index against a plain
+    /// scan.
+    #[cfg(test)]
+    scan_all: Option<usize>,
+}
+
+impl ByName {
+    fn new(targets: &[Criteria]) -> Self {
+        let mut by_name = ByName::default();
+        for (i, criteria) in targets.iter().enumerate() {
+            match &criteria.cluster_name {
+                Some(name) => by_name.named.entry(name.clone()).or_default().push(i),
+                None => by_name.unnamed.push(i),
+            }
+        }
+        by_name
+    }
+
+    /// The indices of the targets that may match `cluster`, ascending (Fleet's order of trial).
+    fn candidates(&self, cluster: &ClusterView<'_>) -> Vec<usize> {
+        #[cfg(test)]
+        if let Some(all) = self.scan_all {
+            return (0..all).collect();
+        }
+        let display = cluster
+            .labels
+            .get(FLEET_DISPLAY_NAME_LABEL)
+            .map(String::as_str)
+            .filter(|d| *d != cluster.name);
+        let mut out = self.unnamed.clone();
+        for name in std::iter::once(cluster.name).chain(display) {
+            if let Some(named) = self.named.get(name) {
+                out.extend_from_slice(named);
+            }
+        }
+        out.sort_unstable();
+        out
+    }
 }
 
 /// How many leading targets Fleet treats as customizations: `targets - restrictions` when
@@ -331,6 +383,7 @@ impl Matcher {
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Matcher {
+            by_name: ByName::new(&compiled),
             targets: compiled,
             do_not_deploy: targets.iter().map(BundleTarget::do_not_deploy).collect(),
             restrictions,
@@ -338,6 +391,13 @@ impl Matcher {
             all_matches: op.spec.all_matches(),
             implicit_default,
         })
+    }
+
+    /// The same matcher testing every target in turn, as Fleet does: the oracle of [`ByName`].
+    #[cfg(test)]
+    fn scanning_all(mut self) -> Self {
+        self.by_name.scan_all = Some(self.targets.len());
+        self
     }
 
     /// See [`match_cluster`].
@@ -366,13 +426,12 @@ impl Matcher {
                         || self.restrictions.iter().any(|r| r.matches(&view, g)))
             })
         };
-        let selected = self
-            .targets
+        let candidates = self.by_name.candidates(&view);
+        let selected = candidates
             .iter()
-            .enumerate()
-            .skip(self.customizations)
-            .find(|(_, criteria)| hits(criteria, true))
-            .map(|(i, _)| i);
+            .copied()
+            .filter(|&i| i >= self.customizations)
+            .find(|&i| hits(&self.targets[i], true));
         let target_index = match selected {
             Some(i) if self.do_not_deploy[i] => {
                 return TargetMatch::DoNotDeploy { target_index: i };
@@ -381,11 +440,11 @@ impl Matcher {
             None if or_root => None,
             None => return TargetMatch::NoMatch,
         };
-        let mut matching = self.targets[..self.customizations]
+        let mut matching = candidates
             .iter()
-            .enumerate()
-            .filter(|(_, criteria)| hits(criteria, false))
-            .map(|(i, _)| i);
+            .copied()
+            .take_while(|&i| i < self.customizations)
+            .filter(|&i| hits(&self.targets[i], false));
         let customizations: Vec<usize> = if self.all_matches {
             matching.collect()
         } else {

@@ -104,12 +104,15 @@ async fn until_signalled<T>(
     }
 }
 
-/// Runs an async command on a multi-threaded runtime (the cluster commands talk to many
-/// clusters at once).
+/// Runs an async command on one thread. The cluster commands talk to many clusters at once, but
+/// that is waiting, not computing: with a second worker thread a watcher spent a tenth of its CPU
+/// in the kernel handing tasks and wakeups between threads (and more in glibc's allocator freeing
+/// across arenas), and its edit over 1,000 clusters took 1.2 x as long (docs/performance.md, "One
+/// thread"; docs/decisions.md).
 fn block_on<T>(
     command: impl std::future::Future<Output = Result<T, error::PluginError>>,
 ) -> Result<T, error::PluginError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| error::PluginError::Usage(format!("cannot start the async runtime: {e}")))?;

@@ -1041,6 +1041,8 @@ fn arb_world() -> impl Strategy<Value = (Cluster, Vec<ClusterGroup>)> {
     (
         "c[1234]",
         proptest::collection::btree_map("[ab]", "[xy]", 0..3),
+        // Rancher's display name, which a target's `clusterName` may name instead.
+        proptest::option::of("c[1234]"),
         proptest::collection::vec(
             (
                 "g[12]",
@@ -1050,11 +1052,14 @@ fn arb_world() -> impl Strategy<Value = (Cluster, Vec<ClusterGroup>)> {
             0..3,
         ),
     )
-        .prop_map(|(name, labels, groups)| {
-            let labels: Vec<(&str, &str)> = labels
+        .prop_map(|(name, labels, display, groups)| {
+            let mut labels: Vec<(&str, &str)> = labels
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect();
+            if let Some(display) = &display {
+                labels.push((FLEET_DISPLAY_NAME_LABEL, display));
+            }
             let groups = groups
                 .into_iter()
                 .map(|(g, l, s)| {
@@ -1153,6 +1158,16 @@ proptest! {
             match_cluster(&free_op, &c, &groups).unwrap(),
             match_cluster(&op_from(open), &c, &groups).unwrap()
         );
+    }
+
+    /// Finding the targets by cluster name and display name decides exactly as trying every
+    /// target in turn does.
+    #[test]
+    fn the_name_index_decides_as_a_full_scan((spec, (c, groups)) in (arb_spec(), arb_world())) {
+        let op = op_from(spec);
+        let (indexed, scanning) = (Matcher::new(&op).unwrap(), Matcher::new(&op).unwrap().scanning_all());
+        prop_assert_eq!(indexed.match_cluster(&c, &groups), scanning.match_cluster(&c, &groups));
+        prop_assert_eq!(indexed.match_or_root(&c, &groups), scanning.match_or_root(&c, &groups));
     }
 
     /// Fleet's Merge keeps the root entries first: a deployed cluster always gets the root
