@@ -46,7 +46,7 @@ impl HashRow {
 
 /// Time per call: best of `rounds` rounds of `iterations` calls (the machine is shared: the minimum is the
 /// least disturbed measurement). The two contenders alternate round by round so drift hits both.
-fn race(
+pub(crate) fn race(
     rounds: usize,
     iterations: usize,
     mut a: impl FnMut(),

@@ -2,6 +2,7 @@
 //! the short soak can run as an ordinary test.
 
 pub mod baseline;
+pub mod decode;
 pub mod fixtures;
 pub mod fleet;
 pub mod foreign;

@@ -13,7 +13,7 @@ use helmop_bench::propagate::{self, PropagateSettings};
 use helmop_bench::rollout_watch::{self, RolloutWatchSettings};
 use helmop_bench::soak::{self, SoakSettings};
 use helmop_bench::watch::{self, WatchSettings};
-use helmop_bench::{hash, machine, webhook};
+use helmop_bench::{decode, hash, machine, webhook};
 
 #[derive(Parser)]
 #[command(
@@ -48,6 +48,14 @@ enum Command {
         /// Only the scenarios starting with this: `validate`, `mutate` or `floor` (mutate against one GET).
         #[arg(long)]
         only: Option<String>,
+    },
+    /// Decoding the lists a run reads downstream: kube's way against the plugin's (no `managedFields`).
+    Decode {
+        /// Objects per list.
+        #[arg(long, default_value_t = 50)]
+        items: usize,
+        #[arg(long, default_value_t = 9)]
+        rounds: usize,
     },
     /// Keyed hash throughput against raw HMAC-SHA256 over the same bytes.
     Hash {
@@ -284,6 +292,10 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             if !report.floor.is_empty() {
                 println!("{}", webhook::floor_table(&report));
             }
+        }
+        Command::Decode { items, rounds } => {
+            let rows = tokio::task::spawn_blocking(move || decode::run(items, rounds)).await??;
+            println!("{}", decode::table(&rows));
         }
         Command::Hash { rounds } => {
             let rows = tokio::task::spawn_blocking(move || hash::run(rounds)).await??;

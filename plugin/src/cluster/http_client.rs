@@ -7,7 +7,11 @@
 //! idle connection meanwhile opens another, which is kept too: over a few runs each cluster held
 //! about four (docs/performance.md, section 6), so a watcher over 10,000 clusters needed 40,000
 //! descriptors (and their buffers), twice a process's open-file limit on common hosts. A run talks
-//! to one cluster one request at a time, so one idle connection is all the next run reuses.
+//! to one cluster one request at a time, so one idle connection is all the next run reuses. (The
+//! exception: observation reads wanted places it did not list up to `READS_AT_ONCE` at a time,
+//! which on a cluster where they stand in an existing namespace opens that many connections for
+//! the run; the extra ones close when idle. Measured: 7 connections opened per cluster by a watcher
+//! over 1,000 fleetsim clusters before its first edit, none during the edits.)
 //!
 //! Clients whose TLS inputs are the same (trust roots, no client certificate, no fixed server
 //! name) share one rustls configuration (`tls_config`). kube builds one per client, each with

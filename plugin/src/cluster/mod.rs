@@ -9,6 +9,7 @@ pub mod context;
 pub mod http_client;
 pub mod kept_hashes;
 pub mod kube_api;
+pub mod lean_list;
 pub mod read_cache;
 pub mod roots;
 pub mod upstream_id;

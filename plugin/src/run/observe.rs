@@ -24,6 +24,7 @@ use kube::api::{ListParams, ObjectMeta};
 use kube::{Api, Client};
 
 use crate::cluster::kept_hashes::{Hashed, KeptHashes, LiveHash, Place, Taken};
+use crate::cluster::lean_list::metadata_page;
 
 /// Objects per list page: metadata only, but annotations may hold up to 256 KiB per object, so
 /// a page is bounded at a few MiB whatever others store.
@@ -439,8 +440,10 @@ async fn list_metadata(
     let mut params = ListParams::default().labels(selector).limit(PAGE);
     loop {
         let (items, token) = match kind {
-            ResourceKind::Secret => page::<Secret>(client, namespace, &params).await?,
-            ResourceKind::ConfigMap => page::<ConfigMap>(client, namespace, &params).await?,
+            ResourceKind::Secret => metadata_page::<Secret>(client, namespace, &params).await?,
+            ResourceKind::ConfigMap => {
+                metadata_page::<ConfigMap>(client, namespace, &params).await?
+            }
         };
         items.into_iter().for_each(&mut *keep);
         match token.filter(|t| !t.is_empty()) {
@@ -448,21 +451,4 @@ async fn list_metadata(
             None => return Ok(()),
         }
     }
-}
-
-async fn page<K>(
-    client: &Client,
-    namespace: Option<&str>,
-    params: &ListParams,
-) -> Result<(Vec<ObjectMeta>, Option<String>), kube::Error>
-where
-    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    let api: Api<K> = crate::cluster::kube_api::api_in(client, namespace);
-    let page = api.list_metadata(params).await?;
-    let items = page.items.into_iter().map(|m| m.metadata).collect();
-    Ok((items, page.metadata.continue_))
 }

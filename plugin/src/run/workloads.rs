@@ -38,7 +38,7 @@ use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-use crate::cluster::api_error;
+use crate::cluster::{api_error, lean_list};
 
 /// The kinds `propagate` restamps and `status` checks.
 pub const KINDS: [WorkloadKind; 4] = [
@@ -296,14 +296,13 @@ pub async fn list_opted_in(client: &Client, namespace: &str) -> Result<Vec<Workl
     let no_labels = BTreeMap::new();
     let mut out = Vec::new();
     for kind in KINDS {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), namespace, &api_resource(kind));
-        let list = match api.list(&params).await {
-            Ok(list) => list,
+        let items = match lean_list::dynamic(client, &api_resource(kind), namespace, &params).await
+        {
+            Ok(items) => items,
             Err(e) if api_error::is_not_found(&e) => continue,
             Err(e) => return Err(e),
         };
-        for obj in &list.items {
+        for obj in &items {
             // The selector already chose; this keeps the rule where a server applies it loosely.
             let labels = obj.metadata.labels.as_ref().unwrap_or(&no_labels);
             if !opted_in(&ns_labels, labels) {
