@@ -97,56 +97,65 @@ pub fn run(items: usize, rounds: usize) -> anyhow::Result<Vec<DecodeRow>> {
         lean_list::dynamic_items(&text)? == want.items,
         "the two readings of the workload list differ"
     );
-    let (kube, lean) = race(
-        rounds,
-        iterations,
-        || {
-            let r: Result<ObjectList<DynamicObject>, _> = serde_json::from_str(&text);
+    rows.push(timed(
+        "workload list (Deployments, DynamicObject)",
+        items,
+        &text,
+        (rounds, iterations),
+        |t| {
+            let r: Result<ObjectList<DynamicObject>, _> = serde_json::from_str(t);
             std::hint::black_box(r.ok());
         },
-        || {
-            std::hint::black_box(lean_list::dynamic_items(&text).ok());
+        |t| {
+            std::hint::black_box(lean_list::dynamic_items(t).ok());
         },
-    );
-    rows.push(DecodeRow {
-        label: "workload list (Deployments, DynamicObject)",
-        items,
-        bytes: text.len(),
-        kube,
-        lean,
-    });
+    ));
 
     let text = config_map_metadata(items);
     let want: ObjectList<PartialObjectMeta<ConfigMap>> = serde_json::from_str(&text)?;
     let (got, _) = lean_list::metadata_items(&text)?;
     anyhow::ensure!(
-        got.iter().zip(&want.items).all(|(g, w)| {
-            let mut w = w.metadata.clone();
-            w.managed_fields = None;
-            *g == w
-        }),
+        got.len() == want.items.len()
+            && got.iter().zip(&want.items).all(|(g, w)| {
+                let mut w = w.metadata.clone();
+                w.managed_fields = None;
+                *g == w
+            }),
         "the two readings of the metadata list differ"
     );
-    let (kube, lean) = race(
-        rounds,
-        iterations,
-        || {
-            let r: Result<ObjectList<PartialObjectMeta<ConfigMap>>, _> =
-                serde_json::from_str(&text);
+    rows.push(timed(
+        "copy metadata list (ConfigMaps, PartialObjectMetadata)",
+        items,
+        &text,
+        (rounds, iterations),
+        |t| {
+            let r: Result<ObjectList<PartialObjectMeta<ConfigMap>>, _> = serde_json::from_str(t);
             std::hint::black_box(r.ok());
         },
-        || {
-            std::hint::black_box(lean_list::metadata_items(&text).ok());
+        |t| {
+            std::hint::black_box(lean_list::metadata_items(t).ok());
         },
-    );
-    rows.push(DecodeRow {
-        label: "copy metadata list (ConfigMaps, PartialObjectMetadata)",
+    ));
+    Ok(rows)
+}
+
+/// Both readings of `text` raced, `rounds` alternating rounds of `iterations` calls each.
+fn timed(
+    label: &'static str,
+    items: usize,
+    text: &str,
+    (rounds, iterations): (usize, usize),
+    kube: impl Fn(&str),
+    lean: impl Fn(&str),
+) -> DecodeRow {
+    let (kube, lean) = race(rounds, iterations, || kube(text), || lean(text));
+    DecodeRow {
+        label,
         items,
         bytes: text.len(),
         kube,
         lean,
-    });
-    Ok(rows)
+    }
 }
 
 pub fn table(rows: &[DecodeRow]) -> String {

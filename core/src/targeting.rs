@@ -39,6 +39,7 @@
 //! - `rolloutStrategy.partitions` narrow the matched clusters to those some partition holds,
 //!   and an unreadable rollout value fails the whole Bundle ([`partitions`]).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -311,24 +312,31 @@ impl ByName {
     }
 
     /// The indices of the targets that may match `cluster`, ascending (Fleet's order of trial).
-    fn candidates(&self, cluster: &ClusterView<'_>) -> Vec<usize> {
+    /// Borrowed when no target names the cluster, the common case of selector targets: nothing
+    /// is allocated per cluster then.
+    fn candidates(&self, cluster: &ClusterView<'_>) -> Cow<'_, [usize]> {
         #[cfg(test)]
         if let Some(all) = self.scan_all {
-            return (0..all).collect();
+            return Cow::Owned((0..all).collect());
         }
         let display = cluster
             .labels
             .get(FLEET_DISPLAY_NAME_LABEL)
             .map(String::as_str)
             .filter(|d| *d != cluster.name);
+        let mut named = std::iter::once(cluster.name)
+            .chain(display)
+            .filter_map(|name| self.named.get(name))
+            .peekable();
+        if named.peek().is_none() {
+            return Cow::Borrowed(&self.unnamed);
+        }
         let mut out = self.unnamed.clone();
-        for name in std::iter::once(cluster.name).chain(display) {
-            if let Some(named) = self.named.get(name) {
-                out.extend_from_slice(named);
-            }
+        for targets in named {
+            out.extend_from_slice(targets);
         }
         out.sort_unstable();
-        out
+        Cow::Owned(out)
     }
 }
 

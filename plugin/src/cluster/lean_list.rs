@@ -129,6 +129,13 @@ impl Key<'_> {
             Key::Owned(k) => k,
         }
     }
+
+    fn into_string(self) -> String {
+        match self {
+            Key::Borrowed(k) => k.to_owned(),
+            Key::Owned(k) => k,
+        }
+    }
 }
 
 impl<'de> Deserialize<'de> for Key<'de> {
@@ -175,7 +182,7 @@ impl<'de> Deserialize<'de> for LeanDynamic {
                         metadata = Some(map.next_value_seed(MetaSeed)?);
                     } else {
                         let value: Value = map.next_value()?;
-                        data.insert(key.as_str().to_owned(), value);
+                        data.insert(key.into_string(), value);
                     }
                 }
                 let metadata = metadata.ok_or_else(|| de::Error::missing_field("metadata"))?;
