@@ -371,6 +371,16 @@ impl State {
             .map(|ats| ats.into_iter().max().unwrap_or_else(Instant::now))
     }
 
+    /// When the first of `slots` came to hold `value`.
+    fn first_holding(&self, slots: usize, value: &str) -> Option<Instant> {
+        (0..slots)
+            .filter_map(|i| match self.copy.get(&i) {
+                Some((Some(v), at)) if v == value => Some(*at),
+                _ => None,
+            })
+            .min()
+    }
+
     /// The marks each slot has had so far.
     fn known_marks(&self) -> BTreeMap<usize, BTreeSet<String>> {
         self.marks
@@ -954,6 +964,9 @@ async fn one(
             |s| s.new_marks(all, &known),
         )
         .await?;
+        let first = state
+            .first_holding(all, &value)
+            .map_or(Duration::ZERO, |at| at.saturating_duration_since(started));
         copies.push(copied.saturating_duration_since(started).as_nanos() as u64);
         rollouts.push(rolled.saturating_duration_since(started).as_nanos() as u64);
         // The next edit must not fall into this edit's run, on any shard.
@@ -966,9 +979,10 @@ async fn one(
             .await?;
         rss_per_edit.push(sum_samples(&watchers.samples()).rss_kib);
         eprintln!(
-            "watch: edit {}/{}: copies {}, readers {} ms",
+            "watch: edit {}/{}: first copy {}, copies {}, readers {} ms",
             edit + 1,
             settings.edits,
+            ms(first),
             ms(Duration::from_nanos(*copies.last().unwrap_or(&0))),
             ms(Duration::from_nanos(*rollouts.last().unwrap_or(&0))),
         );

@@ -66,7 +66,8 @@ pub struct TargetArgs {
     pub concurrency: u32,
 
     /// Time one downstream cluster may take in total before its rows are reported
-    /// Unreachable; other clusters are not held up
+    /// Unreachable; other clusters are not held up (propagate: its copies, and then its
+    /// restamps, each within this time)
     #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration, default_value = "60s")]
     pub cluster_timeout: Duration,
 }

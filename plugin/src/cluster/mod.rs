@@ -4,6 +4,7 @@
 
 pub mod api_error;
 pub mod client_cache;
+pub mod cluster_store;
 pub mod clusters;
 pub mod context;
 pub mod http_client;

@@ -14,7 +14,7 @@
 //!   or unreachable one is asked again each run);
 //! - everything is dropped on a resync, on becoming leader, after a failed run, and whenever a
 //!   watch of Secrets or Clusters re-lists or fails ([`ReadCache::clear`]), so the periodic full
-//!   run reads everything afresh.
+//!   run reads everything afresh (its Clusters too: [`crate::cluster::cluster_store`]).
 //!
 //! Bounded by the fleet: one entry per kubeconfig Secret and per client, dropped with them.
 
@@ -24,6 +24,7 @@ use std::sync::Mutex;
 use k8s_openapi::api::core::v1::Secret;
 
 use crate::cluster::client_cache::ClientKey;
+use crate::cluster::cluster_store::ClusterStore;
 use crate::cluster::kept_hashes::KeptHashes;
 
 /// See the module documentation. Holds credentials: never logged, never printed.
@@ -34,6 +35,8 @@ pub struct ReadCache {
     /// Hashes of the live copies downstream, exact by `resourceVersion`
     /// ([`crate::cluster::kept_hashes`]).
     hashes: KeptHashes,
+    /// The Fleet Clusters as the Cluster watch sees them ([`crate::cluster::cluster_store`]).
+    clusters: ClusterStore,
 }
 
 #[derive(Default)]
@@ -69,6 +72,7 @@ impl ReadCache {
             scope,
             inner: Mutex::new(Inner::default()),
             hashes: KeptHashes::default(),
+            clusters: ClusterStore::default(),
         }
     }
 
@@ -137,6 +141,21 @@ impl ReadCache {
             inner.identities.clear();
         }
         self.hashes.clear();
+        self.clusters.read_afresh();
+    }
+
+    /// The Fleet Clusters of the watched scope, kept by the Cluster watch.
+    pub fn clusters(&self) -> &ClusterStore {
+        &self.clusters
+    }
+
+    /// Every Fleet Cluster of `namespace` (`None`: all) from the Cluster watch, when it covers
+    /// exactly that and may be served ([`ClusterStore::snapshot`]).
+    pub fn clusters_of(&self, namespace: Option<&str>) -> Option<Vec<helmop_core::model::Cluster>> {
+        if self.scope.as_deref() != namespace {
+            return None;
+        }
+        self.clusters.snapshot()
     }
 
     /// The hashes of live copies kept between runs.

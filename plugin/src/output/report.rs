@@ -41,6 +41,23 @@ pub struct Row {
 }
 
 impl Row {
+    /// A row about no particular resource: a whole cluster (`namespace` empty) or one namespace
+    /// on it.
+    pub fn about(cluster: String, namespace: &str, state: RowState, reason: String) -> Row {
+        Row {
+            helmops: Vec::new(),
+            cluster,
+            namespace: namespace.to_owned(),
+            kind: String::new(),
+            name: String::new(),
+            workload: None,
+            state,
+            reason,
+            in_sync: None,
+            fleet_copy: None,
+        }
+    }
+
     /// A row about `workload` reading the copy of `resource` on `cluster` in `namespace`.
     pub fn workload(
         helmops: Vec<String>,

@@ -689,10 +689,21 @@ async fn list_fleet(
     helmops: &[HelmOp],
     optional: bool,
 ) -> Result<FleetObjects, PluginError> {
+    // A watcher's Cluster watch keeps them (crate::cluster::cluster_store).
+    let kept = ctx.reads.as_ref().and_then(|r| r.clusters_of(namespace));
+    if let Some(kept) = &kept {
+        tracing::debug!(
+            clusters = kept.len(),
+            "Clusters read from the Cluster watch"
+        );
+    }
     let mut fleet = FleetObjects {
-        clusters: match list(ctx, namespace, "Clusters").await {
-            Err(ListError::NoSuchKind(_)) if optional => return Ok(FleetObjects::default()),
-            other => other?,
+        clusters: match kept {
+            Some(clusters) => clusters,
+            None => match list(ctx, namespace, "Clusters").await {
+                Err(ListError::NoSuchKind(_)) if optional => return Ok(FleetObjects::default()),
+                other => other?,
+            },
         },
         groups: match list(ctx, namespace, "ClusterGroups").await {
             Err(ListError::NoSuchKind(_)) if optional => Vec::new(),

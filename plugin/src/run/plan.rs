@@ -37,18 +37,12 @@ pub fn unreachable_rows(inv: &Inventory, downstream: &Downstream, reason: &str) 
             .insert(d.helmop.to_string());
     }
     if by_place.is_empty() {
-        return vec![Row {
-            helmops: Vec::new(),
-            cluster: downstream.display(),
-            namespace: String::new(),
-            kind: String::new(),
-            name: String::new(),
-            workload: None,
-            state: RowState::Unreachable,
-            reason: reason.to_string(),
-            in_sync: None,
-            fleet_copy: None,
-        }];
+        return vec![Row::about(
+            downstream.display(),
+            "",
+            RowState::Unreachable,
+            reason.to_string(),
+        )];
     }
     by_place
         .into_iter()
@@ -327,15 +321,7 @@ pub fn problem_rows(problems: &[Problem]) -> Vec<Row> {
         .iter()
         .map(|p| Row {
             helmops: vec![p.helmop.clone()],
-            cluster: "-".into(),
-            namespace: String::new(),
-            kind: String::new(),
-            name: String::new(),
-            workload: None,
-            state: RowState::Invalid,
-            reason: p.message.clone(),
-            in_sync: None,
-            fleet_copy: None,
+            ..Row::about("-".into(), "", RowState::Invalid, p.message.clone())
         })
         .collect()
 }

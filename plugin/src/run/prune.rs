@@ -141,18 +141,12 @@ pub async fn prune(ctx: &Ctx, opts: &PruneOpts) -> Result<PruneReport, PluginErr
                 }
             },
             |d, reason| {
-                vec![Row {
-                    helmops: Vec::new(),
-                    cluster: d.display(),
-                    namespace: String::new(),
-                    kind: String::new(),
-                    name: String::new(),
-                    workload: None,
-                    state: RowState::Unreachable,
-                    reason: format!("{reason}; nothing pruned there"),
-                    in_sync: None,
-                    fleet_copy: None,
-                }]
+                vec![Row::about(
+                    d.display(),
+                    "",
+                    RowState::Unreachable,
+                    format!("{reason}; nothing pruned there"),
+                )]
             },
         )
         .await;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::cluster::clusters::Downstream;
+use crate::cluster::clusters::{Downstream, Limits};
 use crate::error::PluginError;
 
 /// How progress is shown on stderr.
@@ -49,12 +49,41 @@ where
     F: Fn(usize, kube::Client) -> Fut,
     Fut: Future<Output = Result<T, PluginError>>,
 {
+    let limits = Limits {
+        concurrency,
+        timeout: deadline,
+    };
+    for_each_cluster_where(downstreams, &|_| true, limits, progress, what, work).await
+}
+
+/// [`for_each_cluster`] over the downstreams (by index) `wanted` keeps, in the same turns; the
+/// others get no result.
+pub async fn for_each_cluster_where<T, F, Fut>(
+    downstreams: &[Downstream],
+    wanted: &dyn Fn(usize) -> bool,
+    limits: Limits,
+    progress: Progress,
+    what: &str,
+    work: F,
+) -> Vec<ClusterResult<T>>
+where
+    F: Fn(usize, kube::Client) -> Fut,
+    Fut: Future<Output = Result<T, PluginError>>,
+{
+    let groups: Vec<Vec<usize>> = turns(downstreams)
+        .into_iter()
+        .map(|mut group| {
+            group.retain(|&i| wanted(i));
+            group
+        })
+        .filter(|group| !group.is_empty())
+        .collect();
+    let count: usize = groups.iter().map(Vec::len).sum();
+    let (concurrency, deadline) = (limits.concurrency, limits.timeout);
     let bar = match progress {
         Progress::Auto if std::io::stderr().is_terminal() => {
-            let bar = ProgressBar::with_draw_target(
-                Some(downstreams.len() as u64),
-                ProgressDrawTarget::stderr(),
-            );
+            let bar =
+                ProgressBar::with_draw_target(Some(count as u64), ProgressDrawTarget::stderr());
             if let Ok(style) = ProgressStyle::with_template(
                 "{spinner} {prefix} [{bar:30}] {pos}/{len} clusters {wide_msg}",
             ) {
@@ -91,7 +120,7 @@ where
         ClusterResult { index, outcome }
     };
     let one = &one;
-    let mut results: Vec<ClusterResult<T>> = futures::stream::iter(turns(downstreams))
+    let mut results: Vec<ClusterResult<T>> = futures::stream::iter(groups)
         .map(|group| async move {
             let mut out = Vec::with_capacity(group.len());
             for index in group {

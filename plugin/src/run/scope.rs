@@ -46,13 +46,18 @@ impl Scope {
         }
     }
 
+    /// Clusters at once (`--concurrency`) and the deadline of each (`--cluster-timeout`).
+    pub fn limits(&self) -> Limits {
+        Limits {
+            concurrency: self.concurrency,
+            timeout: self.cluster_timeout,
+        }
+    }
+
     /// Enumerates the HelmOps, clusters and desired copies in scope (see
     /// [`inventory::enumerate`] for `for_prune`).
     pub async fn inventory(&self, ctx: &Ctx, for_prune: bool) -> Result<Inventory, PluginError> {
-        let limits = Limits {
-            concurrency: self.concurrency,
-            timeout: self.cluster_timeout,
-        };
+        let limits = self.limits();
         inventory::enumerate(
             ctx,
             &self.selection,
@@ -79,10 +84,30 @@ impl Scope {
         Fut: Future<Output = Result<Vec<T>, PluginError>>,
         U: Fn(&Downstream, &str) -> Vec<T>,
     {
-        let results = runner::for_each_cluster(
+        self.rows_per_cluster_where(inv, what, |_| true, work, unreachable)
+            .await
+    }
+
+    /// [`Scope::rows_per_cluster`] over the downstream clusters `wanted` keeps.
+    pub async fn rows_per_cluster_where<'a, T, W, F, Fut, U>(
+        &self,
+        inv: &'a Inventory,
+        what: &str,
+        wanted: W,
+        work: F,
+        unreachable: U,
+    ) -> (Vec<T>, Vec<String>)
+    where
+        W: Fn(&Downstream) -> bool,
+        F: Fn(&'a Downstream, kube::Client) -> Fut,
+        Fut: Future<Output = Result<Vec<T>, PluginError>>,
+        U: Fn(&Downstream, &str) -> Vec<T>,
+    {
+        let limits = self.limits();
+        let results = runner::for_each_cluster_where(
             &inv.downstreams,
-            self.concurrency,
-            self.cluster_timeout,
+            &|index| wanted(&inv.downstreams[index]),
+            limits,
             self.progress,
             what,
             |index, client| work(&inv.downstreams[index], client),

@@ -1,7 +1,8 @@
 //! What makes `propagate --watch` run again: watches (never polling) on the upstream cluster's
 //! HelmOps, Clusters, ClusterGroups, BundleNamespaceMappings, and the Secrets and ConfigMaps of
 //! the namespaces HelmOps live in. Metadata-only watches: a change is all that matters here, the
-//! run reads what it needs.
+//! run reads what it needs; except the Clusters, which a watcher's runs read from this watch
+//! ([`crate::cluster::cluster_store`]).
 //!
 //! Not watched: Clusters of namespaces mapped into a namespace-scoped run (they are listed each
 //! run, and `--resync` picks up their changes), and Namespace labels (a mapping's
@@ -48,6 +49,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::cluster::cluster_store::Seen;
 use crate::cluster::read_cache::ReadCache;
 use crate::run::focus::SourceKey;
 use crate::run::inventory::Selection;
@@ -167,6 +169,7 @@ pub fn spawn(
             marks: Marks::Namespace,
             plan_view: meta_view,
             focuses: true,
+            keep: None,
         },
         tx.clone(),
         interesting.clone(),
@@ -181,6 +184,9 @@ pub fn spawn(
                 marks: Marks::Namespace,
                 plan_view: cluster_view,
                 focuses: false,
+                keep: reads.clone().map(|reads| -> Keep<Cluster> {
+                    Box::new(move |seen| reads.clusters().see(seen))
+                }),
             },
             tx.clone(),
             interesting.clone(),
@@ -194,6 +200,7 @@ pub fn spawn(
                 marks: Marks::Nothing,
                 plan_view: meta_view,
                 focuses: false,
+                keep: None,
             },
             tx.clone(),
             interesting.clone(),
@@ -237,6 +244,7 @@ pub fn spawn(
                 marks: Marks::NothingAndMayBeUnserved,
                 plan_view: meta_view,
                 focuses: false,
+                keep: None,
             },
             tx,
             interesting.clone(),
@@ -279,7 +287,13 @@ struct Kind<K> {
     plan_view: fn(&K) -> u64,
     /// A change or creation names the object (a HelmOp): the run may cover only its clusters.
     focuses: bool,
+    /// Keeps what the watch sees for the runs (the Clusters, [`crate::cluster::cluster_store`]):
+    /// listings, deletions, and the changes `plan_view` sees (what a plan reads: a store keeps
+    /// nothing else); called before the event's trigger is sent, so the run it starts sees it.
+    keep: Option<Keep<K>>,
 }
+
+type Keep<K> = Box<dyn Fn(Seen<'_, K>) + Send + Sync>;
 
 fn watch_kind<K>(
     api: Api<K>,
@@ -297,7 +311,13 @@ where
         marks,
         plan_view,
         focuses,
+        keep,
     } = kind;
+    let keep = move |seen: Seen<'_, K>| {
+        if let Some(keep) = &keep {
+            keep(seen);
+        }
+    };
     tokio::spawn(async move {
         let stream = watcher::watcher(api, config).default_backoff();
         let mut stream = std::pin::pin!(stream);
@@ -315,14 +335,18 @@ where
                         interesting.add(&key(&obj).0);
                     }
                     listing.insert(key(&obj), plan_view(&obj));
+                    keep(Seen::Listed(&obj));
                 }
                 Ok(Event::Apply(obj)) => {
                     let at = key(&obj);
                     let fingerprint = plan_view(&obj);
+                    // What is kept is what a plan reads: a status-only write changes nothing of
+                    // it but the resourceVersion (at 10,000 Clusters, 667 check-ins a second).
                     if seen.insert(at.clone(), fingerprint) == Some(fingerprint) {
                         tracing::trace!(kind = label, namespace = %at.0, name = %at.1, "status-only change: no run");
                         continue;
                     }
+                    keep(Seen::Applied(&obj));
                     let (ns, name) = at;
                     if marks == Marks::Namespace {
                         interesting.add(&ns);
@@ -334,12 +358,17 @@ where
                     });
                 }
                 Ok(Event::Delete(obj)) => {
+                    keep(Seen::Deleted(&obj));
                     let (ns, name) = key(&obj);
                     seen.remove(&(ns.clone(), name.clone()));
                     send(&tx, format!("{label} {ns}/{name} deleted"));
                 }
-                Ok(Event::Init) => listing.clear(),
+                Ok(Event::Init) => {
+                    keep(Seen::Listing);
+                    listing.clear();
+                }
                 Ok(Event::InitDone) => {
+                    keep(Seen::ListedAll);
                     seen = std::mem::take(&mut listing);
                     if listed {
                         send(&tx, format!("{label} watch re-listed"));
@@ -353,6 +382,7 @@ where
                     failing = false;
                 }
                 Err(e) => {
+                    keep(Seen::Failed);
                     if !failing {
                         if marks == Marks::NothingAndMayBeUnserved && is_not_served(&e) {
                             tracing::debug!(

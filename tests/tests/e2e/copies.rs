@@ -511,6 +511,121 @@ async fn a_run_killed_between_copy_writes_and_restamps_is_repaired_by_the_next()
     Ok(())
 }
 
+/// A run writes every cluster's copies before it restamps any reader, and a cluster whose
+/// restamps do not finish within `--cluster-timeout` keeps its written copies: its readers are
+/// reported `Failed` (exit 2) and restamped by the next run.
+#[tokio::test]
+async fn copies_reach_every_cluster_before_any_reader_is_restamped() -> anyhow::Result<()> {
+    let f = Fleet::new("cp-passes").await?;
+    let apps = f.dest("apps");
+    create_secret(&f.upstream, &f.ns, "db", &[("password", b"one")]).await?;
+    f.helmop(&helmop_yaml(
+        "app",
+        &format!(
+            "defaultNamespace: {apps}\ndownstreamResources:\n- {{kind: Secret, name: db}}\ntargets:\n- clusterSelector: {{matchLabels: {{env: prod}}}}\n"
+        ),
+    ))
+    .await?;
+    let (code, report) = propagate(&f, "app", &[]).await?;
+    assert_eq!(code, 0, "{report:#}");
+    let readers = [&f.down1, &f.down2].map(|c| Api::<Deployment>::namespaced(c.clone(), &apps));
+    for api in &readers {
+        api.create(
+            &PostParams::default(),
+            &deployment_reading(&apps, "web", "db")?,
+        )
+        .await?;
+    }
+    let (code, report) = propagate(&f, "app", &[]).await?;
+    assert_eq!(code, 0, "{report:#}");
+    let restamp = |d: &Deployment| annotation(&d.metadata, "helmop.dev/restamp").map(String::from);
+    let before = readers[0].get("web").await?;
+
+    // One cluster at a time: in one pass per cluster, down2 would not have been started while
+    // down1 waits before its restamps.
+    set_secret_data(&f.upstream, &f.ns, "db", json!({"password": b64(b"two")})).await?;
+    let (c1, c2) = (format!("{}/down1", f.ns), format!("{}/down2", f.ns));
+    let mut run = Paused::start(
+        "before-restamp",
+        &c1,
+        &[
+            "propagate",
+            "app",
+            "-n",
+            &f.ns,
+            "-o",
+            "json",
+            "--concurrency",
+            "1",
+            "--cluster-timeout",
+            "5s",
+        ],
+    )
+    .await?;
+    for (cluster, client) in [("down1", &f.down1), ("down2", &f.down2)] {
+        let copy = some(get_secret(client, &apps, "db").await?, "db copy")?;
+        assert_eq!(
+            copy.data.clone().unwrap_or_default()["password"].0,
+            b"two",
+            "{cluster}'s copy is written while down1 waits to restamp"
+        );
+    }
+    assert_eq!(restamp(&readers[0].get("web").await?), restamp(&before));
+
+    // down1's restamps run out of their deadline at the pause; down2's pause is released.
+    let marker = format!("helmop-test: paused at before-restamp on {c2}");
+    wait_until("down2 to pause before its restamps", RUN, || {
+        let seen = run.process.stderr().contains(&marker);
+        async move { Ok(seen) }
+    })
+    .await?;
+    run.release()?;
+    let status = run.process.wait_exit(RUN).await?;
+    let report: Value = serde_json::from_str(&run.process.lines().join("\n"))
+        .map_err(|e| anyhow::anyhow!("{e}: {}", run.process.context()))?;
+    assert_eq!(status.code(), Some(2), "{report:#}");
+    let r = rows(&report);
+    assert_eq!(row(&r, &c1, "db")["state"], "Updated", "{report:#}");
+    assert_eq!(row(&r, &c2, "db")["state"], "Updated", "{report:#}");
+    let left: Vec<&Value> = r
+        .iter()
+        .filter(|x| x["cluster"] == c1.as_str() && x["state"] == "Failed")
+        .collect();
+    assert_eq!(left.len(), 1, "{report:#}");
+    assert_eq!(left[0]["namespace"], apps.as_str());
+    let reason = left[0]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("readers not restamped: no answer within --cluster-timeout 5s"),
+        "{reason}"
+    );
+    assert_eq!(on_rows(&report, &c1), Vec::<String>::new(), "{report:#}");
+    assert_eq!(on_rows(&report, &c2), ["Restamped"], "{report:#}");
+    let hash_of = |s: &Secret| {
+        annotation(&s.metadata, "helmop.dev/content-hash")
+            .unwrap_or_default()
+            .to_string()
+    };
+    let copy = some(get_secret(&f.down1, &apps, "db").await?, "db copy")?;
+    let new = Some(format!("secret/db={}", hash_of(&copy)));
+    assert_ne!(restamp(&readers[0].get("web").await?), new);
+
+    // The next run restamps what the deadline left.
+    let (code, report) = propagate(&f, "app", &[]).await?;
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(on_rows(&report, &c1), ["Restamped"], "{report:#}");
+    assert_eq!(restamp(&readers[0].get("web").await?), new);
+    Ok(())
+}
+
+/// The states of the rows about `Deployment/web` on `cluster`.
+fn on_rows(report: &Value, cluster: &str) -> Vec<String> {
+    rows(report)
+        .iter()
+        .filter(|x| x["cluster"] == cluster && x["workload"] == "Deployment/web")
+        .filter_map(|x| x["state"].as_str().map(String::from))
+        .collect()
+}
+
 #[tokio::test]
 async fn a_copy_edited_downstream_is_drifted_until_the_next_run_repairs_it() -> anyhow::Result<()> {
     let f = Fleet::new("cp-drift").await?;

@@ -1384,7 +1384,10 @@ async fn status_only_writes_start_no_run() -> anyhow::Result<()> {
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut w = PluginProcess::spawn(
         &refs,
-        &[("HELMOP_LOG", "info,kubectl_helmop::watch::triggers=trace")],
+        &[(
+            "HELMOP_LOG",
+            "info,kubectl_helmop::watch::triggers=trace,kubectl_helmop::run::inventory=debug",
+        )],
     )?;
     w.wait_event("the start-up run", PROPAGATION_BOUND, 0, |e| {
         e["event"] == "run"
@@ -1443,6 +1446,12 @@ async fn status_only_writes_start_no_run() -> anyhow::Result<()> {
     }
     let filtered = w.stderr().matches("status-only change: no run").count();
     assert_eq!(filtered, 2 * WRITES, "{}", w.context());
+    // Those runs read the Clusters from the Cluster watch, not from a list upstream.
+    assert!(
+        w.stderr().contains("Clusters read from the Cluster watch"),
+        "{}",
+        w.context()
+    );
     for reason in &reasons {
         let runs = w.events()[seen..]
             .iter()

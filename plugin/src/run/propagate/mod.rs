@@ -5,9 +5,10 @@
 //! per-cluster deadline) observe the copies (content hashed in memory, for drift), plan with
 //! `helmop_core::plan`, and execute: a POST for a new copy, server-side apply of a changed one,
 //! delete-then-create for one Kubernetes cannot change in place, nothing at all for unchanged
-//! ones, and a `helmop.dev/restamp` on every opted-in workload whose restamp record does not
-//! list the content its copies have now (decided from state, so a killed run is repaired by
-//! the next). Deleting unwanted copies is `prune`'s job: they are only reported here. Rules:
+//! ones; then, in a second pass over the clusters once every copy is written, a
+//! `helmop.dev/restamp` on every opted-in workload whose restamp record does not list the
+//! content its copies have now (decided from state, so a killed run is repaired by the next).
+//! Deleting unwanted copies is `prune`'s job: they are only reported here. Rules:
 //! docs/copy-lifecycle.md.
 //!
 //! For `--watch` (a loop around this): build the [`Ctx`] once, call [`propagate_once`] with
@@ -18,7 +19,8 @@
 mod apply;
 mod recreate;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Mutex, PoisonError};
 
 use helmop_core::names;
 use helmop_core::plan::{Action, ActionKind};
@@ -160,7 +162,14 @@ pub async fn propagate_focused(
     focus: &Focus,
 ) -> Result<Report, PluginError> {
     let writes_before = ctx.writes();
+    let started = std::time::Instant::now();
+    // Where a run's time goes (`HELMOP_LOG=kubectl_helmop=debug`), since its start.
+    let lap = |step: &str| {
+        let ms = started.elapsed().as_millis() as u64;
+        tracing::debug!(step, ms, "run step done");
+    };
     let mut inv = opts.scope.inventory(ctx, false).await?;
+    lap("inventory");
     let covered = focus::covered(&inv, focus);
     if let Some(covered) = &covered {
         inv.downstreams.retain(|d| covered.contains(&d.key));
@@ -179,30 +188,71 @@ pub async fn propagate_focused(
         }
     }
     let sources = sources::fetch(ctx, &inv.desired, &key).await?;
+    lap("sources");
     let same = SameCluster::default();
+    // Two passes: every cluster's copies first, then their readers' restamps. A copy is what an
+    // edit is for (a mounted one reaches running pods without a rollout), and its write is about
+    // a third of a cluster's requests; in one pass the last cluster's copy waited for every other
+    // cluster's restamps as well (docs/decisions.md, "Copies first, and Clusters from the watch").
+    let pending: Mutex<HashMap<String, Readers>> = Mutex::default();
+    let run = |downstream, client| ClusterRun {
+        ctx,
+        opts,
+        inv: &inv,
+        sources: &sources,
+        downstream,
+        client,
+        same: &same,
+    };
     let (mut rows, unreachable) = opts
         .scope
         .rows_per_cluster(
             &inv,
             "propagate",
             |downstream, client| {
-                let (inv, sources, same) = (&inv, &sources, &same);
+                let (run, pending) = (&run, &pending);
                 async move {
-                    let run = ClusterRun {
-                        ctx,
-                        opts,
-                        inv,
-                        sources,
-                        downstream,
-                        client,
-                        same,
-                    };
-                    run.run().await
+                    let (rows, readers) = run(downstream, client).write_copies().await?;
+                    if !readers.is_empty() {
+                        let mut pending = pending.lock().unwrap_or_else(PoisonError::into_inner);
+                        pending.insert(downstream.key.clone(), readers);
+                    }
+                    Ok(rows)
                 }
             },
             |downstream, reason| unreachable_rows(&inv, downstream, reason),
         )
         .await;
+    lap("copies");
+    let pending = pending.into_inner().unwrap_or_else(PoisonError::into_inner);
+    if !pending.is_empty() {
+        let (restamps, _) = opts
+            .scope
+            .rows_per_cluster_where(
+                &inv,
+                "restamping",
+                |downstream| pending.contains_key(&downstream.key),
+                |downstream, client| {
+                    let readers = pending.get(&downstream.key);
+                    let run = &run;
+                    async move {
+                        Ok(match readers {
+                            Some(readers) => run(downstream, client).restamp_readers(readers).await,
+                            None => Vec::new(),
+                        })
+                    }
+                },
+                |downstream, reason| {
+                    pending
+                        .get(&downstream.key)
+                        .map(|readers| readers.unfinished(downstream, reason))
+                        .unwrap_or_default()
+                },
+            )
+            .await;
+        rows.extend(restamps);
+        lap("restamps");
+    }
     rows.extend(problem_rows(&inv.problems));
     rows.extend(problem_rows(&inv.rejected));
     rows.extend(uncopyable_rows(&inv));
@@ -341,6 +391,44 @@ struct CopyState {
     helmops: Vec<String>,
 }
 
+/// What a cluster's first pass leaves for its second: every copy of ours there after the writes
+/// (or, dry, as they would stand), per namespace that may hold readers. Restamps are decided from
+/// this state, not from what the run wrote, so a run killed between the two passes is repaired by
+/// the next one.
+#[derive(Default)]
+struct Readers {
+    copies: BTreeMap<String, BTreeMap<ResourceRef, CopyState>>,
+    /// Copies the run deleted to recreate and could not create again: their readers are not
+    /// restamped (their new pods could not start).
+    lost: BTreeMap<String, BTreeSet<ResourceRef>>,
+    /// Copies Fleet's agent makes: their readers are decided from live reads.
+    fleet: BTreeMap<String, BTreeMap<ResourceRef, Vec<String>>>,
+}
+
+impl Readers {
+    fn is_empty(&self) -> bool {
+        self.copies.is_empty() && self.fleet.is_empty()
+    }
+
+    /// The rows of a second pass that did not finish: one per namespace whose readers were left.
+    fn unfinished(&self, downstream: &Downstream, why: &str) -> Vec<Row> {
+        let namespaces: BTreeSet<&String> = self.copies.keys().chain(self.fleet.keys()).collect();
+        namespaces
+            .into_iter()
+            .map(|namespace| {
+                Row::about(
+                    downstream.display(),
+                    namespace,
+                    RowState::Failed,
+                    format!(
+                        "the copies were written, their readers not restamped: {why}; the next run restamps them"
+                    ),
+                )
+            })
+            .collect()
+    }
+}
+
 /// The outcome of one action: the row's state and reason, and the content hash the copy has
 /// afterwards (`None` when there is no copy of ours there, or its content is unknown).
 struct Outcome {
@@ -373,7 +461,9 @@ impl ClusterRun<'_> {
             .is_some()
     }
 
-    async fn run(&self) -> Result<Vec<Row>, PluginError> {
+    /// The first pass: observes and plans the cluster and writes its copies. Returns the rows
+    /// and what the second pass ([`ClusterRun::restamp_readers`]) restamps from.
+    async fn write_copies(&self) -> Result<(Vec<Row>, Readers), PluginError> {
         let (obs, actions) = observe_and_plan(
             self.ctx,
             self.inv,
@@ -386,21 +476,17 @@ impl ClusterRun<'_> {
         crate::test_pause::pause("after-plan", &self.downstream.display()).await;
         let mut rows = Vec::new();
         let mut namespaces = obs.namespaces.clone();
-        // Every copy of ours on this cluster after the run, per namespace: restamps are decided
-        // from this state (not from what this run wrote), so a run killed between its copy
-        // writes and its restamps is repaired by the next one.
-        let mut copies: BTreeMap<String, BTreeMap<ResourceRef, CopyState>> = BTreeMap::new();
-        // Copies this run deleted to recreate and could not create again: their readers are
-        // not restamped (their new pods could not start).
-        let mut lost: BTreeMap<String, BTreeSet<ResourceRef>> = BTreeMap::new();
-        // Copies Fleet's agent makes: their readers are decided from live reads.
-        let mut fleet: BTreeMap<String, BTreeMap<ResourceRef, Vec<String>>> = BTreeMap::new();
+        let mut readers = Readers::default();
         for action in actions.iter().filter(|a| reported(a)) {
             if matches!(action.kind, ActionKind::SkipFleetManaged) {
-                fleet.entry(action.namespace.clone()).or_default().insert(
-                    action.resource.clone(),
-                    action.helmops.iter().map(ToString::to_string).collect(),
-                );
+                readers
+                    .fleet
+                    .entry(action.namespace.clone())
+                    .or_default()
+                    .insert(
+                        action.resource.clone(),
+                        action.helmops.iter().map(ToString::to_string).collect(),
+                    );
             }
             let identity = self.downstream.identity.as_deref();
             let place = (action.namespace.clone(), action.resource.clone());
@@ -415,7 +501,9 @@ impl ClusterRun<'_> {
             }
             let out = self.execute(action, &obs, &mut namespaces).await;
             if out.state == RowState::Lost {
-                lost.entry(action.namespace.clone())
+                readers
+                    .lost
+                    .entry(action.namespace.clone())
                     .or_default()
                     .insert(action.resource.clone());
             }
@@ -427,32 +515,43 @@ impl ClusterRun<'_> {
                 self.same.wrote(identity, place, done);
             }
             if let Some(hash) = out.hash {
-                copies.entry(action.namespace.clone()).or_default().insert(
-                    action.resource.clone(),
-                    CopyState {
-                        hash,
-                        helmops: action.helmops.iter().map(ToString::to_string).collect(),
-                    },
-                );
+                readers
+                    .copies
+                    .entry(action.namespace.clone())
+                    .or_default()
+                    .insert(
+                        action.resource.clone(),
+                        CopyState {
+                            hash,
+                            helmops: action.helmops.iter().map(ToString::to_string).collect(),
+                        },
+                    );
             }
             rows.push(row(self.downstream, action, out.state, out.reason));
         }
-        crate::test_pause::pause("before-restamp", &self.downstream.display()).await;
-        for (namespace, copies) in &copies {
-            // A namespace this run created (or, dry, would create) held nothing when it was
-            // made: no workload in it can have read a copy before this run wrote them.
-            if matches!(
+        // A namespace this run created (or, dry, would create) held nothing when it was made:
+        // no workload in it can have read a copy before this run wrote them.
+        readers.copies.retain(|namespace, _| {
+            !matches!(
                 namespaces.get(namespace),
                 Some(NamespaceState::Created | NamespaceState::Absent)
-            ) {
-                continue;
-            }
-            let lost = lost.get(namespace).cloned().unwrap_or_default();
-            rows.extend(self.restamp(namespace, copies, &lost).await);
+            )
+        });
+        Ok((rows, readers))
+    }
+
+    /// The second pass: restamps the readers of what [`ClusterRun::write_copies`] left.
+    async fn restamp_readers(&self, readers: &Readers) -> Vec<Row> {
+        crate::test_pause::pause("before-restamp", &self.downstream.display()).await;
+        let mut rows = Vec::new();
+        let none = BTreeSet::new();
+        for (namespace, copies) in &readers.copies {
+            let lost = readers.lost.get(namespace).unwrap_or(&none);
+            rows.extend(self.restamp(namespace, copies, lost).await);
         }
-        if !fleet.is_empty() {
+        if !readers.fleet.is_empty() {
             let key = crate::run::live_stamp::cluster_key(&self.client).await;
-            for (namespace, resources) in &fleet {
+            for (namespace, resources) in &readers.fleet {
                 let restamped: BTreeSet<String> = rows
                     .iter()
                     .filter(|r| r.namespace == *namespace)
@@ -472,7 +571,7 @@ impl ClusterRun<'_> {
                 self.same.restamped(identity, &r.namespace, workload, &by);
             }
         }
-        Ok(rows)
+        rows
     }
 
     /// Restamps the opted-in workloads of `namespace` reading a copy Fleet's agent makes whose
@@ -790,18 +889,6 @@ impl ClusterRun<'_> {
         copies: &BTreeMap<ResourceRef, CopyState>,
         lost: &BTreeSet<ResourceRef>,
     ) -> Vec<Row> {
-        let base = |kind: &str, name: &str, state: RowState, reason: String| Row {
-            helmops: Vec::new(),
-            cluster: self.downstream.display(),
-            namespace: namespace.to_string(),
-            kind: kind.to_string(),
-            name: name.to_string(),
-            workload: None,
-            state,
-            reason,
-            in_sync: None,
-            fleet_copy: None,
-        };
         let found = match workloads::list_opted_in(&self.client, namespace).await {
             Ok(w) => w,
             Err(e) => {
@@ -809,7 +896,8 @@ impl ClusterRun<'_> {
                     "cannot list workloads to restamp: {}",
                     api_error::describe(&e)
                 );
-                return vec![base("", "", RowState::Failed, reason)];
+                let cluster = self.downstream.display();
+                return vec![Row::about(cluster, namespace, RowState::Failed, reason)];
             }
         };
         let hashes: BTreeMap<ResourceRef, String> = copies
@@ -850,18 +938,18 @@ impl ClusterRun<'_> {
                 }
             };
             for resource in &due.copies {
-                let mut r = base(
-                    resource.kind.as_str(),
-                    &resource.name,
+                rows.push(Row::workload(
+                    copies
+                        .get(resource)
+                        .map(|c| c.helmops.clone())
+                        .unwrap_or_default(),
+                    self.downstream.display(),
+                    namespace,
+                    resource,
+                    w.display(),
                     state,
                     reason.clone(),
-                );
-                r.helmops = copies
-                    .get(resource)
-                    .map(|c| c.helmops.clone())
-                    .unwrap_or_default();
-                r.workload = Some(w.display());
-                rows.push(r);
+                ));
             }
         }
         rows
