@@ -79,8 +79,8 @@ pub fn fleet_key(name: &str) -> String {
     format!("cluster:{name}")
 }
 
-/// How identities are read: as many clusters at once, each within its deadline, as the run
-/// itself (`--concurrency`, `--cluster-timeout`).
+/// How many clusters a run works on at once, and each one's deadline (`--concurrency`,
+/// `--cluster-timeout`); identities are read within the same limits.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     pub concurrency: usize,

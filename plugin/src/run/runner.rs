@@ -33,32 +33,12 @@ pub struct ClusterResult<T> {
     pub outcome: Result<T, PluginError>,
 }
 
-/// Runs `work` for every downstream with a client, bounded and time-limited. Registrations
+/// Runs `work` for every downstream (by index) that `wanted` keeps, bounded and time-limited; one
+/// without a client gets the reason as its outcome, one left out gets no result. Registrations
 /// claiming one identity run one after the other, in the order given (each under its own
 /// deadline): when they do reach one cluster, a later one sees what an earlier one wrote instead
 /// of racing it, and a dry run announces them in the same order ([`crate::run::same_cluster`]).
 pub async fn for_each_cluster<T, F, Fut>(
-    downstreams: &[Downstream],
-    concurrency: usize,
-    deadline: Duration,
-    progress: Progress,
-    what: &str,
-    work: F,
-) -> Vec<ClusterResult<T>>
-where
-    F: Fn(usize, kube::Client) -> Fut,
-    Fut: Future<Output = Result<T, PluginError>>,
-{
-    let limits = Limits {
-        concurrency,
-        timeout: deadline,
-    };
-    for_each_cluster_where(downstreams, &|_| true, limits, progress, what, work).await
-}
-
-/// [`for_each_cluster`] over the downstreams (by index) `wanted` keeps, in the same turns; the
-/// others get no result.
-pub async fn for_each_cluster_where<T, F, Fut>(
     downstreams: &[Downstream],
     wanted: &dyn Fn(usize) -> bool,
     limits: Limits,
@@ -199,6 +179,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn only_the_wanted_clusters_are_worked_on() {
+        let downstreams = ["a", "b", "c", "d"].map(reachable);
+        let limits = Limits {
+            concurrency: 4,
+            timeout: Duration::from_secs(5),
+        };
+        let results = for_each_cluster(
+            &downstreams,
+            &|index| index % 2 == 1,
+            limits,
+            Progress::Quiet,
+            "test",
+            |index, _client| async move { Ok::<_, PluginError>(index * 10) },
+        )
+        .await;
+        let got: Vec<(usize, usize)> = results
+            .into_iter()
+            .map(|r| (r.index, r.outcome.unwrap_or(usize::MAX)))
+            .collect();
+        assert_eq!(got, [(1, 10), (3, 30)]);
+    }
+
+    #[tokio::test]
     async fn a_hanging_cluster_only_costs_its_own_deadline() {
         let downstreams = vec![
             reachable("fast"),
@@ -218,10 +221,14 @@ mod tests {
         let running = Arc::new(AtomicUsize::new(0));
         let max_running = Arc::new(AtomicUsize::new(0));
         let started = std::time::Instant::now();
+        let limits = Limits {
+            concurrency: 2,
+            timeout: Duration::from_millis(300),
+        };
         let results = for_each_cluster(
             &downstreams,
-            2,
-            Duration::from_millis(300),
+            &|_| true,
+            limits,
             Progress::Quiet,
             "test",
             |index, _client| {

@@ -104,7 +104,7 @@ impl Scope {
         U: Fn(&Downstream, &str) -> Vec<T>,
     {
         let limits = self.limits();
-        let results = runner::for_each_cluster_where(
+        let results = runner::for_each_cluster(
             &inv.downstreams,
             &|index| wanted(&inv.downstreams[index]),
             limits,
