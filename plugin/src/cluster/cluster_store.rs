@@ -10,7 +10,9 @@
 //! event (the store is updated before the event's trigger is sent), and any other run sees every
 //! event delivered so far. It serves nothing
 //! - before the watch's first listing is complete, and from a re-listing's start until its end;
-//! - while the watch fails;
+//! - from a failure of the watch until it has listed again. kube resumes a watch from its last
+//!   resourceVersion when it can, without listing, so after a transient error that may be long:
+//!   runs list the Clusters upstream meanwhile, as every run did before;
 //! - to the first run after [`ClusterStore::read_afresh`] (a resync, a new leader, a failed run:
 //!   those list the Clusters upstream, as every run did before).
 //!
@@ -49,7 +51,7 @@ pub struct ClusterStore {
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// Whether the watch has listed and is not failing or re-listing.
+    /// Whether the watch has listed, and neither failed nor started listing again since.
     live: bool,
     /// The next run lists upstream instead.
     afresh: bool,
