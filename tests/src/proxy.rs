@@ -1,6 +1,8 @@
 //! A TCP forwarder in front of a real API server that can hold every request back (`stall`), so a
 //! client behind it sees an API server that is slow, not one that fails: connections stay open and
-//! nothing is answered until the stall ends.
+//! nothing is answered until the stall ends. It can also play an outage (`outage`): every connection
+//! closed and new ones closed at once, as an unreachable load balancer, while the API server stays up
+//! and keeps its history (so a client can resume its watches afterwards).
 
 use std::net::SocketAddr;
 
@@ -12,6 +14,8 @@ use tokio::sync::watch;
 pub struct StallingProxy {
     pub addr: SocketAddr,
     stalled: watch::Sender<bool>,
+    /// The number of outages started so far, and whether one is on.
+    outages: watch::Sender<(u64, bool)>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -21,12 +25,23 @@ impl StallingProxy {
         let listener = TcpListener::bind(SocketAddr::new(upstream.ip(), 0)).await?;
         let addr = listener.local_addr()?;
         let (stalled, rx) = watch::channel(false);
+        let (outages, outage_rx) = watch::channel((0, false));
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let rx = rx.clone();
+                let mut outage = outage_rx.clone();
+                // Closed at once during an outage (dropped), else until the next outage starts.
+                let (started, on) = *outage.borrow_and_update();
+                if on {
+                    continue;
+                }
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(upstream).await {
-                        forward(client, server, rx).await;
+                        let next = outage.wait_for(|&(n, on)| on && n > started);
+                        tokio::select! {
+                            () = forward(client, server, rx) => {}
+                            _ = next => {}
+                        }
                     }
                 });
             }
@@ -34,6 +49,7 @@ impl StallingProxy {
         Ok(StallingProxy {
             addr,
             stalled,
+            outages,
             task,
         })
     }
@@ -42,6 +58,16 @@ impl StallingProxy {
     /// them through again.
     pub fn stall(&self, on: bool) {
         self.stalled.send_replace(on);
+    }
+
+    /// `true` closes every connection forwarded so far and, until `false`, each new one at once.
+    pub fn outage(&self, on: bool) {
+        self.outages.send_modify(|(n, was)| {
+            if on && !*was {
+                *n += 1;
+            }
+            *was = on;
+        });
     }
 
     /// `https://ADDR` of the proxy, for a client's cluster URL.
@@ -83,6 +109,21 @@ async fn forward(client: TcpStream, server: TcpStream, mut stalled: watch::Recei
         _ = up => {}
         _ = down => {}
     }
+}
+
+/// The `IP:PORT` of `cluster`'s API server, for [`StallingProxy::start`].
+pub fn server_addr(cluster: &crate::ClusterInfo) -> anyhow::Result<SocketAddr> {
+    use anyhow::Context;
+    let hostport = cluster
+        .server
+        .strip_prefix("https://")
+        .context("the API server URL is not https://")?;
+    hostport.trim_end_matches('/').parse().with_context(|| {
+        format!(
+            "the API server URL {:?} is not https://IP:PORT",
+            cluster.server
+        )
+    })
 }
 
 /// A kubeconfig file for `cluster` that talks through `proxy` (the same IP, so the API server's

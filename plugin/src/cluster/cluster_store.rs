@@ -10,9 +10,9 @@
 //! event (the store is updated before the event's trigger is sent), and any other run sees every
 //! event delivered so far. It serves nothing
 //! - before the watch's first listing is complete, and from a re-listing's start until its end;
-//! - from a failure of the watch until it has listed again. kube resumes a watch from its last
-//!   resourceVersion when it can, without listing, so after a transient error that may be long:
-//!   runs list the Clusters upstream meanwhile, as every run did before;
+//! - from a failure of the watch until it has listed again (after a back-off step: the watcher's
+//!   watches list again after every failure, `watch::relist`; runs list the Clusters upstream
+//!   meanwhile, as every run did before);
 //! - to the first run after [`ClusterStore::read_afresh`] (a resync, a new leader, a failed run:
 //!   those list the Clusters upstream, as every run did before).
 //!

@@ -18,6 +18,7 @@ pub mod leader;
 mod machine;
 pub mod metrics;
 pub mod notices;
+mod relist;
 pub mod service;
 pub mod standing;
 pub mod triggers;

@@ -25,8 +25,9 @@
 //! run. Clusters are watched whole for that; the other kinds by their metadata. Sources trigger on every
 //! change (their data is not in the metadata watched).
 //!
-//! kube's watcher re-lists and re-watches after errors with exponential back-off; a re-list after
-//! the first one may have missed events, so it triggers a run as well.
+//! Every watch lists again after a failure, with back-off ([`super::relist`]): the Cluster store and
+//! the Secret read cache stop serving when their watch fails, and only a listing makes them whole
+//! again. A listing after the first may follow missed events, so it triggers a run as well.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Debug;
@@ -42,7 +43,6 @@ use helmop_core::resource::{ResourceKind, ResourceRef};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Client;
 use kube::core::PartialObjectMeta;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
@@ -54,6 +54,8 @@ use crate::cluster::read_cache::ReadCache;
 use crate::run::focus::SourceKey;
 use crate::run::inventory::Selection;
 use crate::run::scope::Scope;
+
+use super::relist::relisting;
 
 /// Why a run is wanted, in words (`Secret team/db changed`), and, for a change of a Secret or
 /// ConfigMap that may be a source, which one, or for a changed or new HelmOp, which one (a run
@@ -319,7 +321,7 @@ where
         }
     };
     tokio::spawn(async move {
-        let stream = watcher::watcher(api, config).default_backoff();
+        let stream = relisting(api, config);
         let mut stream = std::pin::pin!(stream);
         let mut listed = false;
         let mut failing = false;
@@ -428,7 +430,7 @@ fn watch_bundle_deployments(
         Selection::All => watcher::Config::default().labels(BD_BUNDLE_NAMESPACE_LABEL),
     };
     tokio::spawn(async move {
-        let stream = watcher::watcher(api, config).default_backoff();
+        let stream = relisting(api, config);
         let mut stream = std::pin::pin!(stream);
         // BundleDeployment (namespace, name) -> its appliedDeploymentID.
         let mut applied: std::collections::HashMap<(String, String), Option<String>> =
@@ -576,7 +578,7 @@ where
 {
     tokio::spawn(async move {
         let label = kind.as_str();
-        let stream = watcher::watcher(api, config).default_backoff();
+        let stream = relisting(api, config);
         let mut stream = std::pin::pin!(stream);
         let mut listed = false;
         let mut failing = false;

@@ -575,10 +575,12 @@ async fn admission_port_is_judged_against_the_pod_ranges(
     Api::<Service>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &service)
         .await?;
-    // Never scheduled: only its labels, arguments and ports matter to check.
+    // Never scheduled: only its labels, arguments and ports matter to check. No token: on Kubernetes
+    // 1.20 admission refuses a pod that mounts one until the token controller has made the namespace's
+    // token Secret, which on a loaded machine may come after the default ServiceAccount.
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "webhook-port", "labels": labels},
-        "spec": {"containers": [{
+        "spec": {"automountServiceAccountToken": false, "containers": [{
             "name": "webhook", "image": "example.invalid/webhook:1",
             "args": ["--listen=0.0.0.0:8443"],
             "ports": [{"name": "https", "containerPort": 8443}],

@@ -1183,6 +1183,88 @@ users:\n- name: u\n  user:\n    token: {token}\n",
     )
 }
 
+/// A watch that failed while its API server stayed up (an outage of the load balancer in front of it:
+/// kube could resume each watch from where it was, without listing) lists again, and the runs after
+/// it read the Clusters from the Cluster watch again instead of listing them upstream for the rest of
+/// the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_watch_lists_again_and_runs_read_the_cluster_watch_again() -> anyhow::Result<()> {
+    use helmop_tests::proxy::{StallingProxy, kubeconfig_through, server_addr};
+
+    let f = Fixture::new("watchcut").await?;
+    let upstream = control_plane().upstream();
+    let proxy = StallingProxy::start(server_addr(upstream)?).await?;
+    let through = kubeconfig_through(upstream, &proxy)?;
+    let mut args = f.watch_args(&["--no-leader-election"]);
+    let at = args
+        .iter()
+        .position(|a| a == "--kubeconfig")
+        .context("the watch arguments name no kubeconfig")?;
+    args[at + 1] = through.path().display().to_string();
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut w = PluginProcess::spawn(
+        &refs,
+        &[("HELMOP_LOG", "info,kubectl_helmop::run::inventory=debug")],
+    )?;
+    w.wait_event("the start-up run", PROPAGATION_BOUND, 0, |e| {
+        e["event"] == "run"
+    })
+    .await?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "one", PROPAGATION_BOUND).await?;
+
+    // The Cluster and Secret watches are the ones whose store and cache stop serving on a failure.
+    let logged = |what: String, since: usize| {
+        let w = &w;
+        move || {
+            let text = w.stderr().get(since..).unwrap_or_default().to_owned();
+            let what = what.clone();
+            async move { Ok(text.contains(&what)) }
+        }
+    };
+    let before = w.stderr().len();
+    proxy.outage(true);
+    for kind in ["Cluster", "Secret"] {
+        let line = format!("watch failed; retrying with back-off kind=\"{kind}\"");
+        wait_until(
+            &format!("the {kind} watch to fail"),
+            PROPAGATION_BOUND,
+            logged(line, before),
+        )
+        .await
+        .with_context(|| w.context())?;
+    }
+    proxy.outage(false);
+    for kind in ["Cluster", "Secret"] {
+        let line = format!("watch reconnected kind=\"{kind}\"");
+        wait_until(
+            &format!("the {kind} watch to list again"),
+            // kube's back-off after the failures: 0.8 s doubling, jittered.
+            Duration::from_secs(30),
+            logged(line, before),
+        )
+        .await
+        .with_context(|| w.context())?;
+    }
+    let since_cut = w.stderr().len();
+    let seen = w.events().len();
+    f.set_source("two").await?;
+    let reason = format!("Secret {}/db changed", f.ns);
+    w.wait_event("the run of the edit", PROPAGATION_BOUND, seen, |e| {
+        is_run_for(e, &reason)
+    })
+    .await?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "two", PROPAGATION_BOUND).await?;
+    let after = w.stderr().get(since_cut..).unwrap_or_default().to_owned();
+    assert!(
+        after.contains("Clusters read from the Cluster watch"),
+        "the run after the cut listed the Clusters upstream: {}",
+        w.context()
+    );
+    w.signal(libc::SIGTERM)?;
+    w.wait_exit(Duration::from_secs(15)).await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn watch_survives_an_upstream_api_server_restart() -> anyhow::Result<()> {
     // A private control plane: stopping the shared upstream would disturb every other test.

@@ -4,11 +4,10 @@
 //! requiring the API server's client certificate, on loopback against the real upstream kube-apiserver,
 //! registered for the test's namespace only; objects are written with real `kubectl`.
 
-use std::net::SocketAddr;
 use std::process::Output;
 
 use anyhow::Context;
-use helmop_tests::proxy::{StallingProxy, kubeconfig_through};
+use helmop_tests::proxy::{StallingProxy, kubeconfig_through, server_addr};
 use helmop_tests::*;
 use serde_json::{Value, json};
 
@@ -17,19 +16,6 @@ use crate::stamping::{CONFIG_HASH, OPT_IN, annotation, apply_ok, cluster, kubect
 /// The release webhook on one CPU against the upstream cluster: what a tenant meets.
 async fn release_webhook(extra: &[&str]) -> anyhow::Result<WebhookBinary> {
     WebhookBinary::release_one_cpu(&cluster().kubeconfig, extra).await
-}
-
-fn server_addr(info: &ClusterInfo) -> anyhow::Result<SocketAddr> {
-    let hostport = info
-        .server
-        .strip_prefix("https://")
-        .context("the API server URL is not https://")?;
-    hostport.trim_end_matches('/').parse().with_context(|| {
-        format!(
-            "the API server URL {:?} is not https://IP:PORT",
-            info.server
-        )
-    })
 }
 
 /// An API server that is slow rather than failing: a spec-unchanged HelmOp update is still
