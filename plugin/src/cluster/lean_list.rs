@@ -68,7 +68,7 @@ struct Lean {
 }
 
 /// `ObjectMeta` as its own decoder reads it, with `managedFields` skipped unread.
-fn without_managed_fields<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+pub fn without_managed_fields<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
     struct Meta;
     impl<'de> Visitor<'de> for Meta {
         type Value = ObjectMeta;

@@ -25,7 +25,7 @@
 //! run. Clusters are watched whole for that; the other kinds by their metadata. Sources trigger on every
 //! change (their data is not in the metadata watched).
 //!
-//! Every watch lists again after a failure, with back-off ([`super::relist`]): the Cluster store and
+//! Every watch lists again after a failure, with back-off (`watch::relist`): the Cluster store and
 //! the Secret read cache stop serving when their watch fails, and only a listing makes them whole
 //! again. A listing after the first may follow missed events, so it triggers a run as well.
 
@@ -49,7 +49,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::cluster::cluster_store::Seen;
+use crate::cluster::cluster_store::{Seen, WatchedCluster};
 use crate::cluster::read_cache::ReadCache;
 use crate::run::focus::SourceKey;
 use crate::run::inventory::Selection;
@@ -178,16 +178,16 @@ pub fn spawn(
         synced.clone(),
     )];
     if fleet {
-        tasks.push(watch_kind::<Cluster>(
+        tasks.push(watch_kind::<WatchedCluster>(
             crate::cluster::kube_api::api_in(client, namespace.as_deref()),
             watcher::Config::default(),
             Kind {
                 label: "Cluster",
                 marks: Marks::Namespace,
-                plan_view: cluster_view,
+                plan_view: watched_cluster_view,
                 focuses: false,
-                keep: reads.clone().map(|reads| -> Keep<Cluster> {
-                    Box::new(move |seen| reads.clusters().see(seen))
+                keep: reads.clone().map(|reads| -> Keep<WatchedCluster> {
+                    Box::new(move |seen| reads.clusters().see(seen.map(|c| &c.0)))
                 }),
             },
             tx.clone(),
@@ -519,6 +519,11 @@ fn cluster_view(cluster: &Cluster) -> u64 {
     status.and_then(|s| s.scheduled).hash(&mut h);
     status.and_then(|s| s.active_schedule).hash(&mut h);
     h.finish()
+}
+
+/// [`cluster_view`] of a Cluster as the watch decodes it.
+fn watched_cluster_view(cluster: &WatchedCluster) -> u64 {
+    cluster_view(&cluster.0)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
