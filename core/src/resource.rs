@@ -21,6 +21,12 @@ impl ResourceKind {
     /// controller), so a kind Go lower-cases to one of those is that kind, `CONFIGMAP` as much as
     /// `Conf\u{130}gMap`.
     pub fn parse(s: &str) -> Option<ResourceKind> {
+        // ASCII lower-cases alike in Go and here, without a copy (every admission parses its kinds).
+        if s.is_ascii() {
+            return Self::ALL
+                .into_iter()
+                .find(|k| k.lower().eq_ignore_ascii_case(s));
+        }
         let lower = go_to_lower(s);
         Self::ALL.into_iter().find(|k| k.lower() == lower)
     }

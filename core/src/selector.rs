@@ -46,12 +46,18 @@ impl Selector {
 
     /// Compiles and validates a selector, reporting the first problem like apimachinery does.
     pub fn compile(selector: &LabelSelector) -> Result<Self, SelectorError> {
-        validate(selector)?;
+        Self::check(selector)?;
         // kube's conversion accepts selectors apimachinery rejects (`In` with an empty list, `Exists` with
         // values, any key), so it only sees selectors `validate` passed, which it cannot refuse.
         kube::core::Selector::try_from(selector.clone())
             .map(Selector)
             .map_err(|e| SelectorError::new("matchExpressions".to_owned(), e.0))
+    }
+
+    /// Whether [`Selector::compile`] accepts `selector`, and its first problem if not, without compiling it
+    /// (the admission rules only need the verdict).
+    pub fn check(selector: &LabelSelector) -> Result<(), SelectorError> {
+        validate(selector)
     }
 
     /// Whether every requirement holds for `labels`.
@@ -68,24 +74,25 @@ impl Selector {
 /// apimachinery's `LabelSelectorAsSelector` checks, first problem first.
 fn validate(selector: &LabelSelector) -> Result<(), SelectorError> {
     for (key, value) in selector.match_labels.iter().flatten() {
-        let path = format!("matchLabels.{key}");
-        check_key(key, &path)?;
+        // Paths are formatted only for a problem: a valid selector allocates nothing here.
+        let path = || format!("matchLabels.{key}");
+        check_key(key, path)?;
         if let Some(problem) = label_value_error(value) {
             return Err(SelectorError::new(
-                path,
+                path(),
                 format!("invalid label value {value:?}: {problem}"),
             ));
         }
     }
     for (i, expr) in selector.match_expressions.iter().flatten().enumerate() {
-        let base = format!("matchExpressions[{i}]");
-        check_key(&expr.key, &format!("{base}.key"))?;
+        let base = || format!("matchExpressions[{i}]");
+        check_key(&expr.key, || format!("{}.key", base()))?;
         let takes_values = match expr.operator.as_str() {
             "In" | "NotIn" => true,
             "Exists" | "DoesNotExist" => false,
             other => {
                 return Err(SelectorError::new(
-                    format!("{base}.operator"),
+                    format!("{}.operator", base()),
                     format!(
                         "{other:?} is not a valid label selector operator: use In, NotIn, Exists or DoesNotExist"
                     ),
@@ -95,20 +102,20 @@ fn validate(selector: &LabelSelector) -> Result<(), SelectorError> {
         let values: &[String] = expr.values.as_deref().unwrap_or_default();
         if takes_values && values.is_empty() {
             return Err(SelectorError::new(
-                format!("{base}.values"),
+                format!("{}.values", base()),
                 format!("operator {} needs at least one value", expr.operator),
             ));
         }
         if !takes_values && !values.is_empty() {
             return Err(SelectorError::new(
-                format!("{base}.values"),
+                format!("{}.values", base()),
                 format!("operator {} takes no values", expr.operator),
             ));
         }
         for (j, value) in values.iter().enumerate() {
             if let Some(problem) = label_value_error(value) {
                 return Err(SelectorError::new(
-                    format!("{base}.values[{j}]"),
+                    format!("{}.values[{j}]", base()),
                     format!("invalid label value {value:?}: {problem}"),
                 ));
             }
@@ -117,10 +124,10 @@ fn validate(selector: &LabelSelector) -> Result<(), SelectorError> {
     Ok(())
 }
 
-fn check_key(key: &str, path: &str) -> Result<(), SelectorError> {
+fn check_key(key: &str, path: impl FnOnce() -> String) -> Result<(), SelectorError> {
     match qualified_name_error(key) {
         Some(problem) => Err(SelectorError::new(
-            path.to_string(),
+            path(),
             format!("invalid label key {key:?}: {problem}"),
         )),
         None => Ok(()),

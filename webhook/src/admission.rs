@@ -80,10 +80,17 @@ pub fn count_values(body: &[u8], limit: usize) -> Counted {
 /// the cost to charge without a parse: [`count_values`] is a full pass of the parser, tighter by a few
 /// kilobytes of charge, and a body of `n` bytes cannot hold [`MAX_VALUES`] values before `n` does.
 pub fn values_at_most(body: &[u8]) -> usize {
+    // Counted in byte-wide sums over chunks of 255 (no sum can overflow), which the compiler turns into
+    // vector code: a count per byte was 2% of a validation's CPU.
     1 + body
-        .iter()
-        .filter(|b| matches!(b, b'[' | b',' | b':'))
-        .count()
+        .chunks(255)
+        .map(|chunk| {
+            let n = chunk.iter().fold(0u8, |n, &b| {
+                n + u8::from(b == b'[') + u8::from(b == b',') + u8::from(b == b':')
+            });
+            usize::from(n)
+        })
+        .sum::<usize>()
 }
 
 struct Count<'c> {
@@ -693,6 +700,13 @@ mod tests {
             );
         }
         assert_eq!(values_at_most(b"[0,0,0,0]"), 5);
+        // Past one chunk of the scan: exact for a dense list of any length.
+        let dense = format!("[{}0]", "0,".repeat(1000));
+        assert_eq!(values_at_most(dense.as_bytes()), 1002);
+        assert_eq!(
+            count_values(dense.as_bytes(), MAX_VALUES),
+            Counted::Values(1002)
+        );
         let review = review(API_VERSION, Some(request()));
         let Counted::Values(n) = count_values(&review, MAX_VALUES) else {
             panic!("a review counts");
@@ -828,6 +842,14 @@ mod tests {
     }
 
     proptest::proptest! {
+        #[test]
+        fn the_byte_scan_counts_every_bracket_comma_and_colon(
+            bytes in proptest::collection::vec(proptest::sample::select(b"[,:a\"{".to_vec()), 0..2000),
+        ) {
+            let each = bytes.iter().filter(|b| matches!(b, b'[' | b',' | b':')).count();
+            proptest::prop_assert_eq!(values_at_most(&bytes), 1 + each);
+        }
+
         #[test]
         fn decoding_never_panics_and_never_echoes_values(
             bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512),

@@ -168,6 +168,27 @@ fn invalid_selectors_are_errors_with_paths() {
     for (sel, path) in cases {
         let err = Selector::compile(&sel).unwrap_err();
         assert_eq!(err.path, path, "{err}");
+        // The admission rules check without compiling: the same verdict, the same problem.
+        let checked = Selector::check(&sel).unwrap_err();
+        assert_eq!((checked.path, checked.message), (err.path, err.message));
+    }
+}
+
+proptest! {
+    /// `check` accepts exactly what `compile` compiles, whatever the keys, operators and values.
+    #[test]
+    fn check_agrees_with_compile(
+        key in "[a-z/.-]{0,4}",
+        op in "(In|NotIn|Exists|DoesNotExist|in)",
+        values in proptest::collection::vec("[a-z -]{0,3}", 0..3),
+        label in "[a-z/ ]{0,3}",
+    ) {
+        let values: Vec<&str> = values.iter().map(String::as_str).collect();
+        let mut sel = expr(&key, &op, &values);
+        sel.match_labels = Some([(label.clone(), label)].into());
+        let compiled = Selector::compile(&sel).map(|_| ()).map_err(|e| (e.path, e.message));
+        let checked = Selector::check(&sel).map_err(|e| (e.path, e.message));
+        prop_assert_eq!(checked, compiled);
     }
 }
 

@@ -203,6 +203,10 @@ pub(crate) fn check_cross_references(cx: &mut Ctx, model: &SpecModel) {
         }
         map
     }
+    // Nothing below is about anything but valuesFrom; without any, no map is built.
+    if model.root_values_from.is_empty() && model.targets.iter().all(|t| t.values_from.is_empty()) {
+        return;
+    }
     let root = first_of(model.root_entries.iter());
     let everything = first_of(
         model

@@ -23,7 +23,7 @@ pub(crate) fn check_criteria(cx: &mut Ctx, obj: &Map<'_>, base: &Path<'_>) -> bo
                 has = true;
                 let path = base.key(key);
                 if let Some(selector) = parse_selector(value)
-                    && let Err(e) = Selector::compile(&selector)
+                    && let Err(e) = Selector::check(&selector)
                 {
                     // rancher/fleet internal/cmd/controller/target/matcher: NewClusterMatcher
                     // returns the selector error and the whole HelmOp gets no deployments.

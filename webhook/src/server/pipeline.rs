@@ -20,7 +20,6 @@ use crate::metrics::{Metrics, Outcome};
 use crate::verdict::Verdict;
 
 /// What every admission route shares: the handlers, the metrics, the deadline and the in-flight limits.
-#[derive(Clone)]
 pub(super) struct Shared {
     pub(super) handlers: Arc<dyn Handlers>,
     pub(super) metrics: Metrics,
@@ -92,13 +91,13 @@ fn reject(metrics: &Metrics, webhook: Webhook, rejection: Rejection, started: In
 
 /// One admission: read the review within the limits, decide it under the deadline, respond.
 pub(super) async fn answer(
-    shared: Shared,
+    shared: &Shared,
     webhook: Webhook,
     request: Request,
     started: Instant,
 ) -> Response {
     let deadline = tokio::time::Instant::from_std(started + shared.request_timeout);
-    let review = match read(&shared, request, deadline).await {
+    let review = match read(shared, request, deadline).await {
         Ok(review) => review,
         Err(Early::Rejected(rejection)) => {
             return reject(&shared.metrics, webhook, rejection, started);
@@ -120,7 +119,7 @@ pub(super) async fn answer(
         // Not `name`: a span's JSON already has its own name under that key.
         object = req.name.as_str(),
     );
-    let (verdict, failure) = decide(&shared, webhook, req, deadline)
+    let (verdict, failure) = decide(shared, webhook, req, deadline)
         .instrument(span.clone())
         .await;
     let _in_span = span.enter();

@@ -7,7 +7,15 @@ use super::*;
 impl Caches {
     /// Whether `r` exists in `namespace`: the metadata cache, else a live GET.
     pub async fn exists(&self, namespace: &str, r: &ResourceRef) -> Result<bool, kube::Error> {
-        let cached = match r.kind {
+        if self.cached(namespace, r) {
+            return Ok(true);
+        }
+        Ok(self.live_version(namespace, r).await?.is_some())
+    }
+
+    /// Whether the metadata cache holds `r` in `namespace`. `false` proves nothing (see [`Caches::exists`]).
+    pub fn cached(&self, namespace: &str, r: &ResourceRef) -> bool {
+        match r.kind {
             ResourceKind::Secret => self
                 .secrets
                 .get(&ObjectRef::new(&r.name).within(namespace))
@@ -16,11 +24,7 @@ impl Caches {
                 .config_maps
                 .get(&ObjectRef::new(&r.name).within(namespace))
                 .is_some(),
-        };
-        if cached {
-            return Ok(true);
         }
-        Ok(self.live_version(namespace, r).await?.is_some())
     }
 
     /// Objects of `kind` in `namespace` as the watch cache counts them (what [`read_plan`] weighs).
