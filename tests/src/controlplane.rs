@@ -55,9 +55,16 @@ impl ClusterInfo {
     }
 
     /// `kubectl --kubeconfig <this cluster's kubeconfig>`, ready for more arguments.
+    ///
+    /// With a discovery cache of this cluster's own, beside its kubeconfig: kubectl's default one is keyed
+    /// by address, and the test clusters of one run (and of the runs before) reuse addresses, so kubectl
+    /// could resolve a resource from another cluster's API and get a 404 for a list that exists.
     pub fn kubectl(&self) -> Command {
         let mut cmd = Command::new("kubectl");
-        cmd.arg("--kubeconfig").arg(&self.kubeconfig);
+        cmd.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.kubeconfig.with_extension("kubectl-cache"));
         cmd
     }
 

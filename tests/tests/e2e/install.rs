@@ -86,6 +86,28 @@ async fn get_json(cluster: &ClusterInfo, args: &[&str]) -> anyhow::Result<Option
     Ok(Some(serde_json::from_slice(&out.stdout)?))
 }
 
+/// `kubectl get -o json` of a list. A list always exists, so a failure is kubectl's or the API server's:
+/// retried twice, a second apart (a request can fail once while the webhook rolls or kubectl rediscovers the
+/// API); then the error with kubectl's own words.
+async fn list_json(cluster: &ClusterInfo, args: &[&str]) -> anyhow::Result<Value> {
+    let mut full = vec!["get", "-o", "json"];
+    full.extend_from_slice(args);
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let out = cluster.run_kubectl(&full, None).await?;
+        if out.status.success() {
+            return Ok(serde_json::from_slice(&out.stdout)?);
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if attempts == 3 {
+            bail!("kubectl {full:?} failed {attempts} times, last: {stderr}");
+        }
+        eprintln!("kubectl {full:?} failed, retrying: {stderr}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// `kubectl get pods` of the webhook Deployment, as JSON.
 async fn webhook_pods(cluster: &ClusterInfo) -> anyhow::Result<Value> {
     let selector = [
@@ -221,11 +243,16 @@ async fn admission_loop(
 /// `install` is the shipped directory the overlay is over: `stamping-only` keeps a validating configuration
 /// without webhooks.
 async fn check_installed(cluster: &ClusterInfo, install: &str) -> anyhow::Result<()> {
+    let jobs = list_json(cluster, &["-n", NS, "jobs"]).await?;
+    let jobs: Vec<&str> = jobs["items"]
+        .as_array()
+        .context("a Job list without items")?
+        .iter()
+        .map(|job| job["metadata"]["name"].as_str().unwrap_or("?"))
+        .collect();
     ensure!(
-        get_json(cluster, &["-n", NS, "jobs"])
-            .await?
-            .is_some_and(|l| l["items"].as_array().is_some_and(Vec::is_empty)),
-        "an install Job exists: the bootstrap runs as initContainers"
+        jobs.is_empty(),
+        "install Jobs exist ({jobs:?}): the bootstrap runs as initContainers"
     );
     let key = get_json(cluster, &["-n", NS, "secret", "helmop-hash-key"])
         .await?
