@@ -1,7 +1,8 @@
 //! The AdmissionReview v1 wire format: decoding requests, encoding [`Verdict`]s.
 //!
-//! Requests are decoded in one pass into [`Request`], whose objects are borrowed JSON trees (what the rules read)
-//! next to their typed metadata. kube's `AdmissionReview<DynamicObject>` is not used: its flattened fields go through
+//! Requests are decoded in one parse of the body into one borrowed JSON tree, which the request's objects point
+//! into (what the rules read), with the request's fields and each object's metadata typed from that tree. A body
+//! that does not decode that way is decoded again the typed way, only to say why with the position. kube's `AdmissionReview<DynamicObject>` is not used: its flattened fields go through
 //! serde's buffered `Content` (the body is parsed twice) and the handlers had to serialize the object back into a
 //! `Value`, which together cost more than the rest of a validation. Responses are encoded with our own structs:
 //! kube 5's `AdmissionResponse` serializes `patch` as a JSON array of numbers (a `Vec<u8>`), while the API server
@@ -15,7 +16,7 @@ use base64::Engine;
 use kube::api::ObjectMeta;
 use kube::core::admission::Operation;
 use kube::core::{GroupVersionKind, GroupVersionResource};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use helmop_core::validate::{JsonView, OwnedValue};
 use serde::de;
@@ -269,16 +270,33 @@ pub struct Request {
     pub name: String,
     #[serde(default)]
     pub namespace: Option<String>,
+    #[serde(deserialize_with = "operation")]
     pub operation: Operation,
     /// Required by the v1 schema (the API server always sends it). Only the user name is kept: the
     /// delete guard tells the garbage collector by it.
     pub user_info: UserInfo,
-    #[serde(default)]
+    /// Filled from the review's tree by [`decode`], not by this type's own decoding.
+    #[serde(skip)]
     pub object: Option<Object>,
-    #[serde(default)]
+    #[serde(skip)]
     pub old_object: Option<Object>,
     #[serde(default)]
     pub dry_run: bool,
+}
+
+/// `operation` read as a string, then as kube's enum: the tree's deserializer has no enums of its own.
+fn operation<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Operation, D::Error> {
+    struct Name;
+    impl de::Visitor<'_> for Name {
+        type Value = Operation;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an admission operation")
+        }
+        fn visit_str<E: de::Error>(self, name: &str) -> Result<Operation, E> {
+            Operation::deserialize(de::value::StrDeserializer::<E>::new(name))
+        }
+    }
+    deserializer.deserialize_str(Name)
 }
 
 /// Who sent the request, as the API server authenticated them.
@@ -291,11 +309,33 @@ pub struct UserInfo {
 /// An object of a review: its JSON parsed once into a tree that borrows from the object's own text (what the
 /// HelmOp rules read), its `metadata` decoded (and so type-checked) from that tree, and a `serde_json::Value` of it
 /// made only for a handler that asks (the workload stages patch one).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Object {
     pub metadata: ObjectMeta,
-    view: OwnedValue,
+    /// The tree the object is part of: the whole review's (shared with the request's other object), or
+    /// the object's own.
+    tree: Arc<OwnedValue>,
+    place: Place,
     value: OnceLock<Value>,
+}
+
+/// Where in its tree an object is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// The tree is the object.
+    Whole,
+    /// `request.<key>` of a review.
+    Request(&'static str),
+}
+
+impl std::fmt::Debug for Object {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The object only, not the rest of the review its tree may hold.
+        f.debug_struct("Object")
+            .field("metadata", &self.metadata)
+            .field("view", self.view())
+            .finish()
+    }
 }
 
 impl Object {
@@ -311,7 +351,13 @@ impl Object {
                 None => DecodeError::Syntax { line: 0, column: 0 },
             }
         })?;
-        let Some(fields) = view.as_object() else {
+        Object::at(Arc::new(view), Place::Whole)
+    }
+
+    /// The object at `place` of `tree`, which must be a JSON object whose `metadata` (if any) is a valid
+    /// `ObjectMeta`.
+    fn at(tree: Arc<OwnedValue>, place: Place) -> Result<Self, DecodeError> {
+        let Some(fields) = place.find(tree.get_value()).as_object() else {
             return Err(schema("an object of the review is not a JSON object"));
         };
         let metadata = match fields.get("metadata") {
@@ -322,14 +368,15 @@ impl Object {
         };
         Ok(Object {
             metadata,
-            view,
+            tree,
+            place,
             value: OnceLock::new(),
         })
     }
 
     /// The object as a borrowed JSON tree, as sent.
     pub fn view(&self) -> &JsonView<'_> {
-        self.view.get_value()
+        self.place.find(self.tree.get_value())
     }
 
     /// The object as a `serde_json::Value`, made from [`Object::view`] on first use.
@@ -341,6 +388,15 @@ impl Object {
 impl PartialEq for Object {
     fn eq(&self, other: &Self) -> bool {
         self.metadata == other.metadata && self.view() == other.view()
+    }
+}
+
+impl Place {
+    fn find<'t>(self, tree: &'t JsonView<'t>) -> &'t JsonView<'t> {
+        match self {
+            Place::Whole => tree,
+            Place::Request(key) => tree.get("request").get(key),
+        }
     }
 }
 
@@ -371,8 +427,77 @@ struct ReviewIn {
     request: Option<Request>,
 }
 
+/// The objects of a review, for [`typed`]: a second pass over the body that only types them.
+#[derive(Deserialize)]
+struct ObjectsIn {
+    #[serde(default)]
+    request: Option<Objects>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Objects {
+    #[serde(default)]
+    object: Option<Object>,
+    #[serde(default)]
+    old_object: Option<Object>,
+}
+
 /// Decodes a request body into the request of an AdmissionReview v1.
 pub fn decode(body: &[u8]) -> Result<Request, DecodeError> {
+    match in_one_tree(body) {
+        Some(request) => Ok(request),
+        // Whatever one tree does not decode, the typed passes decode or say why, where, and without quoting the
+        // input. They are the only source of an error, so every error reads as before the tree.
+        None => typed(body),
+    }
+}
+
+/// The review parsed once into one tree that its objects point into: the objects' text is neither scanned
+/// twice nor copied twice (the typed way keeps each object's text, then parses it). `None` for anything but a
+/// v1 review with a request, decoded without a doubt (a key given twice is a doubt: serde's typed decoding and
+/// a tree's lookups pick different ones).
+fn in_one_tree(body: &[u8]) -> Option<Request> {
+    let text = std::str::from_utf8(body).ok()?.to_owned();
+    let tree = Arc::new(OwnedValue::from_string(text).ok()?);
+    let root = tree.get_value();
+    if has_duplicate_keys(root)?
+        || root.get("apiVersion").as_str()? != API_VERSION
+        || root.get("kind").as_str()? != KIND
+    {
+        return None;
+    }
+    let request = root.get("request");
+    if has_duplicate_keys(request)? {
+        return None;
+    }
+    let mut decoded = Request::deserialize(request).ok()?;
+    for (key, slot) in [
+        ("object", &mut decoded.object),
+        ("oldObject", &mut decoded.old_object),
+    ] {
+        if !request.get(key).is_null() {
+            *slot = Some(Object::at(Arc::clone(&tree), Place::Request(key)).ok()?);
+        }
+    }
+    Some(decoded)
+}
+
+/// Whether a key appears twice in `object` (a review's top levels hold a dozen keys); `None` for anything
+/// but an object.
+fn has_duplicate_keys(object: &JsonView<'_>) -> Option<bool> {
+    let entries = object.as_object()?.as_vec();
+    Some(
+        entries
+            .iter()
+            .enumerate()
+            .any(|(i, (key, _))| entries[i + 1..].iter().any(|(other, _)| other == key)),
+    )
+}
+
+/// The review decoded the typed way: the request's fields, then its objects, each pass straight from the
+/// body, so a failure has its position in the body.
+fn typed(body: &[u8]) -> Result<Request, DecodeError> {
     let review: ReviewIn = match serde_json::from_slice(body) {
         Ok(review) => review,
         Err(e) => {
@@ -387,7 +512,13 @@ pub fn decode(body: &[u8]) -> Result<Request, DecodeError> {
         }
     };
     check_header(&review.api_version, &review.kind)?;
-    review.request.ok_or(DecodeError::MissingRequest)
+    let mut request = review.request.ok_or(DecodeError::MissingRequest)?;
+    let objects: ObjectsIn = serde_json::from_slice(body).map_err(|e| from_serde(&e))?;
+    if let Some(objects) = objects.request {
+        request.object = objects.object;
+        request.old_object = objects.old_object;
+    }
+    Ok(request)
 }
 
 /// The short name of an operation, for logs and metric labels.
@@ -542,6 +673,61 @@ mod tests {
                           "data": {"password": "aHVudGVyMg=="}},
             "dryRun": true
         })
+    }
+
+    #[test]
+    fn one_tree_decodes_what_the_typed_passes_decode_and_leaves_every_doubt_to_them() {
+        let mut full = request();
+        full["object"] = json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "db", "labels": {"a": "b"}}, "data": {"k": "dg=="}});
+        let body = review(API_VERSION, Some(full));
+        let tree = in_one_tree(&body).expect("a plain review decodes in one tree");
+        assert_eq!(tree, typed(&body).unwrap());
+        assert_eq!(tree.object.as_ref().unwrap().value()["kind"], "Secret");
+        assert_eq!(
+            tree.old_object.as_ref().unwrap().metadata.name.as_deref(),
+            Some("db")
+        );
+        // A key twice, at the top or in the request: the typed passes decide (and refuse).
+        let twice = String::from_utf8(body.clone()).unwrap().replacen(
+            "\"request\":{",
+            "\"request\":{\"dryRun\":false,",
+            1,
+        );
+        assert!(in_one_tree(twice.as_bytes()).is_none());
+        assert!(matches!(
+            decode(twice.as_bytes()),
+            Err(DecodeError::Schema { .. })
+        ));
+        // Not a v1 review, no request, invalid UTF-8: the typed passes say why.
+        assert!(in_one_tree(&review("admission.k8s.io/v1beta1", Some(request()))).is_none());
+        assert!(in_one_tree(&review(API_VERSION, None)).is_none());
+        assert!(in_one_tree(b"{\"a\": \"\xff\"}").is_none());
+    }
+
+    proptest::proptest! {
+        /// Whatever is planted in a field, a review that decodes decodes alike both ways.
+        #[test]
+        fn one_tree_agrees_with_the_typed_passes(
+            field in "(uid|name|namespace|operation|dryRun|userInfo|object|oldObject|subResource)",
+            planted in proptest::prop_oneof![
+                proptest::strategy::Just(json!(null)),
+                proptest::strategy::Just(json!("CREATE")),
+                proptest::strategy::Just(json!(true)),
+                proptest::strategy::Just(json!({"metadata": {"name": "x"}})),
+                proptest::strategy::Just(json!({"username": "u"})),
+                proptest::strategy::Just(json!(["a"])),
+            ],
+        ) {
+            let mut r = request();
+            r[field.as_str()] = planted;
+            let body = review(API_VERSION, Some(r));
+            let typed = typed(&body);
+            match in_one_tree(&body) {
+                Some(tree) => proptest::prop_assert_eq!(Ok(tree), typed),
+                None => proptest::prop_assert!(typed.is_err()),
+            }
+        }
     }
 
     #[test]
