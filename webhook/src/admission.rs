@@ -2,9 +2,11 @@
 //!
 //! Requests are decoded in one parse of the body into one borrowed JSON tree, which the request's objects point
 //! into (what the rules read), with the request's fields and each object's metadata typed from that tree. A body
-//! that does not decode that way is decoded again the typed way, only to say why with the position. kube's `AdmissionReview<DynamicObject>` is not used: its flattened fields go through
-//! serde's buffered `Content` (the body is parsed twice) and the handlers had to serialize the object back into a
-//! `Value`, which together cost more than the rest of a validation. Responses are encoded with our own structs:
+//! that does not decode that way is decoded again the typed way, only to say why with the position.
+//!
+//! kube's `AdmissionReview<DynamicObject>` is not used: its flattened fields go through serde's buffered `Content`
+//! (the body is parsed twice) and the handlers had to serialize the object back into a `Value`, which together
+//! cost more than the rest of a validation. Responses are encoded with our own structs:
 //! kube 5's `AdmissionResponse` serializes `patch` as a JSON array of numbers (a `Vec<u8>`), while the API server
 //! wants the base64 string of the JSON patch, and it emits the whole `metav1.Status` even on success.
 //!
