@@ -1,5 +1,6 @@
 //! When to run after changes. The first change after a quiet period runs almost at once (the
-//! leading edge: [`GATHER`] later, so the objects of one `kubectl apply` arrive together); changes
+//! leading edge: once changes have been quiet for [`QUIET`], so the objects of one `kubectl apply`
+//! arrive together, and never later than [`GATHER`] after the first); changes
 //! that come while a run is in flight or within the debounce period after one wait until they have
 //! been quiet for the debounce period (the trailing edge coalesces a burst into one run), but never
 //! longer than a maximum delay after the first of them (a steady stream of changes must not starve
@@ -17,8 +18,16 @@ use helmop_core::plan::HelmOpKey;
 
 use crate::run::focus::{Changes, Focus, MAX_FOCUSED_CHANGES, SourceKey};
 
-/// How long the leading edge waits for the rest of one apply (at most the debounce period).
+/// The longest the leading edge waits for the rest of one apply (at most the debounce period).
 pub const GATHER: Duration = Duration::from_millis(100);
+
+/// The leading edge runs once changes have been quiet this long. The objects of one `kubectl apply`
+/// arrive a request apart (milliseconds on one network); a single edit, the common case (`kubectl edit`,
+/// a rotated Secret, Fleet's agent), no longer waits the whole of [`GATHER`] for company that never comes:
+/// that wait was 100 ms of the 500 ms an edit took to reach 1,000 clusters (docs/performance.md,
+/// section 6). An apply whose objects come further apart than this is split: the first run takes what has
+/// arrived, the rest waits for the trailing edge, as an apply longer than [`GATHER`] always was.
+pub const QUIET: Duration = Duration::from_millis(30);
 
 /// Pending work and why.
 #[derive(Debug, Default)]
@@ -105,7 +114,7 @@ impl Pending {
         let (first, last) = (self.first?, self.last?);
         let quiet_before = self.leading && self.last_run.is_none_or(|r| first >= r + debounce);
         let due = if quiet_before {
-            first + GATHER.min(debounce)
+            (first + GATHER).min(last + QUIET).min(first + debounce)
         } else {
             (last + debounce).min(first + max_delay.max(debounce))
         };
@@ -224,22 +233,26 @@ mod tests {
     #[test]
     fn a_change_after_a_quiet_period_runs_at_once() {
         let t = Instant::now();
+        let ms = Duration::from_millis;
         let mut p = Pending::leading_edge();
         p.mark(t, "start");
-        assert_eq!(p.due(D, MAX), Some(t + GATHER));
-        // More of the same apply within the gathering window do not delay it.
-        p.mark(t + Duration::from_millis(50), "b");
+        assert_eq!(p.due(D, MAX), Some(t + QUIET));
+        // More of the same apply, each within QUIET of the one before, move it on...
+        p.mark(t + ms(20), "b");
+        assert_eq!(p.due(D, MAX), Some(t + ms(20) + QUIET));
+        // ... but never past GATHER after the first.
+        for at in [40, 60, 80, 95] {
+            p.mark(t + ms(at), "c");
+        }
         assert_eq!(p.due(D, MAX), Some(t + GATHER));
         p.take();
         p.ran(t + Duration::from_secs(1));
         let later = t + Duration::from_secs(1) + D;
         p.mark(later, "edit");
-        assert_eq!(p.due(D, MAX), Some(later + GATHER));
+        assert_eq!(p.due(D, MAX), Some(later + QUIET));
         // Never later than a trailing debounce would have run.
-        assert_eq!(
-            p.due(Duration::from_millis(20), MAX),
-            Some(later + Duration::from_millis(20))
-        );
+        p.mark(later + ms(25), "more");
+        assert_eq!(p.due(ms(40), MAX), Some(later + ms(40)));
     }
 
     #[test]
@@ -285,7 +298,7 @@ mod tests {
         // With the leading edge a retry is a change at its time, gathered like any other.
         let mut p = after_run(t);
         p.retry_at(t + Duration::from_secs(4), "retry");
-        assert_eq!(p.due(D, MAX), Some(t + Duration::from_secs(4) + GATHER));
+        assert_eq!(p.due(D, MAX), Some(t + Duration::from_secs(4) + QUIET));
     }
 
     #[test]
