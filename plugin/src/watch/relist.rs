@@ -12,7 +12,7 @@
 
 use std::fmt::Debug;
 
-use futures::{Stream, StreamExt, future, stream};
+use futures::{Stream, StreamExt, stream};
 use kube::runtime::watcher::{self, DefaultBackoff, Event};
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
@@ -49,17 +49,23 @@ where
 /// kube's default back-off cap.
 const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// `events` up to and including the first error.
+/// `events` up to and including the first error. `events` is never polled after its error: kube's watcher
+/// retries at once when polled, and a retry that succeeds waits for the next event, which on a quiet kind
+/// may never come, while the relisting this ends the attempt for waits behind it.
 fn until_failure<T: Send, E: Send>(
     events: impl Stream<Item = Result<T, E>> + Send,
 ) -> impl Stream<Item = Result<T, E>> + Send {
-    events.scan(false, |failed, event| {
-        if *failed {
-            return future::ready(None);
-        }
-        *failed = event.is_err();
-        future::ready(Some(event))
-    })
+    stream::unfold(
+        (Box::pin(events), false),
+        |(mut events, failed)| async move {
+            if failed {
+                return None;
+            }
+            let event = events.next().await?;
+            let failed = event.is_err();
+            Some((event, (events, failed)))
+        },
+    )
 }
 
 #[cfg(test)]
@@ -71,6 +77,22 @@ mod tests {
         let events = stream::iter([Ok(1), Ok(2), Err("reset"), Ok(3), Err("again")]);
         let seen: Vec<Result<i32, &str>> = until_failure(events).collect().await;
         assert_eq!(seen, [Ok(1), Ok(2), Err("reset")]);
+    }
+
+    /// After its error the attempt's stream is not polled again: here it would never answer.
+    #[tokio::test]
+    async fn the_attempt_is_not_polled_after_its_failure() {
+        let events = stream::iter([Ok(1), Err("reset")]).chain(stream::pending());
+        let seen = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            until_failure(events).collect::<Vec<Result<i32, &str>>>(),
+        )
+        .await;
+        assert_eq!(
+            seen,
+            Ok(vec![Ok(1), Err("reset")]),
+            "the attempt waited for more"
+        );
     }
 
     #[tokio::test]
