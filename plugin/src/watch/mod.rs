@@ -51,9 +51,9 @@ pub struct WatchArgs {
     pub watch: bool,
 
     /// With --watch: a change after a quiet period runs once changes have stopped for 30ms, within
-    /// 100ms of the first (or this, if shorter); changes arriving during a run or within this long after one wait until they have been
-    /// quiet this long and are handled together; a steady stream of changes still runs at least
-    /// every 10 times this
+    /// 100ms of the first (or this, if shorter); changes arriving during a run or within this long
+    /// after one wait until they have been quiet this long and are handled together; a steady
+    /// stream of changes still runs at least every 10 times this
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s", requires = "watch")]
     pub debounce: Duration,
 

@@ -345,13 +345,13 @@ where
         // rebuilt by every listing so deleted objects do not linger.
         let mut seen: HashMap<(String, String), u64> = HashMap::new();
         let mut listing: HashMap<(String, String), u64> = HashMap::new();
-        let mut relisting = false;
+        let mut in_listing = false;
         loop {
             let event = match stream.next().now_or_never() {
                 Some(event) => event,
                 None => {
                     // Not while listing: the pages of a list would each wait.
-                    if let Some(pause) = batch.filter(|_| listed && !relisting) {
+                    if let Some(pause) = batch.filter(|_| listed && !in_listing) {
                         tokio::time::sleep(pause).await;
                     }
                     stream.next().await
@@ -396,11 +396,11 @@ where
                 Ok(Event::Init) => {
                     keep(Seen::Listing);
                     listing.clear();
-                    relisting = true;
+                    in_listing = true;
                 }
                 Ok(Event::InitDone) => {
                     keep(Seen::ListedAll);
-                    relisting = false;
+                    in_listing = false;
                     seen = std::mem::take(&mut listing);
                     if listed {
                         send(&tx, format!("{label} watch re-listed"));
