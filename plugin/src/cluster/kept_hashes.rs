@@ -13,16 +13,16 @@
 //! apply is the object whole at its new `resourceVersion`, so the run after an edit does not read
 //! back the copy the edit wrote (it did: 1.17 whole reads per cluster and edit, issue 27).
 //!
-//! Bounded by the fleet: each observation of a cluster replaces that cluster's entries with the
-//! ones it saw (one per copy of this upstream at a wanted place), a write adds at most the one
-//! copy it wrote, and the watcher drops all of them with its other kept reads (resync, new
-//! leadership, a failed run: [`crate::cluster::read_cache::ReadCache::clear`]). Holds hashes
-//! only, never content.
+//! Bounded by the fleet: each observation of a cluster replaces that cluster's entries of the
+//! kinds it listed with the ones it saw (one per copy of this upstream at a wanted place), a write
+//! adds at most the one copy it wrote, and the watcher drops all of them with its other kept reads
+//! (resync, new leadership, a failed run: [`crate::cluster::read_cache::ReadCache::clear`]). Holds
+//! hashes only, never content.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use helmop_core::resource::ResourceRef;
+use helmop_core::resource::{ResourceKind, ResourceRef};
 
 /// What a whole read of a copy found: what the plan needs of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,14 +61,17 @@ impl KeptHashes {
         (kept == taken && !taken.resource_version.is_empty()).then(|| live.clone())
     }
 
-    /// What an observation of `cluster` hashed (read now or kept): replaces what was kept for it.
-    pub fn keep(&self, cluster: &str, seen: Hashed) {
-        if let Ok(mut clusters) = self.clusters.lock() {
-            if seen.is_empty() {
-                clusters.remove(cluster);
-            } else {
-                clusters.insert(cluster.to_owned(), seen);
-            }
+    /// What an observation of `cluster` that listed `kinds` hashed (read now or kept): replaces
+    /// what was kept for it of those kinds (a run over some kinds did not look at the others).
+    pub fn keep(&self, cluster: &str, kinds: &[ResourceKind], seen: Hashed) {
+        let Ok(mut clusters) = self.clusters.lock() else {
+            return;
+        };
+        let mut kept = clusters.remove(cluster).unwrap_or_default();
+        kept.retain(|(_, resource), _| !kinds.contains(&resource.kind));
+        kept.extend(seen);
+        if !kept.is_empty() {
+            clusters.insert(cluster.to_owned(), kept);
         }
     }
 
@@ -106,6 +109,8 @@ impl KeptHashes {
 mod tests {
     use super::*;
 
+    const ALL: &[ResourceKind] = &ResourceKind::ALL;
+
     fn taken(version: &str, key: &str) -> Taken {
         Taken {
             uid: "u1".into(),
@@ -128,6 +133,7 @@ mod tests {
         let place: Place = ("apps".into(), ResourceRef::secret("db"));
         kept.keep(
             "c1",
+            ALL,
             HashMap::from([(place.clone(), (taken("7", "k1"), live("h")))]),
         );
         assert_eq!(kept.get("c1", &place, &taken("7", "k1")), Some(live("h")));
@@ -146,14 +152,16 @@ mod tests {
         // A version the server did not give is never a match.
         kept.keep(
             "c1",
+            ALL,
             HashMap::from([(place.clone(), (taken("", "k1"), live("h")))]),
         );
         assert_eq!(kept.get("c1", &place, &taken("", "k1")), None);
         // The next observation of a cluster replaces its entries: bounded by what it saw.
-        kept.keep("c1", HashMap::new());
+        kept.keep("c1", ALL, HashMap::new());
         assert!(kept.is_empty());
         kept.keep(
             "c1",
+            ALL,
             HashMap::from([(place.clone(), (taken("7", "k1"), live("h")))]),
         );
         kept.clear();
@@ -167,6 +175,7 @@ mod tests {
         let other: Place = ("apps".into(), ResourceRef::secret("db"));
         kept.keep(
             "c1",
+            ALL,
             HashMap::from([(place.clone(), (taken("7", "k1"), live("old")))]),
         );
         // A created copy on a cluster nothing was kept for yet, and an update over an entry.
@@ -178,7 +187,37 @@ mod tests {
         assert_eq!(kept.get("c1", &place, &taken("7", "k1")), None);
         assert_eq!(kept.len(), 3);
         // The next observation decides again what stays.
-        kept.keep("c1", HashMap::new());
+        kept.keep("c1", ALL, HashMap::new());
         assert_eq!(kept.len(), 1);
+    }
+
+    #[test]
+    fn an_observation_of_some_kinds_replaces_only_theirs() {
+        let kept = KeptHashes::default();
+        let secret: Place = ("apps".into(), ResourceRef::secret("db"));
+        let config: Place = ("apps".into(), ResourceRef::config_map("app"));
+        kept.keep(
+            "c1",
+            ALL,
+            HashMap::from([
+                (secret.clone(), (taken("7", "k1"), live("s"))),
+                (config.clone(), (taken("8", "k1"), live("c"))),
+            ]),
+        );
+        // A run over ConfigMaps saw the ConfigMap at a new version: the Secret's hash stays.
+        kept.keep(
+            "c1",
+            &[ResourceKind::ConfigMap],
+            HashMap::from([(config.clone(), (taken("9", "k1"), live("c2")))]),
+        );
+        assert_eq!(kept.get("c1", &secret, &taken("7", "k1")), Some(live("s")));
+        assert_eq!(kept.get("c1", &config, &taken("9", "k1")), Some(live("c2")));
+        assert_eq!(kept.len(), 2);
+        // One that saw no ConfigMap drops the ConfigMap's, and still not the Secret's.
+        kept.keep("c1", &[ResourceKind::ConfigMap], HashMap::new());
+        assert_eq!(kept.get("c1", &secret, &taken("7", "k1")), Some(live("s")));
+        assert_eq!(kept.len(), 1);
+        kept.keep("c1", &[ResourceKind::Secret], HashMap::new());
+        assert!(kept.is_empty());
     }
 }

@@ -23,11 +23,16 @@
 //! plans protect what other registrations of the same cluster want, the run also covers every
 //! registration that may reach one of those clusters (the same identity, or an unknown one).
 //! A deleted HelmOp, one another shard handles, or one the inventory no longer lists is a full run.
+//!
+//! A run after source edits alone works on the kinds of those sources only ([`Focus::kinds`]): an
+//! edit of a ConfigMap lists, plans and writes the ConfigMap copies of the clusters copying it, and
+//! leaves their Secret copies as they stand. At 1,000 clusters that is one list request fewer per
+//! cluster before the edited copies are written (docs/performance.md).
 
 use std::collections::BTreeSet;
 
 use helmop_core::plan::HelmOpKey;
-use helmop_core::resource::ResourceRef;
+use helmop_core::resource::{ResourceKind, ResourceRef};
 
 use crate::output::report::Row;
 use crate::run::inventory::{Inventory, key_of};
@@ -96,6 +101,21 @@ impl Focus {
                     .chain(c.helmops.iter().map(|h| format!("HelmOp {h}")))
                     .collect(),
             ),
+        }
+    }
+
+    /// The kinds of copies a run with this focus works on where it covers only some clusters
+    /// ([`covered`]): after edits of sources alone, the kinds of those sources, since an edit of a
+    /// Secret changes no ConfigMap copy (and the other way round); every kind otherwise. Its
+    /// clusters' copies of the other kinds are left as they stand, like the clusters it does not
+    /// cover, until the next run over them (docs/decisions.md).
+    pub fn kinds(&self) -> Vec<ResourceKind> {
+        match self {
+            Focus::Changes(c) if c.helmops.is_empty() && !c.sources.is_empty() => ResourceKind::ALL
+                .into_iter()
+                .filter(|k| c.sources.iter().any(|s| s.resource.kind == *k))
+                .collect(),
+            _ => ResourceKind::ALL.to_vec(),
         }
     }
 
@@ -298,6 +318,34 @@ mod tests {
             ..Changes::default()
         });
         assert_eq!(covered(&inv, &config_map), None);
+    }
+
+    #[test]
+    fn a_run_after_source_edits_works_on_their_kinds() {
+        let config_map = |name: &str| SourceKey {
+            namespace: "team".into(),
+            resource: ResourceRef::config_map(name),
+        };
+        let secrets = focus(&[("team", "db"), ("team", "shared")]);
+        assert_eq!(secrets.kinds(), [ResourceKind::Secret]);
+        let configs = Focus::Changes(Changes {
+            sources: BTreeSet::from([config_map("app")]),
+            ..Changes::default()
+        });
+        assert_eq!(configs.kinds(), [ResourceKind::ConfigMap]);
+        let mut both = secrets.clone();
+        if let Focus::Changes(c) = &mut both {
+            c.sources.insert(config_map("app"));
+        }
+        assert_eq!(both.kinds(), ResourceKind::ALL);
+        // A HelmOp edit may add, move or drop copies of any kind: its run works on every kind.
+        let mut with_helmop = secrets.clone();
+        if let Focus::Changes(c) = &mut with_helmop {
+            c.helmops.insert(HelmOpKey::new("team", "a"));
+        }
+        assert_eq!(with_helmop.kinds(), ResourceKind::ALL);
+        assert_eq!(helmop_edit(&["a"], &[]).kinds(), ResourceKind::ALL);
+        assert_eq!(Focus::Everything.kinds(), ResourceKind::ALL);
     }
 
     #[test]

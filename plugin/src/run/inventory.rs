@@ -27,7 +27,7 @@ use helmop_core::names;
 use helmop_core::plan::{
     DesiredCopy, HelmOpKey, HoldReason, Holds, ObservedCopy, OwnerRef, Scope, parse_owners,
 };
-use helmop_core::resource::ResourceRef;
+use helmop_core::resource::{ResourceKind, ResourceRef};
 use helmop_core::sharding::Shard;
 use helmop_core::targeting::{
     Matcher, NamespaceMetadata, TargetMatch, cluster_helm, cluster_options,
@@ -120,6 +120,11 @@ pub struct Inventory {
     /// targets: never adopted on the management cluster (set by `propagate --adopt`, see
     /// [`named_sources`]).
     pub named_sources: Vec<(String, ResourceRef)>,
+    /// The kinds of copies the run works on: every kind, but in a watcher's run after edits of
+    /// sources of one kind ([`crate::run::focus::Focus::kinds`]). What a cluster is planned for
+    /// ([`Inventory::desired_on`], [`Inventory::protected`]) leaves the other kinds out, as the
+    /// observation of the cluster does.
+    pub kinds: Vec<ResourceKind>,
     /// `desired` and `unserved` by cluster, built on first use: both are set by the enumeration
     /// and never changed after it.
     pub(crate) by_cluster: OnceLock<ByCluster>,
@@ -139,6 +144,7 @@ impl Inventory {
 
     /// What other registrations that may reach the cluster of `key` want, keyed `key`: never
     /// released there, never written through `key`'s credentials (core `PlanInput::protected`).
+    /// Of the run's [`Inventory::kinds`] only.
     pub fn protected(&self, key: &str) -> Vec<DesiredCopy> {
         let own = self.identity_of(key);
         let as_own = |d: &DesiredCopy| DesiredCopy {
@@ -146,14 +152,13 @@ impl Inventory {
             ..d.clone()
         };
         let index = self.by_cluster();
-        match index.may_reach(key, own) {
+        let wants: Vec<&DesiredCopy> = match index.may_reach(key, own) {
             // An unknown identity may be any cluster: every other registration's wants.
             None => self
                 .desired
                 .iter()
                 .chain(&self.unserved)
                 .filter(|d| d.cluster != key)
-                .map(as_own)
                 .collect(),
             Some(keys) => {
                 let (desired, unserved) = index.positions(&keys);
@@ -161,14 +166,24 @@ impl Inventory {
                     .iter()
                     .filter_map(|&i| self.desired.get(i))
                     .chain(unserved.iter().filter_map(|&i| self.unserved.get(i)))
-                    .map(as_own)
                     .collect()
             }
-        }
+        };
+        wants
+            .into_iter()
+            .filter(|d| self.kinds.contains(&d.resource.kind))
+            .map(as_own)
+            .collect()
     }
 
-    /// The wants on `cluster` (plan key), in enumeration order.
+    /// The wants on `cluster` (plan key) of the run's [`Inventory::kinds`], in enumeration order.
     pub fn desired_on<'a>(&'a self, cluster: &'a str) -> impl Iterator<Item = &'a DesiredCopy> {
+        self.every_kind_on(cluster)
+            .filter(|d| self.kinds.contains(&d.resource.kind))
+    }
+
+    /// The wants on `cluster` (plan key) of every kind, whatever the run works on.
+    fn every_kind_on<'a>(&'a self, cluster: &'a str) -> impl Iterator<Item = &'a DesiredCopy> {
         self.by_cluster()
             .desired(cluster)
             .iter()
@@ -203,8 +218,9 @@ impl Inventory {
         cluster: &str,
         namespace: &str,
     ) -> (NamespaceMetadata, Vec<String>) {
+        // Every kind's: a namespace made by a run over one kind is the one a full run makes.
         let wanting: BTreeSet<&HelmOpKey> = self
-            .desired_on(cluster)
+            .every_kind_on(cluster)
             .filter(|d| d.namespace == namespace)
             .map(|d| &d.helmop)
             .collect();
@@ -288,6 +304,7 @@ impl Inventory {
             named_sources: Vec::new(),
             elsewhere: BTreeSet::new(),
             kubeconfig_secrets: BTreeSet::new(),
+            kinds: ResourceKind::ALL.to_vec(),
             by_cluster: OnceLock::new(),
         }
     }
@@ -407,6 +424,7 @@ pub async fn enumerate(
         named_sources: Vec::new(),
         elsewhere,
         kubeconfig_secrets,
+        kinds: ResourceKind::ALL.to_vec(),
         by_cluster: OnceLock::new(),
     })
 }

@@ -193,6 +193,9 @@ pub struct Looking<'a> {
     pub adopt: bool,
     /// Hashes taken by earlier runs of a watcher: a copy unchanged since is not read again.
     pub kept: Option<&'a KeptHashes>,
+    /// The kinds listed: every kind, but in a run that works on some only
+    /// ([`crate::run::inventory::Inventory::kinds`]); `places` holds none of the others.
+    pub kinds: &'a [ResourceKind],
 }
 
 impl Looking<'_> {
@@ -235,7 +238,7 @@ pub async fn observe(
     // (kind, metadata, read whole?) of every labelled object kept (this upstream's, or at a
     // wanted place), judged once as it is listed.
     let mut listed: Vec<(ResourceKind, ObjectMeta, bool)> = Vec::new();
-    for kind in [ResourceKind::Secret, ResourceKind::ConfigMap] {
+    for &kind in looking.kinds {
         let mut keep = |meta: ObjectMeta| {
             let (ours, wanted) = (looking.names_us(&meta), looking.wanted(kind, &meta));
             if ours || wanted {
@@ -348,7 +351,7 @@ pub async fn observe(
         obs.add(cluster, kind, meta, live);
     }
     if let Some((kept, _)) = kept {
-        kept.keep(cluster, hashed);
+        kept.keep(cluster, looking.kinds, hashed);
     }
     obs.copies.sort_by(|a, b| {
         (&a.namespace, a.resource.kind.lower(), &a.resource.name).cmp(&(

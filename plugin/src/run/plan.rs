@@ -61,7 +61,7 @@ pub fn unreachable_rows(inv: &Inventory, downstream: &Downstream, reason: &str) 
         .collect()
 }
 
-/// The places (namespace, resource) where copies are wanted on a cluster.
+/// The places (namespace, resource) where copies of the run's kinds are wanted on a cluster.
 pub fn wanted_places(inv: &Inventory, cluster: &str) -> BTreeSet<(String, ResourceRef)> {
     inv.desired_on(cluster)
         .map(|d| (d.namespace.clone(), d.resource.clone()))
@@ -113,6 +113,7 @@ pub async fn observe_cluster(
         key,
         adopt,
         kept: ctx.reads.as_deref().map(|r| r.hashes()),
+        kinds: &inv.kinds,
     };
     let mut obs = observe::observe(client, cluster, &looking)
         .await

@@ -43,5 +43,6 @@ pub fn report(rows: Vec<Row>, unreachable: usize) -> Report {
         clusters: vec!["team/d1".into(), "team/d2".into()],
         unreachable: Vec::new(),
         focus: None,
+        kinds: helmop_core::resource::ResourceKind::ALL.to_vec(),
     }
 }

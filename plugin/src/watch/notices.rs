@@ -241,6 +241,7 @@ mod tests {
             clusters: Vec::new(),
             unreachable: Vec::new(),
             focus: None,
+            kinds: helmop_core::resource::ResourceKind::ALL.to_vec(),
         };
         let found = problems(&r);
         let keys: Vec<(&str, &str, &str)> = found

@@ -6,9 +6,14 @@
 //!
 //! So the watcher keeps the report of its last full run and lays each focused run's rows over it:
 //! the covered clusters' rows are replaced, the others' kept, and the rows about no cluster (a
-//! HelmOp's problems, which every run evaluates in full) come from the newest run.
+//! HelmOp's problems, which every run evaluates in full) come from the newest run. A run that
+//! worked on some kinds of copies only ([`crate::run::focus::Focus::kinds`]) replaces its clusters'
+//! rows of those kinds and the rows about the cluster as a whole; their copies of the other kinds
+//! keep the rows they had.
 
 use std::collections::BTreeSet;
+
+use helmop_core::resource::ResourceKind;
 
 use crate::output::report as table;
 use crate::run::propagate::Report;
@@ -26,10 +31,17 @@ pub fn merge(standing: &Report, run: &Report) -> Report {
         .map(String::as_str)
         .collect();
     let about_a_cluster = |cluster: &str| known.contains(cluster);
+    // A row of a copy of a kind the run did not work on; a row about no copy (a cluster that
+    // could not be reached, say) is the run's whatever its kinds.
+    let other_kind =
+        |kind: &str| ResourceKind::parse(kind).is_some_and(|k| !run.kinds.contains(&k));
     let mut rows: Vec<_> = standing
         .rows
         .iter()
-        .filter(|r| about_a_cluster(&r.cluster) && !covered.contains(r.cluster.as_str()))
+        .filter(|r| {
+            about_a_cluster(&r.cluster)
+                && (!covered.contains(r.cluster.as_str()) || other_kind(&r.kind))
+        })
         .chain(
             run.rows
                 .iter()
@@ -126,5 +138,49 @@ mod tests {
         // A full run replaces everything.
         let full_again = report(vec![on("team/d1", "db", RowState::Unchanged)], 0);
         assert_eq!(states(&merge(&merged, &full_again)), states(&full_again));
+    }
+
+    #[test]
+    fn a_run_over_some_kinds_keeps_the_rows_of_the_others() {
+        let config_map = |cluster: &str, name: &str, state: RowState| {
+            let mut r = on(cluster, name, state);
+            r.kind = "ConfigMap".into();
+            r
+        };
+        let mut unfinished = on("team/d1", "", RowState::Failed);
+        unfinished.kind = String::new();
+        let mut full = report(
+            vec![
+                on("team/d1", "db", RowState::Unchanged),
+                config_map("team/d1", "cfg", RowState::Unchanged),
+                unfinished,
+                config_map("team/d2", "cfg", RowState::Unchanged),
+            ],
+            0,
+        );
+        full.clusters = vec!["team/d1".into(), "team/d2".into()];
+        // A ConfigMap edit's run over d1: its ConfigMap row and whatever it says about d1 as a
+        // whole replace the standing ones; d1's Secret row stands.
+        let mut focused = report(vec![config_map("team/d1", "cfg", RowState::Updated)], 0);
+        focused.clusters = vec!["team/d1".into()];
+        focused.focus = Some(vec!["ConfigMap team/cfg".into()]);
+        focused.kinds = vec![ResourceKind::ConfigMap];
+        let merged = merge(&full, &focused);
+        assert_eq!(
+            states(&merged),
+            [
+                ("team/d1".to_owned(), "cfg".to_owned(), RowState::Updated),
+                ("team/d1".to_owned(), "db".to_owned(), RowState::Unchanged),
+                ("team/d2".to_owned(), "cfg".to_owned(), RowState::Unchanged),
+            ]
+        );
+        // The same run over every kind would have dropped d1's Secret row.
+        focused.kinds = ResourceKind::ALL.to_vec();
+        assert!(
+            !merge(&full, &focused)
+                .rows
+                .iter()
+                .any(|r| r.cluster == "team/d1" && r.name == "db"),
+        );
     }
 }

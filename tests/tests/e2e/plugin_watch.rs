@@ -68,6 +68,33 @@ impl Fixture {
         Ok(())
     }
 
+    /// A watcher serving its metrics on a free port, once started, and that port's address.
+    async fn spawn_serving_watcher(&self) -> anyhow::Result<(PluginProcess, String)> {
+        use crate::propagator_service::addr_of;
+        let mut w = self.spawn_watcher(&["--metrics-addr", "127.0.0.1:0"])?;
+        let started = w
+            .wait_event("the started event", PROPAGATION_BOUND, 0, |e| {
+                e["event"] == "started"
+            })
+            .await?;
+        let addr = addr_of(&started)?;
+        Ok((w, addr))
+    }
+
+    /// Creates a Secret no HelmOp names, and returns the run it starts: one over every cluster
+    /// and kind.
+    async fn unrelated_secret_run(&self, w: &mut PluginProcess) -> anyhow::Result<Value> {
+        let seen = w.events().len();
+        create_secret(&self.upstream, &self.ns, "unrelated", &[("k", b"v")]).await?;
+        w.wait_event(
+            "the run for the unrelated Secret",
+            PROPAGATION_BOUND,
+            seen,
+            |e| is_run_for(e, &format!("Secret {}/unrelated changed", self.ns)),
+        )
+        .await
+    }
+
     async fn set_source(&self, value: &str) -> anyhow::Result<()> {
         Api::<Secret>::namespaced(self.upstream.clone(), &self.ns)
             .patch(
@@ -292,7 +319,7 @@ async fn a_rotated_kubeconfig_secret_is_used_by_the_next_run() -> anyhow::Result
 /// no HelmOp names makes a run over every cluster again.
 #[tokio::test]
 async fn a_source_edit_runs_over_the_clusters_copying_it() -> anyhow::Result<()> {
-    use crate::propagator_service::{addr_of, metric, scrape};
+    use crate::propagator_service::{metric, scrape};
 
     // `app` copies `db` to down1 (the fixture); `other` copies `other-src` to down2 only.
     let f = Fixture::new("focus").await?;
@@ -313,13 +340,7 @@ async fn a_source_edit_runs_over_the_clusters_copying_it() -> anyhow::Result<()>
         ("focus-other", &f.ns),
     );
     apply_helmop(&f.upstream, &f.ns, &other.to_string()).await?;
-    let mut w = f.spawn_watcher(&["--metrics-addr", "127.0.0.1:0"])?;
-    let started = w
-        .wait_event("the started event", PROPAGATION_BOUND, 0, |e| {
-            e["event"] == "started"
-        })
-        .await?;
-    let addr = addr_of(&started)?;
+    let (mut w, addr) = f.spawn_serving_watcher().await?;
     wait_copy(DOWNSTREAM_1, &f.ns, "one", PROPAGATION_BOUND).await?;
     let down2 = control_plane().cluster(DOWNSTREAM_2).client().await;
     wait_until("other-src on down2", PROPAGATION_BOUND, || async {
@@ -349,12 +370,7 @@ async fn a_source_edit_runs_over_the_clusters_copying_it() -> anyhow::Result<()>
     );
     // The copy counts are the fleet's: down2's row stands from the run before.
     let m = scrape(&reqwest::Client::new(), &addr).await?;
-    let copies: f64 = m
-        .iter()
-        .filter(|(k, _)| k.starts_with("helmop_propagator_copies{"))
-        .map(|(_, v)| v)
-        .sum();
-    assert_eq!(copies, 2.0, "{m:?}");
+    assert_eq!(fleet_copies(&m), 2.0, "{m:?}");
     assert_eq!(
         metric(&m, r#"helmop_propagator_copies{state="Updated"}"#),
         1.0,
@@ -362,16 +378,7 @@ async fn a_source_edit_runs_over_the_clusters_copying_it() -> anyhow::Result<()>
     );
 
     // A Secret no HelmOp names: a run over every cluster.
-    let seen = w.events().len();
-    create_secret(&f.upstream, &f.ns, "unrelated", &[("k", b"v")]).await?;
-    let full = w
-        .wait_event(
-            "the run for the unrelated Secret",
-            PROPAGATION_BOUND,
-            seen,
-            |e| is_run_for(e, &format!("Secret {}/unrelated changed", f.ns)),
-        )
-        .await?;
+    let full = f.unrelated_secret_run(&mut w).await?;
     assert!(full["report"].get("focus").is_none(), "{full}");
     assert_eq!(full["report"]["summary"]["clusters"], 2, "{full}");
     // Every copy is current: nothing is written (a kept hash of an older version of a copy
@@ -381,14 +388,7 @@ async fn a_source_edit_runs_over_the_clusters_copying_it() -> anyhow::Result<()>
     // Someone edits down1's copy by hand. The watcher kept its hash from the runs before, but
     // the copy's resourceVersion changed: the next run over down1 reads it again and repairs it.
     let down1 = control_plane().cluster(DOWNSTREAM_1).client().await;
-    Api::<Secret>::namespaced(down1.clone(), &f.ns)
-        .patch(
-            "db",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"stringData": {"password": "tampered"}})),
-        )
-        .await
-        .context("editing the copy downstream")?;
+    tamper_copy(&down1, &f.ns).await?;
 
     // An edit of `app` alone (a second source): a run over down1 only, which copies it there.
     let seen = w.events().len();
@@ -410,16 +410,7 @@ async fn a_source_edit_runs_over_the_clusters_copying_it() -> anyhow::Result<()>
         BTreeSet::from([down1_name.clone()]),
         "{run}"
     );
-    assert!(
-        rows_on(&run, &down1_name)
-            .iter()
-            .any(|r| r["name"] == "db" && r["state"] == "Updated"),
-        "the copy edited downstream was not repaired: {run}"
-    );
-    assert_eq!(
-        copy_value(DOWNSTREAM_1, &f.ns).await?.as_deref(),
-        Some("two")
-    );
+    assert_repaired(&run, &f.ns, "two").await?;
     assert!(
         Api::<Secret>::namespaced(down1.clone(), &f.ns)
             .get_opt("other-src")
@@ -475,6 +466,119 @@ async fn a_source_edit_runs_over_the_clusters_copying_it() -> anyhow::Result<()>
     assert_eq!(full["report"]["summary"]["clusters"], 2, "{full}");
     w.signal(libc::SIGTERM)?;
     assert_eq!(w.wait_exit(Duration::from_secs(15)).await?.code(), Some(0));
+    Ok(())
+}
+
+/// After an edit of a ConfigMap source alone, the watcher's run works on ConfigMap copies only: its
+/// rows are the ConfigMaps', a Secret copy edited by hand on the same cluster is left as it stands
+/// (the next run over Secrets repairs it), and the metrics still count the Secret copy from the run
+/// before.
+#[tokio::test]
+async fn a_source_edit_works_on_the_copies_of_its_kind() -> anyhow::Result<()> {
+    use crate::propagator_service::scrape;
+
+    let f = Fixture::new("kinds").await?;
+    create_config_map(&f.upstream, &f.ns, "cfg", &[("mode", "a")]).await?;
+    f.apply_helmop(&[("Secret", "db"), ("ConfigMap", "cfg")])
+        .await?;
+    let down1 = control_plane().cluster(DOWNSTREAM_1).client().await;
+    let config_maps = Api::<ConfigMap>::namespaced(down1.clone(), &f.ns);
+    let cfg_mode = || async {
+        anyhow::Ok(
+            config_maps
+                .get_opt("cfg")
+                .await?
+                .and_then(|c| c.data)
+                .and_then(|d| d.get("mode").cloned()),
+        )
+    };
+    let (mut w, addr) = f.spawn_serving_watcher().await?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "one", PROPAGATION_BOUND).await?;
+    wait_until("ConfigMap cfg on down1", PROPAGATION_BOUND, || async {
+        Ok(cfg_mode().await?.as_deref() == Some("a"))
+    })
+    .await?;
+
+    // Someone edits the Secret copy by hand, then the ConfigMap source changes.
+    tamper_copy(&down1, &f.ns).await?;
+    let seen = w.events().len();
+    Api::<ConfigMap>::namespaced(f.upstream.clone(), &f.ns)
+        .patch(
+            "cfg",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"mode": "b"}})),
+        )
+        .await
+        .context("editing the ConfigMap source")?;
+    let source = format!("ConfigMap {}/cfg", f.ns);
+    let run = w
+        .wait_event("the run for the edit", PROPAGATION_BOUND, seen, |e| {
+            is_run_for(e, &format!("{source} changed"))
+        })
+        .await?;
+    assert_eq!(run["report"]["focus"], json!([source]), "{run}");
+    let down1_name = format!("{}/{DOWNSTREAM_1}", f.ns);
+    let rows = rows_on(&run, &down1_name);
+    assert!(
+        rows.iter()
+            .any(|r| r["name"] == "cfg" && r["state"] == "Updated"),
+        "{run}"
+    );
+    assert!(
+        rows.iter().all(|r| r["kind"] == "ConfigMap"),
+        "a ConfigMap edit's run worked on other kinds: {run}"
+    );
+    assert_eq!(cfg_mode().await?.as_deref(), Some("b"));
+    assert_eq!(
+        copy_value(DOWNSTREAM_1, &f.ns).await?.as_deref(),
+        Some("tampered"),
+        "the ConfigMap edit's run wrote the Secret copy"
+    );
+    // The copy counts are still the fleet's: the Secret's row stands from the run before.
+    let m = scrape(&reqwest::Client::new(), &addr).await?;
+    assert_eq!(fleet_copies(&m), 2.0, "{m:?}");
+
+    // A run over every kind (a Secret no HelmOp names) repairs the Secret copy.
+    let full = f.unrelated_secret_run(&mut w).await?;
+    assert!(full["report"].get("focus").is_none(), "{full}");
+    assert_repaired(&full, &f.ns, "one").await?;
+    w.signal(libc::SIGTERM)?;
+    assert_eq!(w.wait_exit(Duration::from_secs(15)).await?.code(), Some(0));
+    Ok(())
+}
+
+/// The copies `helmop_propagator_copies` counts, over every state.
+fn fleet_copies(metrics: &std::collections::BTreeMap<String, f64>) -> f64 {
+    metrics
+        .iter()
+        .filter(|(k, _)| k.starts_with("helmop_propagator_copies{"))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// `run` repaired the copy of `db` on down1 that [`tamper_copy`] edited: it says so, and the copy
+/// holds the source's `value` again.
+async fn assert_repaired(run: &Value, ns: &str, value: &str) -> anyhow::Result<()> {
+    assert!(
+        rows_on(run, &format!("{ns}/{DOWNSTREAM_1}"))
+            .iter()
+            .any(|r| r["name"] == "db" && r["state"] == "Updated"),
+        "the copy edited downstream was not repaired: {run}"
+    );
+    assert_eq!(copy_value(DOWNSTREAM_1, ns).await?.as_deref(), Some(value));
+    Ok(())
+}
+
+/// Someone edits the copy of `db` in `ns` by hand, on the cluster of `client`.
+async fn tamper_copy(client: &Client, ns: &str) -> anyhow::Result<()> {
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .patch(
+            "db",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"password": "tampered"}})),
+        )
+        .await
+        .context("editing the copy downstream")?;
     Ok(())
 }
 

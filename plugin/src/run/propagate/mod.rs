@@ -24,7 +24,7 @@ use std::sync::{Mutex, PoisonError};
 
 use helmop_core::names;
 use helmop_core::plan::{Action, ActionKind};
-use helmop_core::resource::ResourceRef;
+use helmop_core::resource::{ResourceKind, ResourceRef};
 use helmop_core::state::RowState;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
@@ -94,6 +94,10 @@ pub struct Report {
     /// them, [`crate::run::focus`]); absent for a run over every cluster.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub focus: Option<Vec<String>>,
+    /// The kinds of copies the run worked on: every kind but after edits of sources of one kind
+    /// ([`crate::run::focus::Focus::kinds`]); the rows of its clusters are of these kinds.
+    #[serde(skip)]
+    pub kinds: Vec<ResourceKind>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -186,6 +190,10 @@ pub async fn propagate_focused(
         if !opts.dry_run {
             (key, origin) = load_key(ctx, true).await?;
         }
+    }
+    // Set after the key check above, which looks for copies of every kind.
+    if covered.is_some() {
+        inv.kinds = focus.kinds();
     }
     let sources = sources::fetch(ctx, &inv.desired, &key).await?;
     lap("sources");
@@ -285,6 +293,7 @@ pub async fn propagate_focused(
         clusters: inv.downstreams.iter().map(Downstream::display).collect(),
         unreachable,
         focus: covered.and_then(|_| focus.describe()),
+        kinds: inv.kinds.clone(),
     })
 }
 
@@ -1035,6 +1044,7 @@ mod tests {
             clusters: Vec::new(),
             unreachable: Vec::new(),
             focus: None,
+            kinds: ResourceKind::ALL.to_vec(),
         }
     }
 
