@@ -56,7 +56,9 @@ pub use fleet::{
 pub use manifests::{manifests_dir, relative_path};
 pub use namespaces::{TEST_NAMESPACE_LABEL, fresh_namespace, fresh_namespace_with_labels};
 pub use node::{BusyboxImage, NODE_CLUSTER, build_busybox_image, node_control_plane};
-pub use objects::{create_config_map, create_secret, ensure_hash_key, template_annotation};
+pub use objects::{
+    create_config_map, create_reader, create_secret, ensure_hash_key, template_annotation,
+};
 pub use wait::{DEFAULT_TIMEOUT, wait_for, wait_until};
 pub use webhook_binary::{WebhookBinary, metric_value};
 pub use webhook_server::LocalWebhook;

@@ -112,3 +112,32 @@ fn meta(namespace: &str, name: &str) -> ObjectMeta {
         ..Default::default()
     }
 }
+
+/// Creates Deployment `web` in `namespace`, opted in to rollouts (`helmop.dev/rollout-on-change`),
+/// with no replicas, whose container requires Secret `secret` and ConfigMap `config_map` (`envFrom`).
+pub async fn create_reader(
+    client: &Client,
+    namespace: &str,
+    secret: &str,
+    config_map: &str,
+) -> anyhow::Result<Deployment> {
+    let web: Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web", "namespace": namespace,
+                     "labels": {"helmop.dev/rollout-on-change": "true"}},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{
+                    "name": "web", "image": "registry.invalid/web:1",
+                    "envFrom": [{"secretRef": {"name": secret}}, {"configMapRef": {"name": config_map}}],
+                }]},
+            },
+        },
+    }))?;
+    Api::<Deployment>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &web)
+        .await
+        .with_context(|| format!("creating Deployment {namespace}/web"))
+}

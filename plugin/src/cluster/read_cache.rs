@@ -14,7 +14,8 @@
 //!   or unreachable one is asked again each run);
 //! - everything is dropped on a resync, on becoming leader, after a failed run, and whenever a
 //!   watch of Secrets or Clusters re-lists or fails ([`ReadCache::clear`]), so the periodic full
-//!   run reads everything afresh (its Clusters too: [`crate::cluster::cluster_store`]).
+//!   run reads everything afresh (its Clusters too: [`crate::cluster::cluster_store`], and the
+//!   copies downstream: [`crate::cluster::kept_hashes`], [`crate::cluster::kept_listings`]).
 //!
 //! Bounded by the fleet: one entry per kubeconfig Secret and per client, dropped with them.
 
@@ -26,6 +27,7 @@ use k8s_openapi::api::core::v1::Secret;
 use crate::cluster::client_cache::ClientKey;
 use crate::cluster::cluster_store::ClusterStore;
 use crate::cluster::kept_hashes::KeptHashes;
+use crate::cluster::kept_listings::KeptListings;
 
 /// See the module documentation. Holds credentials: never logged, never printed.
 pub struct ReadCache {
@@ -35,6 +37,9 @@ pub struct ReadCache {
     /// Hashes of the live copies downstream, exact by `resourceVersion`
     /// ([`crate::cluster::kept_hashes`]).
     hashes: KeptHashes,
+    /// The last listings of the copies downstream, as the writes since left them
+    /// ([`crate::cluster::kept_listings`]).
+    listings: KeptListings,
     /// The Fleet Clusters as the Cluster watch sees them ([`crate::cluster::cluster_store`]).
     clusters: ClusterStore,
 }
@@ -72,6 +77,7 @@ impl ReadCache {
             scope,
             inner: Mutex::new(Inner::default()),
             hashes: KeptHashes::default(),
+            listings: KeptListings::default(),
             clusters: ClusterStore::default(),
         }
     }
@@ -141,6 +147,7 @@ impl ReadCache {
             inner.identities.clear();
         }
         self.hashes.clear();
+        self.listings.clear();
         self.clusters.read_afresh();
     }
 
@@ -161,6 +168,11 @@ impl ReadCache {
     /// The hashes of live copies kept between runs.
     pub fn hashes(&self) -> &KeptHashes {
         &self.hashes
+    }
+
+    /// The listings of copies kept between runs.
+    pub fn listings(&self) -> &KeptListings {
+        &self.listings
     }
 
     /// The Secret watch listed (`true`) or failed (`false`, which drops everything).

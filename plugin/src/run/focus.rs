@@ -111,12 +111,19 @@ impl Focus {
     /// cover, until the next run over them (docs/decisions.md).
     pub fn kinds(&self) -> Vec<ResourceKind> {
         match self {
-            Focus::Changes(c) if c.helmops.is_empty() && !c.sources.is_empty() => ResourceKind::ALL
+            Focus::Changes(c) if self.source_edits_only() => ResourceKind::ALL
                 .into_iter()
                 .filter(|k| c.sources.iter().any(|s| s.resource.kind == *k))
                 .collect(),
             _ => ResourceKind::ALL.to_vec(),
         }
+    }
+
+    /// Whether the changes are edits of sources and nothing else: such a run changes the
+    /// content of existing copies, and where that is all its plan writes, a watcher plans it
+    /// from its kept listings (docs/decisions.md).
+    pub fn source_edits_only(&self) -> bool {
+        matches!(self, Focus::Changes(c) if c.helmops.is_empty() && !c.sources.is_empty())
     }
 
     /// This focus with where its HelmOps stand in `standing` (the rows of the watcher's picture

@@ -24,6 +24,7 @@ use kube::api::{ListParams, ObjectMeta};
 use kube::{Api, Client};
 
 use crate::cluster::kept_hashes::{Hashed, KeptHashes, LiveHash, Place, Taken};
+use crate::cluster::kept_listings::KeptListings;
 use crate::cluster::lean_list::metadata_page;
 
 /// Objects per list page: metadata only, but annotations may hold up to 256 KiB per object, so
@@ -47,6 +48,8 @@ pub struct Observation {
     /// The destination namespaces of HelmOps with `allowedTargetNamespaceSelector`, with their
     /// labels: whether Fleet's agent would copy there ([`namespace_facts`]).
     pub gated: BTreeMap<String, NamespaceFacts>,
+    /// The kinds that came from a kept listing, not from a list request ([`Looking::from_kept`]).
+    pub kept: Vec<ResourceKind>,
 }
 
 /// A destination namespace as this run knows it: as read, or as the run left it.
@@ -196,6 +199,11 @@ pub struct Looking<'a> {
     /// The kinds listed: every kind, but in a run that works on some only
     /// ([`crate::run::inventory::Inventory::kinds`]); `places` holds none of the others.
     pub kinds: &'a [ResourceKind],
+    /// A watcher's last listings: each listing made is kept there, and with `from_kept` a kept
+    /// listing of what is looked for now stands in for a new one
+    /// ([`crate::cluster::kept_listings`]).
+    pub listings: Option<&'a KeptListings>,
+    pub from_kept: bool,
 }
 
 impl Looking<'_> {
@@ -216,6 +224,19 @@ impl Looking<'_> {
                     .filter_map(|e| OwnerRef::parse(e))
                     .any(|o| ours(&o.upstream_id))
             })
+    }
+
+    /// Tells what a listing of `kind` keeps apart (the places of that kind and this upstream's
+    /// ids): a listing kept for other places is not used.
+    fn looking_for(&self, kind: ResourceKind) -> u64 {
+        use std::hash::{DefaultHasher, Hash, Hasher};
+        let mut h = DefaultHasher::new();
+        kind.hash(&mut h);
+        self.upstream_ids.hash(&mut h);
+        for place in self.places.iter().filter(|(_, r)| r.kind == kind) {
+            place.hash(&mut h);
+        }
+        h.finish()
     }
 
     fn wanted(&self, kind: ResourceKind, meta: &ObjectMeta) -> bool {
@@ -239,13 +260,27 @@ pub async fn observe(
     // wanted place), judged once as it is listed.
     let mut listed: Vec<(ResourceKind, ObjectMeta, bool)> = Vec::new();
     for &kind in looking.kinds {
+        let fingerprint = looking.looking_for(kind);
+        let kept = looking
+            .listings
+            .filter(|_| looking.from_kept)
+            .and_then(|l| l.get(cluster, kind, fingerprint));
+        let mut kept_now = Vec::new();
         let mut keep = |meta: ObjectMeta| {
             let (ours, wanted) = (looking.names_us(&meta), looking.wanted(kind, &meta));
             if ours || wanted {
                 let whole = looking.key.is_some() && wanted && (looking.adopt || ours);
+                if looking.listings.is_some() {
+                    kept_now.push(meta.clone());
+                }
                 listed.push((kind, meta, whole));
             }
         };
+        if let Some(objects) = kept {
+            objects.into_iter().for_each(keep);
+            obs.kept.push(kind);
+            continue;
+        }
         match list_metadata(client, kind, None, &selector, &mut keep).await {
             Err(kube::Error::Api(ae)) if ae.code == 403 => {
                 // Namespace-scoped credentials: the namespaces where copies are wanted, one by one.
@@ -260,6 +295,9 @@ pub async fn observe(
                 }
             }
             other => other?,
+        }
+        if let Some(listings) = looking.listings {
+            listings.keep(cluster, kind, fingerprint, kept_now);
         }
     }
     // Whole reads, each hashed and dropped: this upstream's copies at wanted places, and with
@@ -372,6 +410,16 @@ fn key_tag(key: &HashKey) -> String {
 pub enum Whole {
     Secret(Secret),
     ConfigMap(ConfigMap),
+}
+
+impl Whole {
+    /// The kind and metadata of the object written.
+    pub fn meta(&self) -> (ResourceKind, &ObjectMeta) {
+        match self {
+            Whole::Secret(s) => (ResourceKind::Secret, &s.metadata),
+            Whole::ConfigMap(c) => (ResourceKind::ConfigMap, &c.metadata),
+        }
+    }
 }
 
 /// What a write left, hashed with `key` as a whole read would hash it, for the watcher to keep

@@ -70,7 +70,8 @@ pub fn wanted_places(inv: &Inventory, cluster: &str) -> BTreeSet<(String, Resour
 
 /// Observes a cluster and plans it with the core planner. `--adopt` never applies to a
 /// registration whose identity is unknown: it may be the management cluster, whose sources are
-/// never taken over.
+/// never taken over. `from_kept`: a watcher's kept listings stand in for list requests where they
+/// fit ([`crate::cluster::kept_listings`]).
 pub async fn observe_and_plan(
     ctx: &Ctx,
     inv: &Inventory,
@@ -78,10 +79,12 @@ pub async fn observe_and_plan(
     downstream: &Downstream,
     client: &kube::Client,
     adopt: bool,
+    from_kept: bool,
 ) -> Result<(Observation, Vec<Action>), PluginError> {
     let adopt = adopt && downstream.identity.is_some();
     let cluster = downstream.key.as_str();
-    let mut obs = observe_cluster(ctx, inv, cluster, client, sources.key.as_ref(), adopt).await?;
+    let key = sources.key.as_ref();
+    let mut obs = observe_cluster(ctx, inv, cluster, client, key, adopt, from_kept).await?;
     // Copies marked with an earlier id of this upstream are ours (docs/cluster-identity.md).
     migrate_upstream_ids(
         &mut obs.copies,
@@ -95,7 +98,7 @@ pub async fn observe_and_plan(
 
 /// Lists this upstream's copies on a cluster and what stands where copies are wanted; with the
 /// upstream key, also hashes the live content of its copies there in memory (drift,
-/// [`observe::observe`]).
+/// [`observe::observe`]). `from_kept` as for [`observe_and_plan`].
 pub async fn observe_cluster(
     ctx: &Ctx,
     inv: &Inventory,
@@ -103,6 +106,7 @@ pub async fn observe_cluster(
     client: &kube::Client,
     key: Option<&HashKey>,
     adopt: bool,
+    from_kept: bool,
 ) -> Result<Observation, PluginError> {
     let mut upstream_ids = vec![ctx.upstream_id.clone()];
     upstream_ids.extend(ctx.upstream_aliases.iter().cloned());
@@ -114,6 +118,8 @@ pub async fn observe_cluster(
         adopt,
         kept: ctx.reads.as_deref().map(|r| r.hashes()),
         kinds: &inv.kinds,
+        listings: ctx.reads.as_deref().map(|r| r.listings()),
+        from_kept,
     };
     let mut obs = observe::observe(client, cluster, &looking)
         .await

@@ -286,7 +286,15 @@ fn released(action: &Action) -> Option<Vec<HelmOpKey>> {
 impl PruneRun<'_> {
     async fn run(&self) -> Result<Vec<Row>, PluginError> {
         let (inv, downstream) = (self.inv, self.downstream);
-        let plan = observe_and_plan(self.ctx, inv, self.sources, downstream, &self.client, false);
+        let plan = observe_and_plan(
+            self.ctx,
+            inv,
+            self.sources,
+            downstream,
+            &self.client,
+            false,
+            false,
+        );
         let (obs, actions) = plan.await?;
         let observed = Instant::now();
         crate::test_pause::pause("prune-after-plan", &self.downstream.display()).await;

@@ -132,7 +132,8 @@ async fn cluster_status(
     client: kube::Client,
     origin: KeyOrigin,
 ) -> Result<Vec<Row>, PluginError> {
-    let (obs, actions) = observe_and_plan(ctx, inv, sources, downstream, &client, false).await?;
+    let (obs, actions) =
+        observe_and_plan(ctx, inv, sources, downstream, &client, false, false).await?;
     let mut rows = Vec::new();
     // Our copies in sync or stale, per namespace: resource -> (content hash, HelmOps).
     let mut copies: BTreeMap<String, BTreeMap<ResourceRef, (String, Vec<String>)>> =

@@ -107,6 +107,51 @@ impl Fixture {
         Ok(())
     }
 
+    /// Sets the source to `value` and waits for the copy on down1 and the run for the edit, whose
+    /// row for the copy must be `state` and none `Failed`; returns the run.
+    async fn edit_and_run(
+        &self,
+        w: &mut PluginProcess,
+        value: &str,
+        state: &str,
+    ) -> anyhow::Result<Value> {
+        let seen = w.events().len();
+        self.set_source(value).await?;
+        wait_copy(DOWNSTREAM_1, &self.ns, value, PROPAGATION_BOUND).await?;
+        let run = w
+            .wait_event("the run for the edit", PROPAGATION_BOUND, seen, |e| {
+                is_run_for(e, &format!("Secret {}/db changed", self.ns))
+            })
+            .await?;
+        let rows = rows_on(&run, &format!("{}/{DOWNSTREAM_1}", self.ns));
+        assert!(
+            rows.iter()
+                .any(|r| r["name"] == "db" && r["state"] == state),
+            "expected {state}: {run}"
+        );
+        assert!(rows.iter().all(|r| r["state"] != "Failed"), "{run}");
+        Ok(run)
+    }
+
+    /// ConfigMap `cfg` (`mode: a`) upstream, copied by `app` along with `db`.
+    async fn copy_a_config_map_too(&self) -> anyhow::Result<()> {
+        create_config_map(&self.upstream, &self.ns, "cfg", &[("mode", "a")]).await?;
+        self.apply_helmop(&[("Secret", "db"), ("ConfigMap", "cfg")])
+            .await
+    }
+
+    async fn set_config_map(&self, mode: &str) -> anyhow::Result<()> {
+        Api::<ConfigMap>::namespaced(self.upstream.clone(), &self.ns)
+            .patch(
+                "cfg",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {"mode": mode}})),
+            )
+            .await
+            .context("editing the ConfigMap source")?;
+        Ok(())
+    }
+
     /// `propagate --watch` flags shared by the tests; the Lease lives in the test's namespace.
     fn watch_args(&self, extra: &[&str]) -> Vec<String> {
         let mut args: Vec<String> = [
@@ -136,9 +181,14 @@ impl Fixture {
     }
 
     fn spawn_watcher(&self, extra: &[&str]) -> anyhow::Result<PluginProcess> {
+        self.spawn_watcher_logging(extra, "info")
+    }
+
+    /// A watcher logging at `log` (`HELMOP_LOG`).
+    fn spawn_watcher_logging(&self, extra: &[&str], log: &str) -> anyhow::Result<PluginProcess> {
         let args = self.watch_args(extra);
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        PluginProcess::spawn(&refs, &[("HELMOP_LOG", "info")])
+        PluginProcess::spawn(&refs, &[("HELMOP_LOG", log)])
     }
 
     async fn lease(&self) -> anyhow::Result<Option<Lease>> {
@@ -478,9 +528,7 @@ async fn a_source_edit_works_on_the_copies_of_its_kind() -> anyhow::Result<()> {
     use crate::propagator_service::scrape;
 
     let f = Fixture::new("kinds").await?;
-    create_config_map(&f.upstream, &f.ns, "cfg", &[("mode", "a")]).await?;
-    f.apply_helmop(&[("Secret", "db"), ("ConfigMap", "cfg")])
-        .await?;
+    f.copy_a_config_map_too().await?;
     let down1 = control_plane().cluster(DOWNSTREAM_1).client().await;
     let config_maps = Api::<ConfigMap>::namespaced(down1.clone(), &f.ns);
     let cfg_mode = || async {
@@ -502,14 +550,7 @@ async fn a_source_edit_works_on_the_copies_of_its_kind() -> anyhow::Result<()> {
     // Someone edits the Secret copy by hand, then the ConfigMap source changes.
     tamper_copy(&down1, &f.ns).await?;
     let seen = w.events().len();
-    Api::<ConfigMap>::namespaced(f.upstream.clone(), &f.ns)
-        .patch(
-            "cfg",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"data": {"mode": "b"}})),
-        )
-        .await
-        .context("editing the ConfigMap source")?;
+    f.set_config_map("b").await?;
     let source = format!("ConfigMap {}/cfg", f.ns);
     let run = w
         .wait_event("the run for the edit", PROPAGATION_BOUND, seen, |e| {
@@ -542,6 +583,127 @@ async fn a_source_edit_works_on_the_copies_of_its_kind() -> anyhow::Result<()> {
     let full = f.unrelated_secret_run(&mut w).await?;
     assert!(full["report"].get("focus").is_none(), "{full}");
     assert_repaired(&full, &f.ns, "one").await?;
+    w.signal(libc::SIGTERM)?;
+    assert_eq!(w.wait_exit(Duration::from_secs(15)).await?.code(), Some(0));
+    Ok(())
+}
+
+/// A run after a source edit plans a cluster from the listing the watcher kept (no list request)
+/// when all it writes there is an update of an existing copy. A copy deleted by hand since makes
+/// that update fail, and the run lists the cluster again and creates the copy; one edited by hand
+/// since is repaired the same way. No row says Failed either time.
+#[tokio::test]
+async fn a_source_edit_plans_from_the_kept_listing_and_lists_again_when_a_write_fails()
+-> anyhow::Result<()> {
+    let f = Fixture::new("kept").await?;
+    let mut w = f.spawn_watcher_logging(&[], "kubectl_helmop=debug")?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "one", PROPAGATION_BOUND).await?;
+    let down1 = control_plane().cluster(DOWNSTREAM_1).client().await;
+    let secrets = Api::<Secret>::namespaced(down1.clone(), &f.ns);
+    let down1_name = format!("{}/{DOWNSTREAM_1}", f.ns);
+    let planned_from_kept = |w: &PluginProcess| {
+        w.stderr()
+            .lines()
+            .filter(|l| l.contains("planned from the kept listing") && l.contains(&down1_name))
+            .count()
+    };
+    let listed_again = |w: &PluginProcess| {
+        w.stderr()
+            .lines()
+            .filter(|l| l.contains("listing the cluster again") && l.contains(&down1_name))
+            .count()
+    };
+    // The start-up run listed; the edit's run plans from what it kept.
+    f.edit_and_run(&mut w, "two", "Updated").await?;
+    assert_eq!(planned_from_kept(&w), 1, "{}", w.stderr());
+    assert_eq!(listed_again(&w), 0, "{}", w.stderr());
+
+    // The copy is deleted by hand: the update from the kept listing fails, the run lists again
+    // and creates it.
+    secrets
+        .delete("db", &DeleteParams::default())
+        .await
+        .context("deleting the copy downstream")?;
+    f.edit_and_run(&mut w, "three", "Created").await?;
+    assert_eq!(listed_again(&w), 1, "{}", w.stderr());
+
+    // Edited by hand (a new resourceVersion): the same, and the copy holds the source again.
+    tamper_copy(&down1, &f.ns).await?;
+    f.edit_and_run(&mut w, "four", "Updated").await?;
+    assert_eq!(listed_again(&w), 2, "{}", w.stderr());
+    assert_eq!(
+        copy_value(DOWNSTREAM_1, &f.ns).await?.as_deref(),
+        Some("four")
+    );
+
+    // With nothing changed by hand, the next edit plans from the kept listing again.
+    f.edit_and_run(&mut w, "five", "Updated").await?;
+    assert_eq!(planned_from_kept(&w), 2, "{}", w.stderr());
+    assert_eq!(listed_again(&w), 2, "{}", w.stderr());
+    w.signal(libc::SIGTERM)?;
+    assert_eq!(w.wait_exit(Duration::from_secs(15)).await?.code(), Some(0));
+    Ok(())
+}
+
+/// A ConfigMap edit's run does not list the Secret copies, so it does not see one deleted by hand;
+/// restamping a reader that requires it would roll pods that cannot start. The run holds that
+/// restamp back (its row says why, `Failed`), and the retry, a run over every kind, creates the
+/// Secret copy and then restamps the reader.
+#[tokio::test]
+async fn a_restamp_waits_for_a_copy_the_run_did_not_see() -> anyhow::Result<()> {
+    let f = Fixture::new("holdback").await?;
+    f.copy_a_config_map_too().await?;
+    let mut w = f.spawn_watcher(&[])?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "one", PROPAGATION_BOUND).await?;
+    let down1 = control_plane().cluster(DOWNSTREAM_1).client().await;
+    // A reader opted in to rollouts, requiring both copies.
+    create_reader(&down1, &f.ns, "db", "cfg").await?;
+    Api::<Secret>::namespaced(down1.clone(), &f.ns)
+        .delete("db", &DeleteParams::default())
+        .await
+        .context("deleting the Secret copy downstream")?;
+
+    let seen = w.events().len();
+    f.set_config_map("b").await?;
+    let run = w
+        .wait_event("the run for the edit", PROPAGATION_BOUND, seen, |e| {
+            is_run_for(e, &format!("ConfigMap {}/cfg changed", f.ns))
+        })
+        .await?;
+    let down1_name = format!("{}/{DOWNSTREAM_1}", f.ns);
+    let held = rows_on(&run, &down1_name)
+        .into_iter()
+        .find(|r| r["workload"] == "Deployment/web")
+        .with_context(|| format!("no row for the reader: {run}"))?
+        .clone();
+    assert_eq!(held["state"], "Failed", "{run}");
+    assert!(
+        held["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("it requires secret/db, which is missing")),
+        "{run}"
+    );
+    let retry = w
+        .wait_event("the retry", PROPAGATION_BOUND, seen, |e| {
+            is_run_for(e, "retry")
+        })
+        .await?;
+    assert!(retry["report"].get("focus").is_none(), "{retry}");
+    let rows = rows_on(&retry, &down1_name);
+    assert!(
+        rows.iter()
+            .any(|r| r["name"] == "db" && r["state"] == "Created"),
+        "{retry}"
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r["workload"] == "Deployment/web" && r["state"] == "Restamped"),
+        "{retry}"
+    );
+    assert_eq!(
+        copy_value(DOWNSTREAM_1, &f.ns).await?.as_deref(),
+        Some("one")
+    );
     w.signal(libc::SIGTERM)?;
     assert_eq!(w.wait_exit(Duration::from_secs(15)).await?.code(), Some(0));
     Ok(())

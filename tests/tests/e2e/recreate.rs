@@ -8,33 +8,10 @@ use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::plugin::support::*;
-
-/// A Deployment `web` in `ns` opted in to rollouts, reading Secret `a` and ConfigMap `b`.
-async fn reader(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
-    let web: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": "web", "namespace": ns,
-                     "labels": {"helmop.dev/rollout-on-change": "true"}},
-        "spec": {
-            "replicas": 0,
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {
-                "metadata": {"labels": {"app": "web"}},
-                "spec": {"containers": [{
-                    "name": "web", "image": "registry.invalid/web:1",
-                    "envFrom": [{"secretRef": {"name": "a"}}, {"configMapRef": {"name": "b"}}],
-                }]},
-            },
-        },
-    }))?;
-    Api::<Deployment>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &web)
-        .await?;
-    Ok(())
-}
 
 /// `propagate app -n NS -o json`, expecting exit `code`: the report.
 async fn propagate_app(f: &Fleet, code: i32) -> anyhow::Result<Value> {
@@ -63,7 +40,7 @@ async fn setup(f: &Fleet, apps: &str) -> anyhow::Result<()> {
         ),
     ))
     .await?;
-    reader(&f.down1, apps).await?;
+    create_reader(&f.down1, apps, "a", "b").await?;
     let first = propagate_app(f, 0).await?;
     assert!(
         rows(&first)

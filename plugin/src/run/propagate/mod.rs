@@ -197,6 +197,8 @@ pub async fn propagate_focused(
     }
     let sources = sources::fetch(ctx, &inv.desired, &key).await?;
     lap("sources");
+    // A dry run lists: what it prints is what a run that lists would do.
+    let from_kept = covered.is_some() && focus.source_edits_only() && !opts.dry_run;
     let same = SameCluster::default();
     // Two passes: every cluster's copies first, then their readers' restamps. A copy is what an
     // edit is for (a mounted one reaches running pods without a rollout), and its write is about
@@ -211,6 +213,7 @@ pub async fn propagate_focused(
         downstream,
         client,
         same: &same,
+        from_kept,
     };
     let (mut rows, unreachable) = opts
         .scope
@@ -313,7 +316,8 @@ async fn refuse_replacing_the_key(
             inv,
             "checking for copies",
             |downstream, client| async move {
-                let obs = observe_cluster(ctx, inv, &downstream.key, &client, None, false).await?;
+                let obs =
+                    observe_cluster(ctx, inv, &downstream.key, &client, None, false, false).await?;
                 // One entry (the cluster) per such copy.
                 Ok(obs
                     .copies
@@ -391,6 +395,8 @@ struct ClusterRun<'a> {
     client: kube::Client,
     /// What earlier registrations claiming the same cluster identity did this run.
     same: &'a SameCluster,
+    /// Plan from the watcher's kept listings first ([`ClusterRun::write_copies`]).
+    from_kept: bool,
 }
 
 /// One of our copies as it stands after the run (or, dry, would stand): its content hash and
@@ -398,6 +404,8 @@ struct ClusterRun<'a> {
 struct CopyState {
     hash: String,
     helmops: Vec<String>,
+    /// The run saw it exist: it wrote it, or found it in a listing made this run (not one kept).
+    seen: bool,
 }
 
 /// What a cluster's first pass leaves for its second: every copy of ours there after the writes
@@ -412,6 +420,10 @@ struct Readers {
     lost: BTreeMap<String, BTreeSet<ResourceRef>>,
     /// Copies Fleet's agent makes: their readers are decided from live reads.
     fleet: BTreeMap<String, BTreeMap<ResourceRef, Vec<String>>>,
+    /// The kinds the run listed on the cluster (every kind but in a run that works on some
+    /// only, and not those it planned from a kept listing): an object of those kinds that is not
+    /// in `copies` is not a copy of ours.
+    listed: Vec<ResourceKind>,
 }
 
 impl Readers {
@@ -472,20 +484,81 @@ impl ClusterRun<'_> {
 
     /// The first pass: observes and plans the cluster and writes its copies. Returns the rows
     /// and what the second pass ([`ClusterRun::restamp_readers`]) restamps from.
+    ///
+    /// With `from_kept` (a watcher's run after source edits alone) it plans from the listing the
+    /// watcher kept when every write of that plan is an update, which the API server refuses if
+    /// the copy changed or went away since; if any write then fails, the cluster is listed and
+    /// planned again, and the copies the first attempt updated keep that row
+    /// ([`crate::cluster::kept_listings`]).
     async fn write_copies(&self) -> Result<(Vec<Row>, Readers), PluginError> {
-        let (obs, actions) = observe_and_plan(
+        let mut updated = Vec::new();
+        if self.from_kept {
+            let (obs, actions) = self.observe_and_plan(true).await?;
+            if obs.kept.is_empty() || only_updates(&actions) {
+                let (rows, readers) = self.write_planned(&obs, &actions).await;
+                let cluster = self.downstream.display();
+                if obs.kept.is_empty() {
+                    return Ok((rows, readers));
+                }
+                if !rows.iter().any(|r| r.state == RowState::Failed) {
+                    tracing::debug!(%cluster, "planned from the kept listing");
+                    return Ok((rows, readers));
+                }
+                tracing::debug!(%cluster, "a write from the kept listing failed: listing the cluster again");
+                updated = rows
+                    .into_iter()
+                    .filter(|r| r.state == RowState::Updated)
+                    .collect();
+            }
+            if let Some(reads) = self.ctx.reads.as_deref() {
+                reads.listings().forget(&self.downstream.key);
+            }
+        }
+        let (obs, actions) = self.observe_and_plan(false).await?;
+        let (mut rows, readers) = self.write_planned(&obs, &actions).await;
+        for row in rows.iter_mut().filter(|r| r.state == RowState::Unchanged) {
+            let same = |r: &&Row| {
+                (&r.namespace, &r.kind, &r.name) == (&row.namespace, &row.kind, &row.name)
+            };
+            if let Some(first) = updated.iter().find(same) {
+                *row = first.clone();
+            }
+        }
+        Ok((rows, readers))
+    }
+
+    async fn observe_and_plan(
+        &self,
+        from_kept: bool,
+    ) -> Result<(Observation, Vec<Action>), PluginError> {
+        let planned = observe_and_plan(
             self.ctx,
             self.inv,
             self.sources,
             self.downstream,
             &self.client,
             self.opts.adopt,
+            from_kept,
         )
         .await?;
         crate::test_pause::pause("after-plan", &self.downstream.display()).await;
+        Ok(planned)
+    }
+
+    /// Carries out a cluster's plan: its rows, and what its readers' restamps go by.
+    async fn write_planned(&self, obs: &Observation, actions: &[Action]) -> (Vec<Row>, Readers) {
         let mut rows = Vec::new();
         let mut namespaces = obs.namespaces.clone();
-        let mut readers = Readers::default();
+        let mut readers = Readers {
+            listed: self
+                .inv
+                .kinds
+                .iter()
+                .filter(|k| !obs.kept.contains(k))
+                .copied()
+                .collect(),
+            ..Readers::default()
+        };
         for action in actions.iter().filter(|a| reported(a)) {
             if matches!(action.kind, ActionKind::SkipFleetManaged) {
                 readers
@@ -500,7 +573,12 @@ impl ClusterRun<'_> {
             let identity = self.downstream.identity.as_deref();
             let place = (action.namespace.clone(), action.resource.clone());
             let writes = action.kind.writes();
-            if writes && let Some(done) = self.same.place(identity, &place) {
+            // (A place this registration wrote itself, on a first attempt from a kept listing,
+            // is planned again like any other.)
+            if writes
+                && let Some(done) = self.same.place(identity, &place)
+                && done.by != self.downstream.display()
+            {
                 let reason = format!(
                     "left to {} this run, which claims the same cluster identity",
                     done.by
@@ -508,7 +586,7 @@ impl ClusterRun<'_> {
                 rows.push(row(self.downstream, action, done.state, reason));
                 continue;
             }
-            let out = self.execute(action, &obs, &mut namespaces).await;
+            let out = self.execute(action, obs, &mut namespaces).await;
             if out.state == RowState::Lost {
                 readers
                     .lost
@@ -533,6 +611,8 @@ impl ClusterRun<'_> {
                         CopyState {
                             hash,
                             helmops: action.helmops.iter().map(ToString::to_string).collect(),
+                            seen: !obs.kept.contains(&action.resource.kind)
+                                || out.state != RowState::Unchanged,
                         },
                     );
             }
@@ -546,7 +626,7 @@ impl ClusterRun<'_> {
                 Some(NamespaceState::Created | NamespaceState::Absent)
             )
         });
-        Ok((rows, readers))
+        (rows, readers)
     }
 
     /// The second pass: restamps the readers of what [`ClusterRun::write_copies`] left.
@@ -556,7 +636,7 @@ impl ClusterRun<'_> {
         let none = BTreeSet::new();
         for (namespace, copies) in &readers.copies {
             let lost = readers.lost.get(namespace).unwrap_or(&none);
-            rows.extend(self.restamp(namespace, copies, lost).await);
+            rows.extend(self.restamp(namespace, copies, lost, &readers.listed).await);
         }
         if !readers.fleet.is_empty() {
             let key = crate::run::live_stamp::cluster_key(&self.client).await;
@@ -839,11 +919,18 @@ impl ClusterRun<'_> {
         }
     }
 
-    /// A watcher keeps the hash of what a write left, so its next run does not read the copy
-    /// back ([`crate::cluster::kept_hashes`]).
+    /// A watcher keeps what a write left, so its next run does not read the copy back
+    /// ([`crate::cluster::kept_hashes`]) and may plan from its listing
+    /// ([`crate::cluster::kept_listings`]).
     fn keep_written(&self, written: observe::Whole) {
-        let (Some(reads), Some(key)) = (self.ctx.reads.as_deref(), self.sources.key.as_ref())
-        else {
+        let Some(reads) = self.ctx.reads.as_deref() else {
+            return;
+        };
+        let (kind, meta) = written.meta();
+        reads
+            .listings()
+            .record(&self.downstream.key, kind, meta.clone());
+        let Some(key) = self.sources.key.as_ref() else {
             return;
         };
         if let Some((place, taken, live)) = observe::written_hash(key, written) {
@@ -897,6 +984,7 @@ impl ClusterRun<'_> {
         namespace: &str,
         copies: &BTreeMap<ResourceRef, CopyState>,
         lost: &BTreeSet<ResourceRef>,
+        listed: &[ResourceKind],
     ) -> Vec<Row> {
         let found = match workloads::list_opted_in(&self.client, namespace).await {
             Ok(w) => w,
@@ -925,7 +1013,14 @@ impl ClusterRun<'_> {
             let Some(due) = workloads::restamp_due(&w, &hashes) else {
                 continue;
             };
-            let (state, reason) = if self.opts.dry_run {
+            let held = self.unseen_missing(namespace, &w, copies, listed).await;
+            let (state, reason) = if let Some(why) = held {
+                tracing::warn!(workload = %w.display(), namespace, why, "not restamped");
+                let reason = format!(
+                    "not restamped: {why}; a run over every kind makes the copies first, then restamps it"
+                );
+                (RowState::Failed, reason)
+            } else if self.opts.dry_run {
                 (RowState::Restamp, due.reason.clone())
             } else {
                 match workloads::restamp(&self.client, &w, &due.value).await {
@@ -963,6 +1058,53 @@ impl ClusterRun<'_> {
         }
         rows
     }
+}
+
+impl ClusterRun<'_> {
+    /// Why restamping `w` could roll it into pods that cannot start, when the run could not see
+    /// all it requires: an object it requires that is neither a copy the run saw exist nor
+    /// plainly not a copy of ours (of a kind the run listed, and not found there) is read, and
+    /// one missing holds the restamp back (a run that listed every kind makes a missing copy
+    /// first). A full run never reads here.
+    async fn unseen_missing(
+        &self,
+        namespace: &str,
+        w: &workloads::Workload,
+        copies: &BTreeMap<ResourceRef, CopyState>,
+        listed: &[ResourceKind],
+    ) -> Option<String> {
+        let unseen =
+            w.refs
+                .iter()
+                .filter(|r| !r.optional)
+                .filter(|r| match copies.get(&r.resource) {
+                    Some(copy) => !copy.seen,
+                    None => !listed.contains(&r.resource.kind),
+                });
+        for r in unseen {
+            match apply::read_meta(&self.client, namespace, &r.resource).await {
+                Ok(Some(_)) => {}
+                Ok(None) => return Some(format!("it requires {}, which is missing", r.resource)),
+                Err(e) => {
+                    return Some(format!(
+                        "it requires {}, which cannot be read: {}",
+                        r.resource,
+                        api_error::describe(&e)
+                    ));
+                }
+            }
+        }
+        None
+    }
+}
+
+/// Whether every write of a plan is an update of an existing copy (guarded by its `uid` and
+/// `resourceVersion`), so a plan from a kept listing cannot write through what changed since.
+fn only_updates(actions: &[Action]) -> bool {
+    actions
+        .iter()
+        .filter(|a| a.kind.writes())
+        .all(|a| matches!(a.kind, ActionKind::Update { .. }))
 }
 
 /// What creating `namespace` does, the same words for `--dry-run` and the real run: e.g.
