@@ -113,8 +113,9 @@ fn meta(namespace: &str, name: &str) -> ObjectMeta {
     }
 }
 
-/// Creates Deployment `web` in `namespace`, opted in to rollouts (`helmop.dev/rollout-on-change`),
-/// with no replicas, whose container requires Secret `secret` and ConfigMap `config_map` (`envFrom`).
+/// Creates Deployment `web` in `namespace`, opted in to rollouts
+/// (`helmop.dev/rollout-on-change`), with no replicas, whose container requires Secret `secret` and
+/// ConfigMap `config_map` (`envFrom`).
 pub async fn create_reader(
     client: &Client,
     namespace: &str,

@@ -1,6 +1,6 @@
-//! What a watcher's (`propagate --watch`) last listing of a cluster's copies found, per kind, as its
-//! own writes since left it: a run after source edits alone plans from it instead of listing again
-//! when every write it then makes is an update of an existing copy.
+//! What a watcher's (`propagate --watch`) last listing of a cluster's copies found, per kind, as
+//! its own writes since left it: a run after source edits alone plans from it instead of listing
+//! again when every write it then makes is an update of an existing copy.
 //!
 //! Why: after the edited kind's list ([`crate::run::focus::Focus::kinds`]) that list was half of
 //! the requests before a cluster's copy was written (LIST, then APPLY), at 1,000 and 10,000

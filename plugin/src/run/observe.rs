@@ -260,17 +260,17 @@ pub async fn observe(
     // wanted place), judged once as it is listed.
     let mut listed: Vec<(ResourceKind, ObjectMeta, bool)> = Vec::new();
     for &kind in looking.kinds {
-        let fingerprint = looking.looking_for(kind);
-        let kept = looking
-            .listings
+        // Only a watcher keeps listings: a one-shot run does not hash its places for them.
+        let fingerprint = looking.listings.map(|l| (l, looking.looking_for(kind)));
+        let kept = fingerprint
             .filter(|_| looking.from_kept)
-            .and_then(|l| l.get(cluster, kind, fingerprint));
+            .and_then(|(l, looking_for)| l.get(cluster, kind, looking_for));
         let mut kept_now = Vec::new();
         let mut keep = |meta: ObjectMeta| {
             let (ours, wanted) = (looking.names_us(&meta), looking.wanted(kind, &meta));
             if ours || wanted {
                 let whole = looking.key.is_some() && wanted && (looking.adopt || ours);
-                if looking.listings.is_some() {
+                if fingerprint.is_some() {
                     kept_now.push(meta.clone());
                 }
                 listed.push((kind, meta, whole));
@@ -296,8 +296,8 @@ pub async fn observe(
             }
             other => other?,
         }
-        if let Some(listings) = looking.listings {
-            listings.keep(cluster, kind, fingerprint, kept_now);
+        if let Some((listings, looking_for)) = fingerprint {
+            listings.keep(cluster, kind, looking_for, kept_now);
         }
     }
     // Whole reads, each hashed and dropped: this upstream's copies at wanted places, and with

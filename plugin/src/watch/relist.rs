@@ -49,9 +49,10 @@ where
 /// kube's default back-off cap.
 const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// `events` up to and including the first error. `events` is never polled after its error: kube's watcher
-/// retries at once when polled, and a retry that succeeds waits for the next event, which on a quiet kind
-/// may never come, while the relisting this ends the attempt for waits behind it.
+/// `events` up to and including the first error. `events` is never polled after its error:
+/// kube's watcher retries at once when polled, and a retry that succeeds waits for the next event,
+/// which on a quiet kind may never come, while the relisting this ends the attempt for waits
+/// behind it.
 fn until_failure<T: Send, E: Send>(
     events: impl Stream<Item = Result<T, E>> + Send,
 ) -> impl Stream<Item = Result<T, E>> + Send {

@@ -303,11 +303,12 @@ struct Kind<K> {
     batch: Option<Duration>,
 }
 
-/// The pause of the Cluster watch between batches of events. Every Fleet agent checks in on its Cluster
-/// (at 1,000 Clusters and one check-in per 15 s, 67 status writes a second), and each event read alone
-/// cost a wake-up, a read, a TLS record and a task poll of its own: nearly all of what the watcher spent
-/// idle (docs/performance.md, section 6). A change a plan reads (labels, spec, schedule) reaches the runs
-/// this much later at most; an edit of a source or a HelmOp does not wait for it.
+/// The pause of the Cluster watch between batches of events. Every Fleet agent checks in on its
+/// Cluster (at 1,000 Clusters and one check-in per 15 s, 67 status writes a second), and each event
+/// read alone cost a wake-up, a read, a TLS record and a task poll of its own: nearly all of what
+/// the watcher spent idle (docs/performance.md, section 6). A change a plan reads (labels, spec,
+/// schedule) reaches the runs this much later at most; an edit of a source or a HelmOp does not
+/// wait for it.
 pub const CLUSTER_BATCH: Duration = Duration::from_millis(250);
 
 type Keep<K> = Box<dyn Fn(Seen<'_, K>) + Send + Sync>;
