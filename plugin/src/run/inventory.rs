@@ -86,6 +86,10 @@ pub struct Problem {
     pub message: String,
 }
 
+/// The clusters [`Inventory::narrow`] left out, each with its place in the enumeration.
+#[derive(Debug, Default)]
+pub struct Parked(Vec<(usize, Downstream)>);
+
 /// What the upstream cluster says should exist downstream.
 #[derive(Debug)]
 pub struct Inventory {
@@ -194,6 +198,44 @@ impl Inventory {
     fn by_cluster(&self) -> &ByCluster {
         self.by_cluster
             .get_or_init(|| ByCluster::new(&self.desired, &self.unserved, |k| self.identity_of(k)))
+    }
+
+    /// Leaves out of [`Inventory::downstreams`] the clusters not in `covered` (`None`: none),
+    /// for a run over some clusters; [`Inventory::widen`] puts them back.
+    pub fn narrow(&mut self, covered: Option<&BTreeSet<String>>) -> Parked {
+        let Some(covered) = covered else {
+            return Parked::default();
+        };
+        let mut parked = Parked::default();
+        for (i, d) in std::mem::take(&mut self.downstreams)
+            .into_iter()
+            .enumerate()
+        {
+            if covered.contains(&d.key) {
+                self.downstreams.push(d);
+            } else {
+                parked.0.push((i, d));
+            }
+        }
+        parked
+    }
+
+    /// This inventory as [`enumerate`] made it, after a run that narrowed it: every cluster in
+    /// the enumeration's order, every kind, no `--adopt` exclusions.
+    pub fn widen(mut self, parked: Parked) -> Inventory {
+        let covered = std::mem::take(&mut self.downstreams);
+        let total = covered.len() + parked.0.len();
+        let mut covered = covered.into_iter();
+        let mut parked = parked.0.into_iter().peekable();
+        self.downstreams = (0..total)
+            .filter_map(|i| match parked.next_if(|(at, _)| *at == i) {
+                Some((_, d)) => Some(d),
+                None => covered.next(),
+            })
+            .collect();
+        self.kinds = ResourceKind::ALL.to_vec();
+        self.named_sources = Vec::new();
+        self
     }
 
     /// HelmOps, Clusters, ClusterGroups and every HelmOp's targets were all enumerated.
@@ -1421,6 +1463,34 @@ mod tests {
                 "fleet/app k3 apps secret/db"
             ]
         );
+    }
+
+    #[test]
+    fn a_narrowed_inventory_widens_back_to_the_enumeration() {
+        let ds = |key: &str| Downstream {
+            key: key.into(),
+            name: key.into(),
+            identity: None,
+            client: Err(PluginError::NoKubeconfigSecret),
+        };
+        let keys = |inv: &Inventory| -> Vec<String> {
+            inv.downstreams.iter().map(|d| d.key.clone()).collect()
+        };
+        let mut inv = Inventory::empty(Selection::All);
+        inv.downstreams = ["a", "b", "c", "d", "e"].map(ds).into();
+        let covered = BTreeSet::from(["b".to_string(), "d".to_string(), "e".to_string()]);
+        let parked = inv.narrow(Some(&covered));
+        assert_eq!(keys(&inv), ["b", "d", "e"]);
+        inv.kinds = vec![ResourceKind::ConfigMap];
+        inv.named_sources = vec![("team".into(), ResourceRef::new(ResourceKind::Secret, "db"))];
+        let inv = inv.widen(parked);
+        assert_eq!(keys(&inv), ["a", "b", "c", "d", "e"]);
+        assert_eq!(inv.kinds, ResourceKind::ALL);
+        assert!(inv.named_sources.is_empty());
+
+        let mut whole = inv;
+        let parked = whole.narrow(None);
+        assert_eq!(keys(&whole.widen(parked)), ["a", "b", "c", "d", "e"]);
     }
 
     #[test]

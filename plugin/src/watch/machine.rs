@@ -29,6 +29,7 @@ use crate::error::PluginError;
 use crate::humanize::humanize;
 use crate::run::focus::Focus;
 use crate::run::inventory::Selection;
+use crate::run::kept_inventory::KeptInventory;
 use crate::run::propagate::{PropagateOpts, Report, propagate_focused};
 
 /// Reasons for a run that reads every kubeconfig and identity afresh ([`ReadCache`]).
@@ -85,6 +86,8 @@ pub(super) struct Machine<'a> {
     failures: u32,
     /// Where the fleet stands after the runs so far ([`standing`]); `None` before the first.
     standing: Option<Report>,
+    /// The last run's inventory, for a run after source edits alone.
+    inventory: KeptInventory,
     election_alive: bool,
     /// Keeps `leading` open without an election.
     _keep: watch::Sender<bool>,
@@ -173,6 +176,7 @@ impl<'a> Machine<'a> {
             run_number: 0,
             failures: 0,
             standing: None,
+            inventory: KeptInventory::default(),
             _keep: keep,
             _listener: listener,
         }))
@@ -271,10 +275,8 @@ impl<'a> Machine<'a> {
         let focus = focus.placed(self.standing.as_ref().map(|s| s.rows.as_slice()));
         // The periodic resync and a new leader read everything afresh, so nothing kept from
         // earlier runs outlives one resync period.
-        if reasons.iter().any(|r| FRESH_READS.contains(&r.as_str()))
-            && let Some(reads) = &self.ctx.reads
-        {
-            reads.clear();
+        if reasons.iter().any(|r| FRESH_READS.contains(&r.as_str())) {
+            self.forget_reads();
         }
         self.run_number += 1;
         let outcome = self.propagate(&focus).await;
@@ -282,9 +284,7 @@ impl<'a> Machine<'a> {
         match outcome {
             Outcome::Done(Ok(report)) => return self.report(&report, &reasons).await,
             Outcome::Done(Err(e)) => {
-                if let Some(reads) = &self.ctx.reads {
-                    reads.clear();
-                }
+                self.forget_reads();
                 self.failed(&e, &reasons)
             }
             Outcome::LostLease => self.aborted(),
@@ -297,9 +297,18 @@ impl<'a> Machine<'a> {
         None
     }
 
+    /// Forgets what runs keep for the next ([`ReadCache`], [`KeptInventory`]): the next run
+    /// reads everything afresh.
+    fn forget_reads(&self) {
+        if let Some(reads) = &self.ctx.reads {
+            reads.clear();
+        }
+        self.inventory.clear();
+    }
+
     /// One run, cut short by losing the Lease or a signal.
     async fn propagate(&mut self, focus: &Focus) -> Outcome {
-        let run = propagate_focused(&self.ctx, &self.opts, focus);
+        let run = propagate_focused(&self.ctx, &self.opts, focus, Some(&self.inventory));
         let mut run = std::pin::pin!(run);
         // The heartbeat goes on during a run: a long run is not a dead process.
         loop {

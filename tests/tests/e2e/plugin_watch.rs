@@ -645,6 +645,51 @@ async fn a_source_edit_plans_from_the_kept_listing_and_lists_again_when_a_write_
     Ok(())
 }
 
+/// A source edit's run plans from the inventory the run before it enumerated; a new Cluster is a
+/// run that enumerates, and the next edit's run plans from that inventory, so it reaches the new
+/// Cluster too.
+#[tokio::test]
+async fn a_source_edit_plans_from_the_last_inventory_and_a_new_cluster_replaces_it()
+-> anyhow::Result<()> {
+    let f = Fixture::new("inventory").await?;
+    let mut w = f.spawn_watcher_logging(&[], "kubectl_helmop=debug")?;
+    wait_copy(DOWNSTREAM_1, &f.ns, "one", PROPAGATION_BOUND).await?;
+    let kept = |w: &PluginProcess| {
+        w.stderr()
+            .lines()
+            .filter(|l| l.contains("planned from the kept inventory"))
+            .count()
+    };
+    f.edit_and_run(&mut w, "two", "Updated").await?;
+    assert_eq!(kept(&w), 1, "{}", w.stderr());
+
+    let seen = w.events().len();
+    f.register(DOWNSTREAM_2).await?;
+    wait_copy(DOWNSTREAM_2, &f.ns, "two", PROPAGATION_BOUND).await?;
+    w.wait_event(
+        "the run for the new Cluster",
+        PROPAGATION_BOUND,
+        seen,
+        |e| e["event"] == "run",
+    )
+    .await?;
+    assert_eq!(kept(&w), 1, "a new Cluster enumerates: {}", w.stderr());
+
+    let run = f.edit_and_run(&mut w, "three", "Updated").await?;
+    wait_copy(DOWNSTREAM_2, &f.ns, "three", PROPAGATION_BOUND).await?;
+    assert_eq!(kept(&w), 2, "{}", w.stderr());
+    let on_down2 = rows_on(&run, &format!("{}/{DOWNSTREAM_2}", f.ns));
+    assert!(
+        on_down2
+            .iter()
+            .any(|r| r["name"] == "db" && r["state"] == "Updated"),
+        "{run}"
+    );
+    w.signal(libc::SIGTERM)?;
+    assert_eq!(w.wait_exit(Duration::from_secs(15)).await?.code(), Some(0));
+    Ok(())
+}
+
 /// A ConfigMap edit's run does not list the Secret copies, so it does not see one deleted by hand;
 /// restamping a reader that requires it would roll pods that cannot start. The run holds that
 /// restamp back (its row says why, `Failed`), and the retry, a run over every kind, creates the

@@ -40,6 +40,7 @@ use crate::output::report::{self, Row};
 use crate::run::focus::{self, Focus};
 use crate::run::hash_key::KeyOrigin;
 use crate::run::inventory::{Inventory, Problem};
+use crate::run::kept_inventory::KeptInventory;
 use crate::run::observe::{self, NamespaceState, Observation};
 use crate::run::plan::{
     load_key, observe_and_plan, observe_cluster, problem_rows, reported, row, uncopyable_rows,
@@ -155,15 +156,18 @@ impl Report {
 
 /// One propagation run over every cluster; see the module documentation.
 pub async fn propagate_once(ctx: &Ctx, opts: &PropagateOpts) -> Result<Report, PluginError> {
-    propagate_focused(ctx, opts, &Focus::Everything).await
+    propagate_focused(ctx, opts, &Focus::Everything, None).await
 }
 
 /// One propagation run over the clusters `focus` covers ([`crate::run::focus::covered`]): there
-/// it does all a full run does; the other clusters are not contacted.
+/// it does all a full run does; the other clusters are not contacted. A watcher passes the
+/// inventory it keeps between runs: a run after source edits alone plans from it, and every run
+/// leaves its inventory there ([`crate::run::kept_inventory`]).
 pub async fn propagate_focused(
     ctx: &Ctx,
     opts: &PropagateOpts,
     focus: &Focus,
+    kept: Option<&KeptInventory>,
 ) -> Result<Report, PluginError> {
     let writes_before = ctx.writes();
     let started = std::time::Instant::now();
@@ -172,12 +176,9 @@ pub async fn propagate_focused(
         let ms = started.elapsed().as_millis() as u64;
         tracing::debug!(step, ms, "run step done");
     };
-    let mut inv = opts.scope.inventory(ctx, false).await?;
+    let (mut inv, covered) = inventory(ctx, opts, focus, kept).await?;
     lap("inventory");
-    let covered = focus::covered(&inv, focus);
-    if let Some(covered) = &covered {
-        inv.downstreams.retain(|d| covered.contains(&d.key));
-    }
+    let parked = inv.narrow(covered.as_ref());
     if opts.adopt {
         inv.named_sources = never_adopted(ctx, &inv).await?;
     }
@@ -268,7 +269,7 @@ pub async fn propagate_focused(
     rows.extend(problem_rows(&inv.rejected));
     rows.extend(uncopyable_rows(&inv));
     report::sort(&mut rows);
-    Ok(Report {
+    let report = Report {
         upstream_id: ctx.upstream_id.clone(),
         dry_run: opts.dry_run,
         hash_key: origin,
@@ -297,7 +298,32 @@ pub async fn propagate_focused(
         unreachable,
         focus: covered.and_then(|_| focus.describe()),
         kinds: inv.kinds.clone(),
-    })
+    };
+    if let Some(kept) = kept {
+        kept.keep(inv.widen(parked));
+    }
+    Ok(report)
+}
+
+/// The run's inventory and the clusters it covers (`None`: every one). A run after source edits
+/// alone takes the kept inventory when the edits are plain source edits there; any other run,
+/// or one with nothing kept, enumerates.
+async fn inventory(
+    ctx: &Ctx,
+    opts: &PropagateOpts,
+    focus: &Focus,
+    kept: Option<&KeptInventory>,
+) -> Result<(Inventory, Option<BTreeSet<String>>), PluginError> {
+    if focus.source_edits_only()
+        && let Some(inv) = kept.and_then(KeptInventory::take)
+        && let Some(covered) = focus::covered(&inv, focus)
+    {
+        tracing::debug!(clusters = covered.len(), "planned from the kept inventory");
+        return Ok((inv, Some(covered)));
+    }
+    let inv = opts.scope.inventory(ctx, false).await?;
+    let covered = focus::covered(&inv, focus);
+    Ok((inv, covered))
 }
 
 /// The upstream hash key is missing. Creating a new one would silently rewrite the hash of
