@@ -265,12 +265,15 @@ pub async fn observe(
         let kept = fingerprint
             .filter(|_| looking.from_kept)
             .and_then(|(l, looking_for)| l.get(cluster, kind, looking_for));
+        // What a list request finds is kept for the next run; what came from a kept listing
+        // is there already.
+        let listing = fingerprint.is_some() && kept.is_none();
         let mut kept_now = Vec::new();
         let mut keep = |meta: ObjectMeta| {
             let (ours, wanted) = (looking.names_us(&meta), looking.wanted(kind, &meta));
             if ours || wanted {
                 let whole = looking.key.is_some() && wanted && (looking.adopt || ours);
-                if fingerprint.is_some() {
+                if listing {
                     kept_now.push(meta.clone());
                 }
                 listed.push((kind, meta, whole));

@@ -7,10 +7,11 @@ use futures::{StreamExt, TryStreamExt};
 use helmop_core::hash::{HashKey, ObjectData, content_hash};
 use helmop_core::plan::{CopyMeta, DesiredCopy, SourceObject};
 use helmop_core::resource::{ResourceKind, ResourceRef};
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 use kube::api::ObjectMeta;
-use serde_json::{Value, json};
+use serde::Serialize;
 
 use crate::cluster::api_error;
 use crate::cluster::context::Ctx;
@@ -73,52 +74,76 @@ impl SourceData {
     /// The server-side-apply body of a copy in `namespace` with `meta`. `guard` (uid,
     /// resourceVersion) makes the server refuse the write if the object is not the one planned
     /// against. Secret `type` is kept; `immutable` is not copied (a copy must stay updatable).
-    pub fn copy_body(
-        &self,
-        namespace: &str,
-        meta: &CopyMeta,
-        guard: Option<(&str, &str)>,
-    ) -> Value {
-        let name = self.meta().name.clone().unwrap_or_default();
-        let mut metadata = json!({
-            "name": name,
-            "namespace": namespace,
-            "labels": meta.labels,
-            "annotations": meta.annotations,
-        });
-        if let Some((uid, resource_version)) = guard {
-            metadata["uid"] = json!(uid);
-            metadata["resourceVersion"] = json!(resource_version);
-        }
+    /// Borrowed from the source, so a write serializes it without building a JSON tree first.
+    pub fn copy_body<'a>(
+        &'a self,
+        namespace: &'a str,
+        meta: &'a CopyMeta,
+        guard: Option<(&'a str, &'a str)>,
+    ) -> CopyBody<'a> {
+        let metadata = BodyMeta {
+            name: self.meta().name.as_deref().unwrap_or_default(),
+            namespace,
+            labels: &meta.labels,
+            annotations: &meta.annotations,
+            uid: guard.map(|(uid, _)| uid),
+            resource_version: guard.map(|(_, version)| version),
+        };
         match self {
-            SourceData::Secret(s) => {
-                let mut body = json!({
-                    "apiVersion": "v1",
-                    "kind": "Secret",
-                    "metadata": metadata,
-                    "type": s.type_.clone().unwrap_or_else(|| "Opaque".into()),
-                });
-                if let Some(data) = &s.data {
-                    body["data"] = json!(data);
-                }
-                body
-            }
-            SourceData::ConfigMap(c) => {
-                let mut body = json!({
-                    "apiVersion": "v1",
-                    "kind": "ConfigMap",
-                    "metadata": metadata,
-                });
-                if let Some(data) = &c.data {
-                    body["data"] = json!(data);
-                }
-                if let Some(binary) = &c.binary_data {
-                    body["binaryData"] = json!(binary);
-                }
-                body
-            }
+            SourceData::Secret(s) => CopyBody {
+                api_version: "v1",
+                kind: "Secret",
+                metadata,
+                type_: Some(s.type_.as_deref().unwrap_or("Opaque")),
+                data: s.data.as_ref().map(Data::Bytes),
+                binary_data: None,
+            },
+            SourceData::ConfigMap(c) => CopyBody {
+                api_version: "v1",
+                kind: "ConfigMap",
+                metadata,
+                type_: None,
+                data: c.data.as_ref().map(Data::Strings),
+                binary_data: c.binary_data.as_ref(),
+            },
         }
     }
+}
+
+/// A copy's body ([`SourceData::copy_body`]).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CopyBody<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    metadata: BodyMeta<'a>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    type_: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<Data<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    binary_data: Option<&'a BTreeMap<String, ByteString>>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct BodyMeta<'a> {
+    name: &'a str,
+    namespace: &'a str,
+    labels: &'a BTreeMap<String, String>,
+    annotations: &'a BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    uid: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resource_version: Option<&'a str>,
+}
+
+/// A Secret's data (base64 in JSON) or a ConfigMap's.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum Data<'a> {
+    Bytes(&'a BTreeMap<String, ByteString>),
+    Strings(&'a BTreeMap<String, String>),
 }
 
 /// The live sources the desired copies need.
@@ -240,7 +265,7 @@ pub async fn fetch_metadata(ctx: &Ctx, desired: &[DesiredCopy]) -> Result<Source
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::ByteString;
+    use serde_json::json;
 
     use super::*;
 
@@ -264,7 +289,12 @@ mod tests {
             labels: BTreeMap::from([("helmop.dev/managed-by".into(), "kubectl-helmop".into())]),
             annotations: BTreeMap::from([("helmop.dev/owners".into(), "u/team/app".into())]),
         };
-        let body = SourceData::Secret(secret).copy_body("apps", &meta, Some(("uid-1", "42")));
+        let body = serde_json::to_value(SourceData::Secret(secret).copy_body(
+            "apps",
+            &meta,
+            Some(("uid-1", "42")),
+        ))
+        .unwrap();
         assert_eq!(
             body,
             json!({
@@ -292,7 +322,9 @@ mod tests {
             ..ConfigMap::default()
         };
         let source = SourceData::ConfigMap(cm);
-        let body = source.copy_body("apps", &CopyMeta::default(), None);
+        let body =
+            serde_json::to_value(source.copy_body("apps", &CopyMeta::default(), None)).unwrap();
+        assert!(body.get("type").is_none());
         assert_eq!(body["data"], json!({"a": "1"}));
         assert_eq!(body["binaryData"], json!({"b": "AAE="}));
         assert!(body["metadata"].get("uid").is_none());

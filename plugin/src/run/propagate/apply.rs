@@ -73,7 +73,8 @@ pub async fn create_copy(
     namespace: &str,
     meta: &CopyMeta,
 ) -> Result<Whole, kube::Error> {
-    let body = source.copy_body(namespace, meta, None);
+    let body = serde_json::to_value(source.copy_body(namespace, meta, None))
+        .map_err(kube::Error::SerdeError)?;
     let pp = PostParams {
         field_manager: Some(MANAGER.into()),
         ..PostParams::default()
