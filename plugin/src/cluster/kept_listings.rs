@@ -56,15 +56,18 @@ impl KeptListings {
 
     /// What a write on `cluster` left (the server's answer): replaces the object of that
     /// namespace and name in the kept listing of `kind`, or adds it. Without a kept listing,
-    /// nothing is kept: the next run lists.
-    pub fn record(&self, cluster: &str, kind: ResourceKind, mut written: ObjectMeta) {
+    /// nothing is kept (nor copied): the next run lists.
+    pub fn record(&self, cluster: &str, kind: ResourceKind, written: &ObjectMeta) {
         let Ok(mut clusters) = self.clusters.lock() else {
             return;
         };
         let Some(listing) = clusters.get_mut(&(cluster.to_owned(), kind)) else {
             return;
         };
-        written.managed_fields = None;
+        let written = ObjectMeta {
+            managed_fields: None,
+            ..written.clone()
+        };
         let same = |m: &ObjectMeta| m.namespace == written.namespace && m.name == written.name;
         match listing.objects.iter_mut().find(|m| same(m)) {
             Some(kept) => *kept = written,
@@ -124,7 +127,7 @@ mod tests {
         let kept = KeptListings::default();
         let cm = ResourceKind::ConfigMap;
         // Nothing listed yet: a write keeps nothing.
-        kept.record("c1", cm, meta("app", "3"));
+        kept.record("c1", cm, &meta("app", "3"));
         assert!(kept.is_empty());
         kept.keep("c1", cm, 7, vec![meta("app", "3"), meta("other", "4")]);
         assert_eq!(
@@ -138,8 +141,8 @@ mod tests {
         // A write replaces its object (field ownership dropped) or adds it.
         let mut written = meta("app", "9");
         written.managed_fields = Some(Vec::new());
-        kept.record("c1", cm, written);
-        kept.record("c1", cm, meta("new", "10"));
+        kept.record("c1", cm, &written);
+        kept.record("c1", cm, &meta("new", "10"));
         assert_eq!(
             versions(&kept, cm, 7),
             Some(vec!["app@9".into(), "other@4".into(), "new@10".into()])

@@ -417,10 +417,10 @@ pub enum Whole {
 
 impl Whole {
     /// The kind and metadata of the object written.
-    pub fn meta(&self) -> (ResourceKind, &ObjectMeta) {
+    pub fn meta_mut(&mut self) -> (ResourceKind, &mut ObjectMeta) {
         match self {
-            Whole::Secret(s) => (ResourceKind::Secret, &s.metadata),
-            Whole::ConfigMap(c) => (ResourceKind::ConfigMap, &c.metadata),
+            Whole::Secret(s) => (ResourceKind::Secret, &mut s.metadata),
+            Whole::ConfigMap(c) => (ResourceKind::ConfigMap, &mut c.metadata),
         }
     }
 }

@@ -522,10 +522,10 @@ impl ClusterRun<'_> {
             let (obs, actions) = self.observe_and_plan(true).await?;
             if obs.kept.is_empty() || only_updates(&actions) {
                 let (rows, readers) = self.write_planned(&obs, &actions).await;
-                let cluster = self.downstream.display();
                 if obs.kept.is_empty() {
                     return Ok((rows, readers));
                 }
+                let cluster = self.downstream.display();
                 if !rows.iter().any(|r| r.state == RowState::Failed) {
                     tracing::debug!(%cluster, "planned from the kept listing");
                     return Ok((rows, readers));
@@ -948,14 +948,14 @@ impl ClusterRun<'_> {
     /// A watcher keeps what a write left, so its next run does not read the copy back
     /// ([`crate::cluster::kept_hashes`]) and may plan from its listing
     /// ([`crate::cluster::kept_listings`]).
-    fn keep_written(&self, written: observe::Whole) {
+    fn keep_written(&self, mut written: observe::Whole) {
         let Some(reads) = self.ctx.reads.as_deref() else {
             return;
         };
-        let (kind, meta) = written.meta();
-        reads
-            .listings()
-            .record(&self.downstream.key, kind, meta.clone());
+        // Neither the listing nor the hash keeps field ownership: it is not copied.
+        let (kind, meta) = written.meta_mut();
+        meta.managed_fields = None;
+        reads.listings().record(&self.downstream.key, kind, meta);
         let Some(key) = self.sources.key.as_ref() else {
             return;
         };
@@ -1084,9 +1084,7 @@ impl ClusterRun<'_> {
         }
         rows
     }
-}
 
-impl ClusterRun<'_> {
     /// Why restamping `w` could roll it into pods that cannot start, when the run could not see
     /// all it requires: an object it requires that is neither a copy the run saw exist nor
     /// plainly not a copy of ours (of a kind the run listed, and not found there) is read, and
