@@ -942,6 +942,18 @@ fn propagator_serves_metrics_and_probes_where_the_manifests_look() {
     assert_eq!(annotations["prometheus.io/scrape"], "true");
     assert_eq!(annotations["prometheus.io/port"], number.to_string());
     assert_eq!(annotations["prometheus.io/path"], "/metrics");
+    // The edit latency the benchmark measured at 10,000 clusters (docs/performance.md, section 6) is
+    // with glibc's larger thread cache; `helmop-bench watch` starts the watcher with the same variable.
+    let tunables = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "GLIBC_TUNABLES");
+    assert_eq!(
+        tunables.map(|e| &e["value"]),
+        Some(&serde_json::json!("glibc.malloc.tcache_count=4096")),
+        "{c:#}"
+    );
 
     let service = named(&docs, "Service", "helmop-propagator-metrics");
     assert_eq!(
