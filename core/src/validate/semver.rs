@@ -28,6 +28,8 @@
 //! An empty string is not a constraint (step 2 needs at least one `CV`): Helm substitutes `*`
 //! for an empty version, Fleet's OCI path does not (see `validate::helm`).
 
+use std::borrow::Cow;
+
 use super::Error;
 
 /// Longest version constraint checked, in bytes (npm's semver has the same bound). The range rewrite
@@ -47,17 +49,18 @@ pub fn constraint_error(s: &str) -> Option<String> {
 }
 
 /// [`constraint_error`] without the length bound: Masterminds' own verdict.
+///
+/// Allocates nothing for a constraint it accepts without a hyphen range (the webhook checks one per
+/// HelmOp admission): each group is scanned once for its shape, then again for its versions,
+/// instead of collecting them.
 pub(crate) fn masterminds_error(s: &str) -> Option<String> {
     let rewritten = rewrite_ranges(s);
     for group in rewritten.split("||") {
-        let constraints = match split_group(group.as_bytes()) {
-            Some(c) => c,
-            None => return Some(format!("improper constraint: {}", super::q(group.trim()))),
-        };
-        for cv in constraints {
-            if let Err(problem) = check_version(&cv) {
-                return Some(problem.to_string());
-            }
+        if split_group(group.as_bytes(), |_| Ok(())).is_none() {
+            return Some(format!("improper constraint: {}", super::q(group.trim())));
+        }
+        if let Some(Err(problem)) = split_group(group.as_bytes(), check_version) {
+            return Some(problem.to_string());
         }
     }
     None
@@ -97,9 +100,17 @@ fn run(s: &[u8], mut at: usize, class: fn(u8) -> bool) -> usize {
 /// A version in a constraint, as Masterminds' `cvRegex` captures it.
 #[derive(Debug)]
 struct Cv<'a> {
-    parts: Vec<&'a str>,
+    /// Major, minor, patch: the first `len` are there.
+    parts: [&'a str; 3],
+    len: usize,
     pre: Option<&'a str>,
     end: usize,
+}
+
+impl<'a> Cv<'a> {
+    fn parts(&self) -> &[&'a str] {
+        &self.parts[..self.len]
+    }
 }
 
 /// The greedy `cvRegex` match starting exactly at `at`. Greedy is the only parse that can
@@ -115,14 +126,16 @@ fn scan_cv(s: &[u8], at: usize) -> Option<Cv<'_>> {
     if end == pos {
         return None;
     }
-    let mut parts = vec![text(pos, end)];
+    let mut parts = [text(pos, end), "", ""];
+    let mut len = 1;
     pos = end;
-    while parts.len() < 3 && s.get(pos) == Some(&b'.') {
+    while len < 3 && s.get(pos) == Some(&b'.') {
         let end = run(s, pos + 1, is_part);
         if end == pos + 1 {
             break;
         }
-        parts.push(text(pos + 1, end));
+        parts[len] = text(pos + 1, end);
+        len += 1;
         pos = end;
     }
     let mut pre = None;
@@ -139,6 +152,7 @@ fn scan_cv(s: &[u8], at: usize) -> Option<Cv<'_>> {
     }
     Some(Cv {
         parts,
+        len,
         pre,
         end: pos,
     })
@@ -163,7 +177,7 @@ fn scan_idents(s: &[u8], at: usize) -> Option<usize> {
 /// `rewriteRange`: every leftmost, non-overlapping `\s*CV\s+-\s+CV\s*` of the original string,
 /// each replaced (first occurrence of its text, in the string as rewritten so far) by
 /// `>= A, <= B `.
-fn rewrite_ranges(s: &str) -> String {
+fn rewrite_ranges(s: &str) -> Cow<'_, str> {
     let b = s.as_bytes();
     let mut found = Vec::new();
     let mut at = 0;
@@ -176,11 +190,14 @@ fn rewrite_ranges(s: &str) -> String {
             None => at += 1,
         }
     }
+    if found.is_empty() {
+        return Cow::Borrowed(s);
+    }
     let mut out = s.to_string();
     for (text, with) in found {
         out = out.replacen(text, &with, 1);
     }
-    out
+    Cow::Owned(out)
 }
 
 fn range_at(s: &[u8], at: usize) -> Option<(usize, &str, &str)> {
@@ -200,10 +217,13 @@ fn range_at(s: &[u8], at: usize) -> Option<(usize, &str, &str)> {
     Some((end, text(start, first.end), text(second_start, second.end)))
 }
 
-/// `validConstraintRegex` for one `||` group: the versions of its constraints, or `None` when
-/// the group does not match.
-fn split_group(s: &[u8]) -> Option<Vec<Cv<'_>>> {
-    let mut out = Vec::new();
+/// `validConstraintRegex` for one `||` group: `None` when the group does not match, else `each`
+/// of its constraints' versions in order, up to the first error. `each` may be called on the
+/// versions before a part of the group that does not match.
+fn split_group<'a>(
+    s: &'a [u8],
+    mut each: impl FnMut(&Cv<'a>) -> Result<(), Error>,
+) -> Option<Result<(), Error>> {
     let mut pos = skip_ws(s, 0);
     loop {
         // The operator must take every operator character before the version: a version never
@@ -218,10 +238,12 @@ fn split_group(s: &[u8]) -> Option<Vec<Cv<'_>>> {
         }
         let cv = scan_cv(s, skip_ws(s, op_end))?;
         let after = cv.end;
-        out.push(cv);
+        if let Err(problem) = each(&cv) {
+            return Some(Err(problem));
+        }
         pos = skip_ws(s, after);
         if pos == s.len() {
-            return Some(out);
+            return Some(Ok(()));
         }
         if s[pos] == b',' {
             pos = skip_ws(s, pos + 1);
@@ -235,7 +257,7 @@ fn split_group(s: &[u8]) -> Option<Vec<Cv<'_>>> {
 /// numbers that fit a u64; the pre-release must not have numeric identifiers with leading zeros.
 fn check_version(cv: &Cv<'_>) -> Result<(), Error> {
     let wildcard = |p: &str| matches!(p, "x" | "X" | "*");
-    let numeric = cv.parts.iter().take_while(|p| !wildcard(p));
+    let numeric = cv.parts().iter().take_while(|p| !wildcard(p));
     for part in numeric {
         if !part.bytes().all(|b| b.is_ascii_digit()) {
             return Err(Error::NotAVersionNumber {
