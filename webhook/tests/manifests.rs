@@ -915,6 +915,14 @@ fn client_auth_overlay_requires_the_ca_of_the_mounted_secret() {
     );
 }
 
+/// The container's environment variable `name`, whole (`value` or `valueFrom`).
+fn env_var<'a>(container: &'a Value, name: &str) -> Option<&'a Value> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+}
+
 #[test]
 fn propagator_serves_metrics_and_probes_where_the_manifests_look() {
     let docs = render(&manifests_dir().join("propagator"));
@@ -944,13 +952,8 @@ fn propagator_serves_metrics_and_probes_where_the_manifests_look() {
     assert_eq!(annotations["prometheus.io/path"], "/metrics");
     // The edit latency the benchmark measured at 10,000 clusters (docs/performance.md, section 6) is
     // with glibc's larger thread cache; `helmop-bench watch` starts the watcher with the same variable.
-    let tunables = c["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["name"] == "GLIBC_TUNABLES");
     assert_eq!(
-        tunables.map(|e| &e["value"]),
+        env_var(c, "GLIBC_TUNABLES").map(|e| &e["value"]),
         Some(&serde_json::json!("glibc.malloc.tcache_count=4096")),
         "{c:#}"
     );
@@ -1138,24 +1141,14 @@ fn rollout_watcher_serves_metrics_and_probes_where_the_manifests_look() {
     assert_eq!(c["resources"]["limits"]["memory"], "128Mi");
     assert_eq!(c["resources"]["limits"]["cpu"], "500m");
     // The RSS the benchmark measured (docs/performance.md, section 8) is with one glibc arena.
-    let arenas = c["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["name"] == "MALLOC_ARENA_MAX");
     assert_eq!(
-        arenas.map(|e| &e["value"]),
+        env_var(c, "MALLOC_ARENA_MAX").map(|e| &e["value"]),
         Some(&serde_json::json!("1")),
         "{c:#}"
     );
 
     // The Lease is in the pod's namespace, which comes from the downward API.
-    let pod_namespace = c["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["name"] == "POD_NAMESPACE")
-        .expect("POD_NAMESPACE");
+    let pod_namespace = env_var(c, "POD_NAMESPACE").expect("POD_NAMESPACE");
     assert_eq!(
         pod_namespace["valueFrom"]["fieldRef"]["fieldPath"],
         "metadata.namespace"
