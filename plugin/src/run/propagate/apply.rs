@@ -12,7 +12,9 @@ use helmop_core::resource::{ResourceKind, ResourceRef};
 use helmop_core::targeting::NamespaceMetadata;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
-use kube::{Api, Client};
+use kube::core::Request;
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
 use crate::cluster::api_error;
@@ -73,32 +75,35 @@ pub async fn create_copy(
     namespace: &str,
     meta: &CopyMeta,
 ) -> Result<Whole, kube::Error> {
-    let body = serde_json::to_value(source.copy_body(namespace, meta, None))
+    let body = serde_json::to_vec(&source.copy_body(namespace, meta, None))
         .map_err(kube::Error::SerdeError)?;
     let pp = PostParams {
         field_manager: Some(MANAGER.into()),
         ..PostParams::default()
     };
     let written = match source {
-        SourceData::Secret(_) => {
-            let obj: Secret = serde_json::from_value(body).map_err(kube::Error::SerdeError)?;
-            Whole::Secret(
-                Api::<Secret>::namespaced(client.clone(), namespace)
-                    .create(&pp, &obj)
-                    .await?,
-            )
-        }
-        SourceData::ConfigMap(_) => {
-            let obj: ConfigMap = serde_json::from_value(body).map_err(kube::Error::SerdeError)?;
-            Whole::ConfigMap(
-                Api::<ConfigMap>::namespaced(client.clone(), namespace)
-                    .create(&pp, &obj)
-                    .await?,
-            )
-        }
+        SourceData::Secret(_) => Whole::Secret(post(client, namespace, &pp, body).await?),
+        SourceData::ConfigMap(_) => Whole::ConfigMap(post(client, namespace, &pp, body).await?),
     };
     ctx.record_write();
     Ok(written)
+}
+
+/// `Api::create` for a body already serialized: the copy's body is written as it is, not turned
+/// into a typed object first ([`SourceData::copy_body`]).
+async fn post<K>(
+    client: &Client,
+    namespace: &str,
+    pp: &PostParams,
+    body: Vec<u8>,
+) -> Result<K, kube::Error>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
+{
+    let request = Request::new(K::url_path(&(), Some(namespace)))
+        .create(pp, body)
+        .map_err(kube::Error::BuildRequest)?;
+    client.request(request).await
 }
 
 /// Deletes helmop's copy so it can be created again, only if it is still the object planned
