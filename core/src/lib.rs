@@ -12,6 +12,7 @@ pub mod name_rules;
 pub mod names;
 pub mod plan;
 pub mod podrefs;
+pub mod progress;
 pub mod resource;
 pub mod rollout;
 pub mod selector;

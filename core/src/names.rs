@@ -43,6 +43,9 @@ pub const ANN_IMAGE_DIGESTS: &str = "helmop.dev/image-digests";
 pub const ANN_IMAGE_MODE: &str = "helmop.dev/image-mode";
 /// Workload metadata annotation the plugin bumps to make the webhook re-stamp.
 pub const ANN_RESTAMP: &str = "helmop.dev/restamp";
+/// On a Secret or ConfigMap: a new value releases its flap breaker in the rollout watcher
+/// (`kubectl helmop rollout resume`).
+pub const ANN_ROLLOUT_RESUME: &str = "helmop.dev/rollout-resume";
 /// HelmOp annotation: missing downstream resources warn instead of deny.
 pub const ANN_ALLOW_MISSING: &str = "helmop.dev/allow-missing";
 

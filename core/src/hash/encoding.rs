@@ -275,6 +275,22 @@ pub fn reads_digest(key: &HashKey, obj: &ObjectData<'_>, reads: &Reads) -> Objec
     ObjectDigest(finish(mac))
 }
 
+/// The keys a pod requires of `obj` and does not find where it looks ([`Reads::unmet`]); optional
+/// references require nothing. Sorted. A pod
+/// missing one cannot start (its container, or its volume, cannot be set up), like a pod whose
+/// required object is missing.
+pub fn missing_keys(obj: &ObjectData<'_>, reads: &Reads) -> Vec<String> {
+    reads
+        .unmet(
+            |k| obj.data.contains_key(k),
+            |k| obj.binary_data.contains_key(k),
+        )
+        .into_iter()
+        .filter(|(_, required, _)| *required)
+        .map(|(k, _, _)| k)
+        .collect()
+}
+
 /// A copy's `helmop.dev/content-hash`: `v1:` and 64 hex digits, over the kind, the `type` and
 /// every key of `data` and `binaryData`.
 pub fn content_hash(key: &HashKey, kind: ResourceKind, obj: &ObjectData<'_>) -> String {

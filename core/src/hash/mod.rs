@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 pub use encoding::{
     ObjectData, ObjectDigest, VERSION, VERSION_V2, content_hash, encode_content, encode_object,
-    encode_reads, object_digest, reads_digest,
+    encode_reads, missing_keys, object_digest, reads_digest,
 };
 pub use key::{HashKey, HashKeyError, NAMESPACE_KEY_TAG};
 pub use refs::{

@@ -802,3 +802,17 @@ proptest! {
         prop_assert_ne!(&in_a.config_hash[3..], &v1.config_hash[3..]);
     }
 }
+
+#[test]
+fn missing_keys_are_the_required_ones_the_pod_does_not_find() {
+    let mut reads = Reads::default();
+    reads.vars.insert("password".into(), true);
+    reads.vars.insert("optional".into(), false);
+    reads.vars.insert("bin".into(), true);
+    reads.files.insert("cert".into(), true);
+    let o = obj(&[("user", "u")], &[("cert", "c"), ("bin", "b")]);
+    // A key ref looks in data only; a volume item finds binaryData too.
+    assert_eq!(missing_keys(&o, &reads), vec!["bin", "password"]);
+    let full = obj(&[("password", "p"), ("bin", "b")], &[("cert", "c")]);
+    assert!(missing_keys(&full, &reads).is_empty());
+}

@@ -1,21 +1,22 @@
-//! Deciding one workload and, when it is due, asking the webhook to restamp it: the watcher's only
-//! I/O besides its watches. The data of a Secret or ConfigMap is read only here, only for an object
-//! an opted-in workload reads whose digest for this version is not known yet, and dropped as soon
-//! as it is digested (only the keyed digest is kept, see [`DigestCache`]).
+//! The watcher's work off its loop, besides its watches: reading the digests a decision needs,
+//! and the restamps the loop decided. The data of a Secret or ConfigMap is read only here, only
+//! for an object an opted-in workload reads whose digest for this version is not known yet, and
+//! dropped as soon as it is digested (only the keyed digest is kept, see [`DigestCache`]).
 //!
 //! The restamp is the one `rollout` and `propagate` write: a new `helmop.dev/restamp` value, an
 //! UPDATE on which the webhook recomputes the stamp from what the pods read right now. The value
 //! lists helmop's copies the workload reads with their content hashes (so `propagate` knows the
-//! workload was restamped for that content) and ends with `watch:<time>`, so it is always new.
+//! workload was restamped for that content), then `watch:<time>` (always new, and it says when a
+//! watcher restamped it) and `tries:<n>@<expected>` (the `n`th restamp in a row meant to write that
+//! stamp, so "tried 3 times, then left until a change" holds across restarts and leaders).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use helmop_core::hash::{HashKey, ObjectDigest, Observed};
+use helmop_core::hash::{HashKey, ObjectDigest};
 use helmop_core::names;
 use helmop_core::podrefs::{PodRef, Reads};
 use helmop_core::resource::ResourceRef;
-use helmop_core::rollout::{Decision, decide};
 use helmop_core::workload::pod_template;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
@@ -28,41 +29,39 @@ use tokio::time::Instant;
 use super::index::{ObjectKey, Reason, Version, WorkloadKey};
 use super::queue::{Outcome, Ticket};
 use crate::cluster::api_error;
+use crate::run::live_stamp::Digested;
 use crate::run::workloads::restamp_value;
 use crate::watch::notices;
 
 /// `reportingController` of the watcher's Events.
 pub const CONTROLLER: &str = "helmop.dev/rollout-watcher";
 
+/// What is known of one way of reading one object version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Known {
+    pub digest: ObjectDigest,
+    /// Required keys the object lacks (see [`helmop_core::hash::missing_keys`]).
+    pub missing_keys: Vec<String>,
+}
+
 /// The digests of what workloads read, per object and version: a new version replaces the old
 /// one, so this holds one entry per object some opted-in workload reads (times the distinct ways
 /// it is read), whatever the cluster's other Secrets and ConfigMaps.
 #[derive(Default)]
 pub struct DigestCache {
-    entries: HashMap<ObjectKey, (Version, Vec<(Reads, ObjectDigest)>)>,
+    entries: HashMap<ObjectKey, (Version, Vec<(Reads, Known)>)>,
 }
 
 impl DigestCache {
-    pub fn get(
-        &self,
-        object: &ObjectKey,
-        version: &Version,
-        reads: &Reads,
-    ) -> Option<ObjectDigest> {
+    pub fn get(&self, object: &ObjectKey, version: &Version, reads: &Reads) -> Option<&Known> {
         let (v, digests) = self.entries.get(object)?;
         if v != version {
             return None;
         }
-        digests.iter().find(|(r, _)| r == reads).map(|(_, d)| *d)
+        digests.iter().find(|(r, _)| r == reads).map(|(_, d)| d)
     }
 
-    pub fn insert(
-        &mut self,
-        object: ObjectKey,
-        version: Version,
-        reads: Reads,
-        digest: ObjectDigest,
-    ) {
+    pub fn insert(&mut self, object: ObjectKey, version: Version, reads: Reads, known: Known) {
         let entry = self
             .entries
             .entry(object)
@@ -72,16 +71,12 @@ impl DigestCache {
             *entry = (version, Vec::with_capacity(1));
         }
         if !entry.1.iter().any(|(r, _)| *r == reads) {
-            entry.1.push((reads, digest));
+            entry.1.push((reads, known));
         }
     }
 
     pub fn remove(&mut self, object: &ObjectKey) {
         self.entries.remove(object);
-    }
-
-    pub fn clear(&mut self) {
-        self.entries.clear();
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -93,14 +88,26 @@ impl DigestCache {
 #[derive(Clone, Debug)]
 pub enum Lookup {
     Absent,
-    Digest(ObjectDigest),
+    Known(Known),
     /// Present in a version whose digest is not known: read it.
     Read,
 }
 
-/// A workload to decide (and maybe restamp) off the loop.
+/// What a job does.
+#[derive(Debug)]
+pub enum Work {
+    /// Read the digests the loop lacks (each [`Lookup::Read`]), then hand the workload back to be
+    /// decided with them.
+    Read,
+    /// Restamp: the loop decided it is due, to `expected`; this is the `tries`th restamp meant to
+    /// write it.
+    Restamp { expected: String, tries: u32 },
+}
+
+/// A workload to read for or restamp, off the loop.
 pub struct Job {
     pub ticket: Ticket,
+    pub work: Work,
     /// Where the workload's kind is served.
     pub resource: ApiResource,
     pub uid: String,
@@ -117,13 +124,14 @@ pub struct Read {
     pub object: ObjectKey,
     pub version: Version,
     pub reads: Reads,
-    pub digest: ObjectDigest,
+    pub known: Known,
 }
 
 /// How a job ended.
 pub struct Finished {
     pub key: WorkloadKey,
     pub reason: Reason,
+    pub since: Instant,
     pub outcome: Outcome,
     pub key_generation: u64,
     pub reads: Vec<Read>,
@@ -133,6 +141,8 @@ pub struct Finished {
     pub event_errors: usize,
     /// For the report: the stamp before, the one expected, the one written; the error.
     pub detail: Detail,
+    /// The workload's generation after a restamp that changed its stamp (its rollout to wait for).
+    pub generation: Option<i64>,
     pub lag: std::time::Duration,
 }
 
@@ -143,8 +153,6 @@ pub struct Detail {
     pub to: Option<String>,
     pub error: Option<String>,
     pub dry_run: bool,
-    /// Required references absent: not restamped until they exist.
-    pub missing: Vec<ResourceRef>,
 }
 
 /// What every job shares.
@@ -154,11 +162,11 @@ pub struct Shared {
     pub reporter: Reporter,
 }
 
-/// Decides the workload of `job` from the digests it has plus those it reads, and restamps it when
-/// due.
+/// Does `job`'s work.
 pub async fn run(shared: Arc<Shared>, job: Job) -> Finished {
     let Job {
         ticket,
+        work,
         resource,
         uid,
         refs,
@@ -168,10 +176,10 @@ pub async fn run(shared: Arc<Shared>, job: Job) -> Finished {
         key,
         key_generation,
     } = job;
-    let namespace = ticket.key.namespace.clone();
     let mut finished = Finished {
         key: ticket.key.clone(),
         reason: ticket.reason.clone(),
+        since: ticket.since,
         outcome: Outcome::Settled,
         key_generation,
         reads: Vec::new(),
@@ -182,69 +190,35 @@ pub async fn run(shared: Arc<Shared>, job: Job) -> Finished {
             dry_run: shared.dry_run,
             ..Detail::default()
         },
+        generation: None,
         lag: std::time::Duration::ZERO,
     };
-    let mut observed = Vec::with_capacity(refs.len());
-    for (r, lookup) in refs.iter().zip(lookups) {
-        let seen = match lookup {
-            Lookup::Absent => None,
-            Lookup::Digest(d) => Some(d),
-            Lookup::Read => {
-                let object = ObjectKey {
-                    namespace: namespace.clone(),
-                    resource: r.resource.clone(),
-                };
-                match read_digest(&shared.client, &object, &key, &r.reads).await {
-                    Ok(Some(read)) => {
-                        let digest = read.digest;
-                        finished.reads.push(read);
-                        Some(digest)
-                    }
-                    Ok(None) => None,
-                    Err(e) => {
-                        finished.read_errors += 1;
-                        finished.outcome = Outcome::Failed;
-                        finished.detail.error =
-                            Some(format!("reading {object}: {}", api_error::describe(&e)));
-                        return finished;
-                    }
-                }
-            }
-        };
-        observed.push(seen);
-    }
-    let digests: HashMap<&ResourceRef, Option<ObjectDigest>> =
-        refs.iter().map(|r| &r.resource).zip(observed).collect();
-    let decision = decide(&key, &namespace, &refs, stamp.as_deref(), |r| match digests
-        .get(&r.resource)
-        .copied()
-        .flatten()
-    {
-        Some(d) => Observed::Digest(d),
-        None => Observed::Absent,
-    });
-    let expected = match decision {
-        Decision::Current => return finished,
-        Decision::NotStamped(why) => {
-            tracing::debug!(workload = %ticket.key, why, "not stamped by the webhook: left alone");
+    let (expected, tries) = match work {
+        Work::Read => {
+            read_missing(
+                &shared,
+                &ticket.key.namespace,
+                &refs,
+                lookups,
+                &key,
+                &mut finished,
+            )
+            .await;
             return finished;
         }
-        Decision::Missing(missing) => {
-            finished.detail.missing = missing;
-            return finished;
-        }
-        Decision::Due { expected, .. } => expected,
+        Work::Restamp { expected, tries } => (expected, tries),
     };
     finished.detail.expected = Some(expected.clone());
     if shared.dry_run {
         return finished;
     }
     crate::test_pause::pause("rollout-before-restamp", &ticket.key.to_string()).await;
-    let value = restamp_record(&copies, Timestamp::now());
+    let value = restamp_record(&copies, Some((tries, &expected)), Timestamp::now());
     let result = restamp(&shared.client, &resource, &ticket.key, &value).await;
     finished.lag = Instant::now().saturating_duration_since(ticket.since);
+    let about = workload_ref(&resource, &ticket.key, &uid);
     match result {
-        Ok(after) => {
+        Ok((after, generation)) => {
             finished.detail.to = after.clone();
             // A stamp that moved, even to another than expected (the content moved again after
             // it was read: the webhook reads it live), is a restamp that rolled; whether it is
@@ -252,17 +226,13 @@ pub async fn run(shared: Arc<Shared>, job: Job) -> Finished {
             let moved = after.is_some() && after != stamp;
             if after.as_deref() == Some(expected.as_str()) || moved {
                 finished.outcome = Outcome::Restamped;
+                finished.generation = generation;
                 let note = format!("Restamped: {}", ticket.reason);
-                let about = Regarding {
-                    resource: &resource,
-                    key: &ticket.key,
-                    uid: &uid,
-                };
                 if !publish(&shared, &about, EventType::Normal, "Restamped", &note).await {
                     finished.event_errors += 1;
                 }
             } else {
-                finished.outcome = Outcome::Ineffective;
+                finished.outcome = Outcome::Ineffective(tries);
             }
         }
         Err(e) if api_error::is_not_found(&e) => finished.outcome = Outcome::Gone,
@@ -270,11 +240,6 @@ pub async fn run(shared: Arc<Shared>, job: Job) -> Finished {
             let error = api_error::describe(&e);
             finished.outcome = Outcome::Failed;
             let note = format!("restamp refused ({}): {error}", ticket.reason);
-            let about = Regarding {
-                resource: &resource,
-                key: &ticket.key,
-                uid: &uid,
-            };
             if !publish(&shared, &about, EventType::Warning, "RestampRefused", &note).await {
                 finished.event_errors += 1;
             }
@@ -284,8 +249,75 @@ pub async fn run(shared: Arc<Shared>, job: Job) -> Finished {
     finished
 }
 
-/// The `helmop.dev/restamp` value: the copies read, as `propagate` records them, then the time.
-pub fn restamp_record(copies: &[(ResourceRef, String)], now: Timestamp) -> String {
+/// Reads every reference the loop had no digest for; the first failure ends the job `Failed`.
+async fn read_missing(
+    shared: &Shared,
+    namespace: &str,
+    refs: &[PodRef],
+    lookups: Vec<Lookup>,
+    key: &HashKey,
+    finished: &mut Finished,
+) {
+    finished.outcome = Outcome::Read;
+    for (r, lookup) in refs.iter().zip(lookups) {
+        if !matches!(lookup, Lookup::Read) {
+            continue;
+        }
+        let object = ObjectKey {
+            namespace: namespace.to_owned(),
+            resource: r.resource.clone(),
+        };
+        match crate::run::live_stamp::read_digest(
+            &shared.client,
+            namespace,
+            &r.resource,
+            key,
+            &r.reads,
+        )
+        .await
+        {
+            Ok(Some(Digested {
+                version,
+                digest,
+                missing_keys,
+            })) => finished.reads.push(Read {
+                object,
+                version,
+                reads: r.reads.clone(),
+                known: Known {
+                    digest,
+                    missing_keys,
+                },
+            }),
+            // Gone since: its deletion reaches the loop through the watch.
+            Ok(None) => {}
+            Err(e) => {
+                finished.read_errors += 1;
+                finished.outcome = Outcome::Failed;
+                finished.detail.error =
+                    Some(format!("reading {object}: {}", api_error::describe(&e)));
+                return;
+            }
+        }
+    }
+}
+
+/// How many hex digits of the expected stamp `tries:` records.
+const TRIES_DIGITS: usize = 16;
+
+/// The part of an expected stamp `tries:` records.
+pub fn tries_tag(expected: &str) -> &str {
+    let hash = expected.split_once(':').map_or(expected, |(_, h)| h);
+    hash.get(..TRIES_DIGITS).unwrap_or(hash)
+}
+
+/// The `helmop.dev/restamp` value: the copies read, as `propagate` records them, the time, then the
+/// tries for the expected stamp.
+pub fn restamp_record(
+    copies: &[(ResourceRef, String)],
+    tries: Option<(u32, &str)>,
+    now: Timestamp,
+) -> String {
     let listed: std::collections::BTreeMap<String, String> = copies
         .iter()
         .map(|(r, h)| (r.to_string(), h.clone()))
@@ -295,40 +327,20 @@ pub fn restamp_record(copies: &[(ResourceRef, String)], now: Timestamp) -> Strin
         value.push(',');
     }
     value.push_str(&format!("watch:{now}"));
+    if let Some((n, expected)) = tries {
+        value.push_str(&format!(",tries:{n}@{}", tries_tag(expected)));
+    }
     value
 }
 
-/// Reads `object` and digests what `reads` reads of it; `None` when it is gone.
-async fn read_digest(
-    client: &Client,
-    object: &ObjectKey,
-    key: &HashKey,
-    reads: &Reads,
-) -> Result<Option<Read>, kube::Error> {
-    let read = crate::run::live_stamp::read_digest(
-        client,
-        &object.namespace,
-        &object.resource,
-        key,
-        reads,
-    )
-    .await?;
-    Ok(read.map(|(version, digest)| Read {
-        object: object.clone(),
-        version,
-        reads: reads.clone(),
-        digest,
-    }))
-}
-
 /// Writes the restamp value and returns the pod template's stamp as the API server (after its
-/// webhooks) stored it.
+/// webhooks) stored it, and the workload's generation then.
 async fn restamp(
     client: &Client,
     resource: &ApiResource,
     key: &WorkloadKey,
     value: &str,
-) -> Result<Option<String>, kube::Error> {
+) -> Result<(Option<String>, Option<i64>), kube::Error> {
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &key.namespace, resource);
     let patch = json!({"metadata": {"annotations": {names::ANN_RESTAMP: value}}});
     let params = PatchParams {
@@ -336,41 +348,56 @@ async fn restamp(
         ..PatchParams::default()
     };
     let obj = api.patch(&key.name, &params, &Patch::Merge(&patch)).await?;
-    Ok(pod_template(key.kind, &obj.data)
+    let stamp = pod_template(key.kind, &obj.data)
         .and_then(|t| t.annotation(names::ANN_CONFIG_HASH))
-        .map(str::to_owned))
+        .map(str::to_owned);
+    Ok((stamp, obj.metadata.generation))
 }
 
 /// The workload an Event is about.
-pub struct Regarding<'a> {
-    pub resource: &'a ApiResource,
-    pub key: &'a WorkloadKey,
-    pub uid: &'a str,
+pub fn workload_ref(resource: &ApiResource, key: &WorkloadKey, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(resource.api_version.clone()),
+        kind: Some(resource.kind.clone()),
+        namespace: Some(key.namespace.clone()),
+        name: Some(key.name.clone()),
+        uid: (!uid.is_empty()).then(|| uid.to_owned()),
+        ..ObjectReference::default()
+    }
 }
 
-/// Publishes an Event on the workload; false when it could not (logged, never fatal: the stdout
+/// The Secret or ConfigMap an Event is about.
+pub fn object_ref(key: &ObjectKey, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some(key.resource.kind.to_string()),
+        namespace: Some(key.namespace.clone()),
+        name: Some(key.resource.name.clone()),
+        uid: (!uid.is_empty()).then(|| uid.to_owned()),
+        ..ObjectReference::default()
+    }
+}
+
+/// Publishes an Event on `regarding`; false when it could not (logged, never fatal: the stdout
 /// event and the metrics say the same).
 pub async fn publish(
     shared: &Shared,
-    about: &Regarding<'_>,
+    regarding: &ObjectReference,
     type_: EventType,
     reason: &str,
     note: &str,
 ) -> bool {
-    let key = about.key;
-    let regarding = ObjectReference {
-        api_version: Some(about.resource.api_version.clone()),
-        kind: Some(about.resource.kind.clone()),
-        namespace: Some(key.namespace.clone()),
-        name: Some(key.name.clone()),
-        uid: (!about.uid.is_empty()).then(|| about.uid.to_owned()),
-        ..ObjectReference::default()
-    };
     let event = notices::event(type_, reason, "Restamp", note);
-    match notices::publish(&shared.client, &shared.reporter, &event, &regarding).await {
+    match notices::publish(&shared.client, &shared.reporter, &event, regarding).await {
         Ok(()) => true,
         Err(e) => {
-            tracing::warn!(workload = %key, reason, error = %api_error::describe(&e), "cannot publish an event");
+            tracing::warn!(
+                namespace = regarding.namespace.as_deref().unwrap_or(""),
+                name = regarding.name.as_deref().unwrap_or(""),
+                reason,
+                error = %api_error::describe(&e),
+                "cannot publish an event"
+            );
             false
         }
     }
@@ -389,14 +416,17 @@ mod tests {
             (ResourceRef::secret("db"), "v1:aa".to_string()),
             (ResourceRef::config_map("app"), "v1:bb".to_string()),
         ];
-        let value = restamp_record(&copies, t);
+        let expected = format!("v2:{}", "ab".repeat(32));
+        let value = restamp_record(&copies, Some((2, &expected)), t);
         assert_eq!(
             value,
-            "configmap/app=v1:bb,secret/db=v1:aa,watch:2026-12-02T08:00:00Z"
+            "configmap/app=v1:bb,secret/db=v1:aa,watch:2026-12-02T08:00:00Z,tries:2@abababababababab"
         );
         let parsed = crate::run::workloads::parse_restamp(&value);
         assert_eq!(parsed.len(), 2, "propagate sees the copies, not the time");
-        assert_eq!(restamp_record(&[], t), "watch:2026-12-02T08:00:00Z");
+        let record = super::super::watches::watcher_record(&value);
+        assert_eq!(record.tries, Some((2, tries_tag(&expected).to_owned())));
+        assert_eq!(restamp_record(&[], None, t), "watch:2026-12-02T08:00:00Z");
     }
 
     #[test]
@@ -417,15 +447,19 @@ mod tests {
         let key = HashKey::new(&[1; 32]).unwrap();
         let whole = Reads::volume(&helmop_core::podrefs::Keys::All, true);
         let digest = reads_digest(&key, &ObjectData::default(), &whole);
-        cache.insert(object.clone(), v1.clone(), whole.clone(), digest);
-        assert_eq!(cache.get(&object, &v1, &whole), Some(digest));
+        let known = Known {
+            digest,
+            missing_keys: Vec::new(),
+        };
+        cache.insert(object.clone(), v1.clone(), whole.clone(), known.clone());
+        assert_eq!(cache.get(&object, &v1, &whole), Some(&known));
         assert_eq!(cache.get(&object, &v2, &whole), None, "another version");
         assert_eq!(
             cache.get(&object, &v1, &Reads::default()),
             None,
             "read otherwise"
         );
-        cache.insert(object.clone(), v2.clone(), whole.clone(), digest);
+        cache.insert(object.clone(), v2.clone(), whole.clone(), known);
         assert_eq!(cache.get(&object, &v1, &whole), None, "replaced, not added");
         assert_eq!(cache.len(), 1);
     }

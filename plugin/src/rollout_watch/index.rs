@@ -59,6 +59,40 @@ pub struct WorkloadFacts {
     pub refs: Result<Vec<PodRef>, String>,
     /// Its pod template's `helmop.dev/config-hash`.
     pub stamp: Option<String>,
+    /// What its `helmop.dev/restamp` says a watcher did: when it last restamped it, and how many
+    /// restamps in a row for which expected stamp the webhook left without effect.
+    pub restamp: WatcherRecord,
+    /// Where its rollout stands (not part of what decides its stamp: a status write changes it).
+    pub progress: Progress,
+}
+
+impl WorkloadFacts {
+    /// Whether `other` decides the stamp as `self` does (everything but the progress is equal).
+    fn decides_like(&self, other: &WorkloadFacts) -> bool {
+        self.uid == other.uid
+            && self.label == other.label
+            && self.refs == other.refs
+            && self.stamp == other.stamp
+            && self.restamp == other.restamp
+    }
+}
+
+/// What the watcher writes into `helmop.dev/restamp` about itself (see [`super::act`]): state on
+/// the workload, so a restarted watcher or a new leader knows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatcherRecord {
+    /// `watch:<time>`: the last restamp a watcher wrote.
+    pub at: Option<k8s_openapi::jiff::Timestamp>,
+    /// `tries:<n>@<expected>`: `n` restamps in a row that were to stamp `expected` (the first 16
+    /// digits of its hash) and did not.
+    pub tries: Option<(u32, String)>,
+}
+
+/// Where a workload's rollout stands: its generation and what its status says of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Progress {
+    pub generation: i64,
+    pub state: helmop_core::progress::RollState,
 }
 
 pub use crate::run::live_stamp::Version;
@@ -70,6 +104,8 @@ pub struct ObjectFacts {
     /// `helmop.dev/content-hash` of one of helmop's copies: recorded in the restamp value, so
     /// `propagate` knows the workload was restamped for that content and does not restamp again.
     pub content_hash: Option<String>,
+    /// `helmop.dev/rollout-resume`: a new value releases the source's flap breaker.
+    pub resume: Option<String>,
 }
 
 /// What made a workload worth deciding again.
@@ -177,7 +213,10 @@ impl Index {
     /// A workload was added or modified. Due: itself, unless nothing that decides its stamp changed
     /// (a status write, a scale).
     pub fn put_workload(&mut self, key: WorkloadKey, facts: WorkloadFacts) -> Vec<WorkloadKey> {
-        if self.workloads.get(&key) == Some(&facts) {
+        if let Some(old) = self.workloads.get_mut(&key)
+            && old.decides_like(&facts)
+        {
+            old.progress = facts.progress;
             return Vec::new();
         }
         self.unlink(&key);
@@ -268,6 +307,11 @@ impl Index {
             .collect()
     }
 
+    /// The workloads that read `key`.
+    pub fn readers(&self, key: &ObjectKey) -> &[WorkloadKey] {
+        self.readers.get(key).map_or(&[], Vec::as_slice)
+    }
+
     /// A Namespace was added or modified. Due: its workloads, when its opt-in label changed.
     pub fn put_namespace(&mut self, name: String, label: Option<String>) -> Vec<WorkloadKey> {
         let changed = self.namespaces.get(&name) != Some(&label);
@@ -353,6 +397,11 @@ mod tests {
                 .map(|r| PodRef::new(r.clone(), Keys::All, false))
                 .collect()),
             stamp: Some(stamp.into()),
+            restamp: WatcherRecord::default(),
+            progress: Progress {
+                generation: 1,
+                state: helmop_core::progress::RollState::Complete,
+            },
         }
     }
 
@@ -363,6 +412,7 @@ mod tests {
                 resource_version: rv.into(),
             },
             content_hash: None,
+            resume: None,
         }
     }
 

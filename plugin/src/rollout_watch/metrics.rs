@@ -62,7 +62,28 @@ pub struct Metrics {
     digests: Gauge,
     leader: Gauge,
     lag: Histogram,
+    brakes: Brakes,
 }
+
+/// The brakes' metrics: the roll budget, the flap breaker, holds.
+#[derive(Clone)]
+struct Brakes {
+    rolling: Gauge,
+    rolling_peak: Gauge,
+    parked: Gauge,
+    rolls_ended: Family<HowLabel, Counter>,
+    breakers_open: Gauge,
+    breaker_trips: Counter,
+    held: Family<ReasonLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HowLabel {
+    pub how: &'static str,
+}
+
+/// Why workloads are held, for `helmop_rollout_held{reason}` (a closed set).
+pub const HOLD_REASONS: [&str; 4] = ["missing", "breaker", "gave-up", "rollout-busy"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -144,7 +165,59 @@ impl Metrics {
             "Version of kubectl-helmop",
             Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
         );
+        let rolling = Gauge::default();
+        registry.register(
+            "rolling",
+            "Workloads the watcher restamped whose rollout is not over (the roll budget in use)",
+            rolling.clone(),
+        );
+        let rolling_peak = Gauge::default();
+        registry.register(
+            "rolling_peak",
+            "The most workloads rolling at once since the watcher started",
+            rolling_peak.clone(),
+        );
+        let parked = Gauge::default();
+        registry.register(
+            "parked",
+            "Workloads due for a restamp that wait for room in the roll budget",
+            parked.clone(),
+        );
+        let rolls_ended = Family::<HowLabel, Counter>::default();
+        registry.register(
+            "rolls_ended",
+            "Rollouts the watcher started that ended: complete, stalled (progress deadline, degraded) or timeout (--roll-timeout)",
+            rolls_ended.clone(),
+        );
+        let breakers_open = Gauge::default();
+        registry.register(
+            "breakers_open",
+            "Secrets and ConfigMaps whose flap breaker is open (their readers are not restamped)",
+            breakers_open.clone(),
+        );
+        let breaker_trips = Counter::default();
+        registry.register(
+            "breaker_trips",
+            "Times a flap breaker opened",
+            breaker_trips.clone(),
+        );
+        let held = Family::<ReasonLabel, Gauge>::default();
+        registry.register(
+            "held",
+            "Workloads due for a restamp that the watcher holds, by reason (missing, breaker, gave-up, rollout-busy)",
+            held.clone(),
+        );
+        let brakes = Brakes {
+            rolling,
+            rolling_peak,
+            parked,
+            rolls_ended,
+            breakers_open,
+            breaker_trips,
+            held,
+        };
         Metrics {
+            brakes,
             registry: Arc::new(Mutex::new(registry)),
             restamps,
             refused,
@@ -193,6 +266,39 @@ impl Metrics {
         set(&self.digests, digests);
     }
 
+    /// The roll budget in use, its peak and the workloads waiting for it.
+    pub fn set_budget(&self, rolling: usize, peak: usize, parked: usize) {
+        let set = |g: &Gauge, n: usize| g.set(i64::try_from(n).unwrap_or(i64::MAX));
+        set(&self.brakes.rolling, rolling);
+        set(&self.brakes.rolling_peak, peak);
+        set(&self.brakes.parked, parked);
+    }
+
+    /// A rollout the watcher started ended (`complete`, `stalled`, `timeout`).
+    pub fn roll_ended(&self, how: &'static str) {
+        self.brakes
+            .rolls_ended
+            .get_or_create(&HowLabel { how })
+            .inc();
+    }
+
+    pub fn breaker_tripped(&self) {
+        self.brakes.breaker_trips.inc();
+    }
+
+    /// Open breakers, and held workloads per reason of [`HOLD_REASONS`].
+    pub fn set_holds(&self, breakers_open: usize, held: impl Fn(&str) -> usize) {
+        self.brakes
+            .breakers_open
+            .set(i64::try_from(breakers_open).unwrap_or(i64::MAX));
+        for reason in HOLD_REASONS {
+            self.brakes
+                .held
+                .get_or_create(&ReasonLabel { reason })
+                .set(i64::try_from(held(reason)).unwrap_or(i64::MAX));
+        }
+    }
+
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
     }
@@ -221,6 +327,10 @@ mod tests {
         m.read();
         m.set_sizes(2, 10, 20, 3);
         m.set_leader(true);
+        m.set_budget(3, 5, 7);
+        m.roll_ended("stalled");
+        m.breaker_tripped();
+        m.set_holds(1, |r| usize::from(r == "breaker") * 4);
         let text = m.encode().unwrap();
         for line in [
             "helmop_rollout_restamps_total{reason=\"object-changed\"} 1",
@@ -234,6 +344,14 @@ mod tests {
             "helmop_rollout_digests 3",
             "helmop_rollout_leader 1",
             "helmop_rollout_lag_seconds_count 1",
+            "helmop_rollout_rolling 3",
+            "helmop_rollout_rolling_peak 5",
+            "helmop_rollout_parked 7",
+            "helmop_rollout_rolls_ended_total{how=\"stalled\"} 1",
+            "helmop_rollout_breakers_open 1",
+            "helmop_rollout_breaker_trips_total 1",
+            "helmop_rollout_held{reason=\"breaker\"} 4",
+            "helmop_rollout_held{reason=\"missing\"} 0",
         ] {
             assert!(text.contains(line), "{line} missing in:\n{text}");
         }

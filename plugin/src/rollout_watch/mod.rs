@@ -4,8 +4,14 @@
 //! [`watches`]), keeps an index from every object to its readers ([`index`]), and when a change
 //! may have moved what a workload's pods would read, decides with the webhook's own rule
 //! ([`helmop_core::rollout::decide`]) whether an UPDATE now would change its stamp. If so it asks
-//! the webhook to restamp it ([`act`]), coalescing bursts and backing off on refusals
-//! ([`queue`]). The webhook stays the only author of stamps.
+//! the webhook to restamp it ([`act`]). The webhook stays the only author of stamps.
+//!
+//! Every restamp goes through the brakes: a quiet period, a minimum interval per workload, turns
+//! per namespace and back-off ([`queue`]); a roll budget for the cluster and each namespace that
+//! counts a rollout until it is over ([`budget`]); a breaker per flapping source ([`breaker`]);
+//! and holds that say why a due workload is not restamped (a required object or key missing, an
+//! open breaker, a webhook that ignored three restamps, an Argo Rollout aborted or mid-canary),
+//! each a Warning Event and a gauge.
 //!
 //! State, not memory: nothing is decided before every watch listed once, and then every workload
 //! is decided, so a watcher killed between a decision and its restamp repairs on its next start.
@@ -13,6 +19,8 @@
 //! keeps its index current and decides everything again when it takes over.
 
 pub mod act;
+pub mod breaker;
+pub mod budget;
 pub mod index;
 pub mod metrics;
 pub mod queue;
@@ -24,6 +32,8 @@ use std::time::Duration;
 
 use clap::Args;
 use helmop_core::hash::HashKey;
+use helmop_core::podrefs::PodRef;
+use helmop_core::progress::RollState;
 use helmop_core::resource::ResourceKind;
 use helmop_core::rollout::opt_in;
 use helmop_core::workload::WorkloadKind;
@@ -35,10 +45,12 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use self::act::{DigestCache, Finished, Job, Lookup, Regarding, Shared};
-use self::index::{Index, Reason, WorkloadKey};
+use self::act::{DigestCache, Finished, Job, Lookup, Shared, Work};
+use self::breaker::{Breakers, Flap, FlapLimits};
+use self::budget::{Budget, Limits};
+use self::index::{Index, ObjectFacts, ObjectKey, Progress, Reason, WorkloadKey};
 use self::metrics::{ErrorKind, Metrics};
-use self::queue::{Outcome, Queue, Ticket};
+use self::queue::{Outcome, Pacing, Queue, Ticket};
 use self::watches::{Change, Scope, Step};
 use crate::args::{ReportFormat, parse_duration};
 use crate::cluster::context::Ctx;
@@ -85,10 +97,49 @@ pub struct RolloutWatchArgs {
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256), requires = "watch")]
     pub max_concurrent: u16,
 
-    /// With --watch: after a restamp, further changes to the same workload wait this long and are
-    /// restamped together, once (a burst of edits rolls it at most twice)
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s", requires = "watch")]
+    /// With --watch: the quiet period: a change of what a workload reads is restamped once nothing
+    /// it reads changed for this long (a burst of edits rolls it once, with the final content)
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "250ms", requires = "watch")]
     pub debounce: Duration,
+
+    /// With --watch: the longest a change waits for its quiet period (a source that never stops
+    /// changing still rolls its readers this often, unless its flap breaker opens)
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s", requires = "watch")]
+    pub max_wait: Duration,
+
+    /// With --watch: after a restamp, the same workload is not restamped again for this long; what
+    /// changes meanwhile is restamped together, once, after it
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s", requires = "watch")]
+    pub min_roll_interval: Duration,
+
+    /// With --watch: the roll budget: at most this many workloads restamped by the watcher are
+    /// rolling at once (from the restamp until every replica is updated and available, or its
+    /// progress deadline passed); the rest wait their turn, round robin over namespaces
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..), requires = "watch")]
+    pub max_rolling: u32,
+
+    /// With --watch: at most this many of them in one namespace
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..), requires = "watch")]
+    pub max_rolling_per_namespace: u32,
+
+    /// With --watch: a rollout still going after this no longer counts against the budget (a
+    /// Warning Event says so)
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10m", requires = "watch")]
+    pub roll_timeout: Duration,
+
+    /// With --watch: the flap breaker: a Secret or ConfigMap that changes more than this many times
+    /// within --flap-window stops rolling its readers until it is quiet for --flap-release or
+    /// `kubectl helmop rollout --resume` releases it; 0 disables the breaker
+    #[arg(long, value_name = "N", default_value_t = 5, requires = "watch")]
+    pub flap_changes: u32,
+
+    /// With --watch: the window of --flap-changes
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1m", requires = "watch")]
+    pub flap_window: Duration,
+
+    /// With --watch: an open flap breaker closes by itself once its source was quiet this long
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5m", requires = "watch")]
+    pub flap_release: Duration,
 
     /// With --watch: decide every workload again this often without changes; 0 disables it
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10m", requires = "watch")]
@@ -141,7 +192,14 @@ const REGISTRY_TIMEOUT: Duration = Duration::from_secs(10);
 struct Loop {
     index: Index,
     queue: Queue,
+    budget: Budget,
+    breakers: Breakers,
+    /// Workloads due for a restamp that are held, and why (each announced once).
+    holds: HashMap<WorkloadKey, Hold>,
     digests: DigestCache,
+    /// The hash key before the last rotation, with the digests made under it: a workload whose
+    /// stamp is current under it only needs a restamp for the key, and gets none (docs/decisions.md).
+    previous: Option<(Arc<HashKey>, DigestCache)>,
     key: Result<(Arc<HashKey>, u64), String>,
     key_generation: u64,
     resources: HashMap<WorkloadKind, ApiResource>,
@@ -154,6 +212,7 @@ struct Loop {
     relisting: HashMap<Source, HashSet<String>>,
     metrics: Metrics,
     events: Events,
+    shared: Arc<Shared>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -176,6 +235,7 @@ pub async fn run(
             "--image-interval must be greater than 0".into(),
         ));
     }
+    let (pacing, limits, flaps) = brakes(args)?;
     let mut signals = Signals::install()?;
     args.service.timings()?;
     let hash_key = args
@@ -228,6 +288,8 @@ pub async fn run(
             "lease": election.as_ref().map(LeaderHandle::lease),
             "metricsAddr": listener.as_ref().map(|l| l.addr.to_string()),
             "maxConcurrent": args.max_concurrent,
+            "maxRolling": limits.cluster,
+            "maxRollingPerNamespace": limits.namespace,
             "dryRun": dry_run,
         }),
         format!(
@@ -318,8 +380,12 @@ pub async fn run(
     let mut images = std::pin::pin!(images);
     let mut state = Loop {
         index: Index::default(),
-        queue: Queue::new(args.debounce),
+        queue: Queue::new(pacing),
+        budget: Budget::new(limits),
+        breakers: Breakers::new(flaps),
+        holds: HashMap::new(),
         digests: DigestCache::default(),
+        previous: None,
         key: Err("the hash key is not read yet".to_owned()),
         key_generation: 0,
         sources: resources.len() + 4,
@@ -329,6 +395,7 @@ pub async fn run(
         relisting: HashMap::new(),
         metrics: metrics.clone(),
         events,
+        shared: shared.clone(),
     };
     let mut heartbeat = tokio::time::interval(health::HEARTBEAT);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -341,13 +408,14 @@ pub async fn run(
         let is_leading = *leading.borrow();
         let acting = is_leading && state.synced && state.key.is_ok();
         if acting {
-            state.dispatch(&shared, &mut jobs, max);
+            state.dispatch(&mut jobs, max);
         }
         let next = if acting && jobs.len() < max {
             state.queue.next_at()
         } else {
             None
         };
+        let housekeeping = state.next_housekeeping();
         tokio::select! {
             signal = signals.recv() => break signal,
             _ = heartbeat.tick() => {
@@ -365,7 +433,7 @@ pub async fn run(
                 None => break "the watches stopped",
             },
             Some(done) = jobs.join_next(), if !jobs.is_empty() => match done {
-                Ok(finished) => state.finish(&shared, finished),
+                Ok(finished) => state.finish(finished),
                 Err(e) => tracing::error!(error = %e, "a restamp task failed"),
             },
             changed = leading.changed(), if election_alive => {
@@ -379,6 +447,9 @@ pub async fn run(
                     state.events.leader(now_leading, h.identity(), h.lease(), leader_note(now_leading));
                 }
                 if now_leading {
+                    // What the previous leader announced is not known here: holds are told again.
+                    state.holds.clear();
+                    state.adopt_rollouts();
                     state.mark_all("leader");
                 } else {
                     // Restamps in flight finish (each is harmless alone); nothing new starts.
@@ -388,6 +459,7 @@ pub async fn run(
                 state.mark_all("resync");
                 next_resync = after(args.resync);
             }
+            _ = sleep_until(housekeeping) => state.housekeeping(),
             _ = sleep_until(next) => {}
             _ = &mut images, if images_running => images_running = false,
         }
@@ -405,6 +477,77 @@ pub async fn run(
     Ok(ExitStatus::Ok)
 }
 
+/// The brakes' settings from the flags, checked together.
+fn brakes(args: &RolloutWatchArgs) -> Result<(Pacing, Limits, FlapLimits), PluginError> {
+    if args.max_wait < args.debounce {
+        return Err(PluginError::Usage(format!(
+            "--max-wait ({}) must not be shorter than --debounce ({})",
+            crate::humanize::humanize(args.max_wait),
+            crate::humanize::humanize(args.debounce)
+        )));
+    }
+    if args.max_rolling_per_namespace > args.max_rolling {
+        return Err(PluginError::Usage(format!(
+            "--max-rolling-per-namespace ({}) must not exceed --max-rolling ({})",
+            args.max_rolling_per_namespace, args.max_rolling
+        )));
+    }
+    if args.roll_timeout.is_zero() || args.flap_window.is_zero() || args.flap_release.is_zero() {
+        return Err(PluginError::Usage(
+            "--roll-timeout, --flap-window and --flap-release must be greater than 0".into(),
+        ));
+    }
+    let count = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
+    Ok((
+        Pacing {
+            quiet: args.debounce,
+            max_wait: args.max_wait,
+            min_interval: args.min_roll_interval,
+        },
+        Limits {
+            cluster: count(args.max_rolling),
+            namespace: count(args.max_rolling_per_namespace),
+            timeout: args.roll_timeout,
+        },
+        FlapLimits {
+            changes: args.flap_changes,
+            window: args.flap_window,
+            release: args.flap_release,
+        },
+    ))
+}
+
+/// Why a workload due for a restamp is not restamped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Hold {
+    /// One of [`metrics::HOLD_REASONS`].
+    reason: &'static str,
+    /// What the Event and the report say.
+    note: String,
+    /// What is missing (`secret/db`, `key password of secret/db`), for the report.
+    missing: Vec<String>,
+}
+
+impl Hold {
+    /// The Event reason of the hold.
+    fn event_reason(&self) -> &'static str {
+        match self.reason {
+            "missing" => "RestampHeld",
+            "breaker" => "RestampBreakerOpen",
+            "gave-up" => "RestampIneffective",
+            _ => "RestampDeferred",
+        }
+    }
+}
+
+enum Planned {
+    Done(WorkloadKey, Outcome),
+    Held(Ticket, Hold),
+    Job(Box<Job>),
+    /// Due, and the roll budget has no room for it.
+    Park(Ticket),
+}
+
 impl Loop {
     fn apply(&mut self, change: Change) {
         let now = Instant::now();
@@ -414,21 +557,19 @@ impl Loop {
                 match step {
                     Step::Put((key, facts)) | Step::Listed((key, facts)) => {
                         self.seen(source, key.name.clone() + "\0" + &key.namespace);
-                        for w in self.index.put_workload(key, facts) {
+                        let progress = facts.progress.clone();
+                        for w in self.index.put_workload(key.clone(), facts) {
                             self.mark(w, Reason::Workload, now);
                         }
+                        self.progressed(&key, progress, now);
                     }
-                    Step::Delete(key) => {
-                        self.index.delete_workload(&key);
-                        self.queue.forget(&key);
-                    }
+                    Step::Delete(key) => self.workload_gone(&key),
                     Step::Relist => self.relist(source),
                     Step::Done => {
                         if let Some(seen) = self.relisting.remove(&source) {
                             for key in self.index.workloads_of(kind) {
                                 if !seen.contains(&(key.name.clone() + "\0" + &key.namespace)) {
-                                    self.index.delete_workload(&key);
-                                    self.queue.forget(&key);
+                                    self.workload_gone(&key);
                                 }
                             }
                         }
@@ -441,26 +582,16 @@ impl Loop {
                 match step {
                     Step::Put((key, facts)) | Step::Listed((key, facts)) => {
                         self.seen(source, key.resource.name.clone() + "\0" + &key.namespace);
-                        for (w, reason) in self.index.put_object(key, facts) {
-                            self.mark(w, reason, now);
-                        }
+                        self.object_changed(key, facts, now);
                     }
-                    Step::Delete(key) => {
-                        self.digests.remove(&key);
-                        for (w, reason) in self.index.delete_object(&key) {
-                            self.mark(w, reason, now);
-                        }
-                    }
+                    Step::Delete(key) => self.object_gone(&key, now),
                     Step::Relist => self.relist(source),
                     Step::Done => {
                         if let Some(seen) = self.relisting.remove(&source) {
                             for key in self.index.objects_of(kind) {
                                 let id = key.resource.name.clone() + "\0" + &key.namespace;
                                 if !seen.contains(&id) {
-                                    self.digests.remove(&key);
-                                    for (w, reason) in self.index.delete_object(&key) {
-                                        self.mark(w, reason, now);
-                                    }
+                                    self.object_gone(&key, now);
                                 }
                             }
                         }
@@ -497,7 +628,10 @@ impl Loop {
                 if same {
                     return;
                 }
-                self.digests.clear();
+                let digests = std::mem::take(&mut self.digests);
+                if let Ok((old, _)) = &self.key {
+                    self.previous = Some((old.clone(), digests));
+                }
                 match key {
                     Ok(key) => {
                         self.key_generation += 1;
@@ -523,6 +657,107 @@ impl Loop {
                     format!("the watch of {what} failed (retrying): {error}"),
                 );
             }
+        }
+    }
+
+    fn workload_gone(&mut self, key: &WorkloadKey) {
+        self.index.delete_workload(key);
+        self.queue.forget(key);
+        self.budget.end(key);
+        self.holds.remove(key);
+    }
+
+    /// A workload's status moved: its rollout may be over (room in the budget), or an Argo
+    /// Rollout held while busy may be free again.
+    fn progressed(&mut self, key: &WorkloadKey, progress: Progress, now: Instant) {
+        match self
+            .budget
+            .progress(key, progress.generation, progress.state.clone())
+        {
+            budget::Ended::No => {}
+            budget::Ended::Complete => self.roll_ended(key, "complete", None),
+            budget::Ended::Stalled(why) => self.roll_ended(key, "stalled", Some(why)),
+        }
+        let busy = self
+            .holds
+            .get(key)
+            .is_some_and(|h| h.reason == "rollout-busy");
+        if busy && progress.state == RollState::Complete {
+            self.mark(key.clone(), Reason::Workload, now);
+        }
+    }
+
+    fn roll_ended(&mut self, key: &WorkloadKey, how: &'static str, why: Option<&str>) {
+        self.metrics.roll_ended(how);
+        let fields = json!({"workload": key.to_string(), "how": how, "why": why});
+        match why {
+            None => self
+                .events
+                .emit("rolled", &fields, format!("{key} rolled out")),
+            Some(why) => {
+                let note = format!(
+                    "its rollout is not over ({why}); it no longer counts against the roll budget"
+                );
+                self.events
+                    .emit("roll-stalled", &fields, format!("{key}: {note}"));
+                self.publish_on_workload(key, EventType::Warning, "RolloutStalled", note);
+            }
+        }
+    }
+
+    fn object_changed(&mut self, key: ObjectKey, facts: ObjectFacts, now: Instant) {
+        let resume = facts.resume.clone();
+        let uid = facts.version.uid.clone();
+        let due = self.index.put_object(key.clone(), facts);
+        if due.is_empty() || !self.synced {
+            for (w, reason) in due {
+                self.mark(w, reason, now);
+            }
+            return;
+        }
+        match self.breakers.change(&key, resume.as_deref(), now) {
+            Flap::Fine | Flap::Open => {}
+            Flap::Tripped { changes } => {
+                self.metrics.breaker_tripped();
+                let limits = self.breakers.limits();
+                let note = format!(
+                    "changed {changes} times within {}: its {} reader(s) are not restamped until it is quiet for {} or `kubectl helmop rollout --resume {} -n {}`",
+                    crate::humanize::humanize(limits.window),
+                    due.len(),
+                    crate::humanize::humanize(limits.release),
+                    key.resource,
+                    key.namespace,
+                );
+                self.events.emit(
+                    "breaker-open",
+                    &json!({"object": key.to_string(), "changes": changes, "readers": due.len()}),
+                    format!("{key} {note}"),
+                );
+                let regarding = act::object_ref(&key, &uid);
+                self.publish(regarding, EventType::Warning, "RolloutBreakerOpen", note);
+            }
+            Flap::Resumed => self.breaker_closed(&key, "resumed"),
+        }
+        for (w, reason) in due {
+            self.mark(w, reason, now);
+        }
+    }
+
+    fn breaker_closed(&mut self, key: &ObjectKey, how: &'static str) {
+        self.events.emit(
+            "breaker-closed",
+            &json!({"object": key.to_string(), "how": how}),
+            format!("{key}: the flap breaker closed ({how}): its readers are decided again"),
+        );
+    }
+
+    fn object_gone(&mut self, key: &ObjectKey, now: Instant) {
+        self.digests.remove(key);
+        if self.breakers.forget(key) {
+            self.breaker_closed(key, "deleted");
+        }
+        for (w, reason) in self.index.delete_object(key) {
+            self.mark(w, reason, now);
         }
     }
 
@@ -559,7 +794,39 @@ impl Loop {
                 self.index.object_count()
             ),
         );
+        self.adopt_rollouts();
         self.mark_all("start");
+    }
+
+    /// Counts against the budget the rollouts a watcher restamped (this process before a restart,
+    /// or another leader) that are not over yet: a new leader does not start more than the budget.
+    fn adopt_rollouts(&mut self) {
+        let now = Instant::now();
+        let wall = k8s_openapi::jiff::Timestamp::now();
+        let timeout = self.budget.limits().timeout;
+        let mut found: Vec<(WorkloadKey, Instant, i64)> = Vec::new();
+        for key in self.index.workload_keys() {
+            let Some(facts) = self.index.workload(key) else {
+                continue;
+            };
+            let Some(at) = facts.restamp.at else {
+                continue;
+            };
+            if facts.progress.state.is_over() || facts.progress.state == RollState::Aborted {
+                continue;
+            }
+            let age = wall.duration_since(at).try_into().unwrap_or(Duration::ZERO);
+            if age < timeout {
+                found.push((
+                    key.clone(),
+                    now.checked_sub(age).unwrap_or(now),
+                    facts.progress.generation,
+                ));
+            }
+        }
+        for (key, started, generation) in found {
+            self.budget.adopt(&key, started, generation);
+        }
     }
 
     fn mark(&mut self, key: WorkloadKey, reason: Reason, now: Instant) {
@@ -587,11 +854,65 @@ impl Loop {
             self.index.object_count(),
             self.digests.len(),
         );
+        self.metrics.set_budget(
+            self.budget.rolling(),
+            self.budget.peak(),
+            self.queue.parked(),
+        );
+        self.metrics
+            .set_holds(self.breakers.open_count(), |reason| {
+                self.holds.values().filter(|h| h.reason == reason).count()
+            });
     }
 
-    /// Hands ready workloads over, deciding inline those whose digests are all known and that are
-    /// current (the common case: a status write, the watcher's own restamp coming back).
-    fn dispatch(&mut self, shared: &Arc<Shared>, jobs: &mut JoinSet<Finished>, max: usize) {
+    /// When rollouts time out or breakers close by themselves next.
+    fn next_housekeeping(&self) -> Option<Instant> {
+        match (self.budget.next_expiry(), self.breakers.next_release()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn housekeeping(&mut self) {
+        let now = Instant::now();
+        for key in self.budget.expire(now) {
+            let why = format!(
+                "still rolling after --roll-timeout ({})",
+                crate::humanize::humanize(self.budget.limits().timeout)
+            );
+            self.metrics.roll_ended("timeout");
+            self.events.emit(
+                "roll-stalled",
+                &json!({"workload": key.to_string(), "how": "timeout"}),
+                format!("{key}: {why}; it no longer counts against the roll budget"),
+            );
+            self.publish_on_workload(
+                &key,
+                EventType::Warning,
+                "RolloutStalled",
+                format!("{why}; it no longer counts against the roll budget"),
+            );
+        }
+        for key in self.breakers.release(now) {
+            self.breaker_closed(&key, "quiet");
+            let readers: Vec<WorkloadKey> = self.index.readers(&key).to_vec();
+            for w in readers {
+                self.mark(
+                    w,
+                    Reason::Object {
+                        object: key.clone(),
+                        what: "quiet again",
+                    },
+                    now,
+                );
+            }
+        }
+    }
+
+    /// Hands ready workloads over, deciding inline those whose digests are all known (the common
+    /// case: a status write, the watcher's own restamp coming back); parked ones come back as the
+    /// budget frees up.
+    fn dispatch(&mut self, jobs: &mut JoinSet<Finished>, max: usize) {
         let Ok((key, generation)) = self.key.clone() else {
             return;
         };
@@ -600,18 +921,31 @@ impl Loop {
             if room == 0 {
                 return;
             }
-            let tickets = self.queue.take(Instant::now(), room);
+            let now = Instant::now();
+            let budget = &self.budget;
+            self.queue.unpark(budget.free(), |ns| budget.room(ns), now);
+            let tickets = self.queue.take(now, room);
             if tickets.is_empty() {
                 return;
             }
             for ticket in tickets {
                 match self.plan(ticket, &key, generation) {
                     Planned::Done(key, outcome) => {
+                        self.holds.remove(&key);
                         self.queue.done(&key, &outcome, Instant::now());
                     }
+                    Planned::Held(ticket, hold) => {
+                        self.hold(&ticket, hold);
+                        self.queue
+                            .done(&ticket.key, &Outcome::Settled, Instant::now());
+                    }
+                    Planned::Park(ticket) => self.queue.park(ticket),
                     Planned::Job(job) => {
-                        let shared = shared.clone();
-                        jobs.spawn(act::run(shared, *job));
+                        if matches!(job.work, Work::Restamp { .. }) {
+                            self.holds.remove(&job.ticket.key);
+                            self.budget.start(&job.ticket.key, now);
+                        }
+                        jobs.spawn(act::run(self.shared.clone(), *job));
                     }
                 }
             }
@@ -631,67 +965,275 @@ impl Loop {
             Ok(refs) if decision.stamps() => refs,
             _ => return Planned::Done(ticket.key, Outcome::Settled),
         };
-        let lookups: Vec<Lookup> = refs
+        let objects: Vec<ObjectKey> = refs
             .iter()
-            .map(|r| {
-                let object = index::ObjectKey {
-                    namespace: ns.clone(),
-                    resource: r.resource.clone(),
-                };
-                match self.index.object(&object) {
-                    None => Lookup::Absent,
-                    Some(o) => match self.digests.get(&object, &o.version, &r.reads) {
-                        Some(d) => Lookup::Digest(d),
-                        None => Lookup::Read,
-                    },
-                }
+            .map(|r| ObjectKey {
+                namespace: ns.clone(),
+                resource: r.resource.clone(),
             })
             .collect();
-        let all_known = lookups.iter().all(|l| !matches!(l, Lookup::Read));
-        if all_known {
-            let digests: HashMap<&helmop_core::resource::ResourceRef, &Lookup> = refs
-                .iter()
-                .map(|r| &r.resource)
-                .zip(lookups.iter())
-                .collect();
-            let decision =
-                helmop_core::rollout::decide(key, ns, refs, facts.stamp.as_deref(), |r| {
-                    match digests.get(&r.resource) {
-                        Some(Lookup::Digest(d)) => helmop_core::hash::Observed::Digest(*d),
-                        _ => helmop_core::hash::Observed::Absent,
-                    }
-                });
-            match decision {
-                helmop_core::rollout::Decision::Due { .. } => {}
-                helmop_core::rollout::Decision::Missing(missing) => {
-                    waiting(&self.events, &ticket.key, &ticket.reason, &missing);
-                    return Planned::Done(ticket.key, Outcome::Settled);
+        // An open breaker holds every reader, before anything is read for it.
+        if let Some(open) = objects.iter().find(|o| self.breakers.is_open(o)) {
+            let hold = Hold {
+                reason: "breaker",
+                note: format!(
+                    "not restamped: {open} changes too often (its flap breaker is open); released when it is quiet for {} or by `kubectl helmop rollout --resume {} -n {ns}`",
+                    crate::humanize::humanize(self.breakers.limits().release),
+                    open.resource
+                ),
+                missing: Vec::new(),
+            };
+            return Planned::Held(ticket, hold);
+        }
+        let lookups: Vec<Lookup> = refs
+            .iter()
+            .zip(&objects)
+            .map(|(r, object)| match self.index.object(object) {
+                None => Lookup::Absent,
+                Some(o) => match self.digests.get(object, &o.version, &r.reads) {
+                    Some(known) => Lookup::Known(known.clone()),
+                    None => Lookup::Read,
+                },
+            })
+            .collect();
+        let copies = self.index.copies_read(&ticket.key);
+        let job = |ticket: Ticket, work: Work, lookups: Vec<Lookup>| {
+            Planned::Job(Box::new(Job {
+                ticket,
+                work,
+                resource: resource.clone(),
+                uid: facts.uid.clone(),
+                refs: refs.clone(),
+                lookups,
+                stamp: facts.stamp.clone(),
+                copies,
+                key: key.clone(),
+                key_generation: generation,
+            }))
+        };
+        if lookups.iter().any(|l| matches!(l, Lookup::Read)) {
+            return job(ticket, Work::Read, lookups);
+        }
+        let known = |r: &PodRef| match refs
+            .iter()
+            .position(|x| x.resource == r.resource)
+            .and_then(|i| lookups.get(i))
+        {
+            Some(Lookup::Known(k)) => helmop_core::hash::Observed::Digest(k.digest),
+            _ => helmop_core::hash::Observed::Absent,
+        };
+        let expected = match helmop_core::rollout::decide(
+            key,
+            ns,
+            refs,
+            facts.stamp.as_deref(),
+            known,
+        ) {
+            helmop_core::rollout::Decision::Due { expected, .. } => expected,
+            helmop_core::rollout::Decision::Missing(missing) => {
+                let names: Vec<String> = missing.iter().map(ToString::to_string).collect();
+                let hold = Hold {
+                    reason: "missing",
+                    note: format!(
+                        "not restamped: it requires {}, which does not exist; its pods keep running, and it rolls once it exists",
+                        names.join(", ")
+                    ),
+                    missing: names,
+                };
+                return Planned::Held(ticket, hold);
+            }
+            helmop_core::rollout::Decision::NotStamped(why) => {
+                tracing::debug!(workload = %ticket.key, why, "not stamped by the webhook: left alone");
+                return Planned::Done(ticket.key, Outcome::Settled);
+            }
+            helmop_core::rollout::Decision::Current => {
+                return Planned::Done(ticket.key, Outcome::Settled);
+            }
+        };
+        // A required key missing stops new pods as a missing object does.
+        let lacking: Vec<String> = refs
+            .iter()
+            .zip(&lookups)
+            .filter(|(r, _)| !r.optional)
+            .filter_map(|(r, l)| match l {
+                Lookup::Known(k) if !k.missing_keys.is_empty() => Some(format!(
+                    "key {} of {}",
+                    k.missing_keys.join(", "),
+                    r.resource
+                )),
+                _ => None,
+            })
+            .collect();
+        if !lacking.is_empty() {
+            let hold = Hold {
+                reason: "missing",
+                note: format!(
+                    "not restamped: it requires {}, which does not exist; its pods keep running, and it rolls once it exists",
+                    lacking.join(", ")
+                ),
+                missing: lacking,
+            };
+            return Planned::Held(ticket, hold);
+        }
+        if self.only_the_key_changed(refs, &objects, facts.stamp.as_deref(), ns) {
+            return Planned::Done(ticket.key, Outcome::Settled);
+        }
+        if ticket.key.kind == WorkloadKind::Rollout {
+            match &facts.progress.state {
+                RollState::Aborted => {
+                    let hold = Hold {
+                        reason: "rollout-busy",
+                        note: "not restamped: the Rollout is aborted (a restamp would roll it back onto the revision it aborted); it rolls once it is healthy again".to_owned(),
+                        missing: Vec::new(),
+                    };
+                    return Planned::Held(ticket, hold);
                 }
-                _ => return Planned::Done(ticket.key, Outcome::Settled),
+                RollState::Progressing(why) => {
+                    let hold = Hold {
+                        reason: "rollout-busy",
+                        note: format!(
+                            "not restamped: {why} (a restamp would restart its steps); it rolls once it is healthy"
+                        ),
+                        missing: Vec::new(),
+                    };
+                    return Planned::Held(ticket, hold);
+                }
+                _ => {}
             }
         }
-        let copies = self.index.copies_read(&ticket.key);
-        Planned::Job(Box::new(Job {
-            resource: resource.clone(),
-            uid: facts.uid.clone(),
-            refs: refs.clone(),
-            lookups,
-            stamp: facts.stamp.clone(),
-            copies,
-            key: key.clone(),
-            key_generation: generation,
+        let tag = act::tries_tag(&expected);
+        let tries = match &facts.restamp.tries {
+            Some((n, t)) if t == tag => *n,
+            _ => 0,
+        };
+        if tries >= queue::INEFFECTIVE_TRIES {
+            let hold = Hold {
+                reason: "gave-up",
+                note: format!(
+                    "restamped {tries} times, and the webhook did not write the stamp of what the pods read: is helmop-webhook installed, reachable and stamping this workload? Waiting for the next change"
+                ),
+                missing: Vec::new(),
+            };
+            return Planned::Held(ticket, hold);
+        }
+        if !self.budget.room(ns) {
+            return Planned::Park(ticket);
+        }
+        job(
             ticket,
-        }))
+            Work::Restamp {
+                expected,
+                tries: tries + 1,
+            },
+            lookups,
+        )
     }
 
-    fn finish(&mut self, shared: &Arc<Shared>, finished: Finished) {
+    /// Whether the stamp is current under the hash key before the last rotation, for the content
+    /// of now: then only the key changed, and nothing the pods read (see docs/decisions.md).
+    fn only_the_key_changed(
+        &self,
+        refs: &[PodRef],
+        objects: &[ObjectKey],
+        stamp: Option<&str>,
+        ns: &str,
+    ) -> bool {
+        let Some((old_key, old_digests)) = &self.previous else {
+            return false;
+        };
+        let mut digests = Vec::with_capacity(refs.len());
+        for (r, object) in refs.iter().zip(objects) {
+            match self.index.object(object) {
+                None => digests.push(None),
+                Some(o) => match old_digests.get(object, &o.version, &r.reads) {
+                    Some(k) => digests.push(Some(k.digest)),
+                    // Changed since the rotation (or never read before it): not provable.
+                    None => return false,
+                },
+            }
+        }
+        let observed = |r: &PodRef| match refs
+            .iter()
+            .position(|x| x.resource == r.resource)
+            .and_then(|i| digests.get(i).copied().flatten())
+        {
+            Some(d) => helmop_core::hash::Observed::Digest(d),
+            None => helmop_core::hash::Observed::Absent,
+        };
+        helmop_core::rollout::decide(old_key, ns, refs, stamp, observed)
+            == helmop_core::rollout::Decision::Current
+    }
+
+    /// Announces a hold once per workload and cause (stdout, a Warning Event, the gauge).
+    fn hold(&mut self, ticket: &Ticket, hold: Hold) {
+        if self.holds.get(&ticket.key) == Some(&hold) {
+            return;
+        }
+        let key = &ticket.key;
+        self.events.emit(
+            "held",
+            &json!({
+                "workload": key.to_string(),
+                "reason": ticket.reason.to_string(),
+                "hold": hold.reason,
+                "missing": hold.missing,
+                "note": hold.note,
+            }),
+            format!("{key} ({}): {}", ticket.reason, hold.note),
+        );
+        self.publish_on_workload(
+            key,
+            EventType::Warning,
+            hold.event_reason(),
+            hold.note.clone(),
+        );
+        self.holds.insert(key.clone(), hold);
+    }
+
+    fn publish_on_workload(
+        &self,
+        key: &WorkloadKey,
+        type_: EventType,
+        reason: &'static str,
+        note: String,
+    ) {
+        let (Some(facts), Some(resource)) =
+            (self.index.workload(key), self.resources.get(&key.kind))
+        else {
+            return;
+        };
+        let regarding = act::workload_ref(resource, key, &facts.uid);
+        self.publish(regarding, type_, reason, note);
+    }
+
+    /// Publishes an Event off the loop (a slow API server never stalls it).
+    fn publish(
+        &self,
+        regarding: k8s_openapi::api::core::v1::ObjectReference,
+        type_: EventType,
+        reason: &'static str,
+        note: String,
+    ) {
+        if self.shared.dry_run {
+            return;
+        }
+        let shared = self.shared.clone();
+        let metrics = self.metrics.clone();
+        tokio::spawn(async move {
+            if !act::publish(&shared, &regarding, type_, reason, &note).await {
+                metrics.error(ErrorKind::Event);
+            }
+        });
+    }
+
+    fn finish(&mut self, finished: Finished) {
         let now = Instant::now();
         let current_generation = self.key.as_ref().ok().map(|(_, g)| *g);
         if current_generation == Some(finished.key_generation) {
             for read in finished.reads {
                 self.metrics.read();
                 self.digests
-                    .insert(read.object, read.version, read.reads, read.digest);
+                    .insert(read.object, read.version, read.reads, read.known);
             }
         }
         for _ in 0..finished.read_errors {
@@ -701,6 +1243,10 @@ impl Loop {
             self.metrics.error(ErrorKind::Event);
         }
         let key = &finished.key;
+        if finished.outcome == Outcome::Read {
+            self.queue.again(key, finished.reason, finished.since, now);
+            return;
+        }
         let d = &finished.detail;
         let fields = json!({
             "workload": key.to_string(),
@@ -711,7 +1257,7 @@ impl Loop {
             "error": d.error,
             "lagMs": u64::try_from(finished.lag.as_millis()).unwrap_or(u64::MAX),
         });
-        match finished.outcome {
+        match &finished.outcome {
             Outcome::Restamped => {
                 self.metrics
                     .restamped(finished.reason.label(), finished.lag);
@@ -720,15 +1266,26 @@ impl Loop {
                     &fields,
                     format!("restamped {key}: {}", finished.reason),
                 );
+                let rolls = key.kind != WorkloadKind::CronJob;
+                match self
+                    .budget
+                    .restamped(key, finished.generation.filter(|_| rolls))
+                {
+                    budget::Ended::No => {}
+                    budget::Ended::Complete => self.roll_ended(key, "complete", None),
+                    budget::Ended::Stalled(why) => self.roll_ended(key, "stalled", Some(why)),
+                }
             }
             Outcome::Settled if d.dry_run && d.expected.is_some() => {
+                self.budget.end(key);
                 self.events.emit(
                     "would-restamp",
                     &fields,
                     format!("would restamp {key}: {}", finished.reason),
                 );
             }
-            Outcome::Ineffective => {
+            Outcome::Ineffective(_) => {
+                self.budget.end(key);
                 self.metrics.ineffective();
                 self.events.emit(
                     "ineffective",
@@ -739,6 +1296,7 @@ impl Loop {
                 );
             }
             Outcome::Failed => {
+                self.budget.end(key);
                 if d.to.is_none() && d.expected.is_some() {
                     self.metrics.refused();
                 }
@@ -752,67 +1310,26 @@ impl Loop {
                     ),
                 );
             }
-            Outcome::Settled if !d.missing.is_empty() => {
-                waiting(&self.events, key, &finished.reason, &d.missing);
-            }
-            Outcome::Settled | Outcome::Gone => {}
+            Outcome::Settled | Outcome::Gone | Outcome::Read => self.budget.end(key),
         }
         let gave_up = self.queue.done(key, &finished.outcome, now);
-        if gave_up && let Some(facts) = self.index.workload(key) {
-            let Some(resource) = self.resources.get(&key.kind).cloned() else {
-                return;
+        if gave_up {
+            let ticket = Ticket {
+                key: key.clone(),
+                reason: finished.reason,
+                since: finished.since,
             };
-            let shared = shared.clone();
-            let metrics = self.metrics.clone();
-            let key = key.clone();
-            let uid = facts.uid.clone();
-            let note = format!(
-                "restamped {} times, and the webhook did not write the stamp of what the pods read: is helmop-webhook installed, reachable and stamping this workload? Waiting for the next change",
-                queue::INEFFECTIVE_TRIES
-            );
-            tokio::spawn(async move {
-                let about = Regarding {
-                    resource: &resource,
-                    key: &key,
-                    uid: &uid,
-                };
-                let published = act::publish(
-                    &shared,
-                    &about,
-                    EventType::Warning,
-                    "RestampIneffective",
-                    &note,
-                )
-                .await;
-                if !published {
-                    metrics.error(ErrorKind::Event);
-                }
-            });
+            let hold = Hold {
+                reason: "gave-up",
+                note: format!(
+                    "restamped {} times, and the webhook did not write the stamp of what the pods read: is helmop-webhook installed, reachable and stamping this workload? Waiting for the next change",
+                    queue::INEFFECTIVE_TRIES
+                ),
+                missing: Vec::new(),
+            };
+            self.hold(&ticket, hold);
         }
     }
-}
-
-/// A workload not restamped because what it requires is missing (its new pods could not start).
-fn waiting(
-    events: &Events,
-    key: &WorkloadKey,
-    reason: &Reason,
-    missing: &[helmop_core::resource::ResourceRef],
-) {
-    let names: Vec<String> = missing.iter().map(ToString::to_string).collect();
-    events.emit(
-        "waiting",
-        &json!({"workload": key.to_string(), "reason": reason.to_string(), "missing": names}),
-        format!(
-            "not restamping {key} ({reason}): it requires {}, which does not exist; its pods keep running, and it rolls once it exists again",
-            names.join(", ")
-        ),
-    );
-}
-
-enum Planned {
-    Done(WorkloadKey, Outcome),
-    Job(Box<Job>),
 }
 
 /// A digest that differs between two keys and reveals nothing of either (as the webhook tells a

@@ -25,7 +25,9 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::index::{ObjectFacts, ObjectKey, Version, WorkloadFacts, WorkloadKey};
+use super::index::{
+    ObjectFacts, ObjectKey, Progress, Version, WatcherRecord, WorkloadFacts, WorkloadKey,
+};
 use crate::watch::triggers::Synced;
 
 /// One step of one watch.
@@ -193,16 +195,17 @@ where
                 .as_ref()
                 .and_then(|l| l.get(names::LABEL_MANAGED_BY))
                 .is_some_and(|v| v == names::MANAGER);
-            let content_hash = obj
-                .metadata
-                .annotations
-                .and_then(|mut a| a.remove(names::ANN_CONTENT_HASH))
-                .filter(|_| ours);
+            // Two annotations are kept; the rest (last-applied-configuration among them, which
+            // holds a `kubectl apply`d Secret's data) is dropped with the event.
+            let mut annotations = obj.metadata.annotations.unwrap_or_default();
+            let content_hash = annotations.remove(names::ANN_CONTENT_HASH).filter(|_| ours);
+            let resume = annotations.remove(names::ANN_ROLLOUT_RESUME);
             Some((
                 key,
                 ObjectFacts {
                     version,
                     content_hash,
+                    resume,
                 },
             ))
         },
@@ -245,6 +248,17 @@ pub fn workload_facts(
         .as_ref()
         .and_then(|t| t.annotation(names::ANN_CONFIG_HASH))
         .map(str::to_owned);
+    let progress = Progress {
+        generation: obj.metadata.generation.unwrap_or(0),
+        state: helmop_core::progress::roll_state(kind, obj.metadata.generation, &obj.data),
+    };
+    let restamp = obj
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(names::ANN_RESTAMP))
+        .map(|v| watcher_record(v))
+        .unwrap_or_default();
     let mut labels = obj.metadata.labels.unwrap_or_default();
     Some((
         key,
@@ -253,8 +267,26 @@ pub fn workload_facts(
             label: labels.remove(names::LABEL_ROLLOUT_ON_CHANGE),
             refs,
             stamp,
+            restamp,
+            progress,
         },
     ))
+}
+
+/// What a `helmop.dev/restamp` value says a watcher did ([`super::act::restamp_record`] writes it).
+pub fn watcher_record(value: &str) -> WatcherRecord {
+    let mut record = WatcherRecord::default();
+    for entry in value.split(',') {
+        if let Some(at) = entry.strip_prefix("watch:") {
+            record.at = at.parse().ok();
+        } else if let Some(tries) = entry.strip_prefix("tries:")
+            && let Some((n, expected)) = tries.split_once('@')
+            && let Ok(n) = n.parse()
+        {
+            record.tries = Some((n, expected.to_owned()));
+        }
+    }
+    record
 }
 
 /// Drives one watch stream, converting each object with `facts` (`None`: treat as deleted, keyed
@@ -428,6 +460,10 @@ mod tests {
             }}}}
         }));
         let (key, facts) = workload_facts(WorkloadKind::CronJob, obj).unwrap();
+        assert_eq!(
+            facts.progress.state,
+            helmop_core::progress::RollState::Complete
+        );
         assert_eq!(key.to_string(), "apps/CronJob/nightly");
         assert_eq!(facts.label.as_deref(), Some("true"));
         assert_eq!(facts.stamp.as_deref(), Some("v2:aa"));
@@ -459,5 +495,21 @@ mod tests {
         }));
         let (_, facts) = workload_facts(WorkloadKind::Deployment, bad).unwrap();
         assert!(facts.refs.is_err());
+    }
+
+    #[test]
+    fn the_watchers_record_is_read_back_from_the_restamp_value() {
+        let r =
+            watcher_record("secret/db=v1:aa,tries:2@0123456789abcdef,watch:2026-12-02T08:00:00Z");
+        assert_eq!(r.tries, Some((2, "0123456789abcdef".to_owned())));
+        assert_eq!(
+            r.at.map(|t| t.to_string()).as_deref(),
+            Some("2026-12-02T08:00:00Z")
+        );
+        assert_eq!(
+            watcher_record("rollout:2026-12-02T08:00:00Z"),
+            WatcherRecord::default()
+        );
+        assert_eq!(watcher_record("tries:x@y,watch:never").tries, None);
     }
 }

@@ -6,7 +6,7 @@
 //!
 //! Only keyed digests leave this module; the data read is dropped as soon as it is digested.
 
-use helmop_core::hash::{HashKey, ObjectData, ObjectDigest, Observed, reads_digest};
+use helmop_core::hash::{HashKey, ObjectData, ObjectDigest, Observed, missing_keys, reads_digest};
 use helmop_core::names::{HASH_KEY_SECRET, SYSTEM_NAMESPACE};
 use helmop_core::podrefs::{PodRef, Reads};
 use helmop_core::resource::{ResourceKind, ResourceRef};
@@ -21,17 +21,26 @@ pub struct Version {
     pub resource_version: String,
 }
 
-/// Reads `resource` in `namespace` and digests what `reads` reads of it: the version read and its
-/// digest, or `None` when it does not exist.
+/// What [`read_digest`] makes of one object: its version, the digest of what is read, and the
+/// required keys it lacks ([`missing_keys`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Digested {
+    pub version: Version,
+    pub digest: ObjectDigest,
+    pub missing_keys: Vec<String>,
+}
+
+/// Reads `resource` in `namespace` and digests what `reads` reads of it; `None` when it does not
+/// exist.
 pub async fn read_digest(
     client: &Client,
     namespace: &str,
     resource: &ResourceRef,
     key: &HashKey,
     reads: &Reads,
-) -> Result<Option<(Version, ObjectDigest)>, kube::Error> {
+) -> Result<Option<Digested>, kube::Error> {
     let name = &resource.name;
-    let (meta, digest) = match resource.kind {
+    let (meta, digest, missing_keys) = match resource.kind {
         ResourceKind::Secret => {
             let Some(s) = Api::<Secret>::namespaced(client.clone(), namespace)
                 .get_opt(name)
@@ -39,8 +48,10 @@ pub async fn read_digest(
             else {
                 return Ok(None);
             };
-            let digest = reads_digest(key, &ObjectData::from(&s), reads);
-            (s.metadata, digest)
+            let data = ObjectData::from(&s);
+            let digest = reads_digest(key, &data, reads);
+            let missing = missing_keys(&data, reads);
+            (s.metadata, digest, missing)
         }
         ResourceKind::ConfigMap => {
             let Some(c) = Api::<ConfigMap>::namespaced(client.clone(), namespace)
@@ -49,15 +60,21 @@ pub async fn read_digest(
             else {
                 return Ok(None);
             };
-            let digest = reads_digest(key, &ObjectData::from(&c), reads);
-            (c.metadata, digest)
+            let data = ObjectData::from(&c);
+            let digest = reads_digest(key, &data, reads);
+            let missing = missing_keys(&data, reads);
+            (c.metadata, digest, missing)
         }
     };
     let version = Version {
         uid: meta.uid.unwrap_or_default(),
         resource_version: meta.resource_version.unwrap_or_default(),
     };
-    Ok(Some((version, digest)))
+    Ok(Some(Digested {
+        version,
+        digest,
+        missing_keys,
+    }))
 }
 
 /// The decision for a pod template of `namespace` reading `refs` and stamped `stamp`, reading
@@ -73,9 +90,8 @@ pub async fn decide_now(
     // Above the cap the decision needs no read (the webhook does not stamp it).
     if refs.len() <= helmop_core::rollout::MAX_REFERENCES {
         for r in refs {
-            if let Some((_, d)) = read_digest(client, namespace, &r.resource, key, &r.reads).await?
-            {
-                digests.insert(&r.resource, d);
+            if let Some(d) = read_digest(client, namespace, &r.resource, key, &r.reads).await? {
+                digests.insert(&r.resource, d.digest);
             }
         }
     }

@@ -90,6 +90,18 @@ impl Fixture {
             "json",
         ];
         args.extend_from_slice(extra);
+        // The brakes are proven by their own tests below; the others watch workloads that never
+        // become available (no node here) and restamp one workload several times in a row.
+        for (flag, value) in [
+            ("--min-roll-interval", "0s"),
+            ("--max-rolling", "1000"),
+            ("--max-rolling-per-namespace", "1000"),
+            ("--flap-changes", "0"),
+        ] {
+            if !extra.contains(&flag) {
+                args.extend_from_slice(&[flag, value]);
+            }
+        }
         let mut all_env = vec![("HELMOP_LOG", "info")];
         all_env.extend_from_slice(env);
         PluginProcess::spawn(&args, &all_env)
@@ -363,10 +375,11 @@ async fn edits_rotations_and_late_optional_references_roll_and_nothing_else_does
     f.kubectl(&["delete", "secret", "db"], None).await?;
     let e = w
         .wait_event("waiting for the deleted Secret", WAIT, skip, |e| {
-            e["event"] == "waiting" && e["workload"].as_str().is_some_and(|n| n.ends_with("/web"))
+            e["event"] == "held" && e["workload"].as_str().is_some_and(|n| n.ends_with("/web"))
         })
         .await?;
     assert_eq!(e["missing"], json!(["secret/db"]), "{e}");
+    assert_eq!(e["hold"], "missing", "{e}");
     barrier(&f, &mut w, "3").await?;
     assert_eq!(restamps_of(&w, "web"), 1, "{}", w.context());
     assert_eq!(f.stamp("web").await?.as_deref(), Some(second.as_str()));
@@ -817,5 +830,359 @@ async fn a_workload_deleted_mid_restamp_is_dropped_quietly() -> anyhow::Result<(
         );
     }
     assert_eq!(restamps_of(&w, "web") + restamps_of(&w, "api"), 0);
+    Ok(())
+}
+
+/// A Deployment `name` reading Secret `secret` through `envFrom`, with `replicas` and a progress
+/// deadline: with no node here, a rollout of one replica is over when the deployment controller
+/// marks it past its deadline, one of zero replicas as soon as the controller observes it.
+fn reader(name: &str, secret: &str, replicas: u32) -> Value {
+    let mut d = deployment(
+        name,
+        json!({}),
+        json!({"container": {"envFrom": [{"secretRef": {"name": secret}}]}}),
+    );
+    d["spec"]["replicas"] = json!(replicas);
+    d["spec"]["progressDeadlineSeconds"] = json!(2);
+    d
+}
+
+/// Deployments of the namespace whose rollout the watcher started and that is not over yet, in
+/// one consistent listing: restamped by a watcher (`watch:` in its restamp value), and neither
+/// observed complete nor past its progress deadline.
+async fn rolling_now(f: &Fixture) -> anyhow::Result<Vec<String>> {
+    let list = Api::<Deployment>::namespaced(f.client.clone(), &f.ns)
+        .list(&ListParams::default())
+        .await?;
+    let mut rolling = Vec::new();
+    for d in list.items {
+        let restamped = d
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(RESTAMP))
+            .is_some_and(|v| v.contains("watch:"));
+        if !restamped {
+            continue;
+        }
+        let obj = serde_json::to_value(&d)?;
+        let state = helmop_core::progress::roll_state(
+            helmop_core::workload::WorkloadKind::Deployment,
+            d.metadata.generation,
+            &obj,
+        );
+        if !state.is_over() {
+            rolling.push(d.metadata.name.unwrap_or_default());
+        }
+    }
+    Ok(rolling)
+}
+
+#[tokio::test]
+async fn a_change_read_by_every_workload_never_has_more_than_the_budget_rolling()
+-> anyhow::Result<()> {
+    let f = Fixture::new("rwatch-budget").await?;
+    create_secret(&f.client, &f.ns, "shared", &[("v", b"0")]).await?;
+    // Half roll for seconds (until their deadline), half are over at once.
+    let names: Vec<String> = (0..12).map(|n| format!("w{n:02}")).collect();
+    for (n, name) in names.iter().enumerate() {
+        let replicas = if n % 2 == 0 { 1 } else { 0 };
+        f.apply(&reader(name, "shared", replicas)).await?;
+    }
+    let mut w = f.spawn_watcher(
+        &[
+            "--no-leader-election",
+            "--max-rolling",
+            "3",
+            "--max-rolling-per-namespace",
+            "2",
+            "--debounce",
+            "0s",
+        ],
+        &[],
+    )?;
+    wait_for(&mut w, "synced").await?;
+    f.patch("secret", "shared", r#"{"stringData":{"v":"1"}}"#)
+        .await?;
+    // Sample the cluster's own picture until every reader is restamped and over.
+    let mut peak = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        let rolling = rolling_now(&f).await?;
+        peak = peak.max(rolling.len());
+        assert!(
+            rolling.len() <= 2,
+            "{} rolling at once in one namespace, over its share of 2: {rolling:?}\n{}",
+            rolling.len(),
+            w.context()
+        );
+        let restamped = names.iter().filter(|n| restamps_of(&w, n) >= 1).count();
+        if restamped == names.len() && rolling.is_empty() {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{restamped} of {} restamped\n{}",
+            names.len(),
+            w.context()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(peak >= 1, "the sampling saw rollouts");
+    // The watcher's own account agrees, and it said how each ended.
+    let rolled = w.events_named("rolled").len() + w.events_named("roll-stalled").len();
+    assert_eq!(rolled, names.len(), "{}", w.context());
+    wait_until("a RolloutStalled Event on w00", WAIT, || async {
+        Ok(!f.events("w00", "RolloutStalled").await?.is_empty())
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_flapping_secret_opens_the_breaker_once_and_rolls_at_most_twice() -> anyhow::Result<()> {
+    let f = Fixture::new("rwatch-flap").await?;
+    create_secret(&f.client, &f.ns, "flap", &[("v", b"0")]).await?;
+    f.apply(&reader("web", "flap", 0)).await?;
+    let first = f.stamp("web").await?.context("web was not stamped")?;
+    let mut w = f.spawn_watcher(
+        &[
+            "--no-leader-election",
+            "--debounce",
+            "250ms",
+            "--max-wait",
+            "2s",
+            "--min-roll-interval",
+            "10s",
+            "--flap-changes",
+            "5",
+            "--flap-window",
+            "30s",
+            "--flap-release",
+            "4s",
+        ],
+        &[],
+    )?;
+    wait_for(&mut w, "synced").await?;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(f.client.clone(), &f.ns);
+    // Written every 200 ms for 10 s.
+    let mut last = String::new();
+    for i in 1..=50 {
+        last = i.to_string();
+        secrets
+            .patch(
+                "flap",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"stringData": {"v": last}})),
+            )
+            .await?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let during = restamps_of(&w, "web");
+    assert!(
+        during <= 1,
+        "{during} restamps while it flapped\n{}",
+        w.context()
+    );
+    // Quiet for the release time: the breaker closes and web rolls once, to the final content.
+    let e = wait_for(&mut w, "breaker-closed").await?;
+    assert_eq!(e["how"], "quiet", "{e}");
+    wait_until("web stamped for the final content", WAIT, || {
+        current(&f, "web")
+    })
+    .await?;
+    assert_ne!(f.stamp("web").await?.as_deref(), Some(first.as_str()));
+    let total = restamps_of(&w, "web");
+    assert!(
+        (1..=2).contains(&total),
+        "{total} restamps for 50 writes\n{}",
+        w.context()
+    );
+    assert_eq!(w.events_named("breaker-open").len(), 1, "{}", w.context());
+    wait_until(
+        "one RolloutBreakerOpen Event on the Secret",
+        WAIT,
+        || async { Ok(f.events("flap", "RolloutBreakerOpen").await?.len() == 1) },
+    )
+    .await?;
+    wait_until("a RestampBreakerOpen Event on web", WAIT, || async {
+        Ok(f.events("web", "RestampBreakerOpen").await?.len() == 1)
+    })
+    .await?;
+    let _ = last;
+    Ok(())
+}
+
+#[tokio::test]
+async fn rollout_resume_releases_an_open_breaker() -> anyhow::Result<()> {
+    let f = Fixture::new("rwatch-resume").await?;
+    create_secret(&f.client, &f.ns, "flap", &[("v", b"0")]).await?;
+    f.apply(&reader("web", "flap", 0)).await?;
+    let mut w = f.spawn_watcher(
+        &[
+            "--no-leader-election",
+            "--debounce",
+            "250ms",
+            "--flap-changes",
+            "2",
+            "--flap-window",
+            "1m",
+            "--flap-release",
+            "1h",
+        ],
+        &[],
+    )?;
+    wait_for(&mut w, "synced").await?;
+    for i in 1..=4 {
+        f.patch(
+            "secret",
+            "flap",
+            &format!(r#"{{"stringData":{{"v":"{i}"}}}}"#),
+        )
+        .await?;
+    }
+    wait_for(&mut w, "breaker-open").await?;
+    let held = w
+        .wait_event("web held", WAIT, 0, |e| {
+            e["event"] == "held" && e["hold"] == "breaker"
+        })
+        .await?;
+    assert!(
+        held["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("rollout --resume secret/flap")),
+        "{held}"
+    );
+    // A dry run releases nothing.
+    let out = run_plugin(
+        &[
+            "rollout",
+            "--resume",
+            "secret/flap",
+            "-n",
+            &f.ns,
+            "--dry-run",
+            "--kubeconfig",
+            &f.kubeconfig,
+        ],
+        &[],
+        WAIT,
+    )
+    .await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run_plugin(
+        &[
+            "rollout",
+            "--resume",
+            "secret/flap",
+            "-n",
+            &f.ns,
+            "--kubeconfig",
+            &f.kubeconfig,
+        ],
+        &[],
+        WAIT,
+    )
+    .await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("the flap breaker released"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let e = wait_for(&mut w, "breaker-closed").await?;
+    assert_eq!(e["how"], "resumed", "{e}");
+    assert_eq!(
+        w.events_named("breaker-closed").len(),
+        1,
+        "the dry run released nothing"
+    );
+    wait_until("web stamped for the final content", WAIT, || {
+        current(&f, "web")
+    })
+    .await?;
+    // Not found is a clear error.
+    let out = run_plugin(
+        &[
+            "rollout",
+            "--resume",
+            "secret/nope",
+            "-n",
+            &f.ns,
+            "--kubeconfig",
+            &f.kubeconfig,
+        ],
+        &[],
+        WAIT,
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("secret/nope in namespace"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_missing_required_key_holds_like_a_missing_object() -> anyhow::Result<()> {
+    let f = Fixture::new("rwatch-key").await?;
+    create_secret(
+        &f.client,
+        &f.ns,
+        "db",
+        &[("password", b"p1"), ("user", b"u")],
+    )
+    .await?;
+    let mut d = deployment(
+        "web",
+        json!({}),
+        json!({"container": {"env": [{"name": "PW", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]}}),
+    );
+    d["spec"]["replicas"] = json!(0);
+    f.apply(&d).await?;
+    sentinel(&f).await?;
+    let first = f.stamp("web").await?.context("web was not stamped")?;
+    let mut w = f.ordered_watcher().await?;
+    // The key the pods need is removed: new pods could not start, so nothing rolls.
+    let skip = w.events().len();
+    f.kubectl(
+        &[
+            "patch",
+            "secret",
+            "db",
+            "--type",
+            "json",
+            "-p",
+            r#"[{"op":"remove","path":"/data/password"}]"#,
+        ],
+        None,
+    )
+    .await?;
+    let e = w
+        .wait_event("web held for the key", WAIT, skip, |e| {
+            e["event"] == "held" && e["workload"].as_str().is_some_and(|n| n.ends_with("/web"))
+        })
+        .await?;
+    assert_eq!(e["hold"], "missing", "{e}");
+    assert_eq!(e["missing"], json!(["key password of secret/db"]), "{e}");
+    barrier(&f, &mut w, "1").await?;
+    assert_eq!(restamps_of(&w, "web"), 0, "{}", w.context());
+    assert_eq!(f.stamp("web").await?.as_deref(), Some(first.as_str()));
+    wait_until("a RestampHeld Event on web", WAIT, || async {
+        Ok(f.events("web", "RestampHeld").await?.len() == 1)
+    })
+    .await?;
+    // Back with a new value: one rollout.
+    f.patch("secret", "db", r#"{"stringData":{"password":"p2"}}"#)
+        .await?;
+    w.wait_event("the expected event", WAIT, skip, restamped_for("web"))
+        .await?;
+    wait_until("web current", WAIT, || current(&f, "web")).await?;
     Ok(())
 }

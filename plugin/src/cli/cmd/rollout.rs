@@ -8,8 +8,9 @@
 
 use clap::Args;
 use helmop_core::names;
+use helmop_core::resource::{ResourceKind, ResourceRef};
 use helmop_core::workload::WorkloadKind;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, Client};
@@ -28,8 +29,14 @@ use crate::run::workloads::{api_resource, config_hash_of, new_restamp_value, opt
 pub struct RolloutArgs {
     /// The workload: deployment/NAME, statefulset/NAME, daemonset/NAME, replicaset/NAME,
     /// job/NAME, cronjob/NAME or rollout/NAME (kubectl's short names work too: deploy, sts, ds)
-    #[arg(value_name = "KIND/NAME", value_parser = workload_ref::parse, required_unless_present = "watch", conflicts_with = "watch")]
+    #[arg(value_name = "KIND/NAME", value_parser = workload_ref::parse, required_unless_present_any = ["watch", "resume"], conflicts_with_all = ["watch", "resume"])]
     pub target: Option<WorkloadRef>,
+
+    /// Release the flap breaker of a Secret or ConfigMap (secret/NAME, configmap/NAME, cm/NAME):
+    /// sets its `helmop.dev/rollout-resume` to the time now, and the rollout watcher decides its
+    /// readers again, through the roll budget
+    #[arg(long, value_name = "KIND/NAME", value_parser = parse_source, conflicts_with = "watch")]
+    pub resume: Option<ResourceRef>,
 
     /// Send the restamp as a server-side dry run: the webhook computes the stamp, nothing is
     /// stored. With --watch: report what would be restamped, write nothing
@@ -68,6 +75,17 @@ pub struct RolloutReport {
 
 pub async fn run(args: &RolloutArgs) -> Result<ExitStatus, PluginError> {
     let ctx = Ctx::connect(&args.kube).await?;
+    if let Some(source) = &args.resume {
+        let report = resume(&ctx.upstream, &ctx.namespace, source, args.dry_run).await?;
+        let text = match args.output {
+            ReportFormat::Json => output::json(&report)?,
+            ReportFormat::Yaml => serde_saphyr::to_string(&report)
+                .map_err(|e| PluginError::Usage(format!("cannot encode YAML: {e}")))?,
+            ReportFormat::Table | ReportFormat::Wide => format!("{}\n", report.message),
+        };
+        output::emit(&text)?;
+        return Ok(ExitStatus::Ok);
+    }
     let Some(target) = &args.target else {
         return crate::rollout_watch::run(&ctx, &args.kube, &args.watch, args.output, args.dry_run)
             .await;
@@ -83,6 +101,82 @@ pub async fn run(args: &RolloutArgs) -> Result<ExitStatus, PluginError> {
     };
     output::emit(&text)?;
     Ok(ExitStatus::Ok)
+}
+
+/// `secret/NAME` or `configmap/NAME` (`cm/NAME` too).
+fn parse_source(text: &str) -> Result<ResourceRef, String> {
+    let (kind, name) = text
+        .split_once('/')
+        .filter(|(_, n)| !n.is_empty() && !n.contains('/'))
+        .ok_or_else(|| format!("expected secret/NAME or configmap/NAME, not {text:?}"))?;
+    let kind = match kind.to_ascii_lowercase().as_str() {
+        "secret" | "secrets" => ResourceKind::Secret,
+        "configmap" | "configmaps" | "cm" => ResourceKind::ConfigMap,
+        other => return Err(format!("{other:?} is not secret or configmap")),
+    };
+    Ok(ResourceRef::new(kind, name.to_owned()))
+}
+
+/// What `rollout --resume` did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResumeReport {
+    /// `secret/db`.
+    pub source: String,
+    pub namespace: String,
+    /// The `helmop.dev/rollout-resume` value written.
+    pub resume: String,
+    pub dry_run: bool,
+    pub message: String,
+}
+
+/// Sets the source's `helmop.dev/rollout-resume` to now: a new value closes its flap breaker.
+pub async fn resume(
+    client: &Client,
+    namespace: &str,
+    source: &ResourceRef,
+    dry_run: bool,
+) -> Result<ResumeReport, PluginError> {
+    let what = format!("{source} in namespace {namespace}");
+    let value = Timestamp::now().to_string();
+    let patch = json!({"metadata": {"annotations": {names::ANN_ROLLOUT_RESUME: value}}});
+    let params = PatchParams {
+        field_manager: Some(names::MANAGER.to_owned()),
+        dry_run,
+        ..PatchParams::default()
+    };
+    let result = match source.kind {
+        ResourceKind::Secret => Api::<Secret>::namespaced(client.clone(), namespace)
+            .patch(&source.name, &params, &Patch::Merge(&patch))
+            .await
+            .map(|_| ()),
+        ResourceKind::ConfigMap => Api::<ConfigMap>::namespaced(client.clone(), namespace)
+            .patch(&source.name, &params, &Patch::Merge(&patch))
+            .await
+            .map(|_| ()),
+    };
+    match result {
+        Ok(()) => {}
+        Err(e) if api_error::is_not_found(&e) => {
+            return Err(PluginError::Usage(format!("{what} not found")));
+        }
+        Err(e) => return Err(api_error::upstream(&format!("resuming {what}"), &e)),
+    }
+    let done = if dry_run {
+        "would be released"
+    } else {
+        "released"
+    };
+    Ok(ResumeReport {
+        source: source.to_string(),
+        namespace: namespace.to_owned(),
+        resume: value,
+        dry_run,
+        message: format!(
+            "{what}: the flap breaker {done} ({}); the rollout watcher decides its readers again, through the roll budget",
+            names::ANN_ROLLOUT_RESUME
+        ),
+    })
 }
 
 /// Reads the workload, writes a new restamp value and compares the stamps.
@@ -207,6 +301,18 @@ fn annotation(obj: &DynamicObject, key: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resume_takes_a_secret_or_a_config_map() {
+        assert_eq!(parse_source("secret/db"), Ok(ResourceRef::secret("db")));
+        assert_eq!(parse_source("cm/app"), Ok(ResourceRef::config_map("app")));
+        assert!(
+            parse_source("deployment/web")
+                .unwrap_err()
+                .contains("not secret or configmap")
+        );
+        assert!(parse_source("secret/").is_err() && parse_source("db").is_err());
+    }
 
     #[test]
     fn messages_say_what_happens() {
