@@ -26,7 +26,7 @@ use kube::{Api, Client};
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::index::{ObjectKey, Reason, Version, WorkloadKey};
+use super::index::{ObjectKey, Reason, Version, WorkloadFacts, WorkloadKey};
 use super::queue::{Outcome, Ticket};
 use crate::cluster::api_error;
 use crate::run::live_stamp::Digested;
@@ -99,6 +99,9 @@ pub enum Work {
     /// Read the digests the loop lacks (each [`Lookup::Read`]), then hand the workload back to be
     /// decided with them.
     Read,
+    /// Read the workload whole: it was not opted in when it was last seen, so what it reads was not
+    /// indexed (see [`super::watches::workload_facts`]).
+    Fetch,
     /// Restamp: the loop decided it is due, to `expected`; this is the `tries`th restamp meant to
     /// write it.
     Restamp { expected: String, tries: u32 },
@@ -143,6 +146,8 @@ pub struct Finished {
     pub detail: Detail,
     /// The workload's generation after a restamp that changed its stamp (its rollout to wait for).
     pub generation: Option<i64>,
+    /// What a [`Work::Fetch`] read of the workload.
+    pub fetched: Option<Box<WorkloadFacts>>,
     pub lag: std::time::Duration,
 }
 
@@ -191,6 +196,7 @@ pub async fn run(shared: Arc<Shared>, job: Job) -> Finished {
             ..Detail::default()
         },
         generation: None,
+        fetched: None,
         lag: std::time::Duration::ZERO,
     };
     let (expected, tries) = match work {
@@ -204,6 +210,36 @@ pub async fn run(shared: Arc<Shared>, job: Job) -> Finished {
                 &mut finished,
             )
             .await;
+            return finished;
+        }
+        Work::Fetch => {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(shared.client.clone(), &ticket.key.namespace, &resource);
+            match api.get_opt(&ticket.key.name).await {
+                Ok(Some(obj)) => {
+                    // The loop fetches only what it finds opted in: index unless the workload's
+                    // own label opts it out.
+                    let facts =
+                        super::watches::workload_facts(ticket.key.kind, obj, Some("enabled"));
+                    match facts {
+                        Some((_, facts)) => {
+                            finished.outcome = Outcome::Read;
+                            finished.fetched = Some(Box::new(facts));
+                        }
+                        None => finished.outcome = Outcome::Gone,
+                    }
+                }
+                Ok(None) => finished.outcome = Outcome::Gone,
+                Err(e) => {
+                    finished.read_errors += 1;
+                    finished.outcome = Outcome::Failed;
+                    finished.detail.error = Some(format!(
+                        "reading {}: {}",
+                        ticket.key,
+                        api_error::describe(&e)
+                    ));
+                }
+            }
             return finished;
         }
         Work::Restamp { expected, tries } => (expected, tries),

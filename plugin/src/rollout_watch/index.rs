@@ -15,6 +15,7 @@ type Readers = Vec<WorkloadKey>;
 
 use helmop_core::podrefs::PodRef;
 use helmop_core::resource::{ResourceKind, ResourceRef};
+use helmop_core::rollout::opt_in;
 use helmop_core::workload::WorkloadKind;
 
 /// A workload the watcher tracks.
@@ -64,6 +65,9 @@ pub struct WorkloadFacts {
     pub restamp: WatcherRecord,
     /// Where its rollout stands (not part of what decides its stamp: a status write changes it).
     pub progress: Progress,
+    /// Whether `refs` holds what it reads: only for a workload opted in when it was read (one that
+    /// is not costs its key and these few fields, whatever its pod template holds).
+    pub indexed: bool,
 }
 
 impl WorkloadFacts {
@@ -74,6 +78,7 @@ impl WorkloadFacts {
             && self.refs == other.refs
             && self.stamp == other.stamp
             && self.restamp == other.restamp
+            && self.indexed == other.indexed
     }
 }
 
@@ -241,6 +246,17 @@ impl Index {
     }
 
     fn unlink(&mut self, key: &WorkloadKey) {
+        self.unlink_reads(key);
+        if let Some(set) = self.by_namespace.get_mut(&key.namespace) {
+            set.remove(key);
+            if set.is_empty() {
+                self.by_namespace.remove(&key.namespace);
+            }
+        }
+    }
+
+    /// Removes `key` from the readers of what it reads.
+    fn unlink_reads(&mut self, key: &WorkloadKey) {
         let Some(old) = self.workloads.get(key) else {
             return;
         };
@@ -250,12 +266,6 @@ impl Index {
                 if readers.is_empty() {
                     self.readers.remove(&object);
                 }
-            }
-        }
-        if let Some(set) = self.by_namespace.get_mut(&key.namespace) {
-            set.remove(key);
-            if set.is_empty() {
-                self.by_namespace.remove(&key.namespace);
             }
         }
     }
@@ -312,15 +322,30 @@ impl Index {
         self.readers.get(key).map_or(&[], Vec::as_slice)
     }
 
-    /// A Namespace was added or modified. Due: its workloads, when its opt-in label changed.
+    /// A Namespace was added or modified. Due: its workloads, when its opt-in label changed. Those
+    /// no longer opted in forget what they read (read again if it opts in once more).
     pub fn put_namespace(&mut self, name: String, label: Option<String>) -> Vec<WorkloadKey> {
         let changed = self.namespaces.get(&name) != Some(&label);
         self.namespaces.insert(name.clone(), label);
-        if changed {
-            self.workloads_in(&name)
-        } else {
-            Vec::new()
+        if !changed {
+            return Vec::new();
         }
+        let due = self.workloads_in(&name);
+        for key in &due {
+            let stamps = self
+                .workloads
+                .get(key)
+                .is_some_and(|w| opt_in(w.label.as_deref(), self.namespace_label(&name)).stamps());
+            if stamps {
+                continue;
+            }
+            self.unlink_reads(key);
+            if let Some(w) = self.workloads.get_mut(key) {
+                w.refs = Ok(Vec::new());
+                w.indexed = false;
+            }
+        }
+        due
     }
 
     pub fn delete_namespace(&mut self, name: &str) {
@@ -402,6 +427,7 @@ mod tests {
                 generation: 1,
                 state: helmop_core::progress::RollState::Complete,
             },
+            indexed: true,
         }
     }
 

@@ -83,7 +83,7 @@ pub struct HowLabel {
 }
 
 /// Why workloads are held, for `helmop_rollout_held{reason}` (a closed set).
-pub const HOLD_REASONS: [&str; 4] = ["missing", "breaker", "gave-up", "rollout-busy"];
+pub const HOLD_REASONS: [&str; 5] = ["missing", "breaker", "gave-up", "rollout-busy", "unwatched"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -204,7 +204,7 @@ impl Metrics {
         let held = Family::<ReasonLabel, Gauge>::default();
         registry.register(
             "held",
-            "Workloads due for a restamp that the watcher holds, by reason (missing, breaker, gave-up, rollout-busy)",
+            "Workloads due for a restamp that the watcher holds, by reason (missing, breaker, gave-up, rollout-busy, unwatched)",
             held.clone(),
         );
         let brakes = Brakes {

@@ -22,6 +22,7 @@ pub mod act;
 pub mod breaker;
 pub mod budget;
 pub mod index;
+pub mod lean;
 pub mod metrics;
 pub mod queue;
 pub mod watches;
@@ -535,6 +536,7 @@ impl Hold {
             "missing" => "RestampHeld",
             "breaker" => "RestampBreakerOpen",
             "gave-up" => "RestampIneffective",
+            "unwatched" => "RestampUnwatched",
             _ => "RestampDeferred",
         }
     }
@@ -961,9 +963,19 @@ impl Loop {
         };
         let ns = &ticket.key.namespace;
         let decision = opt_in(facts.label.as_deref(), self.index.namespace_label(ns));
+        if !decision.stamps() {
+            return Planned::Done(ticket.key, Outcome::Settled);
+        }
         let refs = match &facts.refs {
-            Ok(refs) if decision.stamps() => refs,
-            _ => return Planned::Done(ticket.key, Outcome::Settled),
+            Ok(refs) => refs,
+            Err(why) => {
+                let hold = Hold {
+                    reason: "unwatched",
+                    note: format!("not watched: {why}"),
+                    missing: Vec::new(),
+                };
+                return Planned::Held(ticket, hold);
+            }
         };
         let objects: Vec<ObjectKey> = refs
             .iter()
@@ -1011,6 +1023,9 @@ impl Loop {
                 key_generation: generation,
             }))
         };
+        if !facts.indexed {
+            return job(ticket, Work::Fetch, Vec::new());
+        }
         if lookups.iter().any(|l| matches!(l, Lookup::Read)) {
             return job(ticket, Work::Read, lookups);
         }
@@ -1243,6 +1258,9 @@ impl Loop {
             self.metrics.error(ErrorKind::Event);
         }
         let key = &finished.key;
+        if let Some(facts) = finished.fetched {
+            self.index.put_workload(key.clone(), *facts);
+        }
         if finished.outcome == Outcome::Read {
             self.queue.again(key, finished.reason, finished.since, now);
             return;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use helmop_core::hash::HashKey;
 use helmop_core::names;
-use helmop_core::podrefs::pod_refs_from_value;
+use helmop_core::podrefs::{PodRef, pod_refs_from_value};
 use helmop_core::resource::{ResourceKind, ResourceRef};
 use helmop_core::workload::{WorkloadKind, pod_template};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
@@ -28,6 +28,7 @@ use tokio::task::JoinHandle;
 use super::index::{
     ObjectFacts, ObjectKey, Progress, Version, WatcherRecord, WorkloadFacts, WorkloadKey,
 };
+use super::lean::LeanWorkload;
 use crate::watch::triggers::Synced;
 
 /// One step of one watch.
@@ -89,6 +90,47 @@ impl Drop for Watches {
     }
 }
 
+/// Workloads are listed in pages of this many: a page's JSON is read whole before it is decoded
+/// (lean, see [`super::lean`]), so this bounds what a listing holds at once by 20 times the API
+/// server's largest object (etcd's 1.5 MiB), whatever a tenant writes; 10,000 workloads take 500
+/// list requests.
+const WORKLOAD_PAGE: u32 = 20;
+
+/// The namespaces' opt-in labels, written by the Namespace watch and read by the workload watches,
+/// which index what a workload reads only when it is opted in: a workload that is not costs its
+/// key and a few fields, whatever its pod template holds. The workload watches start once the
+/// Namespaces listed; a namespace opted in later has its workloads read again by the loop.
+pub struct NamespaceLabels {
+    labels: std::sync::RwLock<std::collections::HashMap<String, Option<String>>>,
+    listed: tokio::sync::watch::Sender<bool>,
+}
+
+impl NamespaceLabels {
+    pub fn new() -> Arc<NamespaceLabels> {
+        Arc::new(NamespaceLabels {
+            labels: std::sync::RwLock::default(),
+            listed: tokio::sync::watch::Sender::new(false),
+        })
+    }
+
+    pub(super) fn set(&self, name: &str, label: Option<&str>) {
+        if let Ok(mut labels) = self.labels.write() {
+            labels.insert(name.to_owned(), label.map(str::to_owned));
+        }
+    }
+
+    /// The opt-in label of `namespace`, if known.
+    pub fn get(&self, namespace: &str) -> Option<String> {
+        self.labels.read().ok()?.get(namespace).cloned().flatten()
+    }
+
+    async fn wait_listed(&self) {
+        let mut rx = self.listed.subscribe();
+        // Only an error if the sender is gone, which it cannot be while `self` lives.
+        let _ = rx.wait_for(|listed| *listed).await;
+    }
+}
+
 /// Starts every watch of `scope`; `synced` counts those that listed once.
 pub fn spawn(
     client: &Client,
@@ -97,24 +139,49 @@ pub fn spawn(
     synced: &Arc<Synced>,
 ) -> Watches {
     let mut tasks = Vec::new();
+    let labels = NamespaceLabels::new();
     let workloads = match &scope.selector {
         Some(s) => watcher::Config::default().labels(s),
         None => watcher::Config::default(),
-    };
+    }
+    .page_size(WORKLOAD_PAGE);
     for (kind, resource) in &scope.kinds {
-        let api: Api<DynamicObject> = match &scope.namespace {
+        let api: Api<LeanWorkload> = match &scope.namespace {
             Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
             None => Api::all_with(client.clone(), resource),
         };
         let kind = *kind;
-        let stream = watcher::watcher(api, workloads.clone()).default_backoff();
+        let gate = labels.clone();
+        let config = workloads.clone();
+        let decoding = labels.clone();
+        let stream = futures::stream::once(async move {
+            gate.wait_listed().await;
+            super::lean::with_labels(watcher::watcher(api, config).default_backoff(), decoding)
+        })
+        .flatten();
+        let known = labels.clone();
+        let listed = synced.clone();
         tasks.push(forward(
             stream,
             format!("{kind}s"),
             tx.clone(),
-            synced.clone(),
-            move |obj: DynamicObject| workload_facts(kind, obj),
-            move |obj: &DynamicObject| workload_key(kind, obj),
+            move || listed.mark(),
+            move |obj: LeanWorkload| {
+                let ns_label = obj
+                    .metadata
+                    .namespace
+                    .as_deref()
+                    .and_then(|ns| known.get(ns));
+                let unindexed = obj.skipped_spec;
+                facts_of(
+                    kind,
+                    obj.metadata,
+                    &obj.data,
+                    ns_label.as_deref(),
+                    unindexed,
+                )
+            },
+            move |obj: &LeanWorkload| key_of(kind, &obj.metadata),
             move |step| Change::Workload(kind, step),
         ));
     }
@@ -137,17 +204,27 @@ pub fn spawn(
         None => watcher::Config::default(),
     };
     let api: Api<PartialObjectMeta<Namespace>> = Api::all(client.clone());
+    let written = labels.clone();
+    let namespaces_listed = {
+        let synced = synced.clone();
+        let labels = labels.clone();
+        move || {
+            synced.mark();
+            labels.listed.send_replace(true);
+        }
+    };
     tasks.push(forward(
         watcher::watcher(api, namespaces).default_backoff(),
         "namespaces".to_owned(),
         tx.clone(),
-        synced.clone(),
-        |ns: PartialObjectMeta<Namespace>| {
+        namespaces_listed,
+        move |ns: PartialObjectMeta<Namespace>| {
             let name = ns.metadata.name?;
             let label = ns
                 .metadata
                 .labels
                 .and_then(|mut l| l.remove(names::LABEL_ROLLOUT_ON_CHANGE));
+            written.set(&name, label.as_deref());
             Some((name, label))
         },
         |ns: &PartialObjectMeta<Namespace>| ns.metadata.name.clone(),
@@ -177,11 +254,12 @@ where
     let api: Api<PartialObjectMeta<K>> =
         crate::cluster::kube_api::api_in(client, scope.namespace.as_deref());
     let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let synced = synced.clone();
     forward(
         stream,
         format!("{kind}s"),
         tx,
-        synced.clone(),
+        move || synced.mark(),
         move |obj: PartialObjectMeta<K>| {
             let key = object_key(kind, &obj.metadata)?;
             let version = Version {
@@ -221,26 +299,52 @@ fn object_key(kind: ResourceKind, meta: &kube::api::ObjectMeta) -> Option<Object
     })
 }
 
-fn workload_key(kind: WorkloadKind, obj: &DynamicObject) -> Option<WorkloadKey> {
+fn key_of(kind: WorkloadKind, meta: &kube::api::ObjectMeta) -> Option<WorkloadKey> {
     Some(WorkloadKey {
         kind,
-        namespace: obj.metadata.namespace.clone()?,
-        name: obj.metadata.name.clone()?,
+        namespace: meta.namespace.clone()?,
+        name: meta.name.clone()?,
     })
 }
 
 /// The facts of a workload; `None` for one being deleted (nothing restamps it any more).
+///
+/// What the pod template reads is indexed only when the workload is opted in, given its
+/// namespace's label `namespace_label`, and only up to the caps ([`MAX_WATCHED_KEYS`],
+/// [`helmop_core::rollout::MAX_REFERENCES`]): past them the workload is reported, never indexed.
 pub fn workload_facts(
     kind: WorkloadKind,
     obj: DynamicObject,
+    namespace_label: Option<&str>,
 ) -> Option<(WorkloadKey, WorkloadFacts)> {
-    if obj.metadata.deletion_timestamp.is_some() {
+    facts_of(kind, obj.metadata, &obj.data, namespace_label, false)
+}
+
+/// [`workload_facts`] of a workload's `metadata` and the rest of it, `data`; `unindexed` when its
+/// spec was not decoded ([`super::lean`]).
+fn facts_of(
+    kind: WorkloadKind,
+    metadata: kube::api::ObjectMeta,
+    data: &serde_json::Value,
+    namespace_label: Option<&str>,
+    unindexed: bool,
+) -> Option<(WorkloadKey, WorkloadFacts)> {
+    if metadata.deletion_timestamp.is_some() {
         return None;
     }
-    let key = workload_key(kind, &obj)?;
-    let template = pod_template(kind, &obj.data);
+    let key = key_of(kind, &metadata)?;
+    let own_label = metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(names::LABEL_ROLLOUT_ON_CHANGE));
+    let indexed = !unindexed
+        && helmop_core::rollout::opt_in(own_label.map(String::as_str), namespace_label).stamps();
+    let template = pod_template(kind, data);
     let refs = match &template {
-        Some(t) => pod_refs_from_value(t.spec).map_err(|e| e.to_string()),
+        Some(_) if !indexed => Ok(Vec::new()),
+        Some(t) => pod_refs_from_value(t.spec)
+            .map_err(|e| e.to_string())
+            .and_then(within_caps),
         // e.g. an Argo Rollout with a workloadRef: the Deployment it names is stamped.
         None => Ok(Vec::new()),
     };
@@ -249,28 +353,53 @@ pub fn workload_facts(
         .and_then(|t| t.annotation(names::ANN_CONFIG_HASH))
         .map(str::to_owned);
     let progress = Progress {
-        generation: obj.metadata.generation.unwrap_or(0),
-        state: helmop_core::progress::roll_state(kind, obj.metadata.generation, &obj.data),
+        generation: metadata.generation.unwrap_or(0),
+        state: helmop_core::progress::roll_state(kind, metadata.generation, data),
     };
-    let restamp = obj
-        .metadata
+    let restamp = metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(names::ANN_RESTAMP))
         .map(|v| watcher_record(v))
         .unwrap_or_default();
-    let mut labels = obj.metadata.labels.unwrap_or_default();
+    let mut labels = metadata.labels.unwrap_or_default();
     Some((
         key,
         WorkloadFacts {
-            uid: obj.metadata.uid.unwrap_or_default(),
+            uid: metadata.uid.unwrap_or_default(),
             label: labels.remove(names::LABEL_ROLLOUT_ON_CHANGE),
             refs,
             stamp,
             restamp,
             progress,
+            indexed,
         },
     ))
+}
+
+/// The most keys of Secrets and ConfigMaps one workload may read by name (`items`, key refs) and
+/// still be watched: each costs the watcher its name, and a tenant can write thousands.
+pub const MAX_WATCHED_KEYS: usize = 1024;
+
+/// `refs`, or why the watcher does not watch a workload that reads that much.
+fn within_caps(refs: Vec<PodRef>) -> Result<Vec<PodRef>, String> {
+    let max = helmop_core::rollout::MAX_REFERENCES;
+    if refs.len() > max {
+        return Err(format!(
+            "it reads {} Secrets and ConfigMaps, more than the {max} the webhook stamps",
+            refs.len()
+        ));
+    }
+    let keys: usize = refs
+        .iter()
+        .map(|r| r.reads.files.len() + r.reads.vars.len())
+        .sum();
+    if keys > MAX_WATCHED_KEYS {
+        return Err(format!(
+            "it reads {keys} keys of Secrets and ConfigMaps by name, more than the {MAX_WATCHED_KEYS} the rollout watcher indexes"
+        ));
+    }
+    Ok(refs)
 }
 
 /// What a `helmop.dev/restamp` value says a watcher did ([`super::act::restamp_record`] writes it).
@@ -296,7 +425,7 @@ fn forward<K, P, Q, S>(
     stream: S,
     what: String,
     tx: mpsc::Sender<Change>,
-    synced: Arc<Synced>,
+    listed_once: impl Fn() + Send + 'static,
     facts: impl Fn(K) -> Option<P> + Send + 'static,
     key: impl Fn(&K) -> Option<Q> + Send + 'static,
     wrap: impl Fn(Step<P, Q>) -> Change + Send + 'static,
@@ -334,7 +463,7 @@ where
                 },
                 Ok(Event::InitDone) => {
                     if !listed {
-                        synced.mark();
+                        listed_once();
                         listed = true;
                     }
                     if failing {
@@ -459,7 +588,7 @@ mod tests {
                     "env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "app", "key": "k"}}}]}]}
             }}}}
         }));
-        let (key, facts) = workload_facts(WorkloadKind::CronJob, obj).unwrap();
+        let (key, facts) = workload_facts(WorkloadKind::CronJob, obj, None).unwrap();
         assert_eq!(
             facts.progress.state,
             helmop_core::progress::RollState::Complete
@@ -487,14 +616,47 @@ mod tests {
             "metadata": {"name": "web", "namespace": "apps", "deletionTimestamp": "2026-01-01T00:00:00Z"},
             "spec": {"template": {"spec": {"containers": []}}}
         }));
-        assert!(workload_facts(WorkloadKind::Deployment, deleting).is_none());
+        assert!(workload_facts(WorkloadKind::Deployment, deleting, None).is_none());
         let bad = object(json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "web", "namespace": "apps"},
             "spec": {"template": {"spec": {"containers": "not a list"}}}
         }));
-        let (_, facts) = workload_facts(WorkloadKind::Deployment, bad).unwrap();
+        let (_, facts) = workload_facts(WorkloadKind::Deployment, bad, Some("enabled")).unwrap();
         assert!(facts.refs.is_err());
+    }
+
+    #[test]
+    fn only_opted_in_workloads_have_what_they_read_indexed_up_to_the_caps() {
+        let reading = |n: usize, labels: serde_json::Value| {
+            let env: Vec<serde_json::Value> = (0..n)
+                .map(|i| json!({"name": format!("V{i}"), "valueFrom": {"secretKeyRef": {"name": "db", "key": format!("k{i}")}}}))
+                .collect();
+            object(json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "web", "namespace": "apps", "labels": labels},
+                "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i", "env": env}]}}}
+            }))
+        };
+        let d = WorkloadKind::Deployment;
+        let (_, facts) = workload_facts(d, reading(20_000, json!({})), None).unwrap();
+        assert!(
+            !facts.indexed && facts.refs == Ok(Vec::new()),
+            "not opted in: nothing kept"
+        );
+        let (_, facts) = workload_facts(d, reading(3, json!({})), Some("enabled")).unwrap();
+        assert!(facts.indexed && facts.refs.as_ref().is_ok_and(|r| r.len() == 1));
+        let opted_out = json!({"helmop.dev/rollout-on-change": "false"});
+        let (_, facts) = workload_facts(d, reading(3, opted_out), Some("enabled")).unwrap();
+        assert!(!facts.indexed);
+        let (_, facts) =
+            workload_facts(d, reading(MAX_WATCHED_KEYS + 1, json!({})), Some("enabled")).unwrap();
+        assert!(
+            facts
+                .refs
+                .unwrap_err()
+                .contains("more than the 1024 the rollout watcher indexes")
+        );
     }
 
     #[test]

@@ -1186,3 +1186,111 @@ async fn a_missing_required_key_holds_like_a_missing_object() -> anyhow::Result<
     wait_until("web current", WAIT, || current(&f, "web")).await?;
     Ok(())
 }
+
+/// Peak resident set size of a process, in KiB (`VmHWM`).
+fn peak_rss_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("VmHWM in /proc/PID/status")
+}
+
+#[tokio::test]
+async fn workloads_that_are_not_opted_in_cost_the_watcher_nothing_whatever_they_read()
+-> anyhow::Result<()> {
+    let f = Fixture::new("rwatch-mem").await?;
+    // A tenant's namespace, not opted in, with 6 Deployments of 20,000 key references each
+    // (1.2 MB each, near etcd's limit).
+    let tenant = fresh_namespace_with_labels(&f.client, "rwatch-mem-tenant", &[]).await?;
+    let empty = fresh_namespace_with_labels(&f.client, "rwatch-mem-empty", &[]).await?;
+    let env: Vec<Value> = (0..20_000)
+        .map(|i| json!({"name": format!("a{i}"), "valueFrom": {"secretKeyRef": {"name": "s", "key": format!("{i}")}}}))
+        .collect();
+    let deployments: Api<Deployment> = Api::namespaced(f.client.clone(), &tenant);
+    for n in 0..6 {
+        let mut d = deployment(
+            &format!("big{n}"),
+            json!({}),
+            json!({"container": {"env": env}}),
+        );
+        d["spec"]["replicas"] = json!(0);
+        deployments
+            .create(
+                &kube::api::PostParams::default(),
+                &serde_json::from_value(d)?,
+            )
+            .await?;
+    }
+    let watcher = |ns: &str| -> anyhow::Result<PluginProcess> {
+        PluginProcess::spawn(
+            &[
+                "rollout",
+                "-n",
+                ns,
+                "--watch",
+                "--no-leader-election",
+                "--kubeconfig",
+                &f.kubeconfig,
+                "-o",
+                "json",
+            ],
+            &[],
+        )
+    };
+    // The same watcher over an empty namespace, then over the tenant's: listing, then holding them.
+    let mut idle = watcher(&empty)?;
+    wait_for(&mut idle, "synced").await?;
+    let mut busy = watcher(&tenant)?;
+    let synced = wait_for(&mut busy, "synced").await?;
+    assert_eq!(synced["workloads"], 6, "{synced}");
+    // Both settle (every workload decided) before they are measured.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (idle_kib, busy_kib) = (peak_rss_kib(idle.pid())?, peak_rss_kib(busy.pid())?);
+    assert!(
+        busy_kib < idle_kib + 24 * 1024,
+        "peak RSS {} MiB over 6 large workloads not opted in, {} MiB over none",
+        busy_kib / 1024,
+        idle_kib / 1024
+    );
+    eprintln!(
+        "peak RSS: {} KiB over none, {} KiB over 6 x 20,000 references not opted in",
+        idle_kib, busy_kib
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_namespace_opted_in_later_has_its_workloads_read_then() -> anyhow::Result<()> {
+    let f = Fixture::new("rwatch-late").await?;
+    let first = f.web_reading_settings().await?;
+    sentinel(&f).await?;
+    // The namespace opts out before the watcher starts: web is not indexed (nothing it reads is
+    // kept), only its key.
+    f.up
+        .run_kubectl(&["label", "ns", &f.ns, "helmop.dev/rollout-on-change-"], None)
+        .await?;
+    let mut w = f.ordered_watcher().await?;
+    f.patch("configmap", "settings", r#"{"data":{"mode":"b"}}"#)
+        .await?;
+    f.up
+        .run_kubectl(
+            &["label", "ns", &f.ns, "helmop.dev/rollout-on-change=enabled"],
+            None,
+        )
+        .await?;
+    // Opted in again: the watcher reads web whole, finds its stamp behind, restamps it once.
+    let e = w
+        .wait_event("the expected event", WAIT, 0, restamped_for("web"))
+        .await?;
+    assert_eq!(
+        e["reason"], "its namespace's opt-in label changed",
+        "{e}\n{}",
+        w.context()
+    );
+    assert_ne!(f.stamp("web").await?.as_deref(), Some(first.as_str()));
+    barrier(&f, &mut w, "1").await?;
+    assert_eq!(restamps_of(&w, "web"), 1, "{}", w.context());
+    Ok(())
+}
