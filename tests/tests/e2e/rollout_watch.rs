@@ -1268,24 +1268,26 @@ async fn a_namespace_opted_in_later_has_its_workloads_read_then() -> anyhow::Res
     sentinel(&f).await?;
     // The namespace opts out before the watcher starts: web is not indexed (nothing it reads is
     // kept), only its key.
-    f.up
-        .run_kubectl(&["label", "ns", &f.ns, "helmop.dev/rollout-on-change-"], None)
-        .await?;
+    f.up.run_kubectl(
+        &["label", "ns", &f.ns, "helmop.dev/rollout-on-change-"],
+        None,
+    )
+    .await?;
     let mut w = f.ordered_watcher().await?;
     f.patch("configmap", "settings", r#"{"data":{"mode":"b"}}"#)
         .await?;
-    f.up
-        .run_kubectl(
-            &["label", "ns", &f.ns, "helmop.dev/rollout-on-change=enabled"],
-            None,
-        )
-        .await?;
+    f.up.run_kubectl(
+        &["label", "ns", &f.ns, "helmop.dev/rollout-on-change=enabled"],
+        None,
+    )
+    .await?;
     // Opted in again: the watcher reads web whole, finds its stamp behind, restamps it once.
     let e = w
         .wait_event("the expected event", WAIT, 0, restamped_for("web"))
         .await?;
     assert_eq!(
-        e["reason"], "its namespace's opt-in label changed",
+        e["reason"],
+        "its namespace's opt-in label changed",
         "{e}\n{}",
         w.context()
     );
