@@ -74,6 +74,24 @@ pub fn opted_in(
     .stamps()
 }
 
+/// Whether a `helmop.dev/restamp` value asks the webhook to resolve pinned mutable tags again: every
+/// value does (`kubectl helmop rollout`, `images`, the watchers' image polls, a hand-written one)
+/// but those that only record configuration, which helmop writes when what pods read changed: the
+/// rollout watcher's (`watch:<time>`, `tries:...`) and `propagate`'s (copy hashes `kind/name=hash`,
+/// `propagate:<time>`). Those keep the pins: a ConfigMap edit must not ship the code a `:latest`
+/// tag moved to meanwhile.
+pub fn restamp_repins(value: &str) -> bool {
+    let records_config = |entry: &str| {
+        ["watch:", "tries:", "propagate:"]
+            .iter()
+            .any(|p| entry.starts_with(p))
+            || entry
+                .split_once('=')
+                .is_some_and(|(r, h)| r.contains('/') && !h.is_empty())
+    };
+    !value.split(',').all(records_config)
+}
+
 /// The label selector that lists exactly the workloads [`opt_in`] stamps in a namespace whose
 /// label is `namespace` (`None`: unlabelled, or unreadable), so that lists leave the others on
 /// the server: a workload labelled `"true"`, and in an enabled namespace every one not labelled
@@ -146,6 +164,27 @@ mod tests {
     use crate::hash::{ObjectData, config_stamp, config_stamp_v2};
     use crate::podrefs::Keys;
     use crate::test_support::labels;
+
+    #[test]
+    fn only_rollout_restamps_re_pin_images() {
+        assert!(restamp_repins("rollout:2026-12-07T10:00:00Z"));
+        assert!(restamp_repins("rollout:2026-12-07T10:00:00Z-1"));
+        assert!(!restamp_repins("watch:2026-12-07T10:00:00Z,tries:1@0123"));
+        assert!(!restamp_repins(
+            "configmap/app=v1:aa,watch:2026-12-07T10:00:00Z"
+        ));
+        assert!(!restamp_repins(
+            "secret/db=v1:aa,propagate:2026-12-07T10:00:00Z"
+        ));
+        assert!(
+            restamp_repins("1"),
+            "a hand-written value re-pins, as it always did"
+        );
+        assert!(restamp_repins(""));
+        assert!(restamp_repins(
+            "configmap/app=v1:aa,rollout:2026-12-07T10:00:00Z"
+        ));
+    }
 
     #[test]
     fn opt_in_rules() {

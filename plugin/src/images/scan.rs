@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
-use helmop_core::names::ANN_IMAGE_MODE;
+use helmop_core::names::{ANN_IMAGE_MODE, LABEL_ROLLOUT_ON_CHANGE};
+use helmop_core::rollout::opt_in_selector;
 use helmop_core::workload::WorkloadKind;
 use helmop_images::auth::{PullSecret, credential_for};
 use helmop_images::client::{RegistryClient, ResolveError};
@@ -20,7 +21,7 @@ use serde_json::Value;
 use super::model::{Container, ImageRow, compare};
 use crate::cluster::api_error;
 use crate::run::workload_ref::canonical;
-use crate::run::workloads::{KINDS, opted_in, template_of};
+use crate::run::workloads::{opted_in, template_of};
 
 /// Registry requests (and pull-secret reads) in flight at once.
 const CONCURRENCY: usize = 8;
@@ -145,9 +146,24 @@ fn key_of(c: &Container, pull: &[PullSecret]) -> (String, Option<String>) {
     )
 }
 
+/// The kinds `images` scans: those the webhook pins and the rollout watcher restamps, Argo
+/// Rollouts included where served.
+const IMAGE_KINDS: [WorkloadKind; 5] = [
+    WorkloadKind::Deployment,
+    WorkloadKind::StatefulSet,
+    WorkloadKind::DaemonSet,
+    WorkloadKind::CronJob,
+    WorkloadKind::Rollout,
+];
+
+/// Workloads are listed in pages of this many (each page is decoded whole).
+const PAGE: u32 = 20;
+
 /// The opted-in workloads of `namespace` (all when `None`) with a mutable tag, skipping those whose
 /// image mode (workload annotation, else namespace annotation) is `off`. Kinds the server does not serve
-/// are skipped.
+/// are skipped. Only opted-in workloads leave the API server ([`opt_in_selector`]: those labelled
+/// `"true"` anywhere, and in each enabled namespace those not labelled `"false"`), in pages of
+/// [`PAGE`]: what a poll holds is bounded by a page, whatever the cluster's other workloads hold.
 async fn list(
     client: &Client,
     namespace: Option<&str>,
@@ -171,33 +187,71 @@ async fn list(
     if namespaces.is_empty() {
         return Ok(Vec::new());
     }
+    let label_of = |ns: &Namespace| {
+        ns.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_ROLLOUT_ON_CHANGE))
+            .cloned()
+    };
+    // (namespace or all, selector): one list each.
+    let mut lists: Vec<(Option<String>, String)> = Vec::new();
+    match namespace {
+        Some(ns) => {
+            let label = namespaces.get(ns).and_then(label_of);
+            lists.push((Some(ns.to_owned()), opt_in_selector(label.as_deref())));
+        }
+        None => {
+            lists.push((None, opt_in_selector(None)));
+            for (name, ns) in &namespaces {
+                let label = label_of(ns);
+                if label.as_deref() == Some("enabled") {
+                    lists.push((Some(name.clone()), opt_in_selector(label.as_deref())));
+                }
+            }
+        }
+    }
     let mut out = Vec::new();
-    for kind in KINDS {
+    let mut seen = std::collections::HashSet::new();
+    for kind in IMAGE_KINDS {
         let (group, version, kind_name) = kind.gvk();
         let resource = ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk(group, version, kind_name),
             kind.plural(),
         );
-        let api: Api<DynamicObject> = match namespace {
-            Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
-            None => Api::all_with(client.clone(), &resource),
-        };
-        let list = match api.list(&ListParams::default()).await {
-            Ok(list) => list,
-            Err(e) if api_error::is_not_found(&e) => continue,
-            Err(e) => return Err(e),
-        };
-        for obj in list.items {
-            let (Some(ns), Some(name)) =
-                (obj.metadata.namespace.clone(), obj.metadata.name.clone())
-            else {
-                continue;
+        'lists: for (scope, selector) in &lists {
+            let api: Api<DynamicObject> = match scope {
+                Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+                None => Api::all_with(client.clone(), &resource),
             };
-            let Some(namespace) = namespaces.get(&ns) else {
-                continue;
-            };
-            if let Some(t) = target(kind, ns, name, namespace, obj, tags) {
-                out.push(t);
+            let mut params = ListParams::default().labels(selector).limit(PAGE);
+            loop {
+                let page = match api.list(&params).await {
+                    Ok(page) => page,
+                    Err(e) if api_error::is_not_found(&e) => break 'lists,
+                    Err(e) => return Err(e),
+                };
+                for obj in page.items {
+                    let (Some(ns), Some(name)) =
+                        (obj.metadata.namespace.clone(), obj.metadata.name.clone())
+                    else {
+                        continue;
+                    };
+                    // A workload labelled "true" in an enabled namespace is in two lists.
+                    if !seen.insert((kind, ns.clone(), name.clone())) {
+                        continue;
+                    }
+                    let Some(namespace) = namespaces.get(&ns) else {
+                        continue;
+                    };
+                    if let Some(t) = target(kind, ns, name, namespace, obj, tags) {
+                        out.push(t);
+                    }
+                }
+                match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                    Some(token) => params = params.continue_token(&token),
+                    None => break,
+                }
             }
         }
     }

@@ -323,9 +323,11 @@ impl RegistryResolver {
             .pointer(request.template_metadata_pointer)
             .and_then(Value::as_object);
         let all = slots(spec);
+        // Only a restamp that asks for it resolves pinned tags again; a config restamp keeps them.
         let restamp = request
             .old_object
-            .is_some_and(|old| annotation(old, ANN_RESTAMP) != annotation(object, ANN_RESTAMP));
+            .is_some_and(|old| annotation(old, ANN_RESTAMP) != annotation(object, ANN_RESTAMP))
+            && annotation(object, ANN_RESTAMP).is_some_and(helmop_core::rollout::restamp_repins);
         let candidates = candidates(&all, &self.tags, restamp);
         let recorded = template_annotation(metadata, ANN_IMAGE_DIGESTS);
         if candidates.is_empty() && recorded.is_none() {
@@ -905,6 +907,51 @@ mod tests {
         };
         let resolver = RegistryResolver::new(&config, &Metrics::new()).unwrap();
         (addr, server, dir, resolver)
+    }
+
+    #[tokio::test]
+    async fn a_config_restamp_keeps_pins_and_a_rollout_restamp_resolves_again() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counter = requests.clone();
+        let registry = axum::Router::new().fallback(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async { ([("docker-content-digest", D2)], "") }
+        });
+        let (addr, server, _dir, resolver) = serve_registry(registry).await;
+        let pinned = format!("{addr}/app:latest@{D1}");
+        let mut old = object(&[("app", &pinned)], Some("watch:2026-12-07T10:00:00Z"));
+        old["metadata"]["annotations"][ANN_IMAGE_MODE] = json!("pin");
+        let restamped = |value: &str| {
+            let mut o = old.clone();
+            o["metadata"]["annotations"][ANN_RESTAMP] = json!(value);
+            o
+        };
+        // The rollout watcher restamps for a changed ConfigMap: the pin stays, no registry asked.
+        let config = restamped("configmap/app=v1:aa,watch:2026-12-07T10:05:00Z");
+        let out = resolver
+            .resolve(request(&config, Some(&old), ImageMode::Pin))
+            .await;
+        assert!(
+            !serde_json::to_value(&out.ops)
+                .unwrap()
+                .to_string()
+                .contains(D2),
+            "{:?}",
+            out.ops
+        );
+        assert_eq!(requests.load(Ordering::SeqCst), 0);
+        // `kubectl helmop rollout` (or an image poll) asks for the tag again.
+        let rollout = restamped("rollout:2026-12-07T10:06:00Z");
+        let out = resolver
+            .resolve(request(&rollout, Some(&old), ImageMode::Pin))
+            .await;
+        let ops = serde_json::to_value(&out.ops).unwrap().to_string();
+        assert!(ops.contains(D2), "{ops}");
+        assert_eq!(requests.load(Ordering::SeqCst), 1);
+        server.abort();
     }
 
     #[tokio::test]
