@@ -77,12 +77,12 @@ pub fn opted_in(
 /// Whether a `helmop.dev/restamp` value asks the webhook to resolve pinned mutable tags again: every
 /// value does (`kubectl helmop rollout`, `images`, the watchers' image polls, a hand-written one)
 /// but those that only record configuration, which helmop writes when what pods read changed: the
-/// rollout watcher's (`watch:<time>`, `tries:...`) and `propagate`'s (copy hashes `kind/name=hash`,
+/// rollout watcher's (`watch:<time>`, `tries:...`, `seen:...`) and `propagate`'s (copy hashes `kind/name=hash`,
 /// `propagate:<time>`). Those keep the pins: a ConfigMap edit must not ship the code a `:latest`
 /// tag moved to meanwhile.
 pub fn restamp_repins(value: &str) -> bool {
     let records_config = |entry: &str| {
-        ["watch:", "tries:", "propagate:"]
+        ["watch:", "tries:", "seen:", "propagate:"]
             .iter()
             .any(|p| entry.starts_with(p))
             || entry

@@ -103,8 +103,12 @@ pub enum Work {
     /// indexed (see [`super::watches::workload_facts`]).
     Fetch,
     /// Restamp: the loop decided it is due, to `expected`; this is the `tries`th restamp meant to
-    /// write it.
-    Restamp { expected: String, tries: u32 },
+    /// write it, decided from the object versions `seen` ([`versions_fingerprint`]).
+    Restamp {
+        expected: String,
+        tries: u32,
+        seen: String,
+    },
 }
 
 /// A workload to read for or restamp, off the loop.
@@ -199,7 +203,7 @@ pub async fn run(shared: Arc<Shared>, job: Job) -> Finished {
         fetched: None,
         lag: std::time::Duration::ZERO,
     };
-    let (expected, tries) = match work {
+    let (expected, tries, seen) = match work {
         Work::Read => {
             read_missing(
                 &shared,
@@ -242,14 +246,18 @@ pub async fn run(shared: Arc<Shared>, job: Job) -> Finished {
             }
             return finished;
         }
-        Work::Restamp { expected, tries } => (expected, tries),
+        Work::Restamp {
+            expected,
+            tries,
+            seen,
+        } => (expected, tries, seen),
     };
     finished.detail.expected = Some(expected.clone());
     if shared.dry_run {
         return finished;
     }
     crate::test_pause::pause("rollout-before-restamp", &ticket.key.to_string()).await;
-    let value = restamp_record(&copies, Some((tries, &expected)), Timestamp::now());
+    let value = restamp_record(&copies, Some((tries, &expected, &seen)), Timestamp::now());
     let result = restamp(&shared.client, &resource, &ticket.key, &value).await;
     finished.lag = Instant::now().saturating_duration_since(ticket.since);
     let about = workload_ref(&resource, &ticket.key, &uid);
@@ -338,6 +346,24 @@ async fn read_missing(
     }
 }
 
+/// A short digest of the versions of what a workload reads and how it reads them (`None`: absent),
+/// for `seen:` in the restamp value: a watcher that finds the same versions and a stamp the restamp
+/// wrote knows the stamp is current without reading anything (after a restart or a handover).
+pub fn versions_fingerprint<'a>(
+    reads: impl Iterator<Item = (&'a PodRef, Option<&'a Version>)>,
+) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for (r, version) in reads {
+        h.update(format!("{}|{:?}|", r.resource, r.reads).as_bytes());
+        match version {
+            Some(v) => h.update(format!("{}:{};", v.uid, v.resource_version).as_bytes()),
+            None => h.update(b"-;"),
+        }
+    }
+    hex::encode(&h.finalize()[..8])
+}
+
 /// How many hex digits of the expected stamp `tries:` records.
 const TRIES_DIGITS: usize = 16;
 
@@ -351,7 +377,7 @@ pub fn tries_tag(expected: &str) -> &str {
 /// tries for the expected stamp.
 pub fn restamp_record(
     copies: &[(ResourceRef, String)],
-    tries: Option<(u32, &str)>,
+    tries: Option<(u32, &str, &str)>,
     now: Timestamp,
 ) -> String {
     let listed: std::collections::BTreeMap<String, String> = copies
@@ -363,8 +389,8 @@ pub fn restamp_record(
         value.push(',');
     }
     value.push_str(&format!("watch:{now}"));
-    if let Some((n, expected)) = tries {
-        value.push_str(&format!(",tries:{n}@{}", tries_tag(expected)));
+    if let Some((n, expected, seen)) = tries {
+        value.push_str(&format!(",tries:{n}@{},seen:{seen}", tries_tag(expected)));
     }
     value
 }
@@ -453,15 +479,20 @@ mod tests {
             (ResourceRef::config_map("app"), "v1:bb".to_string()),
         ];
         let expected = format!("v2:{}", "ab".repeat(32));
-        let value = restamp_record(&copies, Some((2, &expected)), t);
+        let value = restamp_record(&copies, Some((2, &expected, "0011223344556677")), t);
         assert_eq!(
             value,
-            "configmap/app=v1:bb,secret/db=v1:aa,watch:2026-12-02T08:00:00Z,tries:2@abababababababab"
+            "configmap/app=v1:bb,secret/db=v1:aa,watch:2026-12-02T08:00:00Z,tries:2@abababababababab,seen:0011223344556677"
+        );
+        assert!(
+            !helmop_core::rollout::restamp_repins(&value),
+            "a config restamp keeps pins"
         );
         let parsed = crate::run::workloads::parse_restamp(&value);
         assert_eq!(parsed.len(), 2, "propagate sees the copies, not the time");
         let record = super::super::watches::watcher_record(&value);
         assert_eq!(record.tries, Some((2, tries_tag(&expected).to_owned())));
+        assert_eq!(record.seen.as_deref(), Some("0011223344556677"));
         assert_eq!(restamp_record(&[], None, t), "watch:2026-12-02T08:00:00Z");
     }
 

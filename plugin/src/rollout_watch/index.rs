@@ -91,6 +91,9 @@ pub struct WatcherRecord {
     /// `tries:<n>@<expected>`: `n` restamps in a row that were to stamp `expected` (the first 16
     /// digits of its hash) and did not.
     pub tries: Option<(u32, String)>,
+    /// `seen:<fingerprint>`: the versions that restamp was decided from
+    /// ([`super::act::versions_fingerprint`]).
+    pub seen: Option<String>,
 }
 
 /// Where a workload's rollout stands: its generation and what its status says of it.

@@ -997,6 +997,20 @@ impl Loop {
             };
             return Planned::Held(ticket, hold);
         }
+        let versions: Vec<Option<&index::Version>> = objects
+            .iter()
+            .map(|o| self.index.object(o).map(|f| &f.version))
+            .collect();
+        let seen = act::versions_fingerprint(refs.iter().zip(versions.iter().copied()));
+        // Restamped by a watcher from exactly these versions, and the stamp it meant to write is
+        // the one stored: current, without reading anything (a restart, a new leader).
+        let written = match (&facts.restamp.tries, facts.stamp.as_deref()) {
+            (Some((_, tag)), Some(stamp)) => act::tries_tag(stamp) == tag,
+            _ => false,
+        };
+        if facts.indexed && written && facts.restamp.seen.as_deref() == Some(seen.as_str()) {
+            return Planned::Done(ticket.key, Outcome::Settled);
+        }
         let lookups: Vec<Lookup> = refs
             .iter()
             .zip(&objects)
@@ -1139,6 +1153,7 @@ impl Loop {
             Work::Restamp {
                 expected,
                 tries: tries + 1,
+                seen,
             },
             lookups,
         )

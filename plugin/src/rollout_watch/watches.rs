@@ -408,6 +408,8 @@ pub fn watcher_record(value: &str) -> WatcherRecord {
     for entry in value.split(',') {
         if let Some(at) = entry.strip_prefix("watch:") {
             record.at = at.parse().ok();
+        } else if let Some(seen) = entry.strip_prefix("seen:") {
+            record.seen = Some(seen.to_owned());
         } else if let Some(tries) = entry.strip_prefix("tries:")
             && let Some((n, expected)) = tries.split_once('@')
             && let Ok(n) = n.parse()

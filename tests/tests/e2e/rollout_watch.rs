@@ -1296,3 +1296,62 @@ async fn a_namespace_opted_in_later_has_its_workloads_read_then() -> anyhow::Res
     assert_eq!(restamps_of(&w, "web"), 1, "{}", w.context());
     Ok(())
 }
+
+#[tokio::test]
+async fn a_new_watcher_reads_nothing_for_what_a_watcher_restamped_and_nothing_changed_since()
+-> anyhow::Result<()> {
+    use crate::propagator_service::{addr_of, metric, scrape};
+    let f = Fixture::new("rwatch-handover").await?;
+    let names: Vec<String> = (0..5).map(|n| format!("w{n}")).collect();
+    for name in &names {
+        create_secret(&f.client, &f.ns, name, &[("v", b"0")]).await?;
+        f.apply(&reader(name, name, 0)).await?;
+    }
+    let mut first = f.spawn_watcher(&["--no-leader-election", "--debounce", "0s"], &[])?;
+    wait_for(&mut first, "synced").await?;
+    for name in &names {
+        f.patch("secret", name, r#"{"stringData":{"v":"1"}}"#)
+            .await?;
+    }
+    for name in &names {
+        first
+            .wait_event("the expected event", WAIT, 0, restamped_for(name))
+            .await?;
+    }
+    first.signal(libc::SIGTERM)?;
+    first.wait_exit(WAIT).await?;
+    // A new process (a restart, a new leader): every workload decided, nothing read.
+    let mut second = f.spawn_watcher(
+        &["--no-leader-election", "--metrics-addr", "127.0.0.1:0"],
+        &[],
+    )?;
+    let started = wait_for(&mut second, "started").await?;
+    let addr = addr_of(&started)?;
+    wait_for(&mut second, "synced").await?;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()?;
+    wait_until("every workload decided", WAIT, || async {
+        let m = scrape(&http, &addr).await?;
+        Ok(metric(&m, "helmop_rollout_pending") == 0.0
+            && metric(&m, "helmop_rollout_workloads") == 5.0)
+    })
+    .await?;
+    let m = scrape(&http, &addr).await?;
+    assert_eq!(
+        metric(&m, "helmop_rollout_object_reads_total"),
+        0.0,
+        "{}",
+        second.context()
+    );
+    assert!(second.events_named("restamped").is_empty());
+    // A change since is read (once) and restamped.
+    f.patch("secret", "w0", r#"{"stringData":{"v":"2"}}"#)
+        .await?;
+    second
+        .wait_event("the expected event", WAIT, 0, restamped_for("w0"))
+        .await?;
+    let m = scrape(&http, &addr).await?;
+    assert_eq!(metric(&m, "helmop_rollout_object_reads_total"), 1.0);
+    Ok(())
+}
