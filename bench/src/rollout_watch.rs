@@ -41,6 +41,15 @@ use crate::memory::admin_get;
 use crate::stats::{Latencies, mib, ms, percent};
 use crate::watch::{ProcSample, idle_cpu, sample};
 
+/// Watcher flags that take the brakes off (see where the watcher is started).
+const BRAKES_OFF: [(&str, &str); 5] = [
+    ("--debounce", "0s"),
+    ("--min-roll-interval", "0s"),
+    ("--max-rolling", "1000000"),
+    ("--max-rolling-per-namespace", "1000000"),
+    ("--flap-changes", "0"),
+];
+
 #[derive(Debug, Clone)]
 pub struct RolloutWatchSettings {
     pub plugin_bin: PathBuf,
@@ -540,6 +549,14 @@ async fn one(
         "--kubeconfig",
         &kubeconfig,
     ];
+    // The controller-manager is stopped, so no rollout is ever over: the brakes (a roll budget
+    // counted until rollouts end, the quiet period, the minimum interval, the flap breaker) would
+    // measure themselves. This measures deciding and restamping; `--watcher-arg` overrides.
+    for (flag, value) in BRAKES_OFF {
+        if !settings.extra_args.iter().any(|a| a == flag) {
+            args.extend_from_slice(&[flag, value]);
+        }
+    }
     args.extend(settings.extra_args.iter().map(String::as_str));
     eprintln!("rollout-watch: {n} workloads: starting the watcher ...");
     let started = Instant::now();
