@@ -1247,9 +1247,18 @@ fn rollout_watcher_serves_metrics_and_probes_where_the_manifests_look() {
         Some(&set(&["get"])),
         "serviceaccounts: get only"
     );
+    // The webhook configuration it reads to skip what the webhook never stamps: read-only.
+    assert_eq!(
+        granted.get(&key(
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations"
+        )),
+        Some(&set(&["get", "list", "watch"])),
+        "mutatingwebhookconfigurations: read-only"
+    );
     assert_eq!(
         granted.len(),
-        workloads.len() + 5,
+        workloads.len() + 6,
         "nothing else is granted: {granted:?}"
     );
 

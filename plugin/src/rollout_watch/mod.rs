@@ -21,6 +21,7 @@
 pub mod act;
 pub mod breaker;
 pub mod budget;
+pub mod coverage;
 pub mod index;
 pub mod lean;
 pub mod metrics;
@@ -33,6 +34,7 @@ use std::time::Duration;
 
 use clap::Args;
 use helmop_core::hash::HashKey;
+use helmop_core::names;
 use helmop_core::podrefs::PodRef;
 use helmop_core::progress::RollState;
 use helmop_core::resource::ResourceKind;
@@ -49,6 +51,7 @@ use tokio::time::Instant;
 use self::act::{DigestCache, Finished, Job, Lookup, Shared, Work};
 use self::breaker::{Breakers, Flap, FlapLimits};
 use self::budget::{Budget, Limits};
+use self::coverage::Coverage;
 use self::index::{Index, ObjectFacts, ObjectKey, Progress, Reason, WorkloadKey};
 use self::metrics::{ErrorKind, Metrics};
 use self::queue::{Outcome, Pacing, Queue, Ticket};
@@ -156,6 +159,17 @@ pub struct RolloutWatchArgs {
     )]
     pub hash_key_secret: String,
 
+    /// With --watch: the MutatingWebhookConfiguration that stamps workloads; workloads it does not
+    /// send to the webhook (its namespace and object selectors) are never stamped, so never
+    /// restamped: they are skipped with one event per namespace. "" reads none
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "helmop-webhook",
+        requires = "watch"
+    )]
+    pub webhook_configuration: String,
+
     #[command(flatten)]
     pub service: ServiceArgs,
 
@@ -197,6 +211,16 @@ struct Loop {
     breakers: Breakers,
     /// Workloads due for a restamp that are held, and why (each announced once).
     holds: HashMap<WorkloadKey, Hold>,
+    /// What the webhook configuration sends to the stamping webhook (`None`: unknown, skip nothing).
+    coverage: Option<Coverage>,
+    coverage_name: String,
+    /// Whether the configuration was read (or failed to be) once: nothing is restamped before, so
+    /// a workload it leaves out is never restamped at start-up.
+    coverage_seen: bool,
+    /// Every namespace's labels, for `coverage`.
+    namespace_labels: HashMap<String, std::collections::BTreeMap<String, String>>,
+    /// Namespaces whose skipped workloads were announced.
+    excluded_told: HashSet<String>,
     digests: DigestCache,
     /// The hash key before the last rotation, with the digests made under it: a workload whose
     /// stamp is current under it only needs a restamp for the key, and gets none (docs/decisions.md).
@@ -334,6 +358,7 @@ pub async fn run(
         selector: args.selector.clone(),
         kinds: resources.iter().map(|(k, r)| (*k, r.clone())).collect(),
         hash_key,
+        webhook_configuration: Some(args.webhook_configuration.clone()).filter(|n| !n.is_empty()),
     };
     let (tx, mut rx) = mpsc::channel(1024);
     let watches = watches::spawn(&client, &scope, tx, &synced);
@@ -385,6 +410,11 @@ pub async fn run(
         budget: Budget::new(limits),
         breakers: Breakers::new(flaps),
         holds: HashMap::new(),
+        coverage: None,
+        coverage_name: args.webhook_configuration.clone(),
+        coverage_seen: args.webhook_configuration.is_empty(),
+        namespace_labels: HashMap::new(),
+        excluded_told: HashSet::new(),
         digests: DigestCache::default(),
         previous: None,
         key: Err("the hash key is not read yet".to_owned()),
@@ -407,7 +437,7 @@ pub async fn run(
 
     let signal = loop {
         let is_leading = *leading.borrow();
-        let acting = is_leading && state.synced && state.key.is_ok();
+        let acting = is_leading && state.synced && state.coverage_seen && state.key.is_ok();
         if acting {
             state.dispatch(&mut jobs, max);
         }
@@ -544,6 +574,8 @@ impl Hold {
 
 enum Planned {
     Done(WorkloadKey, Outcome),
+    /// The webhook configuration does not send it to the webhook.
+    Excluded(WorkloadKey),
     Held(Ticket, Hold),
     Job(Box<Job>),
     /// Due, and the roll budget has no room for it.
@@ -602,18 +634,26 @@ impl Loop {
                 }
             }
             Change::Namespace(step) => match step {
-                Step::Put((name, label)) | Step::Listed((name, label)) => {
+                Step::Put((name, label, labels)) | Step::Listed((name, label, labels)) => {
                     self.seen(Source::Namespaces, name.clone());
+                    if self.namespace_labels.get(&name) != Some(&labels) {
+                        self.excluded_told.remove(&name);
+                        self.namespace_labels.insert(name.clone(), labels);
+                    }
                     for w in self.index.put_namespace(name, label) {
                         self.mark(w, Reason::Namespace, now);
                     }
                 }
-                Step::Delete(name) => self.index.delete_namespace(&name),
+                Step::Delete(name) => {
+                    self.namespace_labels.remove(&name);
+                    self.index.delete_namespace(&name);
+                }
                 Step::Relist => self.relist(Source::Namespaces),
                 Step::Done => {
                     if let Some(seen) = self.relisting.remove(&Source::Namespaces) {
                         for name in self.index.namespace_names() {
                             if !seen.contains(&name) {
+                                self.namespace_labels.remove(&name);
                                 self.index.delete_namespace(&name);
                             }
                         }
@@ -651,6 +691,27 @@ impl Loop {
                 }
             }
             Change::HashKeyListed => self.listed(Source::HashKey),
+            Change::Coverage(coverage) => {
+                self.coverage_seen = true;
+                let coverage = match coverage {
+                    Ok(c) => c,
+                    Err(why) => {
+                        self.events.emit(
+                            "coverage-unknown",
+                            &json!({"configuration": self.coverage_name, "error": why}),
+                            format!(
+                                "cannot read the webhook configuration (skipping nothing): {why}"
+                            ),
+                        );
+                        None
+                    }
+                };
+                if coverage != self.coverage {
+                    self.coverage = coverage;
+                    self.excluded_told.clear();
+                    self.mark_all("webhook-configuration");
+                }
+            }
             Change::WatchFailed { what, error } => {
                 self.metrics.error(ErrorKind::Watch);
                 self.events.emit(
@@ -942,6 +1003,11 @@ impl Loop {
                             .done(&ticket.key, &Outcome::Settled, Instant::now());
                     }
                     Planned::Park(ticket) => self.queue.park(ticket),
+                    Planned::Excluded(key) => {
+                        self.excluded(&key.namespace);
+                        self.holds.remove(&key);
+                        self.queue.done(&key, &Outcome::Settled, Instant::now());
+                    }
                     Planned::Job(job) => {
                         if matches!(job.work, Work::Restamp { .. }) {
                             self.holds.remove(&job.ticket.key);
@@ -965,6 +1031,18 @@ impl Loop {
         let decision = opt_in(facts.label.as_deref(), self.index.namespace_label(ns));
         if !decision.stamps() {
             return Planned::Done(ticket.key, Outcome::Settled);
+        }
+        if let Some(coverage) = &self.coverage {
+            let workload: std::collections::BTreeMap<String, String> = facts
+                .label
+                .iter()
+                .map(|l| (names::LABEL_ROLLOUT_ON_CHANGE.to_owned(), l.clone()))
+                .collect();
+            let empty = std::collections::BTreeMap::new();
+            let labels = self.namespace_labels.get(ns).unwrap_or(&empty);
+            if !coverage.sends(labels, &workload) {
+                return Planned::Excluded(ticket.key);
+            }
         }
         let refs = match &facts.refs {
             Ok(refs) => refs,
@@ -1192,6 +1270,21 @@ impl Loop {
         };
         helmop_core::rollout::decide(old_key, ns, refs, stamp, observed)
             == helmop_core::rollout::Decision::Current
+    }
+
+    /// Says once per namespace (and configuration) that its opted-in workloads are skipped.
+    fn excluded(&mut self, namespace: &str) {
+        if !self.excluded_told.insert(namespace.to_owned()) {
+            return;
+        }
+        self.events.emit(
+            "excluded",
+            &json!({"namespace": namespace, "configuration": self.coverage_name}),
+            format!(
+                "not restamping the opted-in workloads of namespace {namespace}: the webhook configuration {} does not send them to the webhook (its namespace and object selectors), so nothing stamps them",
+                self.coverage_name
+            ),
+        );
     }
 
     /// Announces a hold once per workload and cause (stdout, a Warning Event, the gauge).

@@ -7,6 +7,7 @@
 //! A watch that fails is retried with kube's default back-off; after a re-list the loop drops
 //! what the new listing no longer has ([`Step::Relist`], [`Step::Listed`]).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -15,6 +16,7 @@ use helmop_core::names;
 use helmop_core::podrefs::{PodRef, pod_refs_from_value};
 use helmop_core::resource::{ResourceKind, ResourceRef};
 use helmop_core::workload::{WorkloadKind, pod_template};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{ApiResource, DynamicObject};
 use kube::core::PartialObjectMeta;
@@ -25,6 +27,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use super::coverage::Coverage;
 use super::index::{
     ObjectFacts, ObjectKey, Progress, Version, WatcherRecord, WorkloadFacts, WorkloadKey,
 };
@@ -45,6 +48,9 @@ pub enum Step<P, K> {
     Done,
 }
 
+/// A Namespace's name, opt-in label and every label.
+pub type NamespaceFacts = (String, Option<String>, BTreeMap<String, String>);
+
 /// What a watch tells the loop.
 #[derive(Debug)]
 pub enum Change {
@@ -53,7 +59,11 @@ pub enum Change {
         Step<(WorkloadKey, WorkloadFacts), WorkloadKey>,
     ),
     Object(ResourceKind, Step<(ObjectKey, ObjectFacts), ObjectKey>),
-    Namespace(Step<(String, Option<String>), String>),
+    /// A Namespace: its name, opt-in label and every label (for [`super::coverage`]).
+    Namespace(Step<NamespaceFacts, String>),
+    /// The webhook configuration of `--webhook-configuration`: its coverage, `None` when absent, or
+    /// why it cannot be read.
+    Coverage(Result<Option<Coverage>, String>),
     /// The hash key Secret: its key, or why there is none (absent, malformed).
     HashKey(Result<HashKey, String>),
     /// The hash key's watch listed once (after its [`Change::HashKey`]).
@@ -75,6 +85,8 @@ pub struct Scope {
     pub kinds: Vec<(WorkloadKind, ApiResource)>,
     /// `--hash-key-secret`.
     pub hash_key: (String, String),
+    /// `--webhook-configuration` (`None`: not read).
+    pub webhook_configuration: Option<String>,
 }
 
 /// The running watches; dropping this stops them.
@@ -220,18 +232,25 @@ pub fn spawn(
         namespaces_listed,
         move |ns: PartialObjectMeta<Namespace>| {
             let name = ns.metadata.name?;
-            let label = ns
-                .metadata
-                .labels
-                .and_then(|mut l| l.remove(names::LABEL_ROLLOUT_ON_CHANGE));
+            let labels = ns.metadata.labels.unwrap_or_default();
+            let label = labels.get(names::LABEL_ROLLOUT_ON_CHANGE).cloned();
             written.set(&name, label.as_deref());
-            Some((name, label))
+            Some((name, label, labels))
         },
         |ns: &PartialObjectMeta<Namespace>| ns.metadata.name.clone(),
         Change::Namespace,
     ));
-    tasks.push(watch_hash_key(client, &scope.hash_key, tx, synced.clone()));
+    tasks.push(watch_hash_key(
+        client,
+        &scope.hash_key,
+        tx.clone(),
+        synced.clone(),
+    ));
     synced.expect(tasks.len());
+    // Not counted for `synced`: the watcher works without it (and without the right to read it).
+    if let Some(name) = &scope.webhook_configuration {
+        tasks.push(watch_configuration(client, name, tx));
+    }
     Watches { tasks }
 }
 
@@ -491,6 +510,53 @@ where
             };
             // Every step counts (the index depends on each), so wait for room rather than drop.
             if tx.send(wrap(step)).await.is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// Watches the MutatingWebhookConfiguration `name` and sends its [`Coverage`] at every change.
+fn watch_configuration(client: &Client, name: &str, tx: mpsc::Sender<Change>) -> JoinHandle<()> {
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let stream = watcher::watcher(api, config).default_backoff();
+    let what = format!("the webhook configuration {name}");
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        let mut found = false;
+        let mut failing = false;
+        while let Some(event) = stream.next().await {
+            let change = match event {
+                Ok(Event::Apply(c) | Event::InitApply(c)) => {
+                    found = true;
+                    Some(Change::Coverage(
+                        Coverage::of(&c)
+                            .map(Some)
+                            .map_err(|e| format!("{what}: {e}")),
+                    ))
+                }
+                Ok(Event::Delete(_)) => {
+                    found = false;
+                    Some(Change::Coverage(Ok(None)))
+                }
+                Ok(Event::Init) => {
+                    found = false;
+                    None
+                }
+                Ok(Event::InitDone) => {
+                    failing = false;
+                    (!found).then_some(Change::Coverage(Ok(None)))
+                }
+                Err(e) => {
+                    let first = !failing;
+                    failing = true;
+                    first.then(|| Change::Coverage(Err(format!("{what}: {e}"))))
+                }
+            };
+            if let Some(change) = change
+                && tx.send(change).await.is_err()
+            {
                 return;
             }
         }

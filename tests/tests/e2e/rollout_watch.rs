@@ -1355,3 +1355,84 @@ async fn a_new_watcher_reads_nothing_for_what_a_watcher_restamped_and_nothing_ch
     assert_eq!(metric(&m, "helmop_rollout_object_reads_total"), 1.0);
     Ok(())
 }
+
+#[tokio::test]
+async fn workloads_the_webhook_configuration_leaves_out_are_skipped_with_one_message()
+-> anyhow::Result<()> {
+    let f = Fixture::new("rwatch-cover").await?;
+    // Another opted-in namespace, which the fixture's webhook configuration does not send: a
+    // workload there is never stamped (as kube-system's under the shipped configuration).
+    let other = fresh_namespace_with_labels(
+        &f.client,
+        "rwatch-cover-other",
+        &[("helmop.dev/rollout-on-change", "enabled")],
+    )
+    .await?;
+    let tag = f.ns.clone();
+    for ns in [&f.ns, &other] {
+        create_secret(&f.client, ns, "db", &[("v", b"0")]).await?;
+        let mut d = reader("web", "db", 0);
+        d["metadata"]["labels"]["helmop-tests/cover"] = json!(tag);
+        f.up.run_kubectl(&["apply", "-n", ns, "-f", "-"], Some(&d.to_string()))
+            .await?;
+    }
+    let selector = format!("helmop-tests/cover={tag}");
+    let configuration = format!("{}-stamp", f.ns);
+    let mut w = PluginProcess::spawn(
+        &[
+            "rollout",
+            "-A",
+            "-l",
+            &selector,
+            "--watch",
+            "--no-leader-election",
+            "--debounce",
+            "0s",
+            "--webhook-configuration",
+            &configuration,
+            "--kubeconfig",
+            &f.kubeconfig,
+            "-o",
+            "json",
+        ],
+        &[],
+    )?;
+    wait_for(&mut w, "synced").await?;
+    let e = wait_for(&mut w, "excluded").await?;
+    assert_eq!(e["namespace"], other.as_str(), "{e}");
+    for ns in [&f.ns, &other] {
+        f.up.run_kubectl(
+            &[
+                "patch",
+                "secret",
+                "db",
+                "-n",
+                ns,
+                "--type",
+                "merge",
+                "-p",
+                r#"{"stringData":{"v":"1"}}"#,
+            ],
+            None,
+        )
+        .await?;
+    }
+    w.wait_event("the expected event", WAIT, 0, |e| {
+        e["event"] == "restamped"
+            && e["workload"]
+                .as_str()
+                .is_some_and(|n| n.starts_with(&format!("{}/", f.ns)))
+    })
+    .await?;
+    // The other namespace's change was decided too (one watch, in order): never restamped.
+    let restamp = Api::<Deployment>::namespaced(f.client.clone(), &other)
+        .get("web")
+        .await?
+        .metadata
+        .annotations
+        .and_then(|a| a.get(RESTAMP).cloned());
+    assert_eq!(restamp, None, "{}", w.context());
+    assert!(w.events_named("ineffective").is_empty(), "{}", w.context());
+    assert_eq!(w.events_named("excluded").len(), 1, "{}", w.context());
+    Ok(())
+}
