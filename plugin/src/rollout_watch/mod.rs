@@ -1352,9 +1352,17 @@ impl Loop {
     fn finish(&mut self, finished: Finished) {
         let now = Instant::now();
         let current_generation = self.key.as_ref().ok().map(|(_, g)| *g);
+        // Whether every read is of the version the watch has: if the object moved on since (or the
+        // read saw a version the watch has not delivered yet), that watch event decides the reader
+        // again; deciding it now would only read again (a flapping source would loop).
+        let mut current_reads = true;
         if current_generation == Some(finished.key_generation) {
             for read in finished.reads {
                 self.metrics.read();
+                current_reads &= self
+                    .index
+                    .object(&read.object)
+                    .is_some_and(|o| o.version == read.version);
                 self.digests
                     .insert(read.object, read.version, read.reads, read.known);
             }
@@ -1370,7 +1378,11 @@ impl Loop {
             self.index.put_workload(key.clone(), *facts);
         }
         if finished.outcome == Outcome::Read {
-            self.queue.again(key, finished.reason, finished.since, now);
+            if current_reads {
+                self.queue.again(key, finished.reason, finished.since, now);
+            } else {
+                self.queue.done(key, &Outcome::Settled, now);
+            }
             return;
         }
         let d = &finished.detail;

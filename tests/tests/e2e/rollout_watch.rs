@@ -1436,3 +1436,144 @@ async fn workloads_the_webhook_configuration_leaves_out_are_skipped_with_one_mes
     assert_eq!(w.events_named("excluded").len(), 1, "{}", w.context());
     Ok(())
 }
+
+#[tokio::test]
+async fn a_tenant_flapping_a_secret_read_by_300_workloads_does_not_delay_another_namespace()
+-> anyhow::Result<()> {
+    let f = Fixture::new("rwatch-fair").await?;
+    let tenant = fresh_namespace_with_labels(
+        &f.client,
+        "rwatch-fair-tenant",
+        &[("helmop.dev/rollout-on-change", "enabled")],
+    )
+    .await?;
+    WebhookRegistration::new(
+        WebhookKind::Mutating,
+        &format!("{tenant}-stamp"),
+        &format!("{}/mutate/workloads", f._webhook.url),
+        &f._webhook.ca_pem,
+    )
+    .rule(WebhookRule::new(
+        &["CREATE", "UPDATE"],
+        "apps",
+        "v1",
+        &["deployments"],
+    ))
+    .only_namespace(&tenant)
+    .register(&f.client)
+    .await?;
+    let tag = f.ns.clone();
+    let labelled = |mut d: Value| {
+        d["metadata"]["labels"]["helmop-tests/fair"] = json!(tag);
+        d
+    };
+    create_secret(&f.client, &tenant, "flap", &[("v", b"0")]).await?;
+    let items: Vec<Value> = (0..300)
+        .map(|n| labelled(reader(&format!("t{n:03}"), "flap", 0)))
+        .collect();
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+    let out =
+        f.up.run_kubectl(
+            &["apply", "-n", &tenant, "-f", "-"],
+            Some(&list.to_string()),
+        )
+        .await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    create_secret(&f.client, &f.ns, "mine", &[("v", b"0")]).await?;
+    f.apply(&labelled(reader("mine", "mine", 0))).await?;
+    // The shipped brakes but the breaker, which would stop the tenant at once: the budget's share
+    // and the namespaces' turns are what keep the other namespace moving.
+    let selector = format!("helmop-tests/fair={tag}");
+    let mut w = PluginProcess::spawn(
+        &[
+            "rollout",
+            "-A",
+            "-l",
+            &selector,
+            "--watch",
+            "--no-leader-election",
+            "--flap-changes",
+            "0",
+            "--min-roll-interval",
+            "0s",
+            "--webhook-configuration",
+            "",
+            "--kubeconfig",
+            &f.kubeconfig,
+            "-o",
+            "json",
+        ],
+        &[],
+    )?;
+    wait_for(&mut w, "synced").await?;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(f.client.clone(), &tenant);
+    let flapping = {
+        let secrets = secrets.clone();
+        tokio::spawn(async move {
+            // Every 200 ms for 30 s.
+            for i in 1..=150 {
+                let patch = json!({"stringData": {"v": i.to_string()}});
+                if secrets
+                    .patch("flap", &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    // Meanwhile, the other namespace changes its own Secret 10 times, each timed to its restamp.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut lags = Vec::new();
+    for i in 1..=10 {
+        let skip = w.events().len();
+        let start = tokio::time::Instant::now();
+        f.patch(
+            "secret",
+            "mine",
+            &format!(r#"{{"stringData":{{"v":"{i}"}}}}"#),
+        )
+        .await?;
+        w.wait_event("the expected event", WAIT, skip, restamped_for("mine"))
+            .await?;
+        lags.push(start.elapsed());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    flapping.abort();
+    lags.sort();
+    let p50 = lags[lags.len() / 2];
+    let tenant_restamps = w
+        .events_named("restamped")
+        .iter()
+        .filter(|e| {
+            e["workload"]
+                .as_str()
+                .is_some_and(|n| n.starts_with(&format!("{tenant}/")))
+        })
+        .count();
+    let counts: std::collections::BTreeMap<String, usize> =
+        w.events().iter().fold(Default::default(), |mut m, e| {
+            *m.entry(e["event"].as_str().unwrap_or("?").to_owned())
+                .or_default() += 1;
+            m
+        });
+    eprintln!(
+        "other namespace change -> restamp p50 {p50:?} ({lags:?}); tenant restamps {tenant_restamps}; events {counts:?}"
+    );
+    assert!(
+        p50 < Duration::from_secs(2),
+        "the other namespace waited behind the tenant: p50 {p50:?} {lags:?}"
+    );
+    assert!(
+        tenant_restamps > 0,
+        "the tenant's readers roll too, within their share"
+    );
+    Ok(())
+}
