@@ -322,12 +322,24 @@ impl RegistryResolver {
         let metadata = object
             .pointer(request.template_metadata_pointer)
             .and_then(Value::as_object);
-        let all = slots(spec);
-        // Only a restamp that asks for it resolves pinned tags again; a config restamp keeps them.
-        let restamp = request
+        let restamped = request
             .old_object
-            .is_some_and(|old| annotation(old, ANN_RESTAMP) != annotation(object, ANN_RESTAMP))
-            && annotation(object, ANN_RESTAMP).is_some_and(helmop_core::rollout::restamp_repins);
+            .is_some_and(|old| annotation(old, ANN_RESTAMP) != annotation(object, ANN_RESTAMP));
+        let repins =
+            annotation(object, ANN_RESTAMP).is_some_and(helmop_core::rollout::restamp_repins);
+        // A restamp that only records configuration (the rollout watcher's, propagate's), of a pod
+        // spec that did not change, asks nothing of a registry: it keeps the pins, and a registry
+        // that never answers cannot hold it (nor the watcher's slot) for the image budget.
+        let same_spec = request
+            .old_object
+            .and_then(|old| old.pointer(request.template_spec_pointer))
+            == Some(spec);
+        if restamped && !repins && same_spec {
+            return ImageOutcome::default();
+        }
+        let all = slots(spec);
+        // Only a restamp that asks for it resolves pinned tags again.
+        let restamp = restamped && repins;
         let candidates = candidates(&all, &self.tags, restamp);
         let recorded = template_annotation(metadata, ANN_IMAGE_DIGESTS);
         if candidates.is_empty() && recorded.is_none() {
@@ -910,7 +922,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_config_restamp_keeps_pins_and_a_rollout_restamp_resolves_again() {
+    async fn a_config_restamp_asks_no_registry_and_a_rollout_restamp_resolves_again() {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -942,6 +954,20 @@ mod tests {
             "{:?}",
             out.ops
         );
+        assert_eq!(requests.load(Ordering::SeqCst), 0);
+        // Nor is an unpinned mutable tag looked up on a config restamp (a registry that never
+        // answers would hold the restamp for the whole image budget).
+        let mut unpinned_old = object(
+            &[("app", &format!("{addr}/app:latest"))],
+            Some("watch:2026-12-07T10:00:00Z"),
+        );
+        unpinned_old["metadata"]["annotations"][ANN_IMAGE_MODE] = json!("pin");
+        let mut unpinned = unpinned_old.clone();
+        unpinned["metadata"]["annotations"][ANN_RESTAMP] = json!("watch:2026-12-07T10:05:00Z");
+        let out = resolver
+            .resolve(request(&unpinned, Some(&unpinned_old), ImageMode::Pin))
+            .await;
+        assert_eq!(out, ImageOutcome::default());
         assert_eq!(requests.load(Ordering::SeqCst), 0);
         // `kubectl helmop rollout` (or an image poll) asks for the tag again.
         let rollout = restamped("rollout:2026-12-07T10:06:00Z");
