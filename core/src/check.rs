@@ -45,6 +45,7 @@ pub enum Check {
     Access,
     Lease,
     AdmissionPort,
+    RolloutHolds,
 }
 
 impl Check {
@@ -58,6 +59,7 @@ impl Check {
             Check::Access => "access",
             Check::Lease => "lease",
             Check::AdmissionPort => "admission-port",
+            Check::RolloutHolds => "rollout-holds",
         }
     }
 }
@@ -544,6 +546,81 @@ pub fn opt_in(label: &str, facts: &OptIn) -> Vec<Finding> {
             &facts.workloads,
         ),
     ]
+}
+
+/// A workload the rollout watcher holds back, from its latest Warning Event about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HoldFact {
+    /// `namespace/kind/name`.
+    pub workload: String,
+    /// The Event's reason (`RestampHeld`, `RestampBreakerOpen`, ...).
+    pub reason: String,
+    pub note: String,
+}
+
+/// The Event reasons of the rollout watcher's holds and stalled rollouts (see docs/propagator.md,
+/// "Brakes"), with what to do about each.
+pub const HOLD_REASONS: [(&str, &str); 6] = [
+    ("RestampHeld", "create the missing Secret, ConfigMap or key"),
+    (
+        "RestampBreakerOpen",
+        "find what keeps writing the source, or `kubectl helmop rollout --resume secret/NAME -n NS`",
+    ),
+    (
+        "RestampIneffective",
+        "is helmop-webhook installed and stamping it? see the webhook-answer check",
+    ),
+    (
+        "RestampDeferred",
+        "promote, retry or abort the Argo Rollout",
+    ),
+    (
+        "RestampUnwatched",
+        "read fewer Secrets, ConfigMaps or keys by name",
+    ),
+    (
+        "RolloutStalled",
+        "`kubectl rollout status` and the workload's Events",
+    ),
+];
+
+/// What the rollout watcher holds back (its Warning Events of the last hour; Events expire): one
+/// warning naming the workloads and the first one's fix, or ok.
+pub fn rollout_holds(facts: &Result<Vec<HoldFact>, String>) -> Finding {
+    let subject = "workloads";
+    match facts {
+        Err(reason) => Finding::new(
+            Check::RolloutHolds,
+            subject,
+            Verdict::Warning,
+            format!("cannot list the rollout watcher's Events: {reason}"),
+        )
+        .fix("needs list on events"),
+        Ok(holds) if holds.is_empty() => Finding::new(
+            Check::RolloutHolds,
+            subject,
+            Verdict::Ok,
+            "none held back by the rollout watcher".into(),
+        ),
+        Ok(holds) => {
+            let items: Vec<String> = holds
+                .iter()
+                .map(|h| format!("{} ({})", h.workload, h.reason))
+                .collect();
+            let first = &holds[0];
+            let fix = HOLD_REASONS
+                .iter()
+                .find(|(r, _)| *r == first.reason)
+                .map_or("the workload's Events", |(_, fix)| *fix);
+            Finding::new(
+                Check::RolloutHolds,
+                subject,
+                Verdict::Warning,
+                format!("held back: {}; {}", listed(&items), first.note),
+            )
+            .fix(format!("{}: {fix}", first.workload))
+        }
+    }
 }
 
 fn listed(items: &[String]) -> String {

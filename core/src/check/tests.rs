@@ -432,3 +432,30 @@ fn the_admission_port_is_judged_by_who_can_reach_it() {
         }
     }
 }
+
+#[test]
+fn holds_are_a_warning_naming_the_workloads_and_what_to_do() {
+    assert_eq!(rollout_holds(&Ok(Vec::new())).verdict, Verdict::Ok);
+    let f = rollout_holds(&Ok(vec![HoldFact {
+        workload: "apps/deployment/web".into(),
+        reason: "RestampBreakerOpen".into(),
+        note: "not restamped: Secret apps/flap changes too often".into(),
+    }]));
+    assert_eq!(f.verdict, Verdict::Warning);
+    assert!(
+        f.message
+            .contains("apps/deployment/web (RestampBreakerOpen)"),
+        "{}",
+        f.message
+    );
+    assert!(
+        f.fix
+            .as_deref()
+            .is_some_and(|x| x.contains("rollout --resume"))
+    );
+    let e = rollout_holds(&Err("forbidden".into()));
+    assert_eq!(
+        (e.verdict, e.check.as_str()),
+        (Verdict::Warning, "rollout-holds")
+    );
+}

@@ -85,6 +85,7 @@ fn assert_shape_with(report: &Value, every_check: bool) {
         "opt-in",
         "access",
         "lease",
+        "rollout-holds",
     ] {
         assert!(
             findings.iter().any(|f| f["check"] == check),

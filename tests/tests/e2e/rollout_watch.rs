@@ -1053,6 +1053,41 @@ async fn rollout_resume_releases_an_open_breaker() -> anyhow::Result<()> {
             .is_some_and(|n| n.contains("rollout --resume secret/flap")),
         "{held}"
     );
+    // `check` reports the hold, with the fix (read from the watcher's Events).
+    let hold_reported = || async {
+        let out = run_plugin(
+            &[
+                "check",
+                "-n",
+                &f.ns,
+                "--kubeconfig",
+                &f.kubeconfig,
+                "-o",
+                "json",
+            ],
+            &[],
+            WAIT,
+        )
+        .await?;
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .with_context(|| String::from_utf8_lossy(&out.stderr).into_owned())?;
+        let holds = report["findings"]
+            .as_array()
+            .and_then(|f| f.iter().find(|f| f["check"] == "rollout-holds").cloned())
+            .context("no rollout-holds finding")?;
+        Ok::<Value, anyhow::Error>(holds)
+    };
+    wait_until("check reports web held", WAIT, || async {
+        let holds = hold_reported().await?;
+        Ok(holds["verdict"] == "warning"
+            && holds["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("/deployment/web (RestampBreakerOpen)"))
+            && holds["fix"]
+                .as_str()
+                .is_some_and(|x| x.contains("rollout --resume")))
+    })
+    .await?;
     // A dry run releases nothing.
     let out = run_plugin(
         &[
@@ -1107,6 +1142,11 @@ async fn rollout_resume_releases_an_open_breaker() -> anyhow::Result<()> {
     );
     wait_until("web stamped for the final content", WAIT, || {
         current(&f, "web")
+    })
+    .await?;
+    // Restamped since: no longer held.
+    wait_until("check reports nothing held", WAIT, || async {
+        Ok(hold_reported().await?["verdict"] == "ok")
     })
     .await?;
     // Not found is a clear error.
