@@ -29,7 +29,45 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 
-use super::watches::NamespaceLabels;
+/// The namespaces' opt-in labels, written by the Namespace watch and read by the workload watches,
+/// which index what a workload reads only when it is opted in: a workload that is not costs its
+/// key and a few fields, whatever its pod template holds. The workload watches start once the
+/// Namespaces listed; a namespace opted in later has its workloads read again by the loop.
+pub struct NamespaceLabels {
+    labels: std::sync::RwLock<std::collections::HashMap<String, Option<String>>>,
+    listed: tokio::sync::watch::Sender<bool>,
+}
+
+impl NamespaceLabels {
+    pub fn new() -> Arc<NamespaceLabels> {
+        Arc::new(NamespaceLabels {
+            labels: std::sync::RwLock::default(),
+            listed: tokio::sync::watch::Sender::new(false),
+        })
+    }
+
+    pub(super) fn set(&self, name: &str, label: Option<&str>) {
+        if let Ok(mut labels) = self.labels.write() {
+            labels.insert(name.to_owned(), label.map(str::to_owned));
+        }
+    }
+
+    /// The Namespaces listed once: the workload watches may start.
+    pub(super) fn mark_listed(&self) {
+        self.listed.send_replace(true);
+    }
+
+    /// The opt-in label of `namespace`, if known.
+    pub fn get(&self, namespace: &str) -> Option<String> {
+        self.labels.read().ok()?.get(namespace).cloned().flatten()
+    }
+
+    pub(super) async fn wait_listed(&self) {
+        let mut rx = self.listed.subscribe();
+        // Only an error if the sender is gone, which it cannot be while `self` lives.
+        let _ = rx.wait_for(|listed| *listed).await;
+    }
+}
 
 thread_local! {
     /// The namespace labels of the watch being polled on this thread (see [`with_labels`]).

@@ -31,7 +31,7 @@ use super::coverage::Coverage;
 use super::index::{
     ObjectFacts, ObjectKey, Progress, Version, WatcherRecord, WorkloadFacts, WorkloadKey,
 };
-use super::lean::LeanWorkload;
+use super::lean::{LeanWorkload, NamespaceLabels};
 use crate::watch::triggers::Synced;
 
 /// One step of one watch.
@@ -107,41 +107,6 @@ impl Drop for Watches {
 /// server's largest object (etcd's 1.5 MiB), whatever a tenant writes; 10,000 workloads take 500
 /// list requests.
 const WORKLOAD_PAGE: u32 = 20;
-
-/// The namespaces' opt-in labels, written by the Namespace watch and read by the workload watches,
-/// which index what a workload reads only when it is opted in: a workload that is not costs its
-/// key and a few fields, whatever its pod template holds. The workload watches start once the
-/// Namespaces listed; a namespace opted in later has its workloads read again by the loop.
-pub struct NamespaceLabels {
-    labels: std::sync::RwLock<std::collections::HashMap<String, Option<String>>>,
-    listed: tokio::sync::watch::Sender<bool>,
-}
-
-impl NamespaceLabels {
-    pub fn new() -> Arc<NamespaceLabels> {
-        Arc::new(NamespaceLabels {
-            labels: std::sync::RwLock::default(),
-            listed: tokio::sync::watch::Sender::new(false),
-        })
-    }
-
-    pub(super) fn set(&self, name: &str, label: Option<&str>) {
-        if let Ok(mut labels) = self.labels.write() {
-            labels.insert(name.to_owned(), label.map(str::to_owned));
-        }
-    }
-
-    /// The opt-in label of `namespace`, if known.
-    pub fn get(&self, namespace: &str) -> Option<String> {
-        self.labels.read().ok()?.get(namespace).cloned().flatten()
-    }
-
-    async fn wait_listed(&self) {
-        let mut rx = self.listed.subscribe();
-        // Only an error if the sender is gone, which it cannot be while `self` lives.
-        let _ = rx.wait_for(|listed| *listed).await;
-    }
-}
 
 /// Starts every watch of `scope`; `synced` counts those that listed once.
 pub fn spawn(
@@ -222,7 +187,7 @@ pub fn spawn(
         let labels = labels.clone();
         move || {
             synced.mark();
-            labels.listed.send_replace(true);
+            labels.mark_listed();
         }
     };
     tasks.push(forward(
