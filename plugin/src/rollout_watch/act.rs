@@ -21,7 +21,7 @@ use helmop_core::workload::pod_template;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
-use kube::runtime::events::{EventType, Reporter};
+use kube::runtime::events::{EventType, Recorder};
 use kube::{Api, Client};
 use serde_json::json;
 use tokio::time::Instant;
@@ -168,7 +168,11 @@ pub struct Detail {
 pub struct Shared {
     pub client: Client,
     pub dry_run: bool,
-    pub reporter: Reporter,
+    /// One recorder for every Event of the watcher: its cache folds another Event of the same
+    /// reason on the same workload (within kube's few minutes) into the first one's series (a
+    /// count and a last time, the first note kept), so a workload restamped ten times carries one
+    /// `Restamped` Event with a count of 10, not ten Events.
+    pub recorder: Recorder,
 }
 
 /// Does `job`'s work.
@@ -450,7 +454,7 @@ pub async fn publish(
     note: &str,
 ) -> bool {
     let event = notices::event(type_, reason, "Restamp", note);
-    match notices::publish(&shared.client, &shared.reporter, &event, regarding).await {
+    match shared.recorder.publish(&event, regarding).await {
         Ok(()) => true,
         Err(e) => {
             tracing::warn!(

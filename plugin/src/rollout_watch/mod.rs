@@ -345,13 +345,14 @@ pub async fn run(
     let identity = election
         .as_ref()
         .map_or_else(leader::default_identity, |h| h.identity().to_owned());
+    let reporter = Reporter {
+        controller: act::CONTROLLER.to_owned(),
+        instance: Some(identity),
+    };
     let shared = Arc::new(Shared {
         client: client.clone(),
         dry_run,
-        reporter: Reporter {
-            controller: act::CONTROLLER.to_owned(),
-            instance: Some(identity),
-        },
+        recorder: kube::runtime::events::Recorder::new(client.clone(), reporter),
     });
     let scope = Scope {
         namespace,

@@ -433,6 +433,23 @@ async fn edits_rotations_and_late_optional_references_roll_and_nothing_else_does
             .is_none_or(|a| !a.contains_key(RESTAMP))
     );
     assert_eq!(f.replica_sets("manual").await?, 1);
+    // web was restamped several times by one watcher: one Restamped Event, its series counting
+    // them, not one Event per restamp.
+    let restamped = restamps_of(&w, "web");
+    assert!(restamped >= 2, "{}", w.context());
+    wait_until(
+        "one Restamped Event on web counting its restamps",
+        WAIT,
+        || async {
+            let events = f.events("web", "Restamped").await?;
+            Ok(events.len() == 1
+                && events[0]
+                    .series
+                    .as_ref()
+                    .is_some_and(|s| usize::try_from(s.count).unwrap_or(0) == restamped))
+        },
+    )
+    .await?;
     Ok(())
 }
 
