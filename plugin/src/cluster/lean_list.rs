@@ -117,20 +117,20 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for Skipping<A> {
 }
 
 /// A map key, borrowed from the input when it holds no escapes.
-enum Key<'de> {
+pub(crate) enum Key<'de> {
     Borrowed(&'de str),
     Owned(String),
 }
 
 impl Key<'_> {
-    fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         match self {
             Key::Borrowed(k) => k,
             Key::Owned(k) => k,
         }
     }
 
-    fn into_string(self) -> String {
+    pub(crate) fn into_string(self) -> String {
         match self {
             Key::Borrowed(k) => k.to_owned(),
             Key::Owned(k) => k,

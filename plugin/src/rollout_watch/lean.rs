@@ -29,6 +29,8 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 
+use crate::cluster::lean_list::Key;
+
 /// The namespaces' opt-in labels, written by the Namespace watch and read by the workload watches,
 /// which index what a workload reads only when it is opted in: a workload that is not costs its
 /// key and a few fields, whatever its pod template holds. The workload watches start once the
@@ -169,9 +171,9 @@ impl<'de> Visitor<'de> for OnlyKey {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut kept = BTreeMap::new();
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-            if key == self.0 {
-                kept.insert(key.into_owned(), map.next_value::<String>()?);
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            if key.as_str() == self.0 {
+                kept.insert(key.into_string(), map.next_value::<String>()?);
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
@@ -199,15 +201,15 @@ impl<'de> Visitor<'de> for WorkloadVisitor {
         let mut meta: Option<LeanMeta> = None;
         let mut data = serde_json::Map::new();
         let mut skipped_spec = false;
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-            match key.as_ref() {
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            match key.as_str() {
                 "metadata" => meta = Some(map.next_value()?),
                 "spec" if meta.as_ref().is_some_and(|m| !opted_in(m)) => {
                     map.next_value::<IgnoredAny>()?;
                     skipped_spec = true;
                 }
                 "spec" | "status" => {
-                    data.insert(key.into_owned(), map.next_value()?);
+                    data.insert(key.into_string(), map.next_value()?);
                 }
                 _ => {
                     map.next_value::<IgnoredAny>()?;

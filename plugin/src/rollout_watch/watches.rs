@@ -481,50 +481,90 @@ where
     })
 }
 
-/// Watches the MutatingWebhookConfiguration `name` and sends its [`Coverage`] at every change.
-fn watch_configuration(client: &Client, name: &str, tx: mpsc::Sender<Change>) -> JoinHandle<()> {
-    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+/// What [`watch_named`] saw of its one object.
+enum Named<'a, K> {
+    /// Listed, added or modified.
+    Present(&'a K),
+    /// Deleted, or not there when a listing ended.
+    Absent,
+    /// The first listing ended (after its `Absent`, if any).
+    Listed,
+    /// The watch failed (it is retried); the first failure of a streak only.
+    Failed(String),
+}
+
+/// Drives a watch of the one object `name` of `api`, sending what `on` makes of each step.
+fn watch_named<K>(
+    api: Api<K>,
+    name: &str,
+    tx: mpsc::Sender<Change>,
+    on: impl Fn(Named<'_, K>) -> Vec<Change> + Send + 'static,
+) -> JoinHandle<()>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let stream = watcher::watcher(api, config).default_backoff();
-    let what = format!("the webhook configuration {name}");
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
+        let mut listed = false;
         let mut found = false;
         let mut failing = false;
         while let Some(event) = stream.next().await {
-            let change = match event {
-                Ok(Event::Apply(c) | Event::InitApply(c)) => {
+            let changes = match event {
+                Ok(Event::Apply(obj) | Event::InitApply(obj)) => {
                     found = true;
-                    Some(Change::Coverage(
-                        Coverage::of(&c)
-                            .map(Some)
-                            .map_err(|e| format!("{what}: {e}")),
-                    ))
+                    on(Named::Present(&obj))
                 }
                 Ok(Event::Delete(_)) => {
                     found = false;
-                    Some(Change::Coverage(Ok(None)))
+                    on(Named::Absent)
                 }
                 Ok(Event::Init) => {
                     found = false;
-                    None
+                    Vec::new()
                 }
                 Ok(Event::InitDone) => {
                     failing = false;
-                    (!found).then_some(Change::Coverage(Ok(None)))
+                    let mut changes = if found { Vec::new() } else { on(Named::Absent) };
+                    if !listed {
+                        listed = true;
+                        changes.extend(on(Named::Listed));
+                    }
+                    changes
                 }
                 Err(e) => {
                     let first = !failing;
                     failing = true;
-                    first.then(|| Change::Coverage(Err(format!("{what}: {e}"))))
+                    if first {
+                        on(Named::Failed(e.to_string()))
+                    } else {
+                        Vec::new()
+                    }
                 }
             };
-            if let Some(change) = change
-                && tx.send(change).await.is_err()
-            {
-                return;
+            for change in changes {
+                if tx.send(change).await.is_err() {
+                    return;
+                }
             }
         }
+    })
+}
+
+/// Watches the MutatingWebhookConfiguration `name` and sends its [`Coverage`] at every change.
+fn watch_configuration(client: &Client, name: &str, tx: mpsc::Sender<Change>) -> JoinHandle<()> {
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let what = format!("the webhook configuration {name}");
+    watch_named(api, name, tx, move |seen| match seen {
+        Named::Present(c) => vec![Change::Coverage(
+            Coverage::of(c)
+                .map(Some)
+                .map_err(|e| format!("{what}: {e}")),
+        )],
+        Named::Absent => vec![Change::Coverage(Ok(None))],
+        Named::Listed => Vec::new(),
+        Named::Failed(e) => vec![Change::Coverage(Err(format!("{what}: {e}")))],
     })
 }
 
@@ -535,64 +575,20 @@ fn watch_hash_key(
     synced: Arc<Synced>,
 ) -> JoinHandle<()> {
     let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let stream = watcher::watcher(api, config).default_backoff();
     let what = format!("the hash key Secret {namespace}/{name}");
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        let mut listed = false;
-        let mut found = false;
-        let mut failing = false;
-        while let Some(event) = stream.next().await {
-            let key = match event {
-                Ok(Event::Apply(secret) | Event::InitApply(secret)) => {
-                    found = true;
-                    Some(HashKey::from_secret(&secret).map_err(|e| format!("{what}: {e}")))
-                }
-                Ok(Event::Delete(_)) => {
-                    found = false;
-                    Some(Err(format!("{what} does not exist")))
-                }
-                Ok(Event::Init) => {
-                    found = false;
-                    None
-                }
-                Ok(Event::InitDone) => {
-                    failing = false;
-                    let missing = (!found).then(|| Err(format!("{what} does not exist")));
-                    if let Some(missing) = missing
-                        && tx.send(Change::HashKey(missing)).await.is_err()
-                    {
-                        return;
-                    }
-                    if !listed {
-                        synced.mark();
-                        listed = true;
-                        if tx.send(Change::HashKeyListed).await.is_err() {
-                            return;
-                        }
-                    }
-                    None
-                }
-                Err(e) => {
-                    if !failing {
-                        let _ = tx
-                            .send(Change::WatchFailed {
-                                what: what.clone(),
-                                error: e.to_string(),
-                            })
-                            .await;
-                    }
-                    failing = true;
-                    None
-                }
-            };
-            if let Some(key) = key
-                && tx.send(Change::HashKey(key)).await.is_err()
-            {
-                return;
-            }
+    watch_named(api, name, tx, move |seen| match seen {
+        Named::Present(secret) => vec![Change::HashKey(
+            HashKey::from_secret(secret).map_err(|e| format!("{what}: {e}")),
+        )],
+        Named::Absent => vec![Change::HashKey(Err(format!("{what} does not exist")))],
+        Named::Listed => {
+            synced.mark();
+            vec![Change::HashKeyListed]
         }
+        Named::Failed(error) => vec![Change::WatchFailed {
+            what: what.clone(),
+            error,
+        }],
     })
 }
 
