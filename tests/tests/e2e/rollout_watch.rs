@@ -79,17 +79,7 @@ impl Fixture {
     }
 
     fn spawn_watcher(&self, extra: &[&str], env: &[(&str, &str)]) -> anyhow::Result<PluginProcess> {
-        let mut args = vec![
-            "rollout",
-            "-n",
-            &self.ns,
-            "--watch",
-            "--kubeconfig",
-            &self.kubeconfig,
-            "-o",
-            "json",
-        ];
-        args.extend_from_slice(extra);
+        let mut args = extra.to_vec();
         // The brakes are proven by their own tests below; the others watch workloads that never
         // become available (no node here) and restamp one workload several times in a row.
         for (flag, value) in [
@@ -102,6 +92,21 @@ impl Fixture {
                 args.extend_from_slice(&[flag, value]);
             }
         }
+        self.spawn_scoped(&["-n", &self.ns], &args, env)
+    }
+
+    /// `rollout SCOPE --watch EXTRA` on the test cluster, JSON events on stdout; the shipped brakes
+    /// but for what `extra` sets.
+    fn spawn_scoped(
+        &self,
+        scope: &[&str],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<PluginProcess> {
+        let mut args = vec!["rollout"];
+        args.extend_from_slice(scope);
+        args.extend_from_slice(&["--watch", "--kubeconfig", &self.kubeconfig, "-o", "json"]);
+        args.extend_from_slice(extra);
         let mut all_env = vec![("HELMOP_LOG", "info")];
         all_env.extend_from_slice(env);
         PluginProcess::spawn(&args, &all_env)
@@ -1282,22 +1287,7 @@ async fn workloads_that_are_not_opted_in_cost_the_watcher_nothing_whatever_they_
             )
             .await?;
     }
-    let watcher = |ns: &str| -> anyhow::Result<PluginProcess> {
-        PluginProcess::spawn(
-            &[
-                "rollout",
-                "-n",
-                ns,
-                "--watch",
-                "--no-leader-election",
-                "--kubeconfig",
-                &f.kubeconfig,
-                "-o",
-                "json",
-            ],
-            &[],
-        )
-    };
+    let watcher = |ns: &str| f.spawn_scoped(&["-n", ns], &["--no-leader-election"], &[]);
     // The same watcher over an empty namespace, then over the tenant's: listing, then holding them.
     let mut idle = watcher(&empty)?;
     wait_for(&mut idle, "synced").await?;
@@ -1437,22 +1427,14 @@ async fn workloads_the_webhook_configuration_leaves_out_are_skipped_with_one_mes
     }
     let selector = format!("helmop-tests/cover={tag}");
     let configuration = format!("{}-stamp", f.ns);
-    let mut w = PluginProcess::spawn(
+    let mut w = f.spawn_scoped(
+        &["-A", "-l", &selector],
         &[
-            "rollout",
-            "-A",
-            "-l",
-            &selector,
-            "--watch",
             "--no-leader-election",
             "--debounce",
             "0s",
             "--webhook-configuration",
             &configuration,
-            "--kubeconfig",
-            &f.kubeconfig,
-            "-o",
-            "json",
         ],
         &[],
     )?;
@@ -1557,13 +1539,9 @@ async fn a_tenant_flapping_a_secret_read_by_300_cron_jobs_does_not_delay_another
     // The shipped brakes but the breaker, which would stop the tenant at once: the budget's share
     // and the namespaces' turns are what keep the other namespace moving.
     let selector = format!("helmop-tests/fair={tag}");
-    let mut w = PluginProcess::spawn(
+    let mut w = f.spawn_scoped(
+        &["-A", "-l", &selector],
         &[
-            "rollout",
-            "-A",
-            "-l",
-            &selector,
-            "--watch",
             "--no-leader-election",
             "--flap-changes",
             "0",
@@ -1571,10 +1549,6 @@ async fn a_tenant_flapping_a_secret_read_by_300_cron_jobs_does_not_delay_another
             "0s",
             "--webhook-configuration",
             "",
-            "--kubeconfig",
-            &f.kubeconfig,
-            "-o",
-            "json",
         ],
         &[],
     )?;
