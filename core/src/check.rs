@@ -558,6 +558,46 @@ pub struct HoldFact {
     pub note: String,
 }
 
+/// What the rollout watcher holds back on one workload, as `status` shows it on the workload's
+/// rows (field `hold`): the reason and note of its newest Event among [`HOLD_REASONS`] and
+/// `Restamped`, when that is a hold.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Hold {
+    /// The Event's reason (`RestampHeld`, `RestampBreakerOpen`, ...).
+    pub reason: String,
+    pub note: String,
+}
+
+impl Hold {
+    /// The short name of the hold ([`hold_label`]).
+    pub fn label(&self) -> &str {
+        hold_label(&self.reason)
+    }
+}
+
+/// The short name of a hold's Event reason, as the rollout watcher's `held` events and
+/// `helmop_rollout_held{reason}` call it (`stalled` for `RolloutStalled`); another reason is its
+/// own name.
+pub fn hold_label(reason: &str) -> &str {
+    if reason == "RolloutStalled" {
+        return "stalled";
+    }
+    HOLD_LABELS
+        .iter()
+        .find(|(_, r)| *r == reason)
+        .map_or(reason, |(label, _)| label)
+}
+
+/// The rollout watcher's holds: the short name (the `held` event's `hold`, the label of
+/// `helmop_rollout_held{reason}`) and the reason of the Warning Event it publishes.
+pub const HOLD_LABELS: [(&str, &str); 5] = [
+    ("missing", "RestampHeld"),
+    ("breaker", "RestampBreakerOpen"),
+    ("gave-up", "RestampIneffective"),
+    ("rollout-busy", "RestampDeferred"),
+    ("unwatched", "RestampUnwatched"),
+];
+
 /// The Event reasons of the rollout watcher's holds and stalled rollouts (see docs/propagator.md,
 /// "Brakes"), with what to do about each.
 pub const HOLD_REASONS: [(&str, &str); 6] = [

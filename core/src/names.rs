@@ -43,9 +43,15 @@ pub const ANN_IMAGE_DIGESTS: &str = "helmop.dev/image-digests";
 pub const ANN_IMAGE_MODE: &str = "helmop.dev/image-mode";
 /// Workload metadata annotation the plugin bumps to make the webhook re-stamp.
 pub const ANN_RESTAMP: &str = "helmop.dev/restamp";
+/// The entry (`repin:<time>`) the rollout watcher adds to a restamp value it writes for `--images`:
+/// it is not one of the config-only entries, so the webhook resolves image tags again.
+pub const RESTAMP_REPIN: &str = "repin:";
 /// On a Secret or ConfigMap: a new value releases its flap breaker in the rollout watcher
 /// (`kubectl helmop rollout resume`).
 pub const ANN_ROLLOUT_RESUME: &str = "helmop.dev/rollout-resume";
+/// `reportingController` (`reportingComponent` in core/v1) of the rollout watcher's Events, which
+/// `status` and `check` read back for its holds.
+pub const ROLLOUT_WATCHER_COMPONENT: &str = "helmop.dev/rollout-watcher";
 /// HelmOp annotation: missing downstream resources warn instead of deny.
 pub const ANN_ALLOW_MISSING: &str = "helmop.dev/allow-missing";
 

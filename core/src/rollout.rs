@@ -79,7 +79,8 @@ pub fn opted_in(
 /// but those that only record configuration, which helmop writes when what pods read changed: the
 /// rollout watcher's (`watch:<time>`, `tries:...`, `seen:...`) and `propagate`'s (copy hashes `kind/name=hash`,
 /// `propagate:<time>`). Those keep the pins: a ConfigMap edit must not ship the code a `:latest`
-/// tag moved to meanwhile.
+/// tag moved to meanwhile. The watcher's restamp for `--images` adds `repin:<time>`, which is not
+/// one of them.
 pub fn restamp_repins(value: &str) -> bool {
     let records_config = |entry: &str| {
         ["watch:", "tries:", "seen:", "propagate:"]
@@ -170,6 +171,10 @@ mod tests {
         assert!(restamp_repins("rollout:2026-12-07T10:00:00Z"));
         assert!(restamp_repins("rollout:2026-12-07T10:00:00Z-1"));
         assert!(!restamp_repins("watch:2026-12-07T10:00:00Z,tries:1@0123"));
+        assert!(restamp_repins(&format!(
+            "watch:2026-12-07T10:00:00Z,tries:1@0123,seen:00,{}2026-12-07T10:00:00Z",
+            crate::names::RESTAMP_REPIN
+        )));
         assert!(!restamp_repins(
             "configmap/app=v1:aa,watch:2026-12-07T10:00:00Z"
         ));

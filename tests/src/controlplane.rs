@@ -413,6 +413,43 @@ impl ControlPlane {
         .map(drop)
     }
 
+    /// Stops the kube-controller-manager of cluster `name` (SIGTERM to the pid in its pid file,
+    /// `DIR/NAME/controller-manager.pid`) and waits until it is gone, so that thousands of
+    /// Deployments bring no ReplicaSets (and no CPU spent making them). Only a process that still
+    /// runs that executable is signalled. Never on the shared control plane: other tests need it.
+    pub fn stop_controller_manager(&self, name: &str) -> anyhow::Result<()> {
+        const KCM: &str = "kube-controller-manager";
+        let runs = |pid: u32| {
+            std::fs::read_link(format!("/proc/{pid}/exe"))
+                .ok()
+                .is_some_and(|e| e.file_name().is_some_and(|f| f == KCM))
+        };
+        let pid_file = self.dir.join(name).join("controller-manager.pid");
+        let pid: u32 = std::fs::read_to_string(&pid_file)
+            .with_context(|| format!("reading {}", pid_file.display()))?
+            .trim()
+            .parse()
+            .with_context(|| format!("{} holds no pid", pid_file.display()))?;
+        if !runs(pid) {
+            bail!("pid {pid} of {} is not a {KCM}", pid_file.display());
+        }
+        let status = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .context("running kill")?;
+        if !status.success() {
+            bail!("kill -TERM {pid} failed");
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while runs(pid) {
+            if Instant::now() > deadline {
+                bail!("the {KCM} of {name} (pid {pid}) did not stop within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    }
+
     /// Starts cluster `name` from an etcd snapshot of cluster `src` (`cp clone-cluster`): the
     /// same objects with the same uids, `kube-system`'s included, served by its own etcd and
     /// kube-apiserver at its own address: what two clusters restored from one backup look like.

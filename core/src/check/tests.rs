@@ -459,3 +459,23 @@ fn holds_are_a_warning_naming_the_workloads_and_what_to_do() {
         (Verdict::Warning, "rollout-holds")
     );
 }
+
+#[test]
+fn every_hold_reason_has_a_short_name_of_its_own() {
+    let labels: std::collections::BTreeSet<&str> =
+        HOLD_REASONS.iter().map(|(r, _)| hold_label(r)).collect();
+    assert_eq!(labels.len(), HOLD_REASONS.len(), "{labels:?}");
+    for (reason, _) in HOLD_REASONS {
+        assert_ne!(hold_label(reason), reason, "{reason} has a short name");
+    }
+    let hold = Hold {
+        reason: "RestampBreakerOpen".into(),
+        note: "n".into(),
+    };
+    assert_eq!(hold.label(), "breaker");
+    assert_eq!(hold_label("SomethingNew"), "SomethingNew");
+    assert_eq!(
+        serde_json::to_value(&hold).ok(),
+        Some(serde_json::json!({"reason": "RestampBreakerOpen", "note": "n"}))
+    );
+}

@@ -26,7 +26,7 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Endpoints, Event, Namespace, Node, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
@@ -36,6 +36,7 @@ use serde_json::{Value, json};
 
 use crate::cluster::api_error;
 use crate::error::PluginError;
+use crate::run::holds;
 use crate::run::workloads::{KINDS, api_resource, opted_in};
 
 /// What `check` looks at; the defaults are the shipped manifests' names.
@@ -550,72 +551,20 @@ async fn opt_ins(client: &Client) -> OptIn {
     }
 }
 
-/// How many Events `rollout-holds` reads at most (pages of 500): its cost is bounded whatever the
-/// cluster holds; past it, the newest pages are what was read.
-const MAX_EVENTS: usize = 5_000;
-
-/// The workloads the rollout watcher holds back now: for each workload its newest Event of the
-/// watcher among its hold reasons and `Restamped`, kept when that is a hold.
+/// The workloads the rollout watcher holds back now, as `check` lists them (read by
+/// [`holds::read`], which `status` shares).
 async fn rollout_holds(
     client: &Client,
     namespace: Option<&str>,
 ) -> Result<Vec<verdicts::HoldFact>, String> {
-    let api: Api<Event> = match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let mut newest: BTreeMap<String, (Timestamp, String, String)> = BTreeMap::new();
-    let mut params = ListParams::default().limit(500);
-    let mut read = 0;
-    loop {
-        let page = api
-            .list(&params)
-            .await
-            .map_err(|e| api_error::describe(&e))?;
-        read += page.items.len();
-        for e in page.items {
-            if e.reporting_component.as_deref() != Some(crate::rollout_watch::act::CONTROLLER) {
-                continue;
-            }
-            let reason = e.reason.clone().unwrap_or_default();
-            let hold = verdicts::HOLD_REASONS.iter().any(|(r, _)| *r == reason);
-            if !hold && reason != "Restamped" {
-                continue;
-            }
-            let o = &e.involved_object;
-            let (Some(ns), Some(kind), Some(name)) = (&o.namespace, &o.kind, &o.name) else {
-                continue;
-            };
-            let workload = format!("{ns}/{}/{name}", kind.to_ascii_lowercase());
-            let at = [
-                e.series
-                    .as_ref()
-                    .and_then(|s| s.last_observed_time.as_ref())
-                    .map(|t| t.0),
-                e.event_time.as_ref().map(|t| t.0),
-                e.last_timestamp.as_ref().map(|t| t.0),
-            ]
-            .into_iter()
-            .flatten()
-            .max()
-            .unwrap_or(Timestamp::UNIX_EPOCH);
-            let note = e.message.clone().unwrap_or_default();
-            if newest.get(&workload).is_none_or(|(t, _, _)| *t <= at) {
-                newest.insert(workload, (at, reason, note));
-            }
-        }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) if read < MAX_EVENTS => params = params.continue_token(&token),
-            _ => break,
-        }
-    }
-    Ok(newest
+    let found = holds::read(client, namespace).await?;
+    Ok(found
+        .held
         .into_iter()
-        .filter(|(_, (_, reason, _))| reason != "Restamped")
-        .map(|(workload, (_, reason, note))| verdicts::HoldFact {
-            workload,
-            reason,
-            note,
+        .map(|(workload, hold)| verdicts::HoldFact {
+            workload: workload.to_string(),
+            reason: hold.reason,
+            note: hold.note,
         })
         .collect())
 }

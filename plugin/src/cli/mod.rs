@@ -65,8 +65,13 @@ whether its stamp is current (Current) or not (RolloutPending), Paused or Invali
 would not deliver. Compares keyed content hashes: the data of a copy is read only to hash it in \
 memory with the upstream's key (a copy edited downstream is Drifted), never printed, logged or \
 stored.\n\n\
-Exits 0 (out-of-sync rows are a state, not an error), 1 when a HelmOp's targets are invalid or \
-Fleet rejects it, \
+A workload the rollout watcher holds back (its newest Event of the watcher is RestampHeld, \
+RestampBreakerOpen, RestampIneffective, RestampDeferred, RestampUnwatched or RolloutStalled, not \
+Restamped) is shown held, e.g. RolloutPending (held: missing), with the Event's note in -o wide and \
+a field hold (reason, note) in JSON and YAML. Events are read only in the namespaces of workload \
+rows, at most 5000 per namespace; Events that cannot be read are a note, not an error.\n\n\
+Exits 0 (out-of-sync rows and held workloads are a state, not an error), 1 when a HelmOp's targets \
+are invalid or Fleet rejects it, \
 2 when a cluster could not be read, 3 when the upstream cluster cannot be reached.",
         after_help = "Examples:\n  kubectl helmop status my-app -n fleet-default\n  kubectl helmop status -A -o wide\n  kubectl helmop status -A -o json"
     )]

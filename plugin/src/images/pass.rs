@@ -24,6 +24,8 @@ pub struct Setup {
     pub tags: MutableTags,
     /// `None`: every namespace.
     pub namespace: Option<String>,
+    /// Workloads must also match this label selector.
+    pub selector: Option<String>,
     pub timeout: Duration,
 }
 
@@ -33,6 +35,8 @@ pub struct SetupOptions<'a> {
     pub registry_config: Option<&'a Path>,
     pub mutable_tags: &'a [String],
     pub all_namespaces: bool,
+    /// `-l` of `rollout --watch --images`: only workloads it selects are looked at.
+    pub selector: Option<&'a str>,
     pub registry_timeout: Duration,
 }
 
@@ -57,6 +61,7 @@ impl Setup {
             registry,
             tags: MutableTags::new(args.mutable_tags),
             namespace,
+            selector: args.selector.map(str::to_owned),
             timeout: args.registry_timeout,
         })
     }
@@ -67,6 +72,7 @@ impl Setup {
             &self.ctx.upstream,
             &self.registry,
             self.namespace.as_deref(),
+            self.selector.as_deref(),
             &self.tags,
             self.timeout,
         )

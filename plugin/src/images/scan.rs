@@ -2,7 +2,10 @@
 //! distinct tag and credential, and compare.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
 use std::time::Duration;
+
+use futures::future::BoxFuture;
 
 use futures::stream::{self, StreamExt};
 use helmop_core::names::{ANN_IMAGE_MODE, LABEL_ROLLOUT_ON_CHANGE};
@@ -11,9 +14,9 @@ use helmop_core::workload::WorkloadKind;
 use helmop_images::auth::{PullSecret, credential_for};
 use helmop_images::client::{RegistryClient, ResolveError};
 use helmop_images::mode::{ImageMode, effective_mode};
-use helmop_images::pull_secrets::read_pull_secrets;
+use helmop_images::pull_secrets::{PullSecretSource, read_pull_secrets};
 use helmop_images::tags::MutableTags;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::{Api, Client};
 use serde_json::Value;
@@ -34,8 +37,10 @@ pub struct Target {
     pub name: String,
     /// Its `helmop.dev/restamp` annotation.
     pub restamp: Option<String>,
-    /// The pod template's PodSpec (pull secrets, ServiceAccount).
-    spec: Value,
+    /// Of the pod template's PodSpec, only what pull secrets are read from (`imagePullSecrets`,
+    /// the ServiceAccount): a poll holds every target at once, so a whole PodSpec each would make
+    /// its memory grow with what tenants write into their templates.
+    pull: Value,
     pub containers: Vec<Container>,
 }
 
@@ -61,13 +66,16 @@ pub async fn scan(
     client: &Client,
     registry: &RegistryClient,
     namespace: Option<&str>,
+    selector: Option<&str>,
     tags: &MutableTags,
     timeout: Duration,
 ) -> Result<Scan, kube::Error> {
-    let targets = list(client, namespace, tags).await?;
+    let targets = list(client, namespace, selector, tags).await?;
+    let reads = PassReads::new(client);
+    let reads = &reads;
     let secrets: Vec<(Vec<PullSecret>, Vec<String>)> = stream::iter(&targets)
         .map(|t| async move {
-            let (secrets, problems) = read_pull_secrets(client, &t.namespace, &t.spec).await;
+            let (secrets, problems) = read_pull_secrets(reads, &t.namespace, &t.pull).await;
             let warnings = problems
                 .iter()
                 .map(|p| format!("{} in namespace {}: {p}", t.workload(), t.namespace))
@@ -138,6 +146,69 @@ pub async fn scan(
     })
 }
 
+/// The ServiceAccounts and pull Secrets of one pass, each read once: 4,000 workloads of one
+/// ServiceAccount cost one GET per pass, not 4,000. Kept for the pass only (a failed read is not
+/// kept: the next workload asks again).
+struct PassReads<'c> {
+    client: &'c Client,
+    accounts: Mutex<HashMap<(String, String), Option<ServiceAccount>>>,
+    secrets: Mutex<HashMap<(String, String), Option<Secret>>>,
+}
+
+impl<'c> PassReads<'c> {
+    fn new(client: &'c Client) -> PassReads<'c> {
+        PassReads {
+            client,
+            accounts: Mutex::new(HashMap::new()),
+            secrets: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// Looks `key` up in `memo`, else reads it with `read` and keeps what it found.
+async fn memoized<T: Clone>(
+    memo: &Mutex<HashMap<(String, String), Option<T>>>,
+    key: (String, String),
+    read: impl std::future::Future<Output = Result<Option<T>, kube::Error>>,
+) -> Result<Option<T>, kube::Error> {
+    if let Some(found) = memo.lock().ok().and_then(|m| m.get(&key).cloned()) {
+        return Ok(found);
+    }
+    let found = read.await?;
+    if let Ok(mut m) = memo.lock() {
+        m.insert(key, found.clone());
+    }
+    Ok(found)
+}
+
+impl PullSecretSource for PassReads<'_> {
+    fn secret<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Secret>, kube::Error>> {
+        let key = (namespace.to_owned(), name.to_owned());
+        Box::pin(memoized(
+            &self.secrets,
+            key,
+            self.client.secret(namespace, name),
+        ))
+    }
+
+    fn service_account<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ServiceAccount>, kube::Error>> {
+        let key = (namespace.to_owned(), name.to_owned());
+        Box::pin(memoized(
+            &self.accounts,
+            key,
+            self.client.service_account(namespace, name),
+        ))
+    }
+}
+
 /// A registry answer is shared by containers asking for the same tag with the same credential.
 fn key_of(c: &Container, pull: &[PullSecret]) -> (String, Option<String>) {
     (
@@ -167,6 +238,7 @@ const PAGE: u32 = 20;
 async fn list(
     client: &Client,
     namespace: Option<&str>,
+    selector: Option<&str>,
     tags: &MutableTags,
 ) -> Result<Vec<Target>, kube::Error> {
     let namespaces: BTreeMap<String, Namespace> = match namespace {
@@ -211,6 +283,7 @@ async fn list(
             }
         }
     }
+    let extra = selector.filter(|s| !s.is_empty());
     let mut out = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for kind in IMAGE_KINDS {
@@ -224,7 +297,8 @@ async fn list(
                 Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
                 None => Api::all_with(client.clone(), &resource),
             };
-            let mut params = ListParams::default().labels(selector).limit(PAGE);
+            let selector = and_selector(selector, extra);
+            let mut params = ListParams::default().labels(&selector).limit(PAGE);
             loop {
                 let page = match api.list(&params).await {
                     Ok(page) => page,
@@ -294,15 +368,33 @@ fn target(
     if containers.is_empty() {
         return None;
     }
-    let spec = template.spec.clone();
     Some(Target {
         kind,
         namespace: ns,
         name,
         restamp,
-        spec,
+        pull: pull_fields(template.spec),
         containers,
     })
+}
+
+/// Both label selectors: they AND over commas (opted in, and what `-l` selects).
+fn and_selector(opt_in: &str, extra: Option<&str>) -> String {
+    match extra {
+        Some(extra) => format!("{opt_in},{extra}"),
+        None => opt_in.to_owned(),
+    }
+}
+
+/// The fields of a PodSpec pull secrets are read from.
+fn pull_fields(spec: &Value) -> Value {
+    let mut pull = serde_json::Map::new();
+    for field in ["imagePullSecrets", "serviceAccountName", "serviceAccount"] {
+        if let Some(v) = spec.get(field) {
+            pull.insert(field.to_owned(), v.clone());
+        }
+    }
+    Value::Object(pull)
 }
 
 #[cfg(test)]
@@ -358,5 +450,36 @@ mod tests {
         assert!(!scanned(Some("off"), Some("pin")));
         assert!(!scanned(Some("off"), Some("bogus")));
         assert!(scanned(Some("bogus"), None));
+    }
+    #[test]
+    fn a_target_keeps_only_what_pull_secrets_are_read_from() {
+        let spec = json!({
+            "serviceAccountName": "builder",
+            "imagePullSecrets": [{"name": "regcred"}],
+            "containers": [{"name": "app", "image": "app:latest", "env": [{"name": "BIG", "value": "x".repeat(10_000)}]}],
+            "volumes": [{"name": "v", "emptyDir": {}}],
+        });
+        let pull = pull_fields(&spec);
+        assert_eq!(
+            pull,
+            json!({"serviceAccountName": "builder", "imagePullSecrets": [{"name": "regcred"}]})
+        );
+        assert_eq!(
+            helmop_images::pull_secrets::service_account(&pull),
+            "builder"
+        );
+        assert_eq!(pull_fields(&json!({"containers": []})), json!({}));
+    }
+
+    #[test]
+    fn the_watchers_selector_narrows_the_opted_in_lists() {
+        assert_eq!(
+            and_selector("helmop.dev/rollout-on-change=true", Some("team=a")),
+            "helmop.dev/rollout-on-change=true,team=a"
+        );
+        assert_eq!(
+            and_selector("helmop.dev/rollout-on-change!=false", None),
+            "helmop.dev/rollout-on-change!=false"
+        );
     }
 }

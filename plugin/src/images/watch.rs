@@ -5,15 +5,24 @@
 //!
 //! Events, one per line (`-o json`: JSON Lines with `time` and `event`): `started`, `poll` (the rows and
 //! a summary), `restamped` (or, with `--dry-run`, `would-restamp`), `not-repinned` (a restamp that did
-//! not move the pin; retried), `failed`, `stopped`.
+//! not move the pin; retried), `held` (an Argo Rollout aborted or mid-canary: not restamped, looked at
+//! again after a back-off), `failed`, `stopped`.
+//!
+//! Under `rollout --watch --images` the poll loop writes nothing itself: it hands each workload to
+//! restamp to the rollout watcher's loop ([`Restamps::Handoff`]), whose roll budget, pacing,
+//! breakers and holds then apply to image rollouts exactly as to config rollouts.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use helmop_core::names::ANN_RESTAMP;
+use helmop_core::progress::{RollState, roll_state};
+use helmop_core::workload::WorkloadKind;
 use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::DynamicObject;
 use serde_json::json;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::model::{ImageRow, ImageState};
@@ -41,13 +50,44 @@ pub struct WatchOptions {
     pub dry_run: bool,
 }
 
+/// Where the restamps of a poll go.
+pub enum Restamps {
+    /// Written by the poll loop itself, one at a time (`images --watch`).
+    Direct,
+    /// Handed to the rollout watcher's loop (`rollout --watch --images`), which writes each under
+    /// its roll budget, pacing, breakers and holds, like any restamp it decides; `done` brings back
+    /// each workload whose restamp landed (the next poll checks it was re-pinned).
+    Handoff {
+        requests: mpsc::UnboundedSender<Repin>,
+        done: mpsc::UnboundedReceiver<WorkloadKey>,
+    },
+}
+
+/// A workload whose image tags moved, for the rollout watcher to restamp.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Repin {
+    pub kind: WorkloadKind,
+    pub namespace: String,
+    pub name: String,
+    /// Which containers moved to which digests, for the report.
+    pub moved: String,
+}
+
 pub async fn run(args: WatchOptions, setup: SetupOptions<'_>) -> Result<ExitStatus, PluginError> {
     // Installed first, so a signal during start-up is not lost.
     let mut signals = Signals::install()?;
     let setup = Setup::new(setup).await?;
     let events = Events::new(args.output);
     let (_always, leading) = watch::channel(true);
-    let signal = run_loop(&args, &setup, &events, leading, signals.recv()).await;
+    let signal = run_loop(
+        &args,
+        &setup,
+        &events,
+        leading,
+        Restamps::Direct,
+        signals.recv(),
+    )
+    .await;
     events.stopped(signal);
     Ok(ExitStatus::Ok)
 }
@@ -60,6 +100,7 @@ pub async fn run_loop(
     setup: &Setup,
     events: &Events,
     mut leading: watch::Receiver<bool>,
+    mut restamps: Restamps,
     stop: impl std::future::Future<Output = &'static str>,
 ) -> &'static str {
     let mut stop = std::pin::pin!(stop);
@@ -91,6 +132,12 @@ pub async fn run_loop(
             }
         }
         poll += 1;
+        // Restamps the rollout watcher landed since the last poll: this poll checks they took.
+        if let Restamps::Handoff { done, .. } = &mut restamps {
+            while let Ok(key) = done.try_recv() {
+                rollouts.restamped(&key);
+            }
+        }
         let scanned = tokio::select! {
             signal = &mut stop => break signal,
             scanned = setup.scan() => scanned,
@@ -123,6 +170,30 @@ pub async fn run_loop(
                                 continue;
                             }
                             if !*leading.borrow() {
+                                continue;
+                            }
+                            if let Restamps::Handoff { requests, .. } = &restamps {
+                                let repin = Repin {
+                                    kind: target.kind,
+                                    namespace: target.namespace.clone(),
+                                    name: target.name.clone(),
+                                    moved: reasons.join("; "),
+                                };
+                                if requests.send(repin).is_err() {
+                                    break 'outer "the watcher stopped";
+                                }
+                                continue;
+                            }
+                            if let Some(why) = busy(setup, target).await {
+                                let retry_in = rollouts.failed(Instant::now(), &key);
+                                events.emit(
+                                    "held",
+                                    &json!({"namespace": key.0, "workload": key.1, "reasons": reasons, "why": why, "retryIn": humanize(retry_in)}),
+                                    format!(
+                                        "not restamping {} in namespace {}: {why}; looking again in {}",
+                                        key.1, key.0, humanize(retry_in)
+                                    ),
+                                );
                                 continue;
                             }
                             let restamped = tokio::select! {
@@ -181,6 +252,36 @@ fn find<'a>(targets: &'a [Target], key: &WorkloadKey) -> Option<&'a Target> {
     targets
         .iter()
         .find(|t| t.namespace == key.0 && t.workload() == key.1)
+}
+
+/// Why an Argo Rollout must not be restamped now (`None`: go ahead, and for every other kind): an
+/// aborted one would be put back on the revision it aborted, one mid-canary would restart its steps.
+/// Read just before the restamp; a read that fails says so (the restamp waits for the next try).
+async fn busy(setup: &Setup, target: &Target) -> Option<String> {
+    if target.kind != WorkloadKind::Rollout {
+        return None;
+    }
+    let resource = crate::run::workloads::api_resource(target.kind);
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(setup.ctx.upstream.clone(), &target.namespace, &resource);
+    let obj = match api.get_opt(&target.name).await {
+        Ok(Some(obj)) => obj,
+        Ok(None) => return Some("the Rollout is gone".to_owned()),
+        Err(e) => {
+            return Some(format!(
+                "its state cannot be read ({})",
+                crate::cluster::api_error::describe(&e)
+            ));
+        }
+    };
+    match roll_state(target.kind, obj.metadata.generation, &obj.data) {
+        RollState::Aborted => Some(
+            "the Rollout is aborted (a restamp would roll it back onto the revision it aborted)"
+                .to_owned(),
+        ),
+        RollState::Progressing(why) => Some(format!("{why} (a restamp would restart its steps)")),
+        RollState::Complete | RollState::Stalled(_) => None,
+    }
 }
 
 /// Writes a new `helmop.dev/restamp` with the plugin's restamp helper; returns the value.

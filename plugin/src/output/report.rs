@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 
+use helmop_core::check::Hold;
 use helmop_core::fleet_copy::AgentCopy;
 use helmop_core::state::RowState;
 use serde::Serialize;
@@ -38,6 +39,10 @@ pub struct Row {
     /// (`current`, `pending`, `blocked`, `unknown`; shown as `FleetManaged (current)`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fleet_copy: Option<AgentCopy>,
+    /// For `status` workload rows: what the rollout watcher holds back on the workload, from its
+    /// newest Event among its holds and `Restamped` (shown as `RolloutPending (held: missing)`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Hold>,
 }
 
 impl Row {
@@ -55,6 +60,7 @@ impl Row {
             reason,
             in_sync: None,
             fleet_copy: None,
+            hold: None,
         }
     }
 
@@ -79,6 +85,7 @@ impl Row {
             reason,
             in_sync: None,
             fleet_copy: None,
+            hold: None,
         }
     }
 
@@ -231,17 +238,29 @@ pub fn table(rows: &[Row], opts: Table) -> String {
             if workloads {
                 c.push(r.workload.clone().unwrap_or_else(|| "-".into()));
             }
-            c.push(match r.fleet_copy {
+            let mut state = match r.fleet_copy {
                 Some(f) => format!("{} ({})", r.state, f.as_str()),
                 None => r.state.to_string(),
-            });
+            };
+            if let Some(h) = &r.hold {
+                state.push_str(&format!(" (held: {})", h.label()));
+            }
+            c.push(state);
             if opts.reason {
-                c.push(r.reason.clone());
+                c.push(match &r.hold {
+                    Some(h) => format!("held ({}): {}; {}", h.label(), h.note, r.reason),
+                    None => r.reason.clone(),
+                });
             }
             let colour = opts
                 .colour
                 .then(|| colour_of(r.state, r.fleet_copy))
-                .flatten();
+                .flatten()
+                // A hold is a warning: never green.
+                .map(|c| match (c, &r.hold) {
+                    (Colour::Green, Some(_)) => Colour::Yellow,
+                    (c, _) => c,
+                });
             (c, colour)
         })
         .collect();
@@ -329,6 +348,7 @@ mod tests {
             reason: "in sync".into(),
             in_sync: None,
             fleet_copy: None,
+            hold: None,
         }
     }
 
@@ -373,6 +393,35 @@ mod tests {
             },
         );
         assert!(!plain.contains('\x1b'));
+    }
+
+    #[test]
+    fn a_held_workload_says_so_in_its_state_and_reason_and_is_never_green() {
+        let mut w = row("c", "db", RowState::Current);
+        w.workload = Some("Deployment/web".into());
+        w.hold = Some(Hold {
+            reason: "RestampHeld".into(),
+            note: "secret/db lacks key password".into(),
+        });
+        let t = table(
+            std::slice::from_ref(&w),
+            Table {
+                reason: true,
+                colour: true,
+            },
+        );
+        let line = t.lines().nth(1).unwrap_or_default();
+        assert!(
+            line.contains("\x1b[33mCurrent (held: missing)\x1b[0m"),
+            "{line}"
+        );
+        assert!(
+            line.ends_with("held (missing): secret/db lacks key password; in sync"),
+            "{line}"
+        );
+        let plain = table(&[w], Table::default());
+        assert!(plain.contains("Current (held: missing)\n"), "{plain}");
+        assert!(!plain.contains("lacks key"), "{plain}");
     }
 
     #[test]

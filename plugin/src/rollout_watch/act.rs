@@ -34,7 +34,7 @@ use crate::run::workloads::restamp_value;
 use crate::watch::notices;
 
 /// `reportingController` of the watcher's Events.
-pub const CONTROLLER: &str = "helmop.dev/rollout-watcher";
+pub const CONTROLLER: &str = helmop_core::names::ROLLOUT_WATCHER_COMPONENT;
 
 /// What is known of one way of reading one object version.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,11 +103,13 @@ pub enum Work {
     /// indexed (see [`super::watches::workload_facts`]).
     Fetch,
     /// Restamp: the loop decided it is due, to `expected`; this is the `tries`th restamp meant to
-    /// write it, decided from the object versions `seen` ([`versions_fingerprint`]).
+    /// write it, decided from the object versions `seen` ([`versions_fingerprint`]). `repin`: the
+    /// restamp is (also) for `--images`, and the webhook must resolve image tags again.
     Restamp {
         expected: String,
         tries: u32,
         seen: String,
+        repin: bool,
     },
 }
 
@@ -153,6 +155,8 @@ pub struct Finished {
     /// What a [`Work::Fetch`] read of the workload.
     pub fetched: Option<Box<WorkloadFacts>>,
     pub lag: std::time::Duration,
+    /// A restamp that re-pinned image tags for `--images` landed.
+    pub repinned: bool,
 }
 
 #[derive(Debug, Default)]
@@ -206,8 +210,9 @@ pub async fn run(shared: Arc<Shared>, job: Job) -> Finished {
         generation: None,
         fetched: None,
         lag: std::time::Duration::ZERO,
+        repinned: false,
     };
-    let (expected, tries, seen) = match work {
+    let (expected, tries, seen, repin) = match work {
         Work::Read => {
             read_missing(
                 &shared,
@@ -254,14 +259,22 @@ pub async fn run(shared: Arc<Shared>, job: Job) -> Finished {
             expected,
             tries,
             seen,
-        } => (expected, tries, seen),
+            repin,
+        } => (expected, tries, seen, repin),
     };
     finished.detail.expected = Some(expected.clone());
     if shared.dry_run {
         return finished;
     }
     crate::test_pause::pause("rollout-before-restamp", &ticket.key.to_string()).await;
-    let value = restamp_record(&copies, Some((tries, &expected, &seen)), Timestamp::now());
+    // A re-pin of a workload the webhook stamps nothing on has no expected stamp to count tries of.
+    let record = (!expected.is_empty()).then_some((tries, expected.as_str(), seen.as_str()));
+    let mut value = restamp_record(&copies, record, Timestamp::now());
+    if repin {
+        // Not one of the config-only entries (`helmop_core::rollout::restamp_repins`): the
+        // webhook resolves the image tags again on this UPDATE.
+        value.push_str(&format!(",{}{}", names::RESTAMP_REPIN, Timestamp::now()));
+    }
     let result = restamp(&shared.client, &resource, &ticket.key, &value).await;
     finished.lag = Instant::now().saturating_duration_since(ticket.since);
     let about = workload_ref(&resource, &ticket.key, &uid);
@@ -272,8 +285,10 @@ pub async fn run(shared: Arc<Shared>, job: Job) -> Finished {
             // it was read: the webhook reads it live), is a restamp that rolled; whether it is
             // current now is decided again when the workload's own change comes back.
             let moved = after.is_some() && after != stamp;
-            if after.as_deref() == Some(expected.as_str()) || moved {
+            // A re-pin is checked by the next registry poll (the pins), not by the stamp.
+            if after.as_deref() == Some(expected.as_str()) || moved || repin {
                 finished.outcome = Outcome::Restamped;
+                finished.repinned = repin;
                 finished.generation = generation;
                 let note = format!("Restamped: {}", ticket.reason);
                 if !publish(&shared, &about, EventType::Normal, "Restamped", &note).await {

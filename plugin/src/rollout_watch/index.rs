@@ -130,6 +130,8 @@ pub enum Reason {
     Namespace,
     /// Everything is decided again: start-up, a new leader, the hash key, a resync.
     All(&'static str),
+    /// `--images` found a new registry digest for a mutable tag it runs (which, per container).
+    Images(String),
 }
 
 impl Reason {
@@ -144,6 +146,7 @@ impl Reason {
             Reason::Workload => "workload",
             Reason::Namespace => "namespace",
             Reason::All(why) => why,
+            Reason::Images(_) => "images",
         }
     }
 }
@@ -155,6 +158,7 @@ impl std::fmt::Display for Reason {
             Reason::Workload => f.write_str("its pod template or labels changed"),
             Reason::Namespace => f.write_str("its namespace's opt-in label changed"),
             Reason::All(why) => f.write_str(why),
+            Reason::Images(moved) => write!(f, "its image tags moved ({moved})"),
         }
     }
 }

@@ -61,6 +61,7 @@ pub struct Metrics {
     objects: Gauge,
     digests: Gauge,
     leader: Gauge,
+    covered: Gauge,
     lag: Histogram,
     brakes: Brakes,
 }
@@ -82,9 +83,6 @@ pub struct HowLabel {
     pub how: &'static str,
 }
 
-/// Why workloads are held, for `helmop_rollout_held{reason}` (a closed set).
-pub const HOLD_REASONS: [&str; 5] = ["missing", "breaker", "gave-up", "rollout-busy", "unwatched"];
-
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
@@ -97,7 +95,7 @@ impl Metrics {
         let restamps = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "restamps",
-            "Restamps the webhook turned into the expected stamp, by what made them due: object-changed, object-created, object-deleted, workload, namespace, start, leader, hash-key, resync, retry",
+            "Restamps the webhook turned into the expected stamp, by what made them due: object-changed, object-created, object-deleted, workload, namespace, start, leader, hash-key, resync, retry, budget, read, images, uncovered",
             restamps.clone(),
         );
         let refused = Counter::default();
@@ -153,6 +151,12 @@ impl Metrics {
             "leader",
             "1 while this process holds the leader-election Lease (or runs without election), else 0",
             leader.clone(),
+        );
+        let covered = Gauge::default();
+        registry.register(
+            "covered",
+            "1 while a wider watcher's fresh Lease contains this watcher's scope (it writes nothing), else 0",
+            covered.clone(),
         );
         let lag = Histogram::new([0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]);
         registry.register(
@@ -229,6 +233,7 @@ impl Metrics {
             objects,
             digests,
             leader,
+            covered,
             lag,
         }
     }
@@ -286,17 +291,22 @@ impl Metrics {
         self.brakes.breaker_trips.inc();
     }
 
-    /// Open breakers, and held workloads per reason of [`HOLD_REASONS`].
+    /// Open breakers, and held workloads per hold of [`helmop_core::check::HOLD_LABELS`] (a
+    /// closed set of label values).
     pub fn set_holds(&self, breakers_open: usize, held: impl Fn(&str) -> usize) {
         self.brakes
             .breakers_open
             .set(i64::try_from(breakers_open).unwrap_or(i64::MAX));
-        for reason in HOLD_REASONS {
+        for (reason, _) in helmop_core::check::HOLD_LABELS {
             self.brakes
                 .held
                 .get_or_create(&ReasonLabel { reason })
                 .set(i64::try_from(held(reason)).unwrap_or(i64::MAX));
         }
+    }
+
+    pub fn set_covered(&self, covered: bool) {
+        self.covered.set(i64::from(covered));
     }
 
     pub fn set_leader(&self, leading: bool) {

@@ -26,6 +26,7 @@ pub mod coverage;
 pub mod index;
 pub mod lean;
 pub mod metrics;
+pub mod overlap;
 pub mod queue;
 pub mod watches;
 
@@ -93,6 +94,24 @@ struct Loop {
     breakers: Breakers,
     /// Workloads due for a restamp that are held, and why (each announced once).
     holds: HashMap<WorkloadKey, Hold>,
+    /// Workloads `--images` wants restamped for a new registry digest (what moved), until a
+    /// restamp lands (or they are gone or no longer opted in); a hold keeps them here.
+    repins: HashMap<WorkloadKey, String>,
+    /// Tells the poll loop a re-pin landed.
+    repinned: mpsc::UnboundedSender<crate::images::rollouts::WorkloadKey>,
+    /// Other rollout watchers' Leases, and the names a re-listing brought so far.
+    overlaps: overlap::Overlaps,
+    overlaps_listed: Option<HashSet<String>>,
+    /// The Leases were listed once, or cannot be (then no watcher is known to cover this one):
+    /// nothing is written before, so a narrower watcher never restamps at start-up what a wider
+    /// one leads.
+    leases_known: bool,
+    own_scope: overlap::WatchScope,
+    own_lease: String,
+    /// The wider watcher whose fresh Lease contains this scope (this one writes nothing meanwhile).
+    covered: Option<String>,
+    /// Whether the `--images` poll loop may poll: leading and not covered.
+    acting_images: tokio::sync::watch::Sender<bool>,
     /// What the webhook configuration sends to the stamping webhook (`None`: unknown, skip nothing).
     coverage: Option<Coverage>,
     coverage_name: String,
@@ -167,6 +186,15 @@ pub async fn run(
     let scope_text = scope_text(namespace.as_deref(), args.selector.as_deref());
     let events = Events::new(output);
 
+    let own_scope = overlap::WatchScope {
+        namespace: namespace.clone(),
+        selector: args.selector.clone(),
+    };
+    let own_lease = args
+        .service
+        .lease_name
+        .clone()
+        .unwrap_or_else(|| lease_name(namespace.as_deref(), args.selector.as_deref()));
     let Some(Joined {
         election,
         mut leading,
@@ -175,7 +203,7 @@ pub async fn run(
         .service
         .join(
             &client,
-            || lease_name(namespace.as_deref(), args.selector.as_deref()),
+            own_scope.lease_meta(own_lease.clone()),
             dry_run,
             &mut signals,
             &events,
@@ -242,6 +270,8 @@ pub async fn run(
         kinds: resources.iter().map(|(k, r)| (*k, r.clone())).collect(),
         hash_key,
         webhook_configuration: Some(args.webhook_configuration.clone()).filter(|n| !n.is_empty()),
+        // Only a scope some other can contain watches for one that does.
+        leases: (!own_scope.is_widest()).then(|| args.service.lease_namespace()),
     };
     let (tx, mut rx) = mpsc::channel(1024);
     let watches = watches::spawn(&client, &scope, tx, &synced);
@@ -253,6 +283,7 @@ pub async fn run(
                 registry_config: args.registry_config.as_deref(),
                 mutable_tags: &args.mutable_tags,
                 all_namespaces: args.all_namespaces,
+                selector: args.selector.as_deref(),
                 registry_timeout: REGISTRY_TIMEOUT,
             })
             .await?,
@@ -268,8 +299,17 @@ pub async fn run(
     };
     let image_events = Events::new(output);
     let mut images_running = image_setup.is_some();
+    // The poll loop hands its restamps to this loop (budget, pacing, breakers, holds) and hears
+    // back which landed.
+    let (repin_tx, mut repin_rx) = mpsc::unbounded_channel();
+    let (repinned_tx, repinned_rx) = mpsc::unbounded_channel();
+    let restamps = crate::images::watch::Restamps::Handoff {
+        requests: repin_tx,
+        done: repinned_rx,
+    };
     let (stop_images, images_stopped) = tokio::sync::oneshot::channel::<&'static str>();
-    let images_leading = leading.clone();
+    // The poll loop polls only while this loop acts (leads, and no wider watcher covers it).
+    let (images_gate_tx, images_leading) = tokio::sync::watch::channel(*leading.borrow());
     let images = async move {
         match image_setup {
             Some(setup) => {
@@ -279,6 +319,7 @@ pub async fn run(
                     &setup,
                     &image_events,
                     images_leading,
+                    restamps,
                     stopped,
                 )
                 .await;
@@ -293,6 +334,15 @@ pub async fn run(
         budget: Budget::new(limits),
         breakers: Breakers::new(flaps),
         holds: HashMap::new(),
+        repins: HashMap::new(),
+        repinned: repinned_tx,
+        overlaps: overlap::Overlaps::default(),
+        overlaps_listed: None,
+        leases_known: scope.leases.is_none(),
+        own_scope,
+        own_lease,
+        covered: None,
+        acting_images: images_gate_tx,
         coverage: None,
         coverage_name: args.webhook_configuration.clone(),
         coverage_seen: args.webhook_configuration.is_empty(),
@@ -320,7 +370,14 @@ pub async fn run(
 
     let signal = loop {
         let is_leading = *leading.borrow();
-        let acting = is_leading && state.synced && state.coverage_seen && state.key.is_ok();
+        let now = Instant::now();
+        state.check_covered(is_leading, now);
+        let acting = is_leading
+            && state.leases_known
+            && state.covered.is_none()
+            && state.synced
+            && state.coverage_seen
+            && state.key.is_ok();
         if acting {
             state.dispatch(&mut jobs, max);
         }
@@ -330,6 +387,9 @@ pub async fn run(
             None
         };
         let housekeeping = state.next_housekeeping();
+        let lease_expiry = state
+            .overlaps
+            .next_expiry(&state.own_lease, &state.own_scope);
         tokio::select! {
             signal = signals.recv() => break signal,
             _ = heartbeat.tick() => {
@@ -374,8 +434,11 @@ pub async fn run(
                 next_resync = after(args.resync);
             }
             _ = sleep_until(housekeeping) => state.housekeeping(),
+            // A covering Lease not renewed in time: looked at again at the top of the loop.
+            _ = sleep_until(lease_expiry) => {}
             _ = sleep_until(next) => {}
             _ = &mut images, if images_running => images_running = false,
+            Some(repin) = repin_rx.recv(), if images_running => state.repin(repin, Instant::now()),
         }
     };
     drop(watches);
@@ -394,7 +457,7 @@ pub async fn run(
 /// Why a workload due for a restamp is not restamped.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Hold {
-    /// One of [`metrics::HOLD_REASONS`].
+    /// One of the short names of [`helmop_core::check::HOLD_LABELS`].
     reason: &'static str,
     /// What the Event and the report say.
     note: String,
@@ -405,13 +468,10 @@ struct Hold {
 impl Hold {
     /// The Event reason of the hold.
     fn event_reason(&self) -> &'static str {
-        match self.reason {
-            "missing" => "RestampHeld",
-            "breaker" => "RestampBreakerOpen",
-            "gave-up" => "RestampIneffective",
-            "unwatched" => "RestampUnwatched",
-            _ => "RestampDeferred",
-        }
+        helmop_core::check::HOLD_LABELS
+            .iter()
+            .find(|(label, _)| *label == self.reason)
+            .map_or("RestampDeferred", |(_, reason)| reason)
     }
 }
 
@@ -555,7 +615,27 @@ impl Loop {
                     self.mark_all("webhook-configuration");
                 }
             }
+            Change::Lease(step) => match step {
+                Step::Put((name, facts)) => self.overlaps.put(name, facts, now),
+                Step::Listed((name, facts)) => {
+                    if let Some(listed) = &mut self.overlaps_listed {
+                        listed.insert(name.clone());
+                    }
+                    self.overlaps.put(name, facts, now);
+                }
+                Step::Delete(name) => self.overlaps.delete(&name),
+                Step::Relist => self.overlaps_listed = Some(HashSet::new()),
+                Step::Done => {
+                    if let Some(listed) = self.overlaps_listed.take() {
+                        self.overlaps.retain(&listed);
+                    }
+                    self.leases_known = true;
+                }
+            },
             Change::WatchFailed { what, error } => {
+                if what.starts_with(watches::LEASES_WATCH) {
+                    self.leases_known = true;
+                }
                 self.metrics.error(ErrorKind::Watch);
                 self.events.emit(
                     "watch-failed",
@@ -566,7 +646,63 @@ impl Loop {
         }
     }
 
+    /// Whether a wider watcher covers this one now; says so when that changes. Uncovered again,
+    /// the watcher takes over as a new leader does: it counts the rollouts still going and decides
+    /// every workload once (through the budget; a workload the wider one restamped reads nothing).
+    fn check_covered(&mut self, leading: bool, now: Instant) {
+        let covering = self
+            .overlaps
+            .covering(&self.own_lease, &self.own_scope, now)
+            .map(|(name, scope)| (name.to_owned(), scope.describe()));
+        let name = covering.as_ref().map(|(name, _)| name.clone());
+        if name != self.covered {
+            match &covering {
+                Some((lease, scope)) => self.events.emit(
+                    "covered",
+                    &json!({"lease": lease, "scope": scope}),
+                    format!(
+                        "standing by: the watcher of {scope} (Lease {lease}) leads and contains this scope; writing nothing while its Lease is fresh"
+                    ),
+                ),
+                None => self.events.emit(
+                    "uncovered",
+                    &json!({"lease": self.covered}),
+                    format!(
+                        "the wider watcher's Lease {} was released or went stale: restamping in {} again",
+                        self.covered.as_deref().unwrap_or_default(),
+                        self.own_scope.describe()
+                    ),
+                ),
+            }
+            self.metrics.set_covered(name.is_some());
+            if name.is_none() && leading {
+                self.holds.clear();
+                self.adopt_rollouts();
+                self.mark_all("uncovered");
+            }
+            self.covered = name;
+        }
+        self.acting_images.send_if_modified(|acting| {
+            let now_acting = leading && self.covered.is_none();
+            let changed = *acting != now_acting;
+            *acting = now_acting;
+            changed
+        });
+    }
+
+    /// `--images` found new digests for `repin`'s tags: decide it again, as due for a re-pin.
+    fn repin(&mut self, repin: crate::images::watch::Repin, now: Instant) {
+        let key = WorkloadKey {
+            kind: repin.kind,
+            namespace: repin.namespace,
+            name: repin.name,
+        };
+        self.repins.insert(key.clone(), repin.moved.clone());
+        self.mark(key, Reason::Images(repin.moved), now);
+    }
+
     fn workload_gone(&mut self, key: &WorkloadKey) {
+        self.repins.remove(key);
         self.index.delete_workload(key);
         self.queue.forget(key);
         self.budget.end(key);
@@ -837,6 +973,8 @@ impl Loop {
             for ticket in tickets {
                 match self.plan(ticket, &key, generation) {
                     Planned::Done(key, outcome) => {
+                        // Gone, or no longer opted in or stamped: no re-pin is owed either.
+                        self.repins.remove(&key);
                         self.holds.remove(&key);
                         self.queue.done(&key, &outcome, Instant::now());
                     }
@@ -847,6 +985,7 @@ impl Loop {
                     }
                     Planned::Park(ticket) => self.queue.park(ticket),
                     Planned::Excluded(key) => {
+                        self.repins.remove(&key);
                         self.excluded(&key.namespace);
                         self.holds.remove(&key);
                         self.queue.done(&key, &Outcome::Settled, Instant::now());
@@ -929,7 +1068,12 @@ impl Loop {
             (Some((_, tag)), Some(stamp)) => act::tries_tag(stamp) == tag,
             _ => false,
         };
-        if facts.indexed && written && facts.restamp.seen.as_deref() == Some(seen.as_str()) {
+        let repin = self.repins.contains_key(&ticket.key);
+        if facts.indexed
+            && written
+            && !repin
+            && facts.restamp.seen.as_deref() == Some(seen.as_str())
+        {
             return Planned::Done(ticket.key, Outcome::Settled);
         }
         let lookups: Vec<Lookup> = refs
@@ -972,14 +1116,15 @@ impl Loop {
             Some(Lookup::Known(k)) => helmop_core::hash::Observed::Digest(k.digest),
             _ => helmop_core::hash::Observed::Absent,
         };
-        let expected = match helmop_core::rollout::decide(
+        // `None`: the stamp is current (or the webhook stamps nothing here): only a re-pin is due.
+        let mut due = match helmop_core::rollout::decide(
             key,
             ns,
             refs,
             facts.stamp.as_deref(),
             known,
         ) {
-            helmop_core::rollout::Decision::Due { expected, .. } => expected,
+            helmop_core::rollout::Decision::Due { expected, .. } => Some(expected),
             helmop_core::rollout::Decision::Missing(missing) => {
                 let names: Vec<String> = missing.iter().map(ToString::to_string).collect();
                 let hold = Hold {
@@ -991,6 +1136,12 @@ impl Loop {
                     missing: names,
                 };
                 return Planned::Held(ticket, hold);
+            }
+            helmop_core::rollout::Decision::NotStamped(_)
+            | helmop_core::rollout::Decision::Current
+                if repin =>
+            {
+                None
             }
             helmop_core::rollout::Decision::NotStamped(why) => {
                 tracing::debug!(workload = %ticket.key, why, "not stamped by the webhook: left alone");
@@ -1014,7 +1165,7 @@ impl Loop {
                 _ => None,
             })
             .collect();
-        if !lacking.is_empty() {
+        if due.is_some() && !lacking.is_empty() {
             let hold = Hold {
                 reason: "missing",
                 note: format!(
@@ -1025,8 +1176,11 @@ impl Loop {
             };
             return Planned::Held(ticket, hold);
         }
-        if self.only_the_key_changed(refs, &objects, facts.stamp.as_deref(), ns) {
-            return Planned::Done(ticket.key, Outcome::Settled);
+        if due.is_some() && self.only_the_key_changed(refs, &objects, facts.stamp.as_deref(), ns) {
+            if !repin {
+                return Planned::Done(ticket.key, Outcome::Settled);
+            }
+            due = None;
         }
         if ticket.key.kind == WorkloadKind::Rollout {
             match &facts.progress.state {
@@ -1051,12 +1205,17 @@ impl Loop {
                 _ => {}
             }
         }
+        // A re-pin alone writes the stamp the workload has; the registry poll checks it took.
+        let expected = due
+            .clone()
+            .or_else(|| facts.stamp.clone())
+            .unwrap_or_default();
         let tag = act::tries_tag(&expected);
         let tries = match &facts.restamp.tries {
             Some((n, t)) if t == tag => *n,
             _ => 0,
         };
-        if tries >= queue::INEFFECTIVE_TRIES {
+        if due.is_some() && tries >= queue::INEFFECTIVE_TRIES {
             let hold = Hold {
                 reason: "gave-up",
                 note: format!(
@@ -1073,8 +1232,13 @@ impl Loop {
             ticket,
             Work::Restamp {
                 expected,
-                tries: tries + 1,
+                tries: if due.is_some() {
+                    tries + 1
+                } else {
+                    tries.max(1)
+                },
                 seen,
+                repin,
             },
             lookups,
         )
@@ -1240,6 +1404,16 @@ impl Loop {
         });
         match &finished.outcome {
             Outcome::Restamped => {
+                if finished.repinned && self.repins.remove(key).is_some() {
+                    let _ = self.repinned.send((
+                        key.namespace.clone(),
+                        format!(
+                            "{}/{}",
+                            crate::run::workload_ref::canonical(key.kind),
+                            key.name
+                        ),
+                    ));
+                }
                 self.metrics
                     .restamped(finished.reason.label(), finished.lag);
                 self.events.emit(

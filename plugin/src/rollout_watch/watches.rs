@@ -17,6 +17,7 @@ use helmop_core::podrefs::{PodRef, pod_refs_from_value};
 use helmop_core::resource::{ResourceKind, ResourceRef};
 use helmop_core::workload::{WorkloadKind, pod_template};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{ApiResource, DynamicObject};
 use kube::core::PartialObjectMeta;
@@ -68,6 +69,8 @@ pub enum Change {
     HashKey(Result<HashKey, String>),
     /// The hash key's watch listed once (after its [`Change::HashKey`]).
     HashKeyListed,
+    /// Another rollout watcher's Lease (see [`super::overlap`]).
+    Lease(Step<(String, super::overlap::LeaseFacts), String>),
     /// A watch failed (it is retried); the first failure of a streak only.
     WatchFailed {
         what: String,
@@ -87,6 +90,8 @@ pub struct Scope {
     pub hash_key: (String, String),
     /// `--webhook-configuration` (`None`: not read).
     pub webhook_configuration: Option<String>,
+    /// The Lease namespace whose rollout watcher Leases are watched (`None`: not watched).
+    pub leases: Option<String>,
 }
 
 /// The running watches; dropping this stops them.
@@ -212,11 +217,32 @@ pub fn spawn(
         synced.clone(),
     ));
     synced.expect(tasks.len());
-    // Not counted for `synced`: the watcher works without it (and without the right to read it).
+    // Not counted for `synced`: the watcher works without them (and without the right to read them).
+    if let Some(namespace) = &scope.leases {
+        tasks.push(watch_leases(client, namespace, tx.clone()));
+    }
     if let Some(name) = &scope.webhook_configuration {
         tasks.push(watch_configuration(client, name, tx));
     }
     Watches { tasks }
+}
+
+/// How the watch of the rollout watchers' Leases names itself in [`Change::WatchFailed`].
+pub const LEASES_WATCH: &str = "rollout watcher Leases";
+
+/// The rollout watchers' Leases of `namespace` (see [`super::overlap`]).
+fn watch_leases(client: &Client, namespace: &str, tx: mpsc::Sender<Change>) -> JoinHandle<()> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let config = watcher::Config::default().labels(super::overlap::LABEL);
+    forward(
+        watcher::watcher(api, config).default_backoff(),
+        format!("{LEASES_WATCH} in namespace {namespace}"),
+        tx,
+        || {},
+        |lease: Lease| super::overlap::facts_of(&lease),
+        |lease: &Lease| lease.metadata.name.clone(),
+        Change::Lease,
+    )
 }
 
 fn watch_objects<K>(

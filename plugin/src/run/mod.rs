@@ -5,11 +5,13 @@
 //! [`hash_key`]) and downstream ([`observe`], with a watcher's [`crate::cluster::kept_hashes`]),
 //! how a cluster is planned and its rows made ([`plan`]), and the three runs: [`propagate`],
 //! [`status`], [`prune`]. The workloads reading helmop's copies ([`workloads`], [`live_stamp`],
-//! [`workload_ref`]) are read by these runs and by the watchers alike.
+//! [`workload_ref`]) are read by these runs and by the watchers alike; what the rollout watcher
+//! holds back of them ([`holds`]) by `status` and `check`.
 
 pub mod by_cluster;
 pub mod focus;
 pub mod hash_key;
+pub mod holds;
 pub mod inventory;
 pub mod kept_inventory;
 pub mod live_stamp;

@@ -57,6 +57,7 @@ pub fn unreachable_rows(inv: &Inventory, downstream: &Downstream, reason: &str) 
             reason: reason.to_string(),
             in_sync: None,
             fleet_copy: None,
+            hold: None,
         })
         .collect()
 }
@@ -275,6 +276,7 @@ pub fn row(downstream: &Downstream, action: &Action, state: RowState, reason: St
         reason,
         in_sync,
         fleet_copy: None,
+        hold: None,
     }
 }
 
@@ -316,6 +318,7 @@ pub fn uncopyable_rows(inv: &Inventory) -> Vec<Row> {
                 ),
                 in_sync: None,
                 fleet_copy: None,
+                hold: None,
             });
         }
     }

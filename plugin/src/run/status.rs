@@ -2,9 +2,11 @@
 //! by reading a copy's data (the one exception: a Fleet-managed copy has no helmop markers, so it
 //! is read and hashed in memory to compare it with the source; nothing of it is shown).
 //! Plus, per opted-in workload reading one of the copies, whether its stamp is current
-//! (`RolloutPending` or `Current`, rule in [`crate::run::workloads`]).
+//! (`RolloutPending` or `Current`, rule in [`crate::run::workloads`]), and whether the rollout
+//! watcher holds it back ([`crate::run::holds`], read from its Events in the namespaces of those
+//! rows only).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use helmop_core::fleet_copy::{self, Lookup};
@@ -24,6 +26,7 @@ use crate::cluster::context::Ctx;
 use crate::error::{ExitStatus, PluginError};
 use crate::output::report::{self, Row};
 use crate::run::hash_key::KeyOrigin;
+use crate::run::holds::{self, Holds, MAX_EVENTS, WorkloadId};
 use crate::run::inventory::{Inventory, Problem};
 use crate::run::plan::{
     load_key, observe_and_plan, problem_rows, reported, row, uncopyable_rows, unreachable_rows,
@@ -50,11 +53,15 @@ pub struct StatusReport {
     /// Rows per state.
     pub summary: BTreeMap<RowState, usize>,
     pub unreachable_clusters: usize,
+    /// What could not be told, one line each: a namespace whose rollout watcher Events could not
+    /// be read (its rows show no hold), or were read only in part.
+    pub notes: Vec<String>,
 }
 
 impl StatusReport {
     /// 2 when a cluster could not be read, 1 when a HelmOp's targets are invalid, else 0
-    /// (being out of sync is a state to report, not a failure of `status`).
+    /// (being out of sync is a state to report, not a failure of `status`; so is a workload the
+    /// rollout watcher holds back, and Events that could not be read are a note).
     pub fn exit_status(&self) -> ExitStatus {
         if self.unreachable_clusters > 0 {
             ExitStatus::Partial
@@ -71,7 +78,7 @@ pub async fn status(ctx: &Ctx, opts: &StatusOpts) -> Result<StatusReport, Plugin
     let (key, origin) = load_key(ctx, false).await?;
     let inv = opts.scope.inventory(ctx, false).await?;
     let sources = sources::fetch(ctx, &inv.desired, &key).await?;
-    let (mut rows, unreachable) =
+    let (found, unreachable) =
         opts.scope
             .rows_per_cluster(
                 &inv,
@@ -82,9 +89,23 @@ pub async fn status(ctx: &Ctx, opts: &StatusOpts) -> Result<StatusReport, Plugin
                         cluster_status(ctx, inv, sources, key, downstream, client, origin).await
                     }
                 },
-                |downstream, reason| unreachable_rows(&inv, downstream, reason),
+                |downstream, reason| {
+                    unreachable_rows(&inv, downstream, reason)
+                        .into_iter()
+                        .map(Found::Row)
+                        .collect()
+                },
             )
             .await;
+    let mut rows = Vec::new();
+    let mut notes = Vec::new();
+    for f in found {
+        match f {
+            Found::Row(r) => rows.push(r),
+            Found::Note(n) => notes.push(n),
+        }
+    }
+    notes.sort();
     rows.extend(problem_rows(&inv.problems));
     rows.extend(problem_rows(&inv.rejected));
     rows.extend(uncopyable_rows(&inv));
@@ -98,7 +119,14 @@ pub async fn status(ctx: &Ctx, opts: &StatusOpts) -> Result<StatusReport, Plugin
         problems: inv.problems.clone(),
         rejected: inv.rejected.clone(),
         unreachable_clusters: unreachable.len(),
+        notes,
     })
+}
+
+/// What one cluster adds to the report.
+enum Found {
+    Row(Row),
+    Note(String),
 }
 
 /// The state `status` reports for a planned action.
@@ -131,7 +159,7 @@ async fn cluster_status(
     downstream: &Downstream,
     client: kube::Client,
     origin: KeyOrigin,
-) -> Result<Vec<Row>, PluginError> {
+) -> Result<Vec<Found>, PluginError> {
     let (obs, actions) =
         observe_and_plan(ctx, inv, sources, downstream, &client, false, false).await?;
     let mut rows = Vec::new();
@@ -219,7 +247,61 @@ async fn cluster_status(
         }
     }
     rows.extend(fleet_readers(&client, downstream, &fleet).await?);
-    Ok(rows)
+    let notes = show_holds(&client, &downstream.display(), &mut rows).await;
+    Ok(rows
+        .into_iter()
+        .map(Found::Row)
+        .chain(notes.into_iter().map(Found::Note))
+        .collect())
+}
+
+/// Reads the rollout watcher's holds in each namespace that has workload rows (one bounded,
+/// paged listing of Events per namespace, [`holds::read`]) and puts them on those rows. Never
+/// fails: Events that cannot be read are a note.
+async fn show_holds(client: &kube::Client, cluster: &str, rows: &mut [Row]) -> Vec<String> {
+    let namespaces: BTreeSet<String> = rows
+        .iter()
+        .filter(|r| r.workload.is_some())
+        .map(|r| r.namespace.clone())
+        .collect();
+    let mut notes = Vec::new();
+    for namespace in namespaces {
+        let read = holds::read(client, Some(&namespace)).await;
+        notes.extend(put_holds(rows, cluster, &namespace, read));
+    }
+    notes
+}
+
+/// Puts each hold found in `namespace` on the rows of the workload it is about; returns the note
+/// when the Events could not be read (no row of the namespace then shows a hold) or only in part.
+pub fn put_holds(
+    rows: &mut [Row],
+    cluster: &str,
+    namespace: &str,
+    read: Result<Holds, String>,
+) -> Option<String> {
+    let found = match read {
+        Ok(found) => found,
+        Err(why) => {
+            return Some(format!(
+                "{cluster}: cannot read the rollout watcher's Events in namespace {namespace}, so no hold is shown there: {why}"
+            ));
+        }
+    };
+    for r in rows.iter_mut().filter(|r| r.namespace == namespace) {
+        let Some((kind, name)) = r.workload.as_deref().and_then(|w| w.split_once('/')) else {
+            continue;
+        };
+        r.hold = found
+            .held
+            .get(&WorkloadId::new(namespace, kind, name))
+            .cloned();
+    }
+    (!found.complete).then(|| {
+        format!(
+            "{cluster}: read only the first {MAX_EVENTS} Events in namespace {namespace}: a hold of the rollout watcher may not be shown"
+        )
+    })
 }
 
 /// One row per opted-in workload reading a copy Fleet's agent makes, and copy: `Current` when its
@@ -421,6 +503,121 @@ mod tests {
             helmops: vec![HelmOpKey::new("team", "app")],
             kind,
         }
+    }
+
+    fn workload_row(namespace: &str, workload: Option<&str>) -> Row {
+        let mut r = Row::workload(
+            vec!["team/app".into()],
+            "fleet/down1".into(),
+            namespace,
+            &ResourceRef::secret("db"),
+            workload.unwrap_or_default().into(),
+            RowState::RolloutPending,
+            "behind".into(),
+        );
+        r.workload = workload.map(str::to_owned);
+        r
+    }
+
+    fn hold(reason: &str) -> helmop_core::check::Hold {
+        helmop_core::check::Hold {
+            reason: reason.into(),
+            note: format!("{reason} note"),
+        }
+    }
+
+    #[test]
+    fn holds_go_on_the_rows_of_their_workload_only() {
+        let mut rows = vec![
+            workload_row("apps", Some("Deployment/web")),
+            workload_row("apps", Some("Deployment/api")),
+            workload_row("apps", None),
+            workload_row("other", Some("Deployment/web")),
+            workload_row("apps", Some("StatefulSet/web")),
+        ];
+        let read = Holds {
+            held: BTreeMap::from([
+                (
+                    WorkloadId::new("apps", "Deployment", "web"),
+                    hold("RestampHeld"),
+                ),
+                (
+                    WorkloadId::new("apps", "cronjob", "nightly"),
+                    hold("RestampBreakerOpen"),
+                ),
+            ]),
+            complete: true,
+        };
+        assert_eq!(put_holds(&mut rows, "fleet/down1", "apps", Ok(read)), None);
+        let held: Vec<Option<&str>> = rows
+            .iter()
+            .map(|r| r.hold.as_ref().map(|h| h.reason.as_str()))
+            .collect();
+        assert_eq!(held, [Some("RestampHeld"), None, None, None, None]);
+        // Restamped since: read again, the hold is gone.
+        let none = Holds {
+            held: BTreeMap::new(),
+            complete: true,
+        };
+        assert_eq!(put_holds(&mut rows, "fleet/down1", "apps", Ok(none)), None);
+        assert!(rows.iter().all(|r| r.hold.is_none()));
+        let json = serde_json::to_value(&rows[0]).unwrap_or_default();
+        assert!(json.get("hold").is_none(), "{json}");
+    }
+
+    #[test]
+    fn unreadable_or_truncated_events_are_a_note_not_an_error() {
+        let mut rows = vec![workload_row("apps", Some("Deployment/web"))];
+        let note = put_holds(
+            &mut rows,
+            "fleet/down1",
+            "apps",
+            Err("events is forbidden: User \"x\" cannot list resource \"events\"".into()),
+        );
+        let note = note.unwrap_or_default();
+        assert!(
+            note.starts_with(
+                "fleet/down1: cannot read the rollout watcher's Events in namespace apps"
+            ) && note.contains("forbidden"),
+            "{note}"
+        );
+        assert!(rows[0].hold.is_none());
+        let partial = Holds {
+            held: BTreeMap::from([(
+                WorkloadId::new("apps", "Deployment", "web"),
+                hold("RestampIneffective"),
+            )]),
+            complete: false,
+        };
+        let note = put_holds(&mut rows, "fleet/down1", "apps", Ok(partial)).unwrap_or_default();
+        assert!(note.contains("first 5000 Events"), "{note}");
+        assert_eq!(
+            rows[0].hold.as_ref().map(|h| h.label()),
+            Some("gave-up"),
+            "what was read is shown"
+        );
+        let json = serde_json::to_value(&rows[0]).unwrap_or_default();
+        assert_eq!(
+            json["hold"],
+            serde_json::json!({"reason": "RestampIneffective", "note": "RestampIneffective note"})
+        );
+    }
+
+    #[test]
+    fn a_hold_does_not_change_the_exit_status() {
+        let mut row = workload_row("apps", Some("Deployment/web"));
+        row.hold = Some(hold("RestampHeld"));
+        let report = StatusReport {
+            upstream_id: "up".into(),
+            hash_key: KeyOrigin::Existing,
+            summary: report::counts(std::slice::from_ref(&row)),
+            rows: vec![row],
+            problems: Vec::new(),
+            rejected: Vec::new(),
+            unreachable_clusters: 0,
+            notes: vec!["c: cannot read the rollout watcher's Events".into()],
+        };
+        assert_eq!(report.exit_status(), ExitStatus::Ok);
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub fn row(cluster: &str, state: RowState) -> Row {
         reason: String::new(),
         in_sync: None,
         fleet_copy: None,
+        hold: None,
     }
 }
 

@@ -11,6 +11,7 @@
 //! which is shorter than the lease duration other candidates wait, so there is never a moment where
 //! two processes both believe they lead.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -208,6 +209,9 @@ pub struct Elector {
     identity: String,
     timings: LeaseTimings,
     observer: Observer,
+    /// Labels and annotations the holder keeps on the Lease (what it watches, for other watchers).
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
 }
 
 impl Elector {
@@ -225,6 +229,33 @@ impl Elector {
             identity: identity.to_owned(),
             timings,
             observer: Observer::default(),
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+        }
+    }
+
+    /// Labels and annotations written on the Lease whenever this candidate creates, renews or
+    /// takes it over.
+    pub fn with_metadata(
+        mut self,
+        labels: BTreeMap<String, String>,
+        annotations: BTreeMap<String, String>,
+    ) -> Elector {
+        self.labels = labels;
+        self.annotations = annotations;
+        self
+    }
+
+    fn stamp_metadata(&self, meta: &mut ObjectMeta) {
+        if !self.labels.is_empty() {
+            meta.labels
+                .get_or_insert_with(BTreeMap::new)
+                .extend(self.labels.clone());
+        }
+        if !self.annotations.is_empty() {
+            meta.annotations
+                .get_or_insert_with(BTreeMap::new)
+                .extend(self.annotations.clone());
         }
     }
 
@@ -262,12 +293,14 @@ impl Elector {
         let result = match (step, current) {
             (Step::Wait, _) => return Ok(false),
             (Step::Create, _) | (_, None) => {
+                let mut metadata = ObjectMeta {
+                    name: Some(self.name.clone()),
+                    namespace: Some(self.namespace.clone()),
+                    ..ObjectMeta::default()
+                };
+                self.stamp_metadata(&mut metadata);
                 let lease = Lease {
-                    metadata: ObjectMeta {
-                        name: Some(self.name.clone()),
-                        namespace: Some(self.namespace.clone()),
-                        ..ObjectMeta::default()
-                    },
+                    metadata,
                     spec: Some(LeaseSpec {
                         holder_identity: Some(self.identity.clone()),
                         lease_duration_seconds: Some(duration_secs),
@@ -280,6 +313,7 @@ impl Elector {
                 self.api.create(&PostParams::default(), &lease).await
             }
             (Step::Renew, Some(mut lease)) => {
+                self.stamp_metadata(&mut lease.metadata);
                 let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
                 spec.renew_time = Some(stamp);
                 spec.lease_duration_seconds = Some(duration_secs);
@@ -288,6 +322,7 @@ impl Elector {
                     .await
             }
             (Step::TakeOver, Some(mut lease)) => {
+                self.stamp_metadata(&mut lease.metadata);
                 let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
                 spec.holder_identity = Some(self.identity.clone());
                 spec.acquire_time = Some(stamp.clone());

@@ -122,7 +122,10 @@ impl<'a> Machine<'a> {
         };
         ctx.reads = Some(Arc::new(ReadCache::new(namespace)));
         let events = Events::new(output);
-        let lease = || lease_name(&opts.scope.selection, &opts.scope.shard);
+        let lease = crate::watch::service::LeaseMeta {
+            default_name: lease_name(&opts.scope.selection, &opts.scope.shard),
+            ..Default::default()
+        };
         let joined = args.service.join(
             &ctx.upstream,
             lease,

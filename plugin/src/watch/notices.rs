@@ -212,6 +212,7 @@ mod tests {
             reason: "why".into(),
             in_sync: None,
             fleet_copy: None,
+            hold: None,
         }
     }
 

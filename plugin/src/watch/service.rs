@@ -64,7 +64,29 @@ pub struct Joined {
     pub keep: watch::Sender<bool>,
 }
 
+/// The Lease of a watcher's scope: its name unless `--lease-name` says otherwise, and the labels
+/// and annotations the leader keeps on it.
+#[derive(Clone, Debug, Default)]
+pub struct LeaseMeta {
+    pub default_name: String,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub annotations: std::collections::BTreeMap<String, String>,
+}
+
 impl ServiceArgs {
+    /// The namespace of the Lease: `--lease-namespace`, else `$POD_NAMESPACE`, else
+    /// [`DEFAULT_LEASE_NAMESPACE`].
+    pub fn lease_namespace(&self) -> String {
+        self.lease_namespace
+            .clone()
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|n| !n.is_empty())
+            })
+            .unwrap_or_else(|| DEFAULT_LEASE_NAMESPACE.to_owned())
+    }
+
     /// The Lease timings `--lease-duration` gives, checked before anything connects.
     pub fn timings(&self) -> Result<LeaseTimings, PluginError> {
         LeaseTimings::from_lease_duration(self.lease_duration).ok_or_else(|| {
@@ -88,13 +110,13 @@ impl ServiceArgs {
         }
     }
 
-    /// Joins the election of the Lease `--lease-name` names (else `default_name`, the scope's)
-    /// and marks `health` as having joined. `None` when a signal came first: the `stopped` event
-    /// is printed and the watcher ends.
+    /// Joins the election of the Lease `--lease-name` names (else `lease.default_name`, the
+    /// scope's) and marks `health` as having joined. `None` when a signal came first: the `stopped`
+    /// event is printed and the watcher ends.
     pub async fn join(
         &self,
         client: &Client,
-        default_name: impl FnOnce() -> String,
+        lease: LeaseMeta,
         dry_run: bool,
         signals: &mut Signals,
         events: &Events,
@@ -104,23 +126,16 @@ impl ServiceArgs {
         let election = if self.no_leader_election || dry_run {
             None
         } else {
-            let namespace = self
-                .lease_namespace
-                .clone()
-                .or_else(|| {
-                    std::env::var("POD_NAMESPACE")
-                        .ok()
-                        .filter(|n| !n.is_empty())
-                })
-                .unwrap_or_else(|| DEFAULT_LEASE_NAMESPACE.to_owned());
-            let name = self.lease_name.clone().unwrap_or_else(default_name);
+            let namespace = self.lease_namespace();
+            let name = self.lease_name.clone().unwrap_or(lease.default_name);
             let elector = Elector::new(
                 client.clone(),
                 &namespace,
                 &name,
                 &leader::default_identity(),
                 self.timings()?,
-            );
+            )
+            .with_metadata(lease.labels, lease.annotations);
             let lease = elector.lease();
             tokio::select! {
                 h = LeaderHandle::start(elector) => Some(h.map_err(|e| lease_error(&lease, &e))?),

@@ -416,15 +416,21 @@ async fn rollout_watch_with_images_repins_a_moved_tag_and_a_standby_polls_nothin
         .await?;
     let v2 = OciImage::single("rwatch-v2")?;
     registry.push(&v2, "demo/app", "latest").await?;
+    // The poll loop hands the workload to the watcher's loop, which restamps it (budget, holds)
+    // and says why.
     let restamped = leader
         .wait_event(
             "the leader restamps the moved tag",
             DEFAULT_TIMEOUT,
             0,
-            |e| e["event"] == "restamped" && e["workload"] == "deployment/app",
+            |e| {
+                e["event"] == "restamped"
+                    && e["workload"].as_str().is_some_and(|w| w.ends_with("/app"))
+            },
         )
         .await?;
-    assert!(restamped["reasons"].is_array(), "{restamped}");
+    let reason = restamped["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("image tags moved"), "{restamped}");
     wait_until(
         "the Deployment pinned to the new digest",
         DEFAULT_TIMEOUT,
@@ -450,6 +456,348 @@ async fn rollout_watch_with_images_repins_a_moved_tag_and_a_standby_polls_nothin
             |e| e["event"] == "poll" && e["summary"]["Current"] == 1,
         )
         .await?;
+    unregister_webhook(&client, WebhookKind::Mutating, &registration).await?;
+    Ok(())
+}
+
+/// Deployments of `ns` the watcher restamped for `--images` (`repin:` in the restamp value) whose
+/// rollout is not over yet, in one listing.
+async fn repins_rolling(client: &kube::Client, ns: &str) -> anyhow::Result<Vec<String>> {
+    let list = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), ns)
+        .list(&kube::api::ListParams::default())
+        .await?;
+    let mut rolling = Vec::new();
+    for d in list.items {
+        let repinned = d
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("helmop.dev/restamp"))
+            .is_some_and(|v| v.contains(helmop_core::names::RESTAMP_REPIN));
+        if !repinned {
+            continue;
+        }
+        let state = helmop_core::progress::roll_state(
+            helmop_core::workload::WorkloadKind::Deployment,
+            d.metadata.generation,
+            &serde_json::to_value(&d)?,
+        );
+        if !state.is_over() {
+            rolling.push(d.metadata.name.unwrap_or_default());
+        }
+    }
+    Ok(rolling)
+}
+
+/// `rollout --watch --images`: a moved tag run by several workloads rolls them under the roll budget,
+/// as a config change does (the poll loop hands them to the watcher's loop): never more than the
+/// budget rolling at once, and every one re-pinned in the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollout_watch_images_rolls_a_moved_tag_under_the_roll_budget() -> anyhow::Result<()> {
+    let client = control_plane().upstream().client().await;
+    let ns = fresh_namespace(&client, "img-budget").await?;
+    ensure_hash_key(&client).await?;
+    let registry = TestRegistry::start().await?;
+    let webhook =
+        Webhook::start(client.clone(), &[registry.host()], Duration::from_secs(2)).await?;
+    let registration = webhook.register(&client, &ns).await?;
+    let setup = Setup::new(&registry)?;
+    let latest = format!("{}:latest", registry.repository("demo/app"));
+    let v1 = OciImage::single("budget-v1")?;
+    registry.push(&v1, "demo/app", "latest").await?;
+    let names = ["a", "b", "c"];
+    for name in names {
+        // One replica on a cluster without a node: each rollout lasts until its 2 s deadline.
+        let mut d = deployment(&ns, name, &latest, json!({}), json!({}));
+        d["spec"]["progressDeadlineSeconds"] = json!(2);
+        kubectl_apply(&d).await?;
+        assert_eq!(
+            image_of(&stored(&client, &ns, name).await?),
+            format!("{latest}@{}", v1.digest)
+        );
+    }
+    let registries = setup
+        .registries
+        .path()
+        .to_str()
+        .unwrap_or_default()
+        .to_owned();
+    let args = [
+        "rollout",
+        "--watch",
+        "--images",
+        "--image-interval",
+        "1s",
+        "--registry-config",
+        &registries,
+        "--kubeconfig",
+        &setup.kubeconfig,
+        "-n",
+        &ns,
+        "--no-leader-election",
+        "--max-rolling",
+        "1",
+        "--max-rolling-per-namespace",
+        "1",
+        "--debounce",
+        "0s",
+        "--min-roll-interval",
+        "0s",
+        "-o",
+        "json",
+    ];
+    let mut w = PluginProcess::spawn(&args, &[])?;
+    w.wait_event(
+        "a poll finding the three current",
+        DEFAULT_TIMEOUT,
+        0,
+        |e| e["event"] == "poll" && e["summary"]["Current"] == 3,
+    )
+    .await?;
+    let v2 = OciImage::single("budget-v2")?;
+    registry.push(&v2, "demo/app", "latest").await?;
+    let want = format!("{latest}@{}", v2.digest);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut peak = 0;
+    loop {
+        let rolling = repins_rolling(&client, &ns).await?;
+        peak = peak.max(rolling.len());
+        assert!(
+            rolling.len() <= 1,
+            "{} rolling at once, over the budget of 1: {rolling:?}\n{}",
+            rolling.len(),
+            w.context()
+        );
+        let mut pinned = 0;
+        for name in names {
+            if image_of(&stored(&client, &ns, name).await?) == want {
+                pinned += 1;
+            }
+        }
+        if pinned == names.len() && rolling.is_empty() {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{pinned} of {} re-pinned\n{}",
+            names.len(),
+            w.context()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(peak >= 1, "the sampling saw the rollouts");
+    for name in names {
+        let d = stored(&client, &ns, name).await?;
+        let value = d
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("helmop.dev/restamp"))
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            value.contains(helmop_core::names::RESTAMP_REPIN),
+            "{name}: {value}"
+        );
+    }
+    // The watcher counted each as a rollout of its budget, and says how each ended (the last one
+    // once its status reaches the watcher's watch).
+    let ended =
+        |w: &PluginProcess| w.events_named("rolled").len() + w.events_named("roll-stalled").len();
+    wait_until(
+        "the watcher saw the three rollouts end",
+        DEFAULT_TIMEOUT,
+        || async { Ok(ended(&w) >= names.len()) },
+    )
+    .await?;
+    assert_eq!(ended(&w), names.len(), "{}", w.context());
+    w.signal(libc::SIGTERM)?;
+    w.wait_exit(Duration::from_secs(20)).await?;
+    unregister_webhook(&client, WebhookKind::Mutating, &registration).await?;
+    Ok(())
+}
+
+/// An aborted Argo Rollout runs its stable revision on purpose: neither `images --watch` nor
+/// `rollout --watch --images` restamps it for a moved tag (a restamp would roll it back onto the
+/// revision it aborted); each says so, and the watcher re-pins it once the Rollout is healthy again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_argo_rollout_is_re_pinned_only_once_it_is_healthy() -> anyhow::Result<()> {
+    let client = control_plane().upstream().client().await;
+    install_argo_rollouts_crd(&client).await?;
+    let ns = fresh_namespace(&client, "img-argo").await?;
+    ensure_hash_key(&client).await?;
+    let registry = TestRegistry::start().await?;
+    let webhook =
+        Webhook::start(client.clone(), &[registry.host()], Duration::from_secs(2)).await?;
+    let registration = format!("{ns}-images-rollouts");
+    WebhookRegistration::new(
+        WebhookKind::Mutating,
+        &registration,
+        &format!("{}/mutate/workloads", webhook.server.url),
+        &webhook.server.ca_pem,
+    )
+    .rule(WebhookRule::new(
+        &["CREATE", "UPDATE"],
+        "argoproj.io",
+        "v1alpha1",
+        &["rollouts"],
+    ))
+    .only_namespace(&ns)
+    .register(&client)
+    .await?;
+    let setup = Setup::new(&registry)?;
+    let latest = format!("{}:latest", registry.repository("demo/app"));
+    let v1 = OciImage::single("argo-v1")?;
+    registry.push(&v1, "demo/app", "latest").await?;
+    let manifest = json!({
+        "apiVersion": ARGO_ROLLOUTS_API_VERSION, "kind": "Rollout",
+        "metadata": {"name": "canary", "namespace": ns,
+                     "labels": {"helmop.dev/rollout-on-change": "true"}},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "canary"}},
+                 "template": {"metadata": {"labels": {"app": "canary"}},
+                              "spec": {"containers": [{"name": "app", "image": latest}]}},
+                 "strategy": {"canary": {"steps": [{"setWeight": 50}]}}},
+    });
+    kubectl_apply(&manifest).await?;
+    let api: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns, &rollout_resource());
+    let image = |obj: &kube::api::DynamicObject| {
+        obj.data
+            .pointer("/spec/template/spec/containers/0/image")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(
+        image(&api.get("canary").await?),
+        format!("{latest}@{}", v1.digest)
+    );
+    let set_status = |status: Value| {
+        let api = api.clone();
+        async move {
+            api.patch_status(
+                "canary",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
+            .await
+        }
+    };
+    // Argo Rollouts writes its observedGeneration as a string.
+    let generation = api
+        .get("canary")
+        .await?
+        .metadata
+        .generation
+        .unwrap_or(1)
+        .to_string();
+    set_status(json!({"abort": true, "phase": "Degraded", "observedGeneration": generation}))
+        .await?;
+    let v2 = OciImage::single("argo-v2")?;
+    registry.push(&v2, "demo/app", "latest").await?;
+
+    // `images --watch` alone: held, and nothing written.
+    let out = setup.args(
+        &ns,
+        &[
+            "--watch",
+            "--interval",
+            "1s",
+            "--debounce",
+            "0s",
+            "-o",
+            "json",
+        ],
+    );
+    let mut alone = PluginProcess::spawn(&out, &[])?;
+    let held = alone
+        .wait_event(
+            "images --watch holds the Rollout",
+            DEFAULT_TIMEOUT,
+            0,
+            |e| e["event"] == "held",
+        )
+        .await?;
+    assert_eq!(held["workload"], "rollout/canary", "{held}");
+    assert!(
+        held["why"].as_str().is_some_and(|w| w.contains("aborted")),
+        "{held}"
+    );
+    alone.signal(libc::SIGTERM)?;
+    alone.wait_exit(Duration::from_secs(20)).await?;
+
+    // `rollout --watch --images`: the poll hands it over, the watcher's loop holds it.
+    let registries = setup
+        .registries
+        .path()
+        .to_str()
+        .unwrap_or_default()
+        .to_owned();
+    let args = [
+        "rollout",
+        "--watch",
+        "--images",
+        "--image-interval",
+        "1s",
+        "--registry-config",
+        &registries,
+        "--kubeconfig",
+        &setup.kubeconfig,
+        "-n",
+        &ns,
+        "--no-leader-election",
+        "--debounce",
+        "0s",
+        "--min-roll-interval",
+        "0s",
+        "-o",
+        "json",
+    ];
+    let mut w = PluginProcess::spawn(&args, &[])?;
+    let held = w
+        .wait_event("the watcher holds the Rollout", DEFAULT_TIMEOUT, 0, |e| {
+            e["event"] == "held" && e["hold"] == "rollout-busy"
+        })
+        .await?;
+    assert!(
+        held["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("image tags moved")),
+        "{held}"
+    );
+    let obj = api.get("canary").await?;
+    assert_eq!(
+        image(&obj),
+        format!("{latest}@{}", v1.digest),
+        "an aborted Rollout keeps its pin"
+    );
+    assert!(
+        obj.metadata
+            .annotations
+            .as_ref()
+            .is_none_or(|a| !a.contains_key("helmop.dev/restamp")),
+        "an aborted Rollout is not restamped: {:?}",
+        obj.metadata.annotations
+    );
+
+    // Healthy again: the re-pin it was owed lands.
+    set_status(json!({"abort": false, "phase": "Healthy", "observedGeneration": generation}))
+        .await?;
+    w.wait_event("the watcher re-pins the Rollout", DEFAULT_TIMEOUT, 0, |e| {
+        e["event"] == "restamped"
+            && e["workload"]
+                .as_str()
+                .is_some_and(|n| n.ends_with("/canary"))
+    })
+    .await?;
+    wait_until(
+        "the Rollout pinned to the new digest",
+        DEFAULT_TIMEOUT,
+        || async { Ok(image(&api.get("canary").await?) == format!("{latest}@{}", v2.digest)) },
+    )
+    .await?;
+    w.signal(libc::SIGTERM)?;
+    w.wait_exit(Duration::from_secs(20)).await?;
     unregister_webhook(&client, WebhookKind::Mutating, &registration).await?;
     Ok(())
 }

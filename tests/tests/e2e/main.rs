@@ -25,6 +25,7 @@ mod plugin_rollout;
 mod plugin_watch;
 mod propagator_service;
 mod recreate;
+mod rollout_load;
 mod rollout_watch;
 mod safety;
 mod security;

@@ -1080,5 +1080,170 @@ async fn rollout_watcher_flow(env: &NodeEnv) -> anyhow::Result<()> {
         "a Secret value in an Event: {event:?}"
     );
     kubectl(up, &["delete", "namespace", &ns, "--wait=false"], None).await?;
+
+    // 4. A change read in every namespace (a CA bundle rotated everywhere) over 200 workloads rolls
+    // them under the shipped roll budget.
+    rolls_under_the_budget(env).await
+}
+
+/// Label of the workloads of [`rolls_under_the_budget`].
+const BUDGET_LABEL: &str = "helmop-test/budget";
+/// The shipped watcher's `--max-rolling` and `--max-rolling-per-namespace` defaults.
+const MAX_ROLLING: usize = 10;
+const MAX_ROLLING_PER_NAMESPACE: usize = 3;
+
+/// 200 Deployments in 5 namespaces, each reading its namespace's `ca-bundle`; all 5 are rewritten at
+/// once. Sampled from the cluster's own listing until all are restamped and their rollouts over: never
+/// more than 10 rolling in the cluster, 3 in a namespace. A rollout is as `kubectl rollout status`
+/// sees it (`helmop_core::progress`), from a restamp by the watcher. 50 of them run a pod on the
+/// node (so their rollouts end when new pods are available); the other 150 have no replicas (the
+/// node's 110 pods and the runner's 2 cores), and their rollouts end when the controller has made
+/// the new ReplicaSet.
+async fn rolls_under_the_budget(env: &NodeEnv) -> anyhow::Result<()> {
+    let up = env.cluster();
+    let client = up.client().await;
+    let mut namespaces = Vec::new();
+    for _ in 0..5 {
+        let ns = fresh_namespace_with_labels(&client, "nf-budget", &[(OPT_IN, "enabled")]).await?;
+        apply(up, &config_map(&ns, "ca-bundle", &[("CA", "first")])).await?;
+        for i in 0..40 {
+            let replicas = if i < 10 { 1 } else { 0 };
+            let name = format!("reader-{i:02}");
+            apply(
+                up,
+                &json!({
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "metadata": {"name": name, "namespace": ns, "labels": {BUDGET_LABEL: "1"}},
+                    "spec": {
+                        "replicas": replicas,
+                        "selector": {"matchLabels": {"app": name}},
+                        "template": {
+                            "metadata": {"labels": {"app": name}},
+                            "spec": {
+                                "terminationGracePeriodSeconds": 0,
+                                "containers": [{
+                                    "name": "app",
+                                    "image": env.busybox,
+                                    "command": env.shell(&["sleep 3600"]),
+                                    "envFrom": [{"configMapRef": {"name": "ca-bundle"}}],
+                                }],
+                            },
+                        },
+                    },
+                }),
+            )
+            .await?;
+        }
+        namespaces.push(ns);
+    }
+    let all: Api<Deployment> = Api::all(client.clone());
+    let listed = || async {
+        Ok::<_, anyhow::Error>(
+            all.list(&ListParams::default().labels(BUDGET_LABEL))
+                .await?
+                .items,
+        )
+    };
+    let restamp = |d: &Deployment| {
+        d.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("helmop.dev/restamp"))
+            .cloned()
+    };
+    let over = |d: &Deployment| -> anyhow::Result<bool> {
+        Ok(helmop_core::progress::roll_state(
+            helmop_core::workload::WorkloadKind::Deployment,
+            d.metadata.generation,
+            &serde_json::to_value(d)?,
+        )
+        .is_over())
+    };
+    // Every first rollout over (the pods run) before the change.
+    wait_for("the 200 Deployments to be available", ROLL, || async {
+        let items = listed().await?;
+        let mut ready = 0;
+        for d in &items {
+            if over(d)? {
+                ready += 1;
+            }
+        }
+        Ok((items.len() == 200 && ready == 200).then_some(()))
+    })
+    .await?;
+    let before: std::collections::HashMap<String, Option<String>> = listed()
+        .await?
+        .iter()
+        .map(|d| (key(d), restamp(d)))
+        .collect();
+    for ns in &namespaces {
+        kubectl(
+            up,
+            &[
+                "patch",
+                "configmap",
+                "ca-bundle",
+                "-n",
+                ns,
+                "--type",
+                "merge",
+                "-p",
+                r#"{"data":{"CA":"second"}}"#,
+            ],
+            None,
+        )
+        .await?;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
+    let mut peak = 0;
+    loop {
+        let items = listed().await?;
+        let mut rolling: std::collections::BTreeMap<String, usize> = Default::default();
+        let mut restamped = 0;
+        for d in &items {
+            if restamp(d) == before.get(&key(d)).cloned().flatten() {
+                continue;
+            }
+            restamped += 1;
+            if !over(d)? {
+                *rolling
+                    .entry(d.metadata.namespace.clone().unwrap_or_default())
+                    .or_default() += 1;
+            }
+        }
+        let total: usize = rolling.values().sum();
+        peak = peak.max(total);
+        ensure!(
+            total <= MAX_ROLLING,
+            "{total} rolling at once, over the budget of {MAX_ROLLING}: {rolling:?}"
+        );
+        ensure!(
+            rolling.values().all(|n| *n <= MAX_ROLLING_PER_NAMESPACE),
+            "over the share of {MAX_ROLLING_PER_NAMESPACE} in a namespace: {rolling:?}"
+        );
+        if restamped == 200 && total == 0 {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{restamped} of 200 restamped, {total} rolling"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("200 workloads rolled under the budget; peak rolling seen: {peak}");
+    ensure!(peak >= 2, "the sampling saw rollouts at once (peak {peak})");
+    for ns in &namespaces {
+        kubectl(up, &["delete", "namespace", ns, "--wait=false"], None).await?;
+    }
     Ok(())
+}
+
+/// `namespace/name` of a Deployment.
+fn key(d: &Deployment) -> String {
+    format!(
+        "{}/{}",
+        d.metadata.namespace.as_deref().unwrap_or_default(),
+        d.metadata.name.as_deref().unwrap_or_default()
+    )
 }

@@ -3,6 +3,7 @@
 //! namespace) and, for stopping an API server, a private one.
 
 mod conventions;
+mod holds;
 mod ownership;
 mod propagate;
 mod prune;

@@ -103,13 +103,7 @@ impl Fixture {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> anyhow::Result<PluginProcess> {
-        let mut args = vec!["rollout"];
-        args.extend_from_slice(scope);
-        args.extend_from_slice(&["--watch", "--kubeconfig", &self.kubeconfig, "-o", "json"]);
-        args.extend_from_slice(extra);
-        let mut all_env = vec![("HELMOP_LOG", "info")];
-        all_env.extend_from_slice(env);
-        PluginProcess::spawn(&args, &all_env)
+        spawn_rollout_watch(&self.kubeconfig, scope, extra, env)
     }
 
     /// A watcher that decides one workload at a time, in order (see the module's doc).
@@ -216,6 +210,23 @@ impl Fixture {
     }
 }
 
+/// `rollout SCOPE --watch EXTRA` against the cluster of `kubeconfig`, JSON events on stdout,
+/// `HELMOP_LOG=info` and `env`.
+pub(crate) fn spawn_rollout_watch(
+    kubeconfig: &str,
+    scope: &[&str],
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<PluginProcess> {
+    let mut args = vec!["rollout"];
+    args.extend_from_slice(scope);
+    args.extend_from_slice(&["--watch", "--kubeconfig", kubeconfig, "-o", "json"]);
+    args.extend_from_slice(extra);
+    let mut all_env = vec![("HELMOP_LOG", "info")];
+    all_env.extend_from_slice(env);
+    PluginProcess::spawn(&args, &all_env)
+}
+
 /// A Deployment `name` (label `app=name`) whose one container reads `pod` (extra PodSpec fields).
 fn deployment(name: &str, labels: Value, pod: Value) -> Value {
     let mut spec =
@@ -255,7 +266,7 @@ async fn wait_for(w: &mut PluginProcess, event: &str) -> anyhow::Result<Value> {
     .await
 }
 
-fn restamped_for(name: &str) -> impl Fn(&Value) -> bool + '_ {
+pub(crate) fn restamped_for(name: &str) -> impl Fn(&Value) -> bool + '_ {
     move |e: &Value| {
         e["event"] == "restamped"
             && e["workload"]
@@ -791,6 +802,68 @@ async fn two_watchers_of_one_scope_elect_one_restamper() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Two watchers whose scopes nest (`-n NS` contains `-n NS -l app=web`): the narrower one stands by
+/// while the wider one's Lease is fresh, so a change is restamped once, not twice; once the wider
+/// one is gone (its Lease released), the narrower one restamps again.
+#[tokio::test]
+async fn a_narrower_watcher_stands_by_while_a_wider_one_leads() -> anyhow::Result<()> {
+    let f = Fixture::new("rwatch-nest").await?;
+    f.web_reading_settings().await?;
+    let lease = ["--lease-namespace", f.ns.as_str(), "--lease-duration", "3s"];
+    let mut narrow_args = lease.to_vec();
+    narrow_args.extend_from_slice(&["-l", "app=web", "--debounce", "0s"]);
+    let mut narrow = f.spawn_watcher(&narrow_args, &[])?;
+    wait_for(&mut narrow, "synced").await?;
+    let mut wide_args = lease.to_vec();
+    wide_args.extend_from_slice(&["--debounce", "0s"]);
+    let mut wide = f.spawn_watcher(&wide_args, &[])?;
+    wait_for(&mut wide, "synced").await?;
+    let wide_lease = format!("kubectl-helmop-rollout-ns-{}", f.ns);
+    let covered = narrow
+        .wait_event("the narrower watcher stands by", WAIT, 0, |e| {
+            e["event"] == "covered"
+        })
+        .await?;
+    assert_eq!(covered["lease"], wide_lease.as_str(), "{covered}");
+    // Two changes, each restamped by the wider watcher; the narrower one writes nothing (it would
+    // have restamped the first one at the same time as the wider one did).
+    for (n, mode) in ["b", "c"].iter().enumerate() {
+        f.patch(
+            "configmap",
+            "settings",
+            &json!({"data": {"mode": mode}}).to_string(),
+        )
+        .await?;
+        wait_until(
+            &format!("restamp {} by the wider watcher", n + 1),
+            WAIT,
+            || async { Ok(restamps_of(&wide, "web") > n) },
+        )
+        .await?;
+    }
+    assert_eq!(restamps_of(&narrow, "web"), 0, "{}", narrow.context());
+    // The wider watcher stops and releases its Lease: the narrower one acts again.
+    let skip = narrow.events().len();
+    wide.signal(libc::SIGTERM)?;
+    wide.wait_exit(Duration::from_secs(20)).await?;
+    narrow
+        .wait_event("the narrower watcher acts again", WAIT, skip, |e| {
+            e["event"] == "uncovered"
+        })
+        .await?;
+    f.patch("configmap", "settings", r#"{"data":{"mode":"d"}}"#)
+        .await?;
+    narrow
+        .wait_event(
+            "the narrower watcher restamps",
+            WAIT,
+            0,
+            restamped_for("web"),
+        )
+        .await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_workload_deleted_mid_restamp_is_dropped_quietly() -> anyhow::Result<()> {
     let f = Fixture::new("rwatch-gone").await?;
@@ -1252,7 +1325,7 @@ async fn a_missing_required_key_holds_like_a_missing_object() -> anyhow::Result<
 }
 
 /// Peak resident set size of a process, in KiB (`VmHWM`).
-fn peak_rss_kib(pid: u32) -> anyhow::Result<u64> {
+pub(crate) fn peak_rss_kib(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()

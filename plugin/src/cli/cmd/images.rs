@@ -102,6 +102,7 @@ fn setup_options(args: &ImagesArgs) -> SetupOptions<'_> {
         registry_config: args.registry_config.as_deref(),
         mutable_tags: &args.mutable_tags,
         all_namespaces: args.all_namespaces,
+        selector: None,
         registry_timeout: args.registry_timeout,
     }
 }

@@ -47,6 +47,7 @@ pub async fn run(args: &StatusArgs) -> Result<ExitStatus, PluginError> {
         .problems
         .iter()
         .map(|p| format!("error: HelmOp {}: {}", p.helmop, p.message))
+        .chain(report.notes.iter().map(|n| format!("note: {n}")))
         .collect();
     report::emit(args.output, &report, &report.rows, false, &footer)?;
     Ok(report.exit_status())
