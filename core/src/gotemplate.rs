@@ -1,6 +1,8 @@
-//! Go `text/template` for Fleet's helm values templating: a lexer and parser that accept and
-//! refuse what Go does (with Go's messages) for Fleet's `${ }` delimiters and function map, and
-//! an evaluator for the subset that decides whether rendering fails on a cluster.
+//! Go `text/template` for Fleet's helm values templating, as of go1.26.6 (the toolchain Fleet
+//! v0.16.1 builds with): a lexer and parser that accept and refuse what Go does (with Go's
+//! messages) for Fleet's `${ }` delimiters and function map, and an evaluator for the subset that
+//! decides whether rendering fails on a cluster. Go's own test tables run through both
+//! (`go_tables`, test-only).
 //!
 //! Bounds (nothing panics or grows without limit on input): parse nesting [`parse::MAX_DEPTH`],
 //! evaluation steps [`exec::MAX_STEPS`], output [`exec::MAX_OUTPUT`] bytes, `template` call
@@ -53,5 +55,7 @@ pub fn parse_error(text: &str) -> Option<ParseError> {
     }
 }
 
+#[cfg(test)]
+mod go_tables;
 #[cfg(test)]
 mod tests;

@@ -186,7 +186,7 @@ fn ordered(name: &str, args: &[Value]) -> R {
 /// Go's `encoding/json` of a value (map keys sorted, floats Go-formatted).
 fn to_json(v: &Value, out: &mut String) {
     match v {
-        Value::Nil => out.push_str("null"),
+        Value::Nil | Value::Missing => out.push_str("null"),
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
         Value::Int(i) => out.push_str(&i.to_string()),
         Value::Float(f) => {

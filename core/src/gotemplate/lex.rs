@@ -1,5 +1,6 @@
-//! Go `text/template`'s lexer (Go's `text/template/parse/lex.go`, behaviour only) for the
-//! delimiters Fleet uses for helm values: `${` and `}`.
+//! Go `text/template`'s lexer (Go's `text/template/parse/lex.go` of go1.26, behaviour only), for
+//! the delimiters Fleet uses for helm values (`${` and `}`) or any others (Go's own `{{` `}}`, which
+//! its test tables use).
 
 /// Left and right delimiters Fleet sets with `Delims("${", "}")`.
 pub const LEFT_DELIM: &str = "${";
@@ -146,6 +147,8 @@ fn has_right_trim_marker(s: &str) -> bool {
 
 struct Lexer<'a> {
     input: &'a str,
+    left: &'a str,
+    right: &'a str,
     pos: usize,
     start: usize,
     line: usize,
@@ -154,10 +157,20 @@ struct Lexer<'a> {
     items: Vec<Item>,
 }
 
-/// Lexes the whole input; the last item is `Eof` or `Error`.
+/// Lexes the whole input with Fleet's delimiters; the last item is `Eof` or `Error`.
 pub fn lex(input: &str) -> Vec<Item> {
+    lex_with(input, LEFT_DELIM, RIGHT_DELIM)
+}
+
+/// Lexes the whole input with the delimiters `left` and `right` (Go's `Delims`; empty means
+/// Go's default `{{` `}}`).
+pub fn lex_with(input: &str, left: &str, right: &str) -> Vec<Item> {
+    let left = if left.is_empty() { "{{" } else { left };
+    let right = if right.is_empty() { "}}" } else { right };
     let mut l = Lexer {
         input,
+        left,
+        right,
         pos: 0,
         start: 0,
         line: 1,
@@ -252,9 +265,9 @@ impl<'a> Lexer<'a> {
     }
 
     fn lex_text(&mut self) -> State {
-        if let Some(x) = self.rest().find(LEFT_DELIM) {
+        if let Some(x) = self.rest().find(self.left) {
             let mut trim_len = 0;
-            let after = self.pos + x + LEFT_DELIM.len();
+            let after = self.pos + x + self.left.len();
             if has_left_trim_marker(&self.input[after..]) {
                 let text = &self.input[self.pos..self.pos + x];
                 trim_len = text.len() - text.trim_end_matches(is_space).len();
@@ -284,14 +297,14 @@ impl<'a> Lexer<'a> {
     /// At the right delimiter (optionally with its trim marker): (found, trim).
     fn at_right_delim(&self) -> (bool, bool) {
         let rest = self.rest();
-        if has_right_trim_marker(rest) && rest[2..].starts_with(RIGHT_DELIM) {
+        if has_right_trim_marker(rest) && rest[2..].starts_with(self.right) {
             return (true, true);
         }
-        (rest.starts_with(RIGHT_DELIM), false)
+        (rest.starts_with(self.right), false)
     }
 
     fn lex_left_delim(&mut self) -> State {
-        self.advance_to(self.pos + LEFT_DELIM.len());
+        self.advance_to(self.pos + self.left.len());
         let trim = has_left_trim_marker(self.rest());
         let after_marker = if trim { 2 } else { 0 };
         if self.rest()[after_marker..].starts_with(LEFT_COMMENT) {
@@ -320,7 +333,7 @@ impl<'a> Lexer<'a> {
         if trim {
             self.advance_to(self.pos + 2);
         }
-        self.advance_to(self.pos + RIGHT_DELIM.len());
+        self.advance_to(self.pos + self.right.len());
         if trim {
             self.skip_leading_space();
         }
@@ -338,7 +351,7 @@ impl<'a> Lexer<'a> {
             self.advance_to(self.pos + 2);
             self.ignore();
         }
-        self.advance_to(self.pos + RIGHT_DELIM.len());
+        self.advance_to(self.pos + self.right.len());
         self.emit(ItemType::RightDelim);
         if trim {
             self.skip_leading_space();
@@ -394,7 +407,7 @@ impl<'a> Lexer<'a> {
                 self.emit(ItemType::RightParen);
                 self.paren_depth -= 1;
                 if self.paren_depth < 0 {
-                    return self.errorf(format!("unexpected right paren {}", go_rune(r)));
+                    return self.errorf("unexpected right paren".into());
                 }
             }
             r if r.is_ascii() && !r.is_ascii_control() => self.emit(ItemType::Char),
@@ -411,7 +424,7 @@ impl<'a> Lexer<'a> {
         }
         // A space followed by "-}" belongs to the trim-marked closing delimiter.
         if has_right_trim_marker(&self.input[self.pos - 1..])
-            && self.input[self.pos + 1..].starts_with(RIGHT_DELIM)
+            && self.input[self.pos + 1..].starts_with(self.right)
         {
             self.backup();
             if spaces == 1 {
@@ -475,7 +488,7 @@ impl<'a> Lexer<'a> {
             None => true,
             Some(r) if is_space(r) => true,
             Some('.' | ',' | '|' | ':' | ')' | '(') => true,
-            Some(_) => self.rest().starts_with(RIGHT_DELIM),
+            Some(_) => self.rest().starts_with(self.right),
         }
     }
 

@@ -1,12 +1,13 @@
-//! Go `text/template`'s parser (behaviour of Go's `text/template/parse/parse.go`): accepts what
-//! Go accepts and refuses what it refuses, with Go's messages, for one template named like
-//! Fleet's (`values`). Functions are checked against Fleet's function map at parse time, as Go
-//! does.
+//! Go `text/template`'s parser (behaviour of Go's `text/template/parse/parse.go` of go1.26, the
+//! toolchain Fleet v0.16.1 builds with): accepts what Go accepts and refuses what it refuses, with
+//! Go's messages, for one template named like Fleet's (`values`). Functions are checked against
+//! Fleet's function map at parse time, as Go does. [`parse_with`] takes other delimiters and
+//! another function map (Go's own test tables use `{{ }}` and theirs).
 
 use std::collections::BTreeMap;
 
 use super::funcs::is_defined;
-use super::lex::{Item, ItemType, go_quote, lex};
+use super::lex::{Item, ItemType, LEFT_DELIM, RIGHT_DELIM, go_quote, lex_with};
 
 /// Deepest nesting of parenthesised pipelines and control structures we parse. Go allows
 /// 10000; beyond ours the template is reported as too deep (callers treat that as unknown,
@@ -33,7 +34,9 @@ pub enum Node {
 pub struct Control {
     pub pipe: Pipe,
     pub list: Vec<Node>,
-    pub else_list: Vec<Node>,
+    /// `None` without `{{else}}` (Go's nil `ElseList`). `{{else if ...}}` and
+    /// `{{else with ...}}` are an else list holding one `if`/`with` that shares the outer `end`.
+    pub else_list: Option<Vec<Node>>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -63,24 +66,56 @@ pub enum Arg {
         name: String,
         fields: Vec<String>,
     },
-    Dot,
-    Nil,
-    Bool(bool),
+    Dot {
+        pos: usize,
+    },
+    Nil {
+        pos: usize,
+    },
+    Bool {
+        pos: usize,
+        value: bool,
+    },
     Number {
+        pos: usize,
         text: String,
         value: Number,
     },
-    Str(String),
+    /// A string constant: `quoted` as written (Go prints that), `value` unquoted.
+    Str {
+        pos: usize,
+        quoted: String,
+        value: String,
+    },
     Ident {
         pos: usize,
         name: String,
     },
     Pipe(Box<Pipe>),
-    /// `(pipeline).A.B`.
+    /// `(pipeline).A.B`, positioned at the first chained field.
     Chain {
+        pos: usize,
         node: Box<Arg>,
         fields: Vec<String>,
     },
+}
+
+impl Arg {
+    /// Byte offset of the node in the template (Go's `Position()`).
+    pub fn pos(&self) -> usize {
+        match self {
+            Arg::Field { pos, .. }
+            | Arg::Variable { pos, .. }
+            | Arg::Dot { pos }
+            | Arg::Nil { pos }
+            | Arg::Bool { pos, .. }
+            | Arg::Number { pos, .. }
+            | Arg::Str { pos, .. }
+            | Arg::Ident { pos, .. }
+            | Arg::Chain { pos, .. } => *pos,
+            Arg::Pipe(p) => p.pos,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -109,8 +144,25 @@ pub struct ParseError {
     pub too_deep: bool,
 }
 
+/// What a template is parsed with besides its text: Go's `Delims` and the function map its
+/// parser checks identifiers against.
+#[derive(Clone, Copy)]
+pub struct Syntax<'a> {
+    pub left: &'a str,
+    pub right: &'a str,
+    pub is_function: &'a dyn Fn(&str) -> bool,
+}
+
+/// Fleet's: `${` `}` and Go's builtins plus Sprig's functions minus the ones Fleet deletes.
+pub const FLEET: Syntax<'static> = Syntax {
+    left: LEFT_DELIM,
+    right: RIGHT_DELIM,
+    is_function: &is_defined,
+};
+
 struct Parser<'a> {
     name: &'a str,
+    is_function: &'a dyn Fn(&str) -> bool,
     items: Vec<Item>,
     i: usize,
     vars: Vec<String>,
@@ -123,15 +175,21 @@ struct Parser<'a> {
 
 type PResult<T> = Result<T, ParseError>;
 
-/// Parses `text` as template `name`.
+/// Parses `text` as template `name` with Fleet's delimiters and functions.
 pub fn parse(name: &str, text: &str) -> Result<Template, ParseError> {
-    let items: Vec<Item> = lex(text)
+    parse_with(name, text, FLEET)
+}
+
+/// Parses `text` as template `name` with `syntax`'s delimiters and functions.
+pub fn parse_with(name: &str, text: &str, syntax: Syntax<'_>) -> Result<Template, ParseError> {
+    let items: Vec<Item> = lex_with(text, syntax.left, syntax.right)
         .into_iter()
         // The parser skips comments (Go drops them without ParseComments).
         .filter(|i| i.typ != ItemType::Comment)
         .collect();
     let mut p = Parser {
         name,
+        is_function: syntax.is_function,
         items,
         i: 0,
         vars: vec!["$".to_string()],
@@ -379,8 +437,8 @@ impl Parser<'_> {
     }
 
     fn else_control(&mut self) -> PResult<Listed> {
-        if self.peek_non_space().typ == ItemType::If {
-            // "else if": the "if" stays pending for the caller.
+        if matches!(self.peek_non_space().typ, ItemType::If | ItemType::With) {
+            // "else if" and "else with" (go1.23): the keyword stays pending for the caller.
             return Ok(Listed::Else);
         }
         self.expect(ItemType::RightDelim, "else")?;
@@ -398,18 +456,22 @@ impl Parser<'_> {
         if context == "range" {
             self.range_depth -= 1;
         }
-        let mut else_list = Vec::new();
+        let mut else_list = None;
         if let Listed::Else = next {
             if context == "if" && self.peek().typ == ItemType::If {
                 // `else if` is `else` + a nested `if` that shares the outer `end`.
                 self.next();
-                else_list.push(Node::If(self.control("if")?));
+                else_list = Some(vec![Node::If(self.control("if")?)]);
+            } else if context == "with" && self.peek().typ == ItemType::With {
+                // `else with` (go1.23) likewise: `{{with a}}_{{else}}{{with b}}_{{end}}{{end}}`.
+                self.next();
+                else_list = Some(vec![Node::With(self.control("with")?)]);
             } else {
                 let (l, next) = self.item_list()?;
                 if !matches!(next, Listed::End) {
                     return Err(self.errorf("expected end; found {{else}}"));
                 }
-                else_list = l;
+                else_list = Some(l);
             }
         }
         self.vars.truncate(vars);
@@ -546,7 +608,13 @@ impl Parser<'_> {
         for (i, c) in pipe.cmds.iter().enumerate().skip(1) {
             if matches!(
                 c.args.first(),
-                Some(Arg::Bool(_) | Arg::Dot | Arg::Nil | Arg::Number { .. } | Arg::Str(_))
+                Some(
+                    Arg::Bool { .. }
+                        | Arg::Dot { .. }
+                        | Arg::Nil { .. }
+                        | Arg::Number { .. }
+                        | Arg::Str { .. }
+                )
             ) {
                 return Err(self.errorf(format!(
                     "non executable command in pipeline stage {}",
@@ -617,13 +685,18 @@ impl Parser<'_> {
                     fields: own,
                 }
             }
-            Arg::Bool(_) | Arg::Str(_) | Arg::Number { .. } | Arg::Nil | Arg::Dot => {
+            Arg::Bool { .. }
+            | Arg::Str { .. }
+            | Arg::Number { .. }
+            | Arg::Nil { .. }
+            | Arg::Dot { .. } => {
                 return Err(self.errorf(format!(
                     "unexpected . after term {}",
-                    go_quote(&term_string(&node))
+                    go_quote(&arg_string(&node))
                 )));
             }
             other => Arg::Chain {
+                pos: chain_pos,
                 node: Box::new(other),
                 fields,
             },
@@ -634,7 +707,7 @@ impl Parser<'_> {
         let token = self.next_non_space();
         Ok(Some(match token.typ {
             ItemType::Identifier => {
-                if !is_defined(&token.val) {
+                if !(self.is_function)(&token.val) {
                     return Err(
                         self.errorf(format!("function {} not defined", go_quote(&token.val)))
                     );
@@ -644,8 +717,8 @@ impl Parser<'_> {
                     name: token.val,
                 }
             }
-            ItemType::Dot => Arg::Dot,
-            ItemType::Nil => Arg::Nil,
+            ItemType::Dot => Arg::Dot { pos: token.pos },
+            ItemType::Nil => Arg::Nil { pos: token.pos },
             ItemType::Variable => {
                 // `$x` is one token; its fields come as Field tokens.
                 if !self.vars.contains(&token.val) {
@@ -661,10 +734,14 @@ impl Parser<'_> {
                 pos: token.pos,
                 names: vec![token.val.trim_start_matches('.').to_string()],
             },
-            ItemType::Bool => Arg::Bool(token.val == "true"),
+            ItemType::Bool => Arg::Bool {
+                pos: token.pos,
+                value: token.val == "true",
+            },
             ItemType::CharConstant | ItemType::Number => {
                 let value = self.number(&token)?;
                 Arg::Number {
+                    pos: token.pos,
                     text: token.val,
                     value,
                 }
@@ -675,7 +752,11 @@ impl Parser<'_> {
                 self.depth -= 1;
                 Arg::Pipe(Box::new(p))
             }
-            ItemType::String | ItemType::RawString => Arg::Str(self.unquote(&token)?),
+            ItemType::String | ItemType::RawString => Arg::Str {
+                pos: token.pos,
+                value: self.unquote(&token)?,
+                quoted: token.val,
+            },
             _ => {
                 self.backup();
                 return Ok(None);
@@ -811,54 +892,136 @@ pub fn unquote(s: &str) -> Option<String> {
     Some(out)
 }
 
-/// How Go prints a literal term in "unexpected . after term" messages.
-fn term_string(a: &Arg) -> String {
-    match a {
-        Arg::Bool(b) => b.to_string(),
-        Arg::Str(s) => go_quote(s),
-        Arg::Number { text, .. } => text.clone(),
-        Arg::Nil => "nil".into(),
-        _ => ".".into(),
-    }
-}
-
-/// Go's `String()` of an argument, for `executing "values" at <...>` in execution errors.
+/// Go's `String()` of an argument (`Node.String`), for `executing "values" at <...>` in
+/// execution errors and "unexpected . after term" at parse time.
 pub fn arg_string(a: &Arg) -> String {
+    let mut s = String::new();
+    write_arg(a, &mut s);
+    s
+}
+
+fn write_arg(a: &Arg, s: &mut String) {
     match a {
-        Arg::Field { names, .. } => names.iter().map(|n| format!(".{n}")).collect(),
+        Arg::Field { names, .. } => {
+            for n in names {
+                s.push('.');
+                s.push_str(n);
+            }
+        }
         Arg::Variable { name, fields, .. } => {
-            let mut s = name.clone();
+            s.push_str(name);
             for f in fields {
                 s.push('.');
                 s.push_str(f);
             }
-            s
         }
-        Arg::Ident { name, .. } => name.clone(),
-        Arg::Pipe(p) => format!("({})", pipe_string(p)),
-        Arg::Chain { node, fields } => {
-            let mut s = arg_string(node);
+        Arg::Ident { name, .. } => s.push_str(name),
+        Arg::Pipe(p) => {
+            s.push('(');
+            write_pipe(p, s);
+            s.push(')');
+        }
+        Arg::Chain { node, fields, .. } => {
+            write_arg(node, s);
             for f in fields {
                 s.push('.');
                 s.push_str(f);
             }
-            s
         }
-        other => term_string(other),
+        Arg::Bool { value, .. } => s.push_str(if *value { "true" } else { "false" }),
+        Arg::Str { quoted, .. } => s.push_str(quoted),
+        Arg::Number { text, .. } => s.push_str(text),
+        Arg::Nil { .. } => s.push_str("nil"),
+        Arg::Dot { .. } => s.push('.'),
     }
 }
 
+/// Go's `CommandNode.String`.
+pub fn cmd_string(c: &Cmd) -> String {
+    let mut s = String::new();
+    write_cmd(c, &mut s);
+    s
+}
+
+fn write_cmd(c: &Cmd, s: &mut String) {
+    for (i, a) in c.args.iter().enumerate() {
+        if i > 0 {
+            s.push(' ');
+        }
+        write_arg(a, s);
+    }
+}
+
+/// Go's `PipeNode.String`.
 pub fn pipe_string(p: &Pipe) -> String {
     let mut s = String::new();
+    write_pipe(p, &mut s);
+    s
+}
+
+fn write_pipe(p: &Pipe, s: &mut String) {
     if !p.decl.is_empty() {
         s.push_str(&p.decl.join(", "));
         s.push_str(if p.is_assign { " = " } else { " := " });
     }
-    let cmds: Vec<String> = p
-        .cmds
-        .iter()
-        .map(|c| c.args.iter().map(arg_string).collect::<Vec<_>>().join(" "))
-        .collect();
-    s.push_str(&cmds.join(" | "));
+    for (i, c) in p.cmds.iter().enumerate() {
+        if i > 0 {
+            s.push_str(" | ");
+        }
+        write_cmd(c, s);
+    }
+}
+
+/// Go's `ListNode.String` of `list`; `quote_text`: text as `%q` (Go's test tables set
+/// `textFormat = "%q"`), else as it is.
+pub fn list_string(list: &[Node], quote_text: bool) -> String {
+    let mut s = String::new();
+    write_list(list, quote_text, &mut s);
     s
+}
+
+/// Go's `TemplateNode.String`.
+pub fn template_string(name: &str, pipe: Option<&Pipe>) -> String {
+    let mut s = format!("{{{{template {}", go_quote(name));
+    if let Some(p) = pipe {
+        s.push(' ');
+        write_pipe(p, &mut s);
+    }
+    s.push_str("}}");
+    s
+}
+
+fn write_list(list: &[Node], quote_text: bool, s: &mut String) {
+    for n in list {
+        match n {
+            Node::Text(t) if quote_text => s.push_str(&go_quote(t)),
+            Node::Text(t) => s.push_str(t),
+            Node::Action(p) => {
+                s.push_str("{{");
+                write_pipe(p, s);
+                s.push_str("}}");
+            }
+            Node::If(c) | Node::Range(c) | Node::With(c) => {
+                let word = match n {
+                    Node::If(_) => "if",
+                    Node::Range(_) => "range",
+                    _ => "with",
+                };
+                s.push_str("{{");
+                s.push_str(word);
+                s.push(' ');
+                write_pipe(&c.pipe, s);
+                s.push_str("}}");
+                write_list(&c.list, quote_text, s);
+                if let Some(e) = &c.else_list {
+                    s.push_str("{{else}}");
+                    write_list(e, quote_text, s);
+                }
+                s.push_str("{{end}}");
+            }
+            Node::Template { name, pipe, .. } => s.push_str(&template_string(name, pipe.as_ref())),
+            Node::Break => s.push_str("{{break}}"),
+            Node::Continue => s.push_str("{{continue}}"),
+        }
+    }
 }

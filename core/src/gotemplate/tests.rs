@@ -301,3 +301,140 @@ fn values_marshal_like_yaml_v2() {
         )
     );
 }
+
+/// `{{else with}}` (go1.23, so in Fleet v0.16.1's go1.26): `{{with A}}X{{else with B}}Y{{else}}Z{{end}}`
+/// is `{{with A}}X{{else}}{{with B}}Y{{else}}Z{{end}}{{end}}`. Outputs and messages are what
+/// go1.26.6 `text/template` gives with Fleet's options for the same text and data.
+#[test]
+fn else_with_is_a_nested_with_sharing_the_end() {
+    for (text, want) in [
+        (
+            "${ with index .ClusterLabels \"tier\" }t=${ . }${ else with index .ClusterLabels \"env\" }e=${ . }${ else }none${ end }",
+            "e=prod",
+        ),
+        (
+            "${ with index .ClusterLabels \"tier\" }t=${ . }${ else with index .ClusterLabels \"zone\" }z=${ . }${ else }none${ end }",
+            "none",
+        ),
+        // The first branch's variables stay visible in the else-with, as in Go.
+        (
+            "${ with $x := index .ClusterLabels \"tier\" }${ else with $y := .ClusterLabels.env }${ $x }|${ $y }|${ . }${ end }",
+            "<no value>|prod|prod",
+        ),
+        (
+            "${ with .ClusterValues.list }${ len . }${ else with 0 }x${ end }",
+            "2",
+        ),
+        ("${ with 0 }a${ else with 1 }${ . }${ end }", "1"),
+        (
+            "${ with 0 }a${ else with false }b${ else with `c` }${ . }${ end }",
+            "c",
+        ),
+        ("${ with 0 }a${ else with 1 -}  x ${- end }", "x"),
+    ] {
+        assert_eq!(run(text), Render::Ok(want.into()), "{text}");
+        let nested = text.replacen("${ else with", "${ else }${ with", 1);
+        let nested = format!("{nested}${{ end }}");
+        if !text.contains("else with `c`") && !text.contains("-}") {
+            assert_eq!(run(&nested), run(text), "{nested}");
+        }
+    }
+    // The else-with's pipeline fails like any other (missingkey=error).
+    assert_eq!(
+        run("${ with 0 }${ else with .ClusterLabels.tier }${ end }"),
+        Render::Fail(
+            "template: values:1:38: executing \"values\" at <.ClusterLabels.tier>: map has no entry for key \"tier\""
+                .into()
+        )
+    );
+    // Only `with` takes `else with`, only `if` takes `else if`; one `end` closes the chain.
+    for (text, want) in [
+        (
+            "a: ${ if .A }${ else with .B }${ end }",
+            "template: values:1: unexpected <with> in input",
+        ),
+        (
+            "a: ${ range .A }${ else with .B }${ end }",
+            "template: values:1: unexpected <with> in input",
+        ),
+        (
+            "a: ${ with .A }${ else if .B }${ end }",
+            "template: values:1: unexpected <if> in input",
+        ),
+        (
+            "a: ${ with 0 }${ else with }${ end }",
+            "template: values:1: missing value for with",
+        ),
+        (
+            "a: ${ with 0 }${ else with 1 }x${ else }y${ else }z${ end }",
+            "template: values:1: expected end; found {{else}}",
+        ),
+        (
+            "a: ${ with 0 }${ else with 1 }x${ end }${ end }",
+            "template: values:1: unexpected {{end}}",
+        ),
+    ] {
+        assert_eq!(err(text), want, "{text}");
+    }
+}
+
+/// `range` as go1.26 runs it: integers (go1.22) with at most one variable, `=` assigning the
+/// variables declared before (go1.21), anything but a list, map, integer or nothing failing.
+#[test]
+fn range_follows_go_1_26() {
+    for (text, want) in [
+        ("${ range 3 }${ . }${ end }", "012"),
+        ("${ range $x := 3 }${ $x }${ end }", "012"),
+        ("${ range $i := 0 }x${ else }empty${ end }", "empty"),
+        ("${ $i := 9 }${ range $i = 3 }${ end }${ $i }", "2"),
+        (
+            "${ $k := 0 }${ $v := 0 }${ range $k, $v = .ClusterValues.list }${ end }${ $k }=${ $v }",
+            "1=b",
+        ),
+        (
+            "${ range .ClusterValues.list }${ if eq . \"a\" }${ continue }${ end }${ . }${ break }${ end }",
+            "b",
+        ),
+    ] {
+        assert_eq!(run(text), Render::Ok(want.into()), "{text}");
+    }
+    for (text, want) in [
+        (
+            "${ range $i, $v := 3 }${ end }",
+            "template: values:1:19: executing \"values\" at <3>: can't use 3 to iterate over more than one variable",
+        ),
+        // JSON numbers are float64 in Go: not an integer to range over.
+        (
+            "${ range .ClusterValues.replicas }x${ end }",
+            "template: values:1:23: executing \"values\" at <.ClusterValues.replicas>: range can't iterate over 3",
+        ),
+        (
+            "${ range .ClusterName }${ end }",
+            "template: values:1:9: executing \"values\" at <.ClusterName>: range can't iterate over down1",
+        ),
+    ] {
+        assert_eq!(run(text), Render::Fail(want.into()), "{text}");
+    }
+}
+
+/// Execution errors name the node Go's evaluator is at: the command for a failing call, the
+/// template node for a missing template, and the parse name with the executing template's.
+#[test]
+fn execution_errors_name_the_node_go_names() {
+    for (text, want) in [
+        (
+            "${ index .ClusterValues.list 5 }",
+            "template: values:1:3: executing \"values\" at <index .ClusterValues.list 5>: error calling index: index out of range: 5",
+        ),
+        (
+            "${ template \"missing\" }",
+            "template: values:1:12: executing \"values\" at <{{template \"missing\"}}>: template \"missing\" not defined",
+        ),
+        (
+            "${ define \"t\" }${ .X }${ end }${ template \"t\" . }",
+            "template: values:1:18: executing \"t\" at <.X>: map has no entry for key \"X\"",
+        ),
+    ] {
+        assert_eq!(run(text), Render::Fail(want.into()), "{text}");
+    }
+}

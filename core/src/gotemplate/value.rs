@@ -9,6 +9,11 @@ use std::fmt::Write as _;
 pub enum Value {
     /// A nil interface: a missing `index` entry, JSON null, `nil`.
     Nil,
+    /// No value at all (Go's invalid `reflect.Value`): a missing map entry under
+    /// `missingkey=default`, nil data, a `template` call without a pipeline. Only the
+    /// evaluator makes it; functions receive [`Value::Nil`] instead, as Go passes them the
+    /// parameter's zero value.
+    Missing,
     Bool(bool),
     Int(i64),
     /// JSON numbers decode to float64 in Go.
@@ -37,7 +42,7 @@ impl Value {
     /// Go's `reflect.Type` name, for messages.
     pub(super) fn type_name(&self) -> &'static str {
         match self {
-            Value::Nil => "<nil>",
+            Value::Nil | Value::Missing => "<nil>",
             Value::Bool(_) => "bool",
             Value::Int(_) => "int",
             Value::Float(_) => "float64",
@@ -50,7 +55,7 @@ impl Value {
     /// Go's `template.IsTrue` (and Sprig's `empty` is its negation).
     pub fn truth(&self) -> bool {
         match self {
-            Value::Nil => false,
+            Value::Nil | Value::Missing => false,
             Value::Bool(b) => *b,
             Value::Int(i) => *i != 0,
             Value::Float(f) => *f != 0.0,
@@ -105,6 +110,7 @@ pub fn go_float(f: f64) -> String {
 pub(super) fn format_value(v: &Value, inner: bool, out: &mut String) {
     match v {
         Value::Nil => out.push_str(if inner { "<nil>" } else { "<no value>" }),
+        Value::Missing => out.push_str("<no value>"),
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
         Value::Int(i) => {
             let _ = write!(out, "{i}");

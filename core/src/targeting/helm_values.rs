@@ -184,9 +184,11 @@ fn render(text: &str, context: &Value, mapping: bool) -> Outcome {
             "failed to interpret rendered template as helm values: {why}"
         ))
     };
-    match crate::yaml::parse_documents(out.as_bytes()) {
+    // Fleet reads the output with sigs.k8s.io/yaml.Unmarshal: first document only, a repeated
+    // key taking its last value (crate::yaml::parse_like_fleet says where that is in Go).
+    match crate::yaml::parse_like_fleet(out.as_bytes()) {
         Err(e) => interpret(e.to_string()),
-        Ok(docs) => match docs.first().map(|d| &d.value) {
+        Ok(doc) => match &doc {
             Some(Json::Object(_) | Json::Null) | None => Outcome::Renders,
             Some(other) if mapping => interpret(format!(
                 "the output is {}, not a mapping",
@@ -288,5 +290,36 @@ mod tests {
             preprocess(&down1, &helm(json!({"${ \"- x\" }": 1}), false)),
             Outcome::Fails(_)
         ));
+    }
+
+    /// Fleet reads rendered values with sigs.k8s.io/yaml.Unmarshal (non-strict yaml.v2): a key
+    /// repeated in one mapping takes the last value and only the first document counts, so
+    /// neither fails the Bundle.
+    #[test]
+    fn rendered_values_are_read_as_fleet_reads_them() {
+        let down1 = Cluster::new("fleet-default", "down1", &[("env", "prod")]);
+        // `values`: a templated key that renders to a key already there.
+        let dup_key = json!({"region": "eu", "${ \"region\" }": "${ .ClusterLabels.env }"});
+        assert_eq!(preprocess(&down1, &helm(dup_key, false)), Outcome::Renders);
+        // `templateValues`: an entry whose output repeats a key, at the top and nested.
+        for text in [
+            "a: 1\na: ${ .ClusterName }",
+            "cfg:\n  x: 1\n  x: 2\nother: ${ .ClusterLabels.env }",
+            "{a: 1, a: 2}",
+            "a: 1\n---\n: not: [yaml",
+        ] {
+            let mut t = helm(json!({}), false);
+            t.template_values = Some(serde_json::Map::from_iter([("k".to_string(), json!(text))]));
+            assert_eq!(preprocess(&down1, &t), Outcome::Renders, "{text}");
+        }
+        // Malformed YAML in the first document still fails, as in Fleet.
+        let mut t = helm(json!({}), false);
+        t.template_values = Some(serde_json::Map::from_iter([(
+            "k".to_string(),
+            json!("a: [1\nb: 2"),
+        )]));
+        assert!(
+            matches!(preprocess(&down1, &t), Outcome::Fails(m) if m.starts_with("failed to interpret rendered template as helm values"))
+        );
     }
 }

@@ -202,3 +202,51 @@ fn tab_indented_json_and_crlf_yaml() {
     assert_eq!(docs[0].value, json!({"kind": "HelmOp", "spec": {"a": "b"}}));
     assert_eq!(docs[1].line, 5);
 }
+
+/// `parse_like_fleet` reads as `sigs.k8s.io/yaml.Unmarshal` (over non-strict yaml.v2) does.
+#[test]
+fn fleets_reader_takes_the_last_of_repeated_keys() {
+    let read = |text: &str| parse_like_fleet(text.as_bytes());
+    assert_eq!(
+        read("a: 1\nb: x\na: 2\n").unwrap(),
+        Some(serde_json::json!({"a": 2, "b": "x"}))
+    );
+    assert_eq!(
+        read("top:\n  k: 1\n  k: [x]\n").unwrap(),
+        Some(serde_json::json!({"top": {"k": ["x"]}}))
+    );
+    assert_eq!(
+        read("{a: 1, a: {b: 2}}").unwrap(),
+        Some(serde_json::json!({"a": {"b": 2}}))
+    );
+    assert_eq!(
+        read("- {k: 1, k: 2}\n").unwrap(),
+        Some(serde_json::json!([{"k": 2}]))
+    );
+    // The kubectl-side reader still refuses them.
+    assert!(parse_documents(b"a: 1\na: 2\n").is_err());
+}
+
+#[test]
+fn fleets_reader_reads_the_first_document_only() {
+    let read = |text: &str| parse_like_fleet(text.as_bytes());
+    assert_eq!(
+        read("a: 1\n---\nb: 2\n").unwrap(),
+        Some(serde_json::json!({"a": 1}))
+    );
+    // yaml.v2's Unmarshal never parses past the first document.
+    assert_eq!(
+        read("a: 1\n---\n: : [not yaml\n").unwrap(),
+        Some(serde_json::json!({"a": 1}))
+    );
+    assert_eq!(read("").unwrap(), None);
+    assert_eq!(read("# nothing\n").unwrap(), None);
+    // A syntax error in the first document is an error, located, with no content quoted.
+    let err = read("a: [1\nb: s3cr3t\n").unwrap_err();
+    assert!(err.line().is_some(), "{err}");
+    assert!(!err.to_string().contains("s3cr3t"), "{err}");
+    assert!(matches!(
+        parse_like_fleet(b"a: \xff\n"),
+        Err(YamlError::NotUtf8 { .. })
+    ));
+}

@@ -51,6 +51,12 @@
 //!   Bundle (a Policy of its namespace forbids its repo; its `helmSecretName` Secret does not
 //!   exist) is `Invalid` with Fleet's reason and gets no copies; a copy made while it was accepted
 //!   is left as it is, as Fleet keeps the previous Bundle.
+//! - `else_with_and_repeated_keys_in_rendered_values_are_accepted_as_fleet_accepts_them`: Fleet
+//!   v0.16.1 builds with go1.26, whose `text/template` has `{{else with}}` (go1.23), and reads
+//!   rendered helm values with non-strict `sigs.k8s.io/yaml` (`target/builder.go`
+//!   `processTemplateValues`, `processTemplateValuesData`), where a repeated key takes its last
+//!   value. Such HelmOps pass `validate`, the webhook admits them on a real API server and
+//!   `propagate` copies their downstream resources to every targeted cluster.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -2498,5 +2504,87 @@ async fn a_values_template_failing_on_one_cluster_blocks_every_cluster() -> anyh
         said.contains("spec.helm.values") && said.contains("function \"toYaml\" not defined"),
         "{said}"
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn else_with_and_repeated_keys_in_rendered_values_are_accepted_as_fleet_accepts_them()
+-> anyhow::Result<()> {
+    let f = Fleet::new("fp-go126").await?;
+    ensure_hash_key(&f.upstream).await?;
+    create_secret(&f.upstream, &f.ns, "db", &[("k", b"v1")]).await?;
+    let webhook = LocalWebhook::start(f.upstream.clone(), Default::default()).await?;
+    let _registered = webhook.register(&f.upstream, &f.ns).await?;
+    let op = |name: &str, helm: Value| {
+        let mut spec_helm =
+            json!({"repo": "https://charts.example.com", "chart": "app", "version": "1.0.0"});
+        if let (Some(into), Some(extra)) = (spec_helm.as_object_mut(), helm.as_object()) {
+            into.extend(extra.clone());
+        }
+        json!({
+            "apiVersion": "fleet.cattle.io/v1alpha1",
+            "kind": "HelmOp",
+            "metadata": {"name": name, "namespace": f.ns},
+            "spec": {
+                "helm": spec_helm,
+                "defaultNamespace": f.dest(name),
+                "downstreamResources": [{"kind": "Secret", "name": "db"}],
+                "targets": [{"clusterSelector": {"matchLabels": {"env": "prod"}}}],
+            },
+        })
+    };
+    let cases = [
+        // go1.23's `{{else with}}`: down1 renders `prod` (its env), down2 `edge` (its tier).
+        (
+            "else-with",
+            json!({"templateValues": {
+                "tier": "${ with index .ClusterLabels \"tier\" }${ . }${ else with .ClusterLabels.env }${ . }${ else }none${ end }"
+            }}),
+        ),
+        // Rendered values repeating a key: Fleet's reader keeps the last one.
+        (
+            "repeated-keys",
+            json!({
+                "values": {"region": "eu", "${ \"region\" }": "${ .ClusterLabels.env }"},
+                "templateValues": {"config": "replicas: 1\nreplicas: ${ len .ClusterName }"},
+            }),
+        ),
+    ];
+    for (name, helm) in cases {
+        let object = op(name, helm);
+        // `validate`, offline.
+        let file = std::env::temp_dir().join(format!("{}-{name}.json", f.ns));
+        std::fs::write(&file, serde_json::to_string_pretty(&object)?)?;
+        let file_arg = file.display().to_string();
+        let args = ["validate", "-f", &file_arg].map(String::from);
+        let validated = run_raw(&args, &[]).await?;
+        std::fs::remove_file(&file)?;
+        let validated = validated.expect(0);
+        assert!(
+            !format!("{}{}", validated.stdout, validated.stderr).contains("template"),
+            "{name}: {validated:?}"
+        );
+
+        // The webhook, through the real API server.
+        let (admitted, stderr) = admit(&object, &[]).await?;
+        assert!(admitted, "{name} denied: {stderr}");
+
+        // `propagate` renders the values for both clusters and copies, nothing is Invalid.
+        let report = helmop(&["propagate", name, "-n", &f.ns, "-o", "json"])
+            .await?
+            .expect(0)
+            .json();
+        assert!(
+            rows(&report).iter().all(|r| r["state"] != "Invalid"),
+            "{name}: {report:#}"
+        );
+        for client in [&f.down1, &f.down2] {
+            assert_eq!(
+                copy_value(client, &f.dest(name), "db").await?.as_deref(),
+                Some("v1"),
+                "{name}: {report:#}"
+            );
+        }
+    }
     Ok(())
 }
