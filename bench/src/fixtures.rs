@@ -27,6 +27,34 @@ impl Cluster {
     pub fn info(&self) -> &ClusterInfo {
         &self.cp.clusters[0]
     }
+
+    /// The pid of a component the harness started for cluster `name`, from its pid file
+    /// (`DIR/NAME/COMPONENT.pid`: `etcd`, `apiserver`, `controller-manager`), checked to still run
+    /// `executable` (so a recycled pid is never taken for it).
+    pub fn component_pid(
+        &self,
+        name: &str,
+        component: &str,
+        executable: &str,
+    ) -> anyhow::Result<u32> {
+        let pid_file = self.cp.dir.join(name).join(format!("{component}.pid"));
+        let pid: u32 = std::fs::read_to_string(&pid_file)
+            .with_context(|| format!("reading {}", pid_file.display()))?
+            .trim()
+            .parse()
+            .with_context(|| format!("{} holds no pid", pid_file.display()))?;
+        if !runs(pid, executable) {
+            anyhow::bail!("pid {pid} of {} is not a {executable}", pid_file.display());
+        }
+        Ok(pid)
+    }
+}
+
+/// Whether process `pid` runs the executable named `executable`.
+fn runs(pid: u32, executable: &str) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/exe"))
+        .ok()
+        .is_some_and(|e| e.file_name().is_some_and(|f| f == executable))
 }
 
 /// Starts a control plane with the given cluster names (about 20-60 s).

@@ -13,6 +13,7 @@ pub mod machine;
 pub mod memory;
 pub mod pki;
 pub mod propagate;
+pub mod rollout_budget;
 pub mod rollout_watch;
 pub mod scenarios;
 pub mod soak;

@@ -10,6 +10,7 @@ use helmop_bench::foreign::{self, ForeignSettings};
 use helmop_bench::hostile::{self, HostileSettings};
 use helmop_bench::memory::{self, MemorySettings};
 use helmop_bench::propagate::{self, PropagateSettings};
+use helmop_bench::rollout_budget::{self, RolloutBudgetSettings};
 use helmop_bench::rollout_watch::{self, RolloutWatchSettings};
 use helmop_bench::soak::{self, SoakSettings};
 use helmop_bench::watch::{self, WatchSettings};
@@ -156,7 +157,53 @@ enum Command {
         /// whose RSS holds every object whatever changes.
         #[arg(long)]
         baseline_rounds: Option<usize>,
-        /// Extra flag for the watcher, e.g. `--watcher-arg=--max-concurrent=16` (repeatable).
+        /// Extra flag for the watcher, e.g. `--watcher-arg=--max-concurrent=16`, or
+        /// `--watcher-arg=--images` as the manifest runs it (repeatable). The brakes are off unless
+        /// a flag here names them.
+        #[arg(long = "watcher-arg", allow_hyphen_values = true)]
+        watcher_args: Vec<String>,
+    },
+    /// `rollout -A --watch` with its brakes as shipped against a change every workload reads (a CA
+    /// bundle rotated in every namespace), with a controller-manager ending the rollouts: time until
+    /// every workload rolled, the most rolling at once against the roll budget, the watcher's RSS and CPU.
+    RolloutBudget {
+        /// `kubectl-helmop` to run (default: next to this binary).
+        #[arg(long)]
+        plugin_bin: Option<PathBuf>,
+        /// Opted-in Deployments (replicas 0), spread over the namespaces.
+        #[arg(long, default_value_t = 200)]
+        workloads: usize,
+        #[arg(long, default_value_t = 20)]
+        namespaces: usize,
+        /// Requests in flight while creating the Deployments.
+        #[arg(long, default_value_t = 32)]
+        parallel: usize,
+        /// The watcher's `--max-rolling` (default: the watcher's, 10).
+        #[arg(long)]
+        max_rolling: Option<u32>,
+        /// The watcher's `--max-rolling-per-namespace` (default: the watcher's, 3).
+        #[arg(long)]
+        max_rolling_per_namespace: Option<u32>,
+        /// The kube-controller-manager's `--kube-api-qps` (burst twice that), through
+        /// HELMOP_CP_KCM_QPS; 0 keeps its default (20 requests/s per controller: the deployment
+        /// controller then finished 5 rollouts a second, docs/performance.md section 8). The bench
+        /// runs itself again with the variable set when it differs.
+        #[arg(long, default_value_t = 500)]
+        kcm_qps: u32,
+        /// Seconds of each idle CPU measurement of the watcher.
+        #[arg(long, default_value_t = 30)]
+        idle_seconds: u64,
+        /// The longest one change may take until every workload rolled.
+        #[arg(long, default_value_t = 3600)]
+        timeout_seconds: u64,
+        /// Cluster-wide changes, one after the other (RSS after each).
+        #[arg(long, default_value_t = 1)]
+        changes: usize,
+        /// Seconds between one change having rolled everything and the next (longer than the
+        /// watcher's --min-roll-interval, 30 s, so that none is held back by it).
+        #[arg(long, default_value_t = 35)]
+        pause_seconds: u64,
+        /// Extra flag for the watcher, e.g. `--watcher-arg=--images` (repeatable).
         #[arg(long = "watcher-arg", allow_hyphen_values = true)]
         watcher_args: Vec<String>,
     },
@@ -257,9 +304,50 @@ fn sibling(name: &str) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(name))
 }
 
+/// `rollout-budget` starts its control plane with `HELMOP_CP_KCM_QPS` in the environment (the harness's
+/// `cp up` inherits this process's), which safe Rust cannot change in a running process: when it differs
+/// from what `--kcm-qps` asks, the same command line runs again with it set, and its exit is this one's.
+fn rerun_with(key: &str, want: Option<String>) -> Option<std::process::ExitCode> {
+    if std::env::var(key).ok() == want {
+        return None;
+    }
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            eprintln!("helmop-bench: cannot find this executable to set {key}: {e}");
+            return Some(std::process::ExitCode::FAILURE);
+        }
+    };
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(std::env::args_os().skip(1));
+    match &want {
+        Some(v) => cmd.env(key, v),
+        None => cmd.env_remove(key),
+    };
+    Some(match cmd.status() {
+        Ok(status) => status.code().and_then(|c| u8::try_from(c).ok()).map_or(
+            std::process::ExitCode::FAILURE,
+            std::process::ExitCode::from,
+        ),
+        Err(e) => {
+            eprintln!("helmop-bench: running again with {key} set: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    })
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    match run(Cli::parse()).await {
+    let cli = Cli::parse();
+    if let Command::RolloutBudget { kcm_qps, .. } = &cli.command
+        && let Some(code) = rerun_with(
+            rollout_budget::KCM_QPS_ENV,
+            rollout_budget::kcm_qps_env(*kcm_qps),
+        )
+    {
+        return code;
+    }
+    match run(cli).await {
         Ok(code) => code,
         Err(e) => {
             eprintln!("helmop-bench: {e:#}");
@@ -379,6 +467,42 @@ async fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             };
             let report = rollout_watch::run(&settings).await?;
             println!("{}", rollout_watch::table(&report, &settings));
+        }
+        Command::RolloutBudget {
+            plugin_bin,
+            workloads,
+            namespaces,
+            parallel,
+            max_rolling,
+            max_rolling_per_namespace,
+            kcm_qps: _,
+            idle_seconds,
+            timeout_seconds,
+            changes,
+            pause_seconds,
+            watcher_args,
+        } => {
+            let mut extra_args = Vec::new();
+            if let Some(m) = max_rolling {
+                extra_args.extend(["--max-rolling".to_owned(), m.to_string()]);
+            }
+            if let Some(m) = max_rolling_per_namespace {
+                extra_args.extend(["--max-rolling-per-namespace".to_owned(), m.to_string()]);
+            }
+            extra_args.extend(watcher_args);
+            let settings = RolloutBudgetSettings {
+                plugin_bin: plugin_bin.unwrap_or_else(|| sibling("kubectl-helmop")),
+                workloads,
+                namespaces,
+                parallel,
+                idle: Duration::from_secs(idle_seconds),
+                timeout: Duration::from_secs(timeout_seconds),
+                changes: changes.max(1),
+                pause: Duration::from_secs(pause_seconds),
+                extra_args,
+            };
+            let report = rollout_budget::run(&settings).await?;
+            println!("{}", rollout_budget::table(&report, &settings));
         }
         Command::Fleet {
             plugin_bin,

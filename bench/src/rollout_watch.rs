@@ -16,20 +16,24 @@
 //! Secret and ConfigMap whole with kube-runtime reflectors; it gets the same rounds of changes.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use base64::Engine;
 use futures::{StreamExt, TryStreamExt};
 use helmop_core::names;
+use helmop_core::progress::roll_state;
+use helmop_core::workload::WorkloadKind;
 use helmop_tests::{
     LocalWebhook, PluginProcess, TEST_NAMESPACE_LABEL, WebhookKind, WebhookRegistration,
     WebhookRule, ensure_hash_key,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -85,6 +89,9 @@ pub struct Footprint {
     pub after_hwm_kib: u64,
     pub idle_cpu_before: f64,
     pub idle_cpu_after: f64,
+    /// With `--images`: the registry polls (`poll` events) during the idle windows, before and
+    /// after (each window is `--idle-seconds` plus the 3 s before it).
+    pub idle_polls: Option<(usize, usize)>,
 }
 
 #[derive(Debug, Clone)]
@@ -126,7 +133,7 @@ pub struct Report {
 
 /// The label on the bench's Deployments (value `n<N>`).
 const WORKLOAD_LABEL: &str = "helmop-bench/rollout-watch";
-const CONFIG_HASH: &str = "helmop.dev/config-hash";
+const CONFIG_HASH: &str = names::ANN_CONFIG_HASH;
 
 /// Namespace and name of object `i` as [`fixtures::create_many`] lays them out (even: a Secret, odd: a
 /// ConfigMap); workload `i` reads it.
@@ -176,53 +183,22 @@ fn target(k: usize, total: usize, n: usize) -> usize {
     }
 }
 
-/// Stops the kube-controller-manager the harness started for `name` (its pid file), so that N
-/// Deployments bring no ReplicaSets. Only a process that still runs that executable is signalled.
-async fn stop_controller_manager(cluster: &fixtures::Cluster, name: &str) -> anyhow::Result<()> {
-    let pid_file = cluster.cp.dir.join(name).join("controller-manager.pid");
-    let pid = std::fs::read_to_string(&pid_file)
-        .with_context(|| format!("reading {}", pid_file.display()))?
-        .trim()
-        .to_owned();
-    let exe = |pid: &str| std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-    let running = exe(&pid).is_some_and(|e| {
-        e.file_name()
-            .is_some_and(|f| f == "kube-controller-manager")
-    });
-    if !running {
-        bail!(
-            "pid {pid} of {} is not a kube-controller-manager",
-            pid_file.display()
-        );
-    }
-    let status = tokio::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .await
-        .context("running kill")?;
-    if !status.success() {
-        bail!("kill -TERM {pid} failed");
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while exe(&pid).is_some() {
-        if Instant::now() > deadline {
-            bail!("the kube-controller-manager (pid {pid}) did not stop within 30 s");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(())
-}
-
-/// The bench namespaces opted in, labelled for the webhook registration, which is made for each.
-async fn opt_in(client: &Client, webhook: &LocalWebhook, namespaces: usize) -> anyhow::Result<()> {
+/// `namespaces` opted in and labelled for the webhook registration, which is made for each; then,
+/// per namespace `k`, a dry-run create of `probe(k)` (a Deployment in `namespaces[k]`) has to come
+/// back stamped.
+pub(crate) async fn opt_in(
+    client: &Client,
+    webhook: &LocalWebhook,
+    namespaces: &[String],
+    probe: impl Fn(usize) -> Value,
+) -> anyhow::Result<()> {
     let api: Api<Namespace> = Api::all(client.clone());
-    for n in 0..namespaces.max(1) {
-        let ns = format!("mem-{n}");
+    for ns in namespaces {
         let labels = json!({"metadata": {"labels": {
             TEST_NAMESPACE_LABEL: ns,
             names::LABEL_ROLLOUT_ON_CHANGE: "enabled",
         }}});
-        api.patch(&ns, &PatchParams::default(), &Patch::Merge(&labels))
+        api.patch(ns, &PatchParams::default(), &Patch::Merge(&labels))
             .await
             .with_context(|| format!("labelling namespace {ns}"))?;
         WebhookRegistration::new(
@@ -237,17 +213,16 @@ async fn opt_in(client: &Client, webhook: &LocalWebhook, namespaces: usize) -> a
             "v1",
             &["deployments"],
         ))
-        .only_namespace(&ns)
+        .only_namespace(ns)
         .register(client)
         .await?;
     }
     // The API server picks a new registration up a moment later: until a dry-run create in every
     // namespace comes back stamped, a workload could be created unstamped (never restamped).
-    for k in 0..namespaces.max(1) {
-        let ns = format!("mem-{k}");
-        let mut probe: Deployment = serde_json::from_value(workload_json(k, namespaces, 0))?;
+    for (k, ns) in namespaces.iter().enumerate() {
+        let mut probe: Deployment = serde_json::from_value(probe(k))?;
         probe.metadata.name = Some("probe".to_owned());
-        let api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+        let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
         helmop_tests::wait_until(
             &format!("the webhook to stamp Deployments in {ns}"),
             Duration::from_secs(60),
@@ -274,23 +249,27 @@ async fn opt_in(client: &Client, webhook: &LocalWebhook, namespaces: usize) -> a
     Ok(())
 }
 
-async fn create_workloads(
+/// Creates the Deployments `workload(0)` .. `workload(n - 1)`, `parallel` at a time. Returns the
+/// time it took.
+pub(crate) async fn create_workloads(
     client: &Client,
     n: usize,
-    namespaces: usize,
     parallel: usize,
+    workload: impl Fn(usize) -> Value,
 ) -> anyhow::Result<Duration> {
     let started = Instant::now();
     futures::stream::iter(0..n)
         .map(|i| {
             let client = client.clone();
+            let d = serde_json::from_value::<Deployment>(workload(i));
             async move {
-                let d: Deployment = serde_json::from_value(workload_json(i, namespaces, n))?;
+                let d = d?;
                 let ns = d.metadata.namespace.clone().unwrap_or_default();
+                let name = d.metadata.name.clone().unwrap_or_default();
                 Api::<Deployment>::namespaced(client, &ns)
                     .create(&PostParams::default(), &d)
                     .await
-                    .with_context(|| format!("creating Deployment {ns}/w-{i}"))?;
+                    .with_context(|| format!("creating Deployment {ns}/{name}"))?;
                 anyhow::Ok(())
             }
         })
@@ -325,58 +304,84 @@ async fn delete_workloads(client: &Client, n: usize, namespaces: usize) -> anyho
     .await
 }
 
-/// A reader Deployment as the bench's watch delivered it.
-struct Seen {
-    key: String,
-    restamp: Option<String>,
-    stamp: Option<String>,
-    at: Instant,
+/// A Deployment as the bench's watch delivered it.
+#[derive(Debug, Clone)]
+pub(crate) struct Seen {
+    /// `namespace/name`.
+    pub(crate) key: String,
+    /// Its `helmop.dev/restamp` annotation.
+    pub(crate) restamp: Option<String>,
+    /// The stamp in its pod template.
+    pub(crate) stamp: Option<String>,
+    /// `metadata.generation` (0 when absent).
+    pub(crate) generation: i64,
+    /// Whether its rollout at that generation is over, by `kubectl rollout status` rules
+    /// ([`helmop_core::progress::roll_state`], what the watcher's roll budget counts by).
+    pub(crate) over: bool,
+    pub(crate) at: Instant,
 }
 
-enum Observed {
+impl Seen {
+    /// What the bench keeps of a Deployment delivered at `at`.
+    pub(crate) fn of(d: &DynamicObject, at: Instant) -> Seen {
+        let key = format!(
+            "{}/{}",
+            d.metadata.namespace.as_deref().unwrap_or_default(),
+            d.metadata.name.as_deref().unwrap_or_default()
+        );
+        let restamp = d
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(names::ANN_RESTAMP).cloned());
+        let stamp = d
+            .data
+            .pointer("/spec/template/metadata/annotations")
+            .and_then(|a| a.get(CONFIG_HASH))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let over = roll_state(WorkloadKind::Deployment, d.metadata.generation, &d.data).is_over();
+        Seen {
+            key,
+            restamp,
+            stamp,
+            generation: d.metadata.generation.unwrap_or(0),
+            over,
+            at,
+        }
+    }
+}
+
+pub(crate) enum Observed {
     Seen(Seen),
+    /// The watch's first listing is complete.
     Listed,
 }
 
-/// The bench's watch on its Deployments (the restamps landing).
-fn observe(
+/// What the bench's watch delivers is folded into one of these.
+pub(crate) trait Absorb {
+    fn absorb(&mut self, observed: Observed);
+}
+
+/// The bench's watch on the Deployments matching `selector` (whole objects: the restamps landing,
+/// the stamps, the rollouts' status).
+pub(crate) fn observe(
     client: &Client,
-    n: usize,
+    selector: &str,
 ) -> (
     mpsc::UnboundedReceiver<Observed>,
     tokio::task::JoinHandle<()>,
 ) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let api: Api<Deployment> = Api::all(client.clone());
-    let config = watcher::Config::default().labels(&format!("{WORKLOAD_LABEL}=n{n}"));
+    let resource = ApiResource::erase::<Deployment>(&());
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let config = watcher::Config::default().labels(selector);
     let task = tokio::spawn(async move {
         let mut stream = std::pin::pin!(watcher::watcher(api, config));
         while let Some(event) = stream.next().await {
             let observed = match event {
                 Ok(Event::Apply(d) | Event::InitApply(d)) => {
-                    let at = Instant::now();
-                    let key = format!(
-                        "{}/{}",
-                        d.metadata.namespace.as_deref().unwrap_or_default(),
-                        d.metadata.name.as_deref().unwrap_or_default()
-                    );
-                    let restamp = d
-                        .metadata
-                        .annotations
-                        .as_ref()
-                        .and_then(|a| a.get(names::ANN_RESTAMP).cloned());
-                    let stamp = d
-                        .spec
-                        .template
-                        .metadata
-                        .and_then(|m| m.annotations)
-                        .and_then(|a| a.get(CONFIG_HASH).cloned());
-                    Observed::Seen(Seen {
-                        key,
-                        restamp,
-                        stamp,
-                        at,
-                    })
+                    Observed::Seen(Seen::of(&d, Instant::now()))
                 }
                 Ok(Event::InitDone) => Observed::Listed,
                 _ => continue,
@@ -396,7 +401,7 @@ struct State {
     listed: bool,
 }
 
-impl State {
+impl Absorb for State {
     fn absorb(&mut self, observed: Observed) {
         match observed {
             Observed::Seen(s) => {
@@ -413,12 +418,13 @@ impl State {
     }
 }
 
-async fn until(
+/// Folds what the bench's watch delivers into `state` until `done` says when (or `timeout`).
+pub(crate) async fn until<S: Absorb>(
     rx: &mut mpsc::UnboundedReceiver<Observed>,
-    state: &mut State,
+    state: &mut S,
     timeout: Duration,
     what: &str,
-    done: impl Fn(&State) -> Option<Instant>,
+    done: impl Fn(&S) -> Option<Instant>,
 ) -> anyhow::Result<Instant> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
@@ -468,14 +474,15 @@ async fn change_object(
     Ok(())
 }
 
-/// A sample of the watcher's Prometheus metric `name` (unlabelled).
-fn metric(body: &str, name: &str) -> Option<f64> {
+/// A sample of the watcher's Prometheus metric `name` (unlabelled, or with its labels as printed:
+/// `helmop_rollout_rolls_ended_total{how="complete"}`).
+pub(crate) fn metric(body: &str, name: &str) -> Option<f64> {
     body.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
 }
 
-async fn scrape(port: u16) -> anyhow::Result<String> {
+pub(crate) async fn scrape(port: u16) -> anyhow::Result<String> {
     let (_, body) = tokio::time::timeout(Duration::from_secs(10), admin_get(port, "/metrics"))
         .await
         .context("scraping the watcher's /metrics timed out")??;
@@ -485,19 +492,139 @@ async fn scrape(port: u16) -> anyhow::Result<String> {
 const READS: &str = "helmop_rollout_object_reads_total";
 const PENDING: &str = "helmop_rollout_pending";
 
-async fn settle(pid: u32, footprint: &mut Footprint, idle: Duration) -> anyhow::Result<()> {
+/// The watcher's flags: `defaults` (flag, value) where `extra` does not name that flag, then `extra`.
+pub(crate) fn watcher_flags(defaults: &[(&str, &str)], extra: &[String]) -> Vec<String> {
+    let named = |flag: &str| {
+        extra
+            .iter()
+            .any(|a| a == flag || a.strip_prefix(flag).is_some_and(|r| r.starts_with('=')))
+    };
+    let mut flags: Vec<String> = defaults
+        .iter()
+        .filter(|(flag, _)| !named(flag))
+        .flat_map(|(flag, value)| [(*flag).to_owned(), (*value).to_owned()])
+        .collect();
+    flags.extend(extra.iter().cloned());
+    flags
+}
+
+/// A running `rollout -A --watch` that has listed everything.
+pub(crate) struct Started {
+    pub(crate) process: PluginProcess,
+    /// Its `started` event (the brakes' settings: `maxRolling`, `maxRollingPerNamespace`).
+    pub(crate) started: Value,
+    /// Of its `/metrics`.
+    pub(crate) port: u16,
+    /// From the start to its `synced` event, and the counts that event reported.
+    pub(crate) synced: Duration,
+    pub(crate) synced_counts: String,
+}
+
+/// Starts `plugin_bin rollout -A --watch --no-leader-election -o json --metrics-addr 127.0.0.1:0`
+/// against `kubeconfig` with `flags` (and [`ALLOCATOR_ENV`]), and waits for its `synced` event.
+pub(crate) async fn start_watcher(
+    plugin_bin: &Path,
+    kubeconfig: &Path,
+    flags: &[String],
+) -> anyhow::Result<Started> {
+    let kubeconfig = kubeconfig.display().to_string();
+    let mut args = vec![
+        "rollout",
+        "-A",
+        "--watch",
+        "--no-leader-election",
+        "-o",
+        "json",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--kubeconfig",
+        &kubeconfig,
+    ];
+    args.extend(flags.iter().map(String::as_str));
+    let started = Instant::now();
+    let mut process = PluginProcess::spawn_binary(plugin_bin, &args, ALLOCATOR_ENV)?;
+    // `--images` starts a loop of its own, with a `started` event of its own (no metricsAddr).
+    let first = process
+        .wait_event("the watcher to start", Duration::from_secs(60), 0, |e| {
+            e["event"] == "started" && e["metricsAddr"].is_string()
+        })
+        .await?;
+    let port: u16 = first["metricsAddr"]
+        .as_str()
+        .and_then(|a| a.rsplit_once(':'))
+        .and_then(|(_, p)| p.parse().ok())
+        .context("no metricsAddr in the started event")?;
+    let synced_event = process
+        .wait_event(
+            "the watcher's synced event",
+            Duration::from_secs(600),
+            0,
+            |e| e["event"] == "synced",
+        )
+        .await?;
+    let synced = started.elapsed();
+    let synced_counts = format!(
+        "{} workloads, {} objects",
+        synced_event["workloads"], synced_event["objects"]
+    );
+    Ok(Started {
+        process,
+        started: first,
+        port,
+        synced,
+        synced_counts,
+    })
+}
+
+/// Waits until the watcher on `port` has read at least `reads` objects and has nothing pending:
+/// every workload decided once. Returns how long that took and the reads it made.
+pub(crate) async fn wait_decided(port: u16, reads: u64) -> anyhow::Result<(Duration, u64)> {
+    let deciding = Instant::now();
+    let deadline = deciding + Duration::from_secs(600);
+    let startup_reads = loop {
+        let body = scrape(port).await?;
+        let done = metric(&body, READS).unwrap_or(0.0) as u64;
+        // The pending gauge is set every 2 s: only a sample taken after the reads counts.
+        if done >= reads {
+            tokio::time::sleep(Duration::from_millis(2100)).await;
+            let body = scrape(port).await?;
+            if metric(&body, PENDING) == Some(0.0) {
+                break metric(&body, READS).unwrap_or(0.0) as u64;
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("the watcher did not decide every workload within 600 s ({done} reads)");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // The settle check waits for one heartbeat after the last read: take that off.
+    let decided = deciding
+        .elapsed()
+        .saturating_sub(Duration::from_millis(2100));
+    Ok((decided, startup_reads))
+}
+
+pub(crate) async fn settle(
+    pid: u32,
+    footprint: &mut Footprint,
+    idle: Duration,
+) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(3)).await;
     footprint.settled = sample(pid);
     footprint.settled_hwm_kib = hwm_kib(&pid.to_string()).unwrap_or(0);
     eprintln!(
-        "rollout-watch: RSS {} MiB; idle CPU for {idle:?} ...",
+        "watcher RSS {} MiB; idle CPU for {idle:?} ...",
         mib(footprint.settled.rss_kib)
     );
     footprint.idle_cpu_before = idle_cpu(pid, idle).await?;
     Ok(())
 }
 
-async fn finish(pid: u32, footprint: &mut Footprint, idle: Duration) -> anyhow::Result<()> {
+pub(crate) async fn finish(
+    pid: u32,
+    footprint: &mut Footprint,
+    idle: Duration,
+) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(3)).await;
     footprint.after = sample(pid);
     footprint.after_hwm_kib = hwm_kib(&pid.to_string()).unwrap_or(0);
@@ -513,8 +640,11 @@ async fn one(
     let client = &cluster.client;
     let load = load_average();
     eprintln!("rollout-watch: {n} workloads: creating them ...");
-    let created = create_workloads(client, n, settings.namespaces, settings.parallel).await?;
-    let (mut rx, observer) = observe(client, n);
+    let created = create_workloads(client, n, settings.parallel, |i| {
+        workload_json(i, settings.namespaces, n)
+    })
+    .await?;
+    let (mut rx, observer) = observe(client, &format!("{WORKLOAD_LABEL}=n{n}"));
     let mut state = State::default();
     until(
         &mut rx,
@@ -536,82 +666,28 @@ async fn one(
         );
     }
 
-    let kubeconfig = cluster.info().kubeconfig.display().to_string();
-    let mut args = vec![
-        "rollout",
-        "-A",
-        "--watch",
-        "--no-leader-election",
-        "-o",
-        "json",
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--kubeconfig",
-        &kubeconfig,
-    ];
     // The controller-manager is stopped, so no rollout is ever over: the brakes (a roll budget
     // counted until rollouts end, the quiet period, the minimum interval, the flap breaker) would
     // measure themselves. This measures deciding and restamping; `--watcher-arg` overrides.
-    for (flag, value) in BRAKES_OFF {
-        if !settings.extra_args.iter().any(|a| a == flag) {
-            args.extend_from_slice(&[flag, value]);
-        }
-    }
-    args.extend(settings.extra_args.iter().map(String::as_str));
+    let flags = watcher_flags(&BRAKES_OFF, &settings.extra_args);
     eprintln!("rollout-watch: {n} workloads: starting the watcher ...");
-    let started = Instant::now();
-    let mut watcher = PluginProcess::spawn_binary(&settings.plugin_bin, &args, ALLOCATOR_ENV)?;
-    let first = watcher
-        .wait_event("the watcher to start", Duration::from_secs(60), 0, |e| {
-            e["event"] == "started"
-        })
-        .await?;
-    let port: u16 = first["metricsAddr"]
-        .as_str()
-        .and_then(|a| a.rsplit_once(':'))
-        .and_then(|(_, p)| p.parse().ok())
-        .context("no metricsAddr in the started event")?;
-    let synced_event = watcher
-        .wait_event(
-            "the watcher's synced event",
-            Duration::from_secs(600),
-            0,
-            |e| e["event"] == "synced",
-        )
-        .await?;
-    let synced = started.elapsed();
-    let synced_counts = format!(
-        "{} workloads, {} objects",
-        synced_event["workloads"], synced_event["objects"]
-    );
+    let Started {
+        process: mut watcher,
+        port,
+        synced,
+        synced_counts,
+        ..
+    } = start_watcher(&settings.plugin_bin, &cluster.info().kubeconfig, &flags).await?;
     eprintln!("rollout-watch: synced in {synced:?} ({synced_counts}); deciding every workload ...");
-    let deciding = Instant::now();
-    let deadline = deciding + Duration::from_secs(600);
-    let startup_reads = loop {
-        let body = scrape(port).await?;
-        let reads = metric(&body, READS).unwrap_or(0.0) as u64;
-        // The pending gauge is set every 2 s: only a sample taken after the reads counts.
-        if reads >= n as u64 {
-            tokio::time::sleep(Duration::from_millis(2100)).await;
-            let body = scrape(port).await?;
-            if metric(&body, PENDING) == Some(0.0) {
-                break metric(&body, READS).unwrap_or(0.0) as u64;
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("the watcher did not decide every workload within 600 s ({reads} reads)");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    // The settle check waits for one heartbeat after the last read: take that off.
-    let decided = deciding
-        .elapsed()
-        .saturating_sub(Duration::from_millis(2100));
+    let (decided, startup_reads) = wait_decided(port, n as u64).await?;
     let startup_restamps = watcher.events_named("restamped").len();
     let events_before = watcher.events().len();
     let pid = watcher.pid();
     let mut footprint = Footprint::default();
+    let polls = |w: &PluginProcess| w.events_named("poll").len();
+    let polls_before = polls(&watcher);
     settle(pid, &mut footprint, settings.idle).await?;
+    let idle_polls_before = polls(&watcher) - polls_before;
 
     let total = settings.rounds * settings.changes;
     let mut latencies = Vec::new();
@@ -664,7 +740,12 @@ async fn one(
             mib(*footprint.per_round.last().unwrap_or(&0)),
         );
     }
+    let polls_before = polls(&watcher);
     finish(pid, &mut footprint, settings.idle).await?;
+    let all_polls = polls(&watcher);
+    if all_polls > 0 {
+        footprint.idle_polls = Some((idle_polls_before, all_polls - polls_before));
+    }
     let reads_total = metric(&scrape(port).await?, READS).unwrap_or(0.0) as u64;
     let events: Vec<Value> = watcher.events().into_iter().skip(events_before).collect();
     let named = |name: &str| events.iter().filter(|e| e["event"] == name).count();
@@ -703,7 +784,7 @@ async fn one(
 /// The allocator setting `manifests/rollout-watcher` runs the watcher with (glibc's arenas capped, so
 /// memory freed by one worker thread is reused by the other instead of kept per thread). Both the
 /// watcher and the baseline run with it, so the ratio compares the state they hold.
-const ALLOCATOR_ENV: &[(&str, &str)] = &[("MALLOC_ARENA_MAX", "1")];
+pub(crate) const ALLOCATOR_ENV: &[(&str, &str)] = &[("MALLOC_ARENA_MAX", "1")];
 
 /// The baseline process through the same rounds of changes (of the objects the largest N reads).
 async fn baseline(
@@ -779,7 +860,8 @@ pub async fn run(settings: &RolloutWatchSettings) -> anyhow::Result<Report> {
     }
     eprintln!("rollout-watch: starting a private control plane ...");
     let cluster = fixtures::start(&["rollout"]).await?;
-    stop_controller_manager(&cluster, "rollout").await?;
+    // N Deployments would otherwise bring N ReplicaSets and their status writes.
+    tokio::task::block_in_place(|| cluster.cp.stop_controller_manager("rollout"))?;
     let client = cluster.client.clone();
     ensure_hash_key(&client).await?;
     let webhook =
@@ -795,7 +877,13 @@ pub async fn run(settings: &RolloutWatchSettings) -> anyhow::Result<Report> {
         settings.parallel,
     )
     .await?;
-    opt_in(&client, &webhook, settings.namespaces).await?;
+    let namespaces: Vec<String> = (0..settings.namespaces.max(1))
+        .map(|k| format!("mem-{k}"))
+        .collect();
+    opt_in(&client, &webhook, &namespaces, |k| {
+        workload_json(k, settings.namespaces, 0)
+    })
+    .await?;
     let mut rows = Vec::new();
     for &n in &settings.workloads {
         rows.push(one(settings, &cluster, n).await?);
@@ -822,8 +910,12 @@ fn rounds(per_round: &[u64]) -> String {
 }
 
 fn footprint_row(what: &str, f: &Footprint) -> String {
+    let polls = f
+        .idle_polls
+        .map(|(b, a)| format!(" ({b} / {a} registry polls in them)"))
+        .unwrap_or_default();
     format!(
-        "| {what} | {} | {} | {} | {} | {} | {} / {} |\n",
+        "| {what} | {} | {} | {} | {} | {} | {} / {}{polls} |\n",
         mib(f.settled.rss_kib),
         rounds(&f.per_round),
         mib(f.after.rss_kib),
@@ -843,8 +935,9 @@ pub fn table(report: &Report, s: &RolloutWatchSettings) -> String {
             ms(l.max())
         )
     };
+    let flags = watcher_flags(&BRAKES_OFF, &s.extra_args).join(" ");
     let mut out = format!(
-        "`rollout -A --watch --no-leader-election -o json` against one kube-apiserver without a controller-manager, \
+        "`rollout -A --watch --no-leader-election -o json {flags}` (MALLOC_ARENA_MAX=1) against one kube-apiserver without a controller-manager, \
          the real webhook in-process registered for the {ns} bench namespaces; {o} Secrets + {o} ConfigMaps (256-byte \
          values, created in {:.1} s, {p} in flight) over {ns} namespaces; N opted-in Deployments (replicas 0), \
          workload i reading object i (Secrets by secretKeyRef, ConfigMaps by envFrom), the other objects read by \
@@ -960,10 +1053,66 @@ mod tests {
     }
 
     #[test]
+    fn the_brakes_stay_off_unless_a_flag_names_them() {
+        let flags = watcher_flags(&BRAKES_OFF, &[]);
+        assert_eq!(flags.len(), 10);
+        assert_eq!(flags[..2], ["--debounce", "0s"]);
+        let extra: Vec<String> = ["--max-rolling=7", "--images", "--debounce", "1s"]
+            .map(str::to_owned)
+            .to_vec();
+        let flags = watcher_flags(&BRAKES_OFF, &extra);
+        assert_eq!(
+            flags,
+            [
+                "--min-roll-interval",
+                "0s",
+                "--max-rolling-per-namespace",
+                "1000000",
+                "--flap-changes",
+                "0",
+                "--max-rolling=7",
+                "--images",
+                "--debounce",
+                "1s",
+            ]
+        );
+        assert_eq!(watcher_flags(&[], &extra), extra);
+    }
+
+    #[test]
+    fn a_seen_deployment_carries_its_restamp_stamp_and_whether_its_rollout_is_over() {
+        let d = |observed: i64| -> DynamicObject {
+            serde_json::from_value(json!({
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "w-1", "namespace": "a", "generation": 3,
+                             "annotations": {names::ANN_RESTAMP: "r1"}},
+                "spec": {"replicas": 0, "template": {"metadata": {"annotations": {CONFIG_HASH: "h1"}}}},
+                "status": {"observedGeneration": observed},
+            }))
+            .expect("a Deployment")
+        };
+        let at = Instant::now();
+        let s = Seen::of(&d(2), at);
+        assert_eq!(s.key, "a/w-1");
+        assert_eq!(s.restamp.as_deref(), Some("r1"));
+        assert_eq!(s.stamp.as_deref(), Some("h1"));
+        assert_eq!(s.generation, 3);
+        assert!(!s.over, "the controller has not seen generation 3");
+        assert!(Seen::of(&d(3), at).over);
+    }
+
+    #[test]
     fn unlabelled_metrics_are_read() {
         let body = "# HELP x\nhelmop_rollout_pending 3\nhelmop_rollout_pending_x 9\nhelmop_rollout_object_reads_total 12\n";
         assert_eq!(metric(body, PENDING), Some(3.0));
         assert_eq!(metric(body, READS), Some(12.0));
         assert_eq!(metric(body, "nope"), None);
+        let body = "helmop_rollout_rolls_ended_total{how=\"complete\"} 10\nhelmop_rollout_rolling_peak 10\nhelmop_rollout_rolling 3\n";
+        assert_eq!(
+            metric(body, "helmop_rollout_rolls_ended_total{how=\"complete\"}"),
+            Some(10.0)
+        );
+        assert_eq!(metric(body, "helmop_rollout_rolling"), Some(3.0));
     }
 }

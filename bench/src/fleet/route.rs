@@ -21,7 +21,7 @@ impl Kind {
     }
 }
 
-pub const KINDS: [Kind; 9] = [
+pub const KINDS: [Kind; 10] = [
     kind("", "namespaces", "Namespace", false),
     kind("", "secrets", "Secret", true),
     kind("", "configmaps", "ConfigMap", true),
@@ -31,6 +31,8 @@ pub const KINDS: [Kind; 9] = [
     kind("apps", "replicasets", "ReplicaSet", true),
     kind("batch", "jobs", "Job", true),
     kind("batch", "cronjobs", "CronJob", true),
+    // `status` reads the rollout watcher's Events in the namespaces of workload rows.
+    kind("", "events", "Event", true),
 ];
 
 const fn kind(
