@@ -54,6 +54,29 @@ impl Setup {
         all
     }
 
+    /// `rollout -n NS --watch --images` polling every second with this registry configuration,
+    /// JSON events; `extra` adds flags.
+    fn rollout_watch(&self, ns: &str, extra: &[&str]) -> anyhow::Result<PluginProcess> {
+        let registries = self.registries.path().to_str().unwrap_or_default();
+        let mut args = vec![
+            "rollout",
+            "--watch",
+            "--images",
+            "--image-interval",
+            "1s",
+            "--registry-config",
+            registries,
+            "--kubeconfig",
+            &self.kubeconfig,
+            "-n",
+            ns,
+            "-o",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        PluginProcess::spawn(&args, &[])
+    }
+
     async fn images(&self, ns: &str, extra: &[&str]) -> anyhow::Result<Output> {
         run_plugin(&self.args(ns, extra), &[], Duration::from_secs(60)).await
     }
@@ -371,36 +394,14 @@ async fn rollout_watch_with_images_repins_a_moved_tag_and_a_standby_polls_nothin
         image_of(&stored(&client, &ns, "app").await?),
         format!("{latest}@{}", v1.digest)
     );
-    let registries = setup
-        .registries
-        .path()
-        .to_str()
-        .unwrap_or_default()
-        .to_owned();
-    let args = [
-        "rollout",
-        "--watch",
-        "--images",
-        "--image-interval",
-        "1s",
-        "--registry-config",
-        &registries,
-        "--kubeconfig",
-        &setup.kubeconfig,
-        "-n",
-        &ns,
-        "--lease-namespace",
-        &ns,
-        "-o",
-        "json",
-    ];
-    let mut leader = PluginProcess::spawn(&args, &[])?;
+    let args = ["--lease-namespace", &ns];
+    let mut leader = setup.rollout_watch(&ns, &args)?;
     leader
         .wait_event("the first watcher leads", DEFAULT_TIMEOUT, 0, |e| {
             e["event"] == "leader" && e["leading"] == true
         })
         .await?;
-    let mut standby = PluginProcess::spawn(&args, &[])?;
+    let mut standby = setup.rollout_watch(&ns, &args)?;
     standby
         .wait_event("the second watcher stands by", DEFAULT_TIMEOUT, 0, |e| {
             e["event"] == "leader" && e["leading"] == false
@@ -516,24 +517,7 @@ async fn rollout_watch_images_rolls_a_moved_tag_under_the_roll_budget() -> anyho
             format!("{latest}@{}", v1.digest)
         );
     }
-    let registries = setup
-        .registries
-        .path()
-        .to_str()
-        .unwrap_or_default()
-        .to_owned();
     let args = [
-        "rollout",
-        "--watch",
-        "--images",
-        "--image-interval",
-        "1s",
-        "--registry-config",
-        &registries,
-        "--kubeconfig",
-        &setup.kubeconfig,
-        "-n",
-        &ns,
         "--no-leader-election",
         "--max-rolling",
         "1",
@@ -543,10 +527,8 @@ async fn rollout_watch_images_rolls_a_moved_tag_under_the_roll_budget() -> anyho
         "0s",
         "--min-roll-interval",
         "0s",
-        "-o",
-        "json",
     ];
-    let mut w = PluginProcess::spawn(&args, &[])?;
+    let mut w = setup.rollout_watch(&ns, &args)?;
     w.wait_event(
         "a poll finding the three current",
         DEFAULT_TIMEOUT,
@@ -727,33 +709,14 @@ async fn an_aborted_argo_rollout_is_re_pinned_only_once_it_is_healthy() -> anyho
     alone.wait_exit(Duration::from_secs(20)).await?;
 
     // `rollout --watch --images`: the poll hands it over, the watcher's loop holds it.
-    let registries = setup
-        .registries
-        .path()
-        .to_str()
-        .unwrap_or_default()
-        .to_owned();
     let args = [
-        "rollout",
-        "--watch",
-        "--images",
-        "--image-interval",
-        "1s",
-        "--registry-config",
-        &registries,
-        "--kubeconfig",
-        &setup.kubeconfig,
-        "-n",
-        &ns,
         "--no-leader-election",
         "--debounce",
         "0s",
         "--min-roll-interval",
         "0s",
-        "-o",
-        "json",
     ];
-    let mut w = PluginProcess::spawn(&args, &[])?;
+    let mut w = setup.rollout_watch(&ns, &args)?;
     let held = w
         .wait_event("the watcher holds the Rollout", DEFAULT_TIMEOUT, 0, |e| {
             e["event"] == "held" && e["hold"] == "rollout-busy"
