@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use helmop_webhook::state::Config;
 
 use crate::images::{Webhook, deployment};
-use crate::rollout_watch::{peak_rss_kib, restamped_for, spawn_rollout_watch};
+use crate::rollout_watch::{flap_secret, peak_rss_kib, restamped_for, spawn_rollout_watch};
 
 const CONFIG_HASH: &str = "helmop.dev/config-hash";
 const OPT_IN: &str = "helmop.dev/rollout-on-change";
@@ -230,22 +230,11 @@ async fn a_registry_that_never_answers_does_not_delay_another_namespaces_restamp
     // the silent registry).
     let quiet = time_restamps(&other_api, &mut w, 10, 1).await?;
 
-    let flapping = {
-        let secrets: Api<Secret> = Api::namespaced(client.clone(), &tenant);
-        tokio::spawn(async move {
-            for i in 1.. {
-                let patch = json!({"stringData": {"v": i.to_string()}});
-                if secrets
-                    .patch("flap", &PatchParams::default(), &Patch::Merge(patch))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        })
-    };
+    let flapping = flap_secret(
+        Api::<Secret>::namespaced(client.clone(), &tenant),
+        "flap",
+        u64::MAX,
+    );
     // Loaded: the image poll has found the registry silent for the tenant's 40 tags, and every
     // reader of the flapping Secret has been restamped at least once.
     let poll = w

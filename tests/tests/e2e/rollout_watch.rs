@@ -1324,6 +1324,27 @@ async fn a_missing_required_key_holds_like_a_missing_object() -> anyhow::Result<
     Ok(())
 }
 
+/// Rewrites the Secret `name` (its `v`) every 200 ms, `times` times or until a write fails.
+pub(crate) fn flap_secret(
+    secrets: Api<k8s_openapi::api::core::v1::Secret>,
+    name: &'static str,
+    times: u64,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        for i in 1..=times {
+            let patch = json!({"stringData": {"v": i.to_string()}});
+            if secrets
+                .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
 /// Peak resident set size of a process, in KiB (`VmHWM`).
 pub(crate) fn peak_rss_kib(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
@@ -1628,23 +1649,8 @@ async fn a_tenant_flapping_a_secret_read_by_300_cron_jobs_does_not_delay_another
     wait_for(&mut w, "synced").await?;
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(f.client.clone(), &tenant);
-    let flapping = {
-        let secrets = secrets.clone();
-        tokio::spawn(async move {
-            // Every 200 ms for 30 s.
-            for i in 1..=150 {
-                let patch = json!({"stringData": {"v": i.to_string()}});
-                if secrets
-                    .patch("flap", &PatchParams::default(), &Patch::Merge(patch))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        })
-    };
+    // Every 200 ms for 30 s.
+    let flapping = flap_secret(secrets.clone(), "flap", 150);
     // Meanwhile, the other namespace changes its own Secret 10 times, each timed to its restamp.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut lags = Vec::new();
