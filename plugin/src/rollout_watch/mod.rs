@@ -650,12 +650,13 @@ impl Loop {
     /// the watcher takes over as a new leader does: it counts the rollouts still going and decides
     /// every workload once (through the budget; a workload the wider one restamped reads nothing).
     fn check_covered(&mut self, leading: bool, now: Instant) {
-        let covering = self
+        let found = self
             .overlaps
-            .covering(&self.own_lease, &self.own_scope, now)
-            .map(|(name, scope)| (name.to_owned(), scope.describe()));
-        let name = covering.as_ref().map(|(name, _)| name.clone());
-        if name != self.covered {
+            .covering(&self.own_lease, &self.own_scope, now);
+        // Called at every turn of the loop: nothing is allocated unless the answer changed.
+        if found.map(|(name, _)| name) != self.covered.as_deref() {
+            let covering = found.map(|(name, scope)| (name.to_owned(), scope.describe()));
+            let name = covering.as_ref().map(|(name, _)| name.clone());
             match &covering {
                 Some((lease, scope)) => self.events.emit(
                     "covered",
